@@ -1,0 +1,37 @@
+//! # braid-proto
+//!
+//! The sans-IO protocol core of braid, a multipath striping system: one packet stream is
+//! spread over several FIFO channels and put back together, in order, at the receiver.
+//!
+//! Nothing here does I/O or reads a clock: every input takes `now`, every output is
+//! polled, in the style of quinn-proto. Drivers live in `braid-sim` (virtual time) and
+//! `braid-io` (real sockets).
+//!
+//! * [`sched`]: causal schedulers (SRR, RR, GRR, randomized) and non-causal baselines;
+//! * [`stripe`]: the sender, [`Striper`];
+//! * [`reseq`]: the receiver, [`Resequencer`], in modes `none`, `logical`, `seq`, `trr`;
+//! * [`wire`]: every packet format;
+//! * [`harness`]: an in-memory sender–channels–receiver loop in virtual time, for tests.
+//!
+//! The papers this implements are seed 000 (SRR, logical reception, markers) and seed
+//! 001 (BRR, SRR, TRR).
+
+#![warn(missing_docs)]
+
+pub mod config;
+pub mod harness;
+pub mod reseq;
+pub mod sched;
+pub mod stats;
+pub mod stripe;
+pub mod time;
+pub mod wire;
+
+pub use config::{
+    ConfigError, MarkerConfig, MarkerPosition, Mode, Policy, ReceiverConfig, StripeConfig,
+};
+pub use reseq::Resequencer;
+pub use sched::SchedulerKind;
+pub use stats::{ChannelStats, Stats};
+pub use stripe::{SendError, Striper, Transmit, TransmitKind};
+pub use time::{Duration, Instant};

@@ -1,0 +1,153 @@
+//! The receiver's copy of the sender's scheduler (logical reception, seed 000 §4–5).
+//!
+//! [`Follower`] answers one question: which channel's buffer holds the next packet in
+//! sender order? It applies markers found at the head of a channel buffer, and enforces
+//! the two conditions of §5: C2 (visit channels in the sender's order, guaranteed by
+//! sharing the channel numbering) and C1 (never deliver a higher round before a lower
+//! one: a channel whose next round `r_c` is above the global round `G` is skipped).
+
+use std::collections::VecDeque;
+
+use super::Item;
+use crate::sched::{Position, RandomFq, Sched, Srr};
+use crate::stats::Stats;
+
+pub(crate) enum Follower {
+    Srr(Srr),
+    Random {
+        rfq: RandomFq,
+        /// Global index `G` of the next packet to deliver.
+        g: u64,
+        /// Lowest index the next packet on each channel can have.
+        next: Vec<u64>,
+    },
+}
+
+impl Follower {
+    pub(crate) fn new(sched: Sched) -> Follower {
+        match sched {
+            Sched::Srr(s) => Follower::Srr(s),
+            Sched::Random(rfq) => {
+                let n = rfq.channels();
+                Follower::Random {
+                    rfq,
+                    g: 0,
+                    next: vec![0; n],
+                }
+            }
+        }
+    }
+
+    /// Adopt a marker's number for `channel`. Returns true if it changed our state.
+    pub(crate) fn apply_marker(&mut self, channel: usize, pos: Position) -> bool {
+        match self {
+            Follower::Srr(s) => {
+                let changed = s.position(channel) != pos;
+                s.set_position(channel, pos);
+                changed
+            }
+            Follower::Random { next, .. } => {
+                let changed = next[channel] != pos.round;
+                next[channel] = pos.round;
+                changed
+            }
+        }
+    }
+
+    /// The channel whose buffer should hold the next packet in sender order. Markers at
+    /// the heads of the channels it passes are consumed and applied (counted as resyncs
+    /// when they change the state); channels that are ahead (C1) are skipped.
+    pub(crate) fn expected(&mut self, bufs: &mut [VecDeque<Item>], stats: &mut Stats) -> usize {
+        let n = bufs.len();
+        let mut skips = 0usize;
+        loop {
+            let c = match self {
+                Follower::Srr(s) => s.select(),
+                Follower::Random { rfq, g, .. } => rfq.channel_of(*g),
+            };
+            while let Some(Item::Marker(m)) = bufs[c].front() {
+                let pos = m.position;
+                bufs[c].pop_front();
+                if self.apply_marker(c, pos) {
+                    stats.channels[c].resyncs += 1;
+                }
+            }
+            match self {
+                Follower::Srr(s) => {
+                    let p = s.position(c);
+                    let g = s.round();
+                    if p.round > g {
+                        s.advance();
+                        skips += 1;
+                        if skips >= n {
+                            // A full scan found every channel ahead: jump to the lowest.
+                            let min = (0..n).map(|i| s.position(i).round).min().unwrap_or(g);
+                            if min > s.round() {
+                                s.jump_to_round(min);
+                            }
+                            skips = 0;
+                        }
+                        continue;
+                    }
+                    if p.round < g {
+                        s.set_position(c, Position { round: g, dc: p.dc });
+                    }
+                    return c;
+                }
+                Follower::Random { g, next, .. } => {
+                    if next[c] > *g {
+                        *g += 1;
+                        skips += 1;
+                        if skips > n {
+                            let min = next.iter().copied().min().unwrap_or(*g);
+                            *g = (*g).max(min);
+                            skips = 0;
+                        }
+                        continue;
+                    }
+                    return c;
+                }
+            }
+        }
+    }
+
+    /// A packet of `wire_len` bytes was taken from `channel` as the expected one.
+    #[inline]
+    pub(crate) fn delivered(&mut self, channel: usize, wire_len: usize) {
+        match self {
+            Follower::Srr(s) => {
+                let cost = s.cost_of(wire_len);
+                s.consume(channel, cost);
+            }
+            Follower::Random { g, next, .. } => {
+                next[channel] = *g + 1;
+                *g += 1;
+            }
+        }
+    }
+
+    /// Give up on the packet expected on `channel` (it is presumed lost): end the
+    /// visit and move on.
+    pub(crate) fn give_up(&mut self, channel: usize) {
+        match self {
+            Follower::Srr(s) => {
+                let q = s.quantum(channel);
+                let r = s.round();
+                s.set_position(
+                    channel,
+                    Position {
+                        round: r + 1,
+                        dc: q,
+                    },
+                );
+                if s.select() == channel {
+                    s.advance();
+                }
+            }
+            Follower::Random { g, next, .. } => {
+                next[channel] = *g + 1;
+                *g += 1;
+            }
+        }
+    }
+}

@@ -1,0 +1,527 @@
+//! The receiver: the resequencer.
+//!
+//! Datagrams from the channels go into per-channel buffers (physical reception); the
+//! mode's engine takes them out in sender order (logical reception) and queues them for
+//! the application. Four modes ([`Mode`]):
+//!
+//! * `none`: arrival order, the baseline;
+//! * `logical`: header-free logical reception with marker resynchronization;
+//! * `seq`: guaranteed FIFO, exactly once, with logical reception as the fast path;
+//! * `trr`: trigger-verified segments, never out of order, loss allowed.
+//!
+//! Call order for a driver: [`Resequencer::handle_datagram`] for each datagram, then
+//! drain [`Resequencer::poll_deliver`]; arm a timer for [`Resequencer::poll_timeout`]
+//! and call [`Resequencer::handle_timeout`] when it fires (then drain again).
+//!
+//! Memory is bounded by `buffer_packets` per channel: an arrival into a full buffer first
+//! forces progress (the awaited packet is declared lost), and is dropped and counted if
+//! the buffer is still full.
+
+mod follow;
+mod trr;
+
+use std::collections::VecDeque;
+
+use bytes::Bytes;
+
+use crate::config::{ConfigError, Mode, Policy, StripeConfig};
+use crate::sched::Sched;
+use crate::stats::Stats;
+use crate::time::{Duration, Instant};
+use crate::wire::{self, marker, seq, trigger, Kind};
+use follow::Follower;
+
+/// A parsed datagram waiting in a channel buffer.
+#[derive(Debug)]
+pub(crate) enum Item {
+    Data {
+        payload: Bytes,
+        wire_len: u32,
+        /// Extended sequence number (seq mode only).
+        seq: u64,
+    },
+    Marker(marker::Repr),
+}
+
+/// The receiving side of a striping session.
+pub struct Resequencer {
+    mode: Mode,
+    limit: usize,
+    max_wait: Duration,
+    engine: Engine,
+    out: VecDeque<Bytes>,
+    stats: Stats,
+}
+
+enum Engine {
+    None {
+        highest_seq: Option<u64>,
+    },
+    Logical(Buffered),
+    Seq {
+        b: Buffered,
+        /// Next sequence number to deliver.
+        expected: u64,
+        /// Per channel, the lowest sequence number that can still arrive on it.
+        floor: Vec<u64>,
+    },
+    Trr(trr::Trr),
+}
+
+/// Per-channel buffers plus the follower that simulates the sender.
+struct Buffered {
+    bufs: Vec<VecDeque<Item>>,
+    follow: Follower,
+    /// Channel we are waiting on, and since when other data has been waiting.
+    blocked: Option<(usize, Option<Instant>)>,
+    /// Last time anything arrived on each channel.
+    last_arrival: Vec<Instant>,
+}
+
+impl Buffered {
+    fn waiting_elsewhere(&self, c: usize) -> bool {
+        self.bufs
+            .iter()
+            .enumerate()
+            .any(|(i, b)| i != c && b.iter().any(|it| matches!(it, Item::Data { .. })))
+    }
+
+    fn any_full(&self, limit: usize) -> bool {
+        self.bufs.iter().any(|q| q.len() >= limit)
+    }
+
+    fn note_blocked(&mut self, c: usize, now: Instant) {
+        let waiting = self.waiting_elsewhere(c);
+        let since = match self.blocked {
+            Some((bc, since)) if bc == c => since,
+            _ => None,
+        };
+        self.blocked = Some((c, if waiting { since.or(Some(now)) } else { None }));
+    }
+}
+
+impl Resequencer {
+    /// A resequencer for a validated configuration.
+    pub fn new(cfg: &StripeConfig) -> Result<Resequencer, ConfigError> {
+        cfg.validate()?;
+        let n = cfg.channels();
+        let sched = match cfg.policy {
+            Policy::Causal(kind) => Some(Sched::new(kind, &cfg.weights)),
+            Policy::Baseline(_) => None,
+        };
+        let buffered = |sched: Sched| Buffered {
+            bufs: (0..n).map(|_| VecDeque::with_capacity(64)).collect(),
+            follow: Follower::new(sched),
+            blocked: None,
+            last_arrival: vec![Instant::ZERO; n],
+        };
+        // validate() guarantees a causal scheduler for every mode but `none`.
+        let engine = match (cfg.mode, sched) {
+            (Mode::None, _) => Engine::None { highest_seq: None },
+            (Mode::Logical, Some(s)) => Engine::Logical(buffered(s)),
+            (Mode::Seq, Some(s)) => Engine::Seq {
+                b: buffered(s),
+                expected: 0,
+                floor: vec![0; n],
+            },
+            (Mode::Trr, Some(Sched::Srr(s))) => Engine::Trr(trr::Trr::new(s)),
+            _ => return Err(ConfigError::TrrNeedsRoundRobin),
+        };
+        Ok(Resequencer {
+            mode: cfg.mode,
+            limit: cfg.receiver.buffer_packets,
+            max_wait: cfg.receiver.max_wait,
+            engine,
+            out: VecDeque::with_capacity(64),
+            stats: Stats::new(n),
+        })
+    }
+
+    /// The mode.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// The next packet for the application, in order.
+    #[inline]
+    pub fn poll_deliver(&mut self) -> Option<Bytes> {
+        self.out.pop_front()
+    }
+
+    /// Packets held in channel buffers (not yet deliverable).
+    pub fn buffered(&self) -> usize {
+        match &self.engine {
+            Engine::None { .. } => 0,
+            Engine::Logical(b) | Engine::Seq { b, .. } => b.bufs.iter().map(|q| q.len()).sum(),
+            Engine::Trr(t) => t.buffered(),
+        }
+    }
+
+    /// A datagram arrived on `channel`. Anything that cannot be parsed is counted as
+    /// malformed and dropped; this never panics.
+    pub fn handle_datagram(&mut self, now: Instant, channel: usize, datagram: Bytes) {
+        let n = self.stats.channels.len();
+        if channel >= n {
+            self.stats.malformed += 1;
+            return;
+        }
+        let kind = match wire::classify(&datagram) {
+            Ok(k) => k,
+            Err(_) => return self.malformed(channel),
+        };
+        let wire_len = datagram.len() as u32;
+        let item = match kind {
+            Kind::Data => Item::Data {
+                payload: datagram,
+                wire_len,
+                seq: 0,
+            },
+            Kind::Escaped => Item::Data {
+                payload: datagram.slice(1..),
+                wire_len,
+                seq: 0,
+            },
+            Kind::SeqData => {
+                let Ok(p) = seq::Packet::new_checked(&datagram[..]) else {
+                    return self.malformed(channel);
+                };
+                let wrapped = p.seq();
+                let reference = match &self.engine {
+                    Engine::Seq { expected, .. } => *expected,
+                    Engine::None { highest_seq } => highest_seq.map_or(0, |h| h + 1),
+                    _ => 0,
+                };
+                Item::Data {
+                    payload: datagram.slice(seq::HEADER_LEN..),
+                    wire_len,
+                    seq: seq::extend(wrapped, reference),
+                }
+            }
+            Kind::Marker => {
+                let parsed = marker::Packet::new_checked(&datagram[..])
+                    .and_then(|p| marker::Repr::parse(&p));
+                match parsed {
+                    Ok(m) if m.channel as usize == channel => {
+                        self.stats.channels[channel].markers_received += 1;
+                        Item::Marker(m)
+                    }
+                    _ => return self.malformed(channel),
+                }
+            }
+            Kind::Trigger => {
+                let parsed = trigger::Packet::new_checked(&datagram[..])
+                    .and_then(|p| trigger::Repr::parse(&p));
+                match parsed {
+                    Ok(t) if t.channel as usize == channel => {
+                        self.stats.channels[channel].triggers_received += 1;
+                        if let Engine::Trr(trr) = &mut self.engine {
+                            trr.on_trigger(now, channel, &t, &mut self.out, &mut self.stats);
+                        }
+                        return;
+                    }
+                    _ => return self.malformed(channel),
+                }
+            }
+        };
+        if let Item::Data { wire_len, .. } = &item {
+            let st = &mut self.stats.channels[channel];
+            st.packets_received += 1;
+            st.bytes_received += u64::from(*wire_len);
+        }
+        match &mut self.engine {
+            Engine::None { highest_seq } => {
+                if let Item::Data { payload, seq, .. } = item {
+                    if kind == Kind::SeqData {
+                        match *highest_seq {
+                            Some(h) if seq < h => self.stats.out_of_order += 1,
+                            _ => *highest_seq = Some(seq),
+                        }
+                    }
+                    self.stats.delivered_packets += 1;
+                    self.stats.delivered_bytes += payload.len() as u64;
+                    self.out.push_back(payload);
+                }
+            }
+            Engine::Logical(b) => {
+                b.last_arrival[channel] = now;
+                push_bounded(b, channel, item, self.limit, &mut self.stats);
+                run_logical(b, self.limit, now, &mut self.out, &mut self.stats);
+            }
+            Engine::Seq { b, expected, floor } => {
+                b.last_arrival[channel] = now;
+                if let Item::Marker(m) = &item {
+                    floor[channel] = floor[channel].max(m.seq);
+                }
+                if let Item::Data { seq, .. } = &item {
+                    if *seq < *expected {
+                        self.stats.stale_dropped += 1;
+                        return;
+                    }
+                    let last = b.bufs[channel].iter().rev().find_map(|it| match it {
+                        Item::Data { seq, .. } => Some(*seq),
+                        _ => None,
+                    });
+                    if last.is_some_and(|l| l >= *seq) {
+                        self.stats.stale_dropped += 1;
+                        return;
+                    }
+                    floor[channel] = floor[channel].max(*seq + 1);
+                }
+                push_bounded(b, channel, item, self.limit, &mut self.stats);
+                run_seq(
+                    b,
+                    expected,
+                    floor,
+                    self.limit,
+                    now,
+                    &mut self.out,
+                    &mut self.stats,
+                );
+            }
+            Engine::Trr(t) => {
+                if let Item::Data {
+                    payload, wire_len, ..
+                } = item
+                {
+                    t.on_data(now, channel, payload, wire_len, self.limit, &mut self.stats);
+                }
+            }
+        }
+    }
+
+    fn malformed(&mut self, channel: usize) {
+        self.stats.malformed += 1;
+        self.stats.channels[channel].malformed += 1;
+    }
+
+    /// When [`Resequencer::handle_timeout`] wants to be called.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        match &self.engine {
+            Engine::None { .. } => None,
+            // Give up only on a channel that has been silent for max_wait while data
+            // waits elsewhere: a slow channel keeps delivering and is waited for.
+            Engine::Logical(b) | Engine::Seq { b, .. } => match b.blocked {
+                Some((c, Some(since))) => Some(since.max(b.last_arrival[c]) + self.max_wait),
+                _ => None,
+            },
+            Engine::Trr(t) => t.poll_timeout(self.max_wait),
+        }
+    }
+
+    /// Time passed: gives up on packets awaited longer than `max_wait`.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let Some(due) = self.poll_timeout() else {
+            return;
+        };
+        if now < due {
+            return;
+        }
+        match &mut self.engine {
+            Engine::None { .. } => {}
+            Engine::Logical(b) => {
+                if let Some((c, _)) = b.blocked.take() {
+                    self.stats.channels[c].wait_timeouts += 1;
+                    b.follow.give_up(c);
+                }
+                run_logical(b, self.limit, now, &mut self.out, &mut self.stats);
+            }
+            Engine::Seq { b, expected, floor } => {
+                if let Some((c, _)) = b.blocked.take() {
+                    self.stats.channels[c].wait_timeouts += 1;
+                    skip_to_lowest_buffered(b, expected, &mut self.stats);
+                }
+                run_seq(
+                    b,
+                    expected,
+                    floor,
+                    self.limit,
+                    now,
+                    &mut self.out,
+                    &mut self.stats,
+                );
+            }
+            Engine::Trr(t) => t.handle_timeout(now, &mut self.out, &mut self.stats),
+        }
+    }
+}
+
+/// Queue `item` on `channel`, keeping the buffer within `limit`. Returns false if the
+/// item had to be dropped.
+fn push_bounded(
+    b: &mut Buffered,
+    channel: usize,
+    item: Item,
+    limit: usize,
+    stats: &mut Stats,
+) -> bool {
+    let q = &mut b.bufs[channel];
+    if q.len() >= limit {
+        stats.channels[channel].overflow_drops += 1;
+        return false;
+    }
+    q.push_back(item);
+    let hw = &mut stats.channels[channel].buffer_high_water;
+    *hw = (*hw).max(q.len() as u64);
+    true
+}
+
+#[inline]
+fn deliver(out: &mut VecDeque<Bytes>, stats: &mut Stats, payload: Bytes) {
+    stats.delivered_packets += 1;
+    stats.delivered_bytes += payload.len() as u64;
+    out.push_back(payload);
+}
+
+/// Logical reception: take packets from the channel the follower names until it names
+/// an empty one.
+fn run_logical(
+    b: &mut Buffered,
+    limit: usize,
+    now: Instant,
+    out: &mut VecDeque<Bytes>,
+    stats: &mut Stats,
+) {
+    loop {
+        let c = b.follow.expected(&mut b.bufs, stats);
+        match b.bufs[c].pop_front() {
+            Some(Item::Data {
+                payload, wire_len, ..
+            }) => {
+                b.follow.delivered(c, wire_len as usize);
+                deliver(out, stats, payload);
+            }
+            Some(Item::Marker(_)) => unreachable!("expected() consumes head markers"),
+            None => {
+                b.note_blocked(c, now);
+                // A full buffer elsewhere while we wait: the awaited packet is lost.
+                if b.any_full(limit) {
+                    stats.channels[c].wait_timeouts += 1;
+                    b.follow.give_up(c);
+                    continue;
+                }
+                return;
+            }
+        }
+    }
+}
+
+/// Sequence mode: logical reception predicts the channel, the sequence number confirms;
+/// otherwise find the expected number on any channel, and declare it lost once every
+/// channel has moved past it.
+fn run_seq(
+    b: &mut Buffered,
+    expected: &mut u64,
+    floor: &mut [u64],
+    limit: usize,
+    now: Instant,
+    out: &mut VecDeque<Bytes>,
+    stats: &mut Stats,
+) {
+    loop {
+        // Fast path: the follower's channel holds the expected number.
+        let c = b.follow.expected(&mut b.bufs, stats);
+        if let Some(Item::Data { seq, .. }) = b.bufs[c].front() {
+            if *seq == *expected {
+                let Some(Item::Data {
+                    payload, wire_len, ..
+                }) = b.bufs[c].pop_front()
+                else {
+                    unreachable!()
+                };
+                b.follow.delivered(c, wire_len as usize);
+                *expected += 1;
+                stats.fast_path_hits += 1;
+                deliver(out, stats, payload);
+                continue;
+            }
+        }
+        // Slow path: look at every channel's head.
+        let mut found = None;
+        for (i, q) in b.bufs.iter_mut().enumerate() {
+            loop {
+                match q.front() {
+                    Some(Item::Marker(m)) => {
+                        let pos = m.position;
+                        q.pop_front();
+                        if b.follow.apply_marker(i, pos) {
+                            stats.channels[i].resyncs += 1;
+                        }
+                    }
+                    Some(Item::Data { seq, .. }) if *seq < *expected => {
+                        q.pop_front();
+                        stats.stale_dropped += 1;
+                    }
+                    _ => break,
+                }
+            }
+            if let Some(Item::Data { seq, .. }) = q.front() {
+                if *seq == *expected {
+                    found = Some(i);
+                }
+            }
+        }
+        if let Some(i) = found {
+            let Some(Item::Data {
+                payload, wire_len, ..
+            }) = b.bufs[i].pop_front()
+            else {
+                unreachable!()
+            };
+            b.follow.delivered(i, wire_len as usize);
+            *expected += 1;
+            deliver(out, stats, payload);
+            continue;
+        }
+        // Has every channel moved past `expected`? Channels are FIFO, so then it is lost.
+        let mut lowest = u64::MAX;
+        let mut all_past = true;
+        for (i, q) in b.bufs.iter().enumerate() {
+            let low = match q.front() {
+                Some(Item::Data { seq, .. }) => *seq,
+                _ => floor[i],
+            };
+            if low <= *expected {
+                all_past = false;
+            }
+            lowest = lowest.min(low);
+        }
+        if all_past && lowest != u64::MAX {
+            stats.lost += lowest - *expected;
+            *expected = lowest;
+            b.blocked = None;
+            continue;
+        }
+        if b.any_full(limit) {
+            stats.channels[c].wait_timeouts += 1;
+            skip_to_lowest_buffered(b, expected, stats);
+            continue;
+        }
+        b.note_blocked(c, now);
+        return;
+    }
+}
+
+/// After `max_wait`: give up on every number below the lowest one buffered.
+fn skip_to_lowest_buffered(b: &mut Buffered, expected: &mut u64, stats: &mut Stats) {
+    let lowest = b
+        .bufs
+        .iter()
+        .filter_map(|q| {
+            q.iter().find_map(|it| match it {
+                Item::Data { seq, .. } => Some(*seq),
+                _ => None,
+            })
+        })
+        .min();
+    if let Some(l) = lowest {
+        if l > *expected {
+            stats.lost += l - *expected;
+            *expected = l;
+        }
+    }
+}

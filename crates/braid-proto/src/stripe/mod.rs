@@ -1,0 +1,356 @@
+//! The sender: the striper.
+//!
+//! [`Striper`] takes packets from the application, picks a channel for each with the
+//! configured scheduler, and queues [`Transmit`]s for the driver: data (header-free, or
+//! behind a sequence header in `seq` mode), markers every K rounds and after idle time,
+//! and TRR triggers every N packets.
+//!
+//! Call order for a driver: [`Striper::handle_packet`] for each packet from the
+//! application, then drain [`Striper::poll_transmit`]; arm a timer for
+//! [`Striper::poll_timeout`] and call [`Striper::handle_timeout`] when it fires (then
+//! drain again).
+
+use std::collections::VecDeque;
+
+use bytes::Bytes;
+
+use crate::config::{ConfigError, MarkerPosition, Mode, Policy, StripeConfig};
+use crate::sched::baseline::Baseline;
+use crate::sched::Sched;
+use crate::stats::Stats;
+use crate::time::Instant;
+use crate::wire::{self, marker, trigger};
+
+/// What a [`Transmit`] carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TransmitKind {
+    /// An application packet.
+    Data,
+    /// A marker.
+    Marker,
+    /// A TRR trigger.
+    Trigger,
+}
+
+/// One datagram to put on one channel: `header()` followed by `payload`.
+#[derive(Clone, Debug)]
+pub struct Transmit {
+    /// Channel index.
+    pub channel: usize,
+    /// What it is.
+    pub kind: TransmitKind,
+    header: [u8; wire::seq::HEADER_LEN],
+    header_len: u8,
+    /// The bytes after the header (the whole datagram for markers and plain data).
+    pub payload: Bytes,
+}
+
+impl Transmit {
+    /// Bytes to put before the payload (a sequence header or an escape byte; often empty).
+    pub fn header(&self) -> &[u8] {
+        &self.header[..self.header_len as usize]
+    }
+
+    /// Length on the wire.
+    pub fn len(&self) -> usize {
+        self.header_len as usize + self.payload.len()
+    }
+
+    /// Never true: every datagram has at least one byte.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The whole datagram as one buffer (no copy when there is no header).
+    pub fn to_bytes(&self) -> Bytes {
+        if self.header_len == 0 {
+            self.payload.clone()
+        } else {
+            let mut v = Vec::with_capacity(self.len());
+            v.extend_from_slice(self.header());
+            v.extend_from_slice(&self.payload);
+            Bytes::from(v)
+        }
+    }
+}
+
+/// Why a packet was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SendError {
+    /// Empty packets cannot be striped (a datagram needs a first byte).
+    #[error("empty packet")]
+    Empty,
+    /// Larger than `max_packet` once framed.
+    #[error("packet of {len} bytes on the wire exceeds max_packet {max}")]
+    TooLarge {
+        /// Framed length.
+        len: usize,
+        /// The limit.
+        max: u32,
+    },
+}
+
+enum Chooser {
+    Causal(Sched),
+    Baseline(Baseline),
+}
+
+/// The striping sender. See the module docs for the call order.
+pub struct Striper {
+    cfg: StripeConfig,
+    chooser: Chooser,
+    out: VecDeque<Transmit>,
+    /// Data packets sent so far (the next sequence number).
+    seq: u64,
+    channel_count: Vec<u64>,
+    backlog: Vec<u64>,
+    last_marker_round: Option<u64>,
+    last_data: Option<Instant>,
+    idle_flushed: bool,
+    epoch: u32,
+    stats: Stats,
+}
+
+impl Striper {
+    /// A striper for a validated configuration.
+    pub fn new(cfg: StripeConfig) -> Result<Striper, ConfigError> {
+        cfg.validate()?;
+        let n = cfg.channels();
+        let chooser = match cfg.policy {
+            Policy::Causal(kind) => Chooser::Causal(Sched::new(kind, &cfg.weights)),
+            Policy::Baseline(kind) => Chooser::Baseline(Baseline::new(kind, n)),
+        };
+        Ok(Striper {
+            chooser,
+            out: VecDeque::with_capacity(64),
+            seq: 0,
+            channel_count: vec![0; n],
+            backlog: vec![0; n],
+            last_marker_round: None,
+            last_data: None,
+            idle_flushed: true,
+            epoch: 0,
+            stats: Stats::new(n),
+            cfg,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &StripeConfig {
+        &self.cfg
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// Data packets accepted so far.
+    pub fn packets_sent(&self) -> u64 {
+        self.seq
+    }
+
+    /// Tell the striper how many bytes wait in a channel's transmit queue (read only by
+    /// the shortest-queue-first baseline).
+    pub fn set_backlog(&mut self, channel: usize, bytes: u64) {
+        if let Some(b) = self.backlog.get_mut(channel) {
+            *b = bytes;
+        }
+    }
+
+    /// The causal scheduler's state, if the policy is causal.
+    pub fn scheduler(&self) -> Option<&Sched> {
+        match &self.chooser {
+            Chooser::Causal(s) => Some(s),
+            Chooser::Baseline(_) => None,
+        }
+    }
+
+    fn markers_on(&self) -> bool {
+        matches!(self.cfg.mode, Mode::Logical | Mode::Seq)
+            && matches!(self.chooser, Chooser::Causal(_))
+    }
+
+    /// Stripe one packet from the application.
+    pub fn handle_packet(&mut self, now: Instant, payload: Bytes) -> Result<(), SendError> {
+        if payload.is_empty() {
+            return Err(SendError::Empty);
+        }
+        let mut header = [0u8; wire::seq::HEADER_LEN];
+        let header_len = match self.cfg.mode {
+            Mode::Seq => {
+                wire::seq::Repr {
+                    seq: self.seq as u32,
+                }
+                .emit(&mut header);
+                wire::seq::HEADER_LEN
+            }
+            _ if wire::needs_escape(&payload) => {
+                header[0] = wire::TYPE_ESCAPE;
+                1
+            }
+            _ => 0,
+        };
+        let wire_len = header_len + payload.len();
+        if wire_len > self.cfg.max_packet as usize {
+            return Err(SendError::TooLarge {
+                len: wire_len,
+                max: self.cfg.max_packet,
+            });
+        }
+
+        // Markers or triggers that belong before this packet.
+        if self.cfg.mode == Mode::Trr
+            && self.seq > 0
+            && self.seq % u64::from(self.cfg.trigger_every) == 0
+        {
+            self.emit_triggers();
+        }
+        if self.markers_on() && self.cfg.markers.every_rounds > 0 {
+            if let Chooser::Causal(s) = &self.chooser {
+                let at = match self.cfg.markers.position {
+                    MarkerPosition::Start => Some(0),
+                    MarkerPosition::Channel(c) => Some(c),
+                    MarkerPosition::End => None,
+                };
+                let round = s.round();
+                if let Some(at) = at {
+                    if s.pointer() == at
+                        && round % u64::from(self.cfg.markers.every_rounds) == 0
+                        && self.last_marker_round != Some(round)
+                    {
+                        self.last_marker_round = Some(round);
+                        self.emit_markers();
+                    }
+                }
+            }
+        }
+
+        let channel = match &mut self.chooser {
+            Chooser::Causal(s) => s.select(),
+            Chooser::Baseline(b) => b.select(&payload, &self.backlog),
+        };
+        let round_before = match &mut self.chooser {
+            Chooser::Causal(s) => {
+                let r = s.round();
+                s.on_sent(wire_len);
+                Some(r)
+            }
+            Chooser::Baseline(_) => None,
+        };
+        let st = &mut self.stats.channels[channel];
+        st.bytes_sent += wire_len as u64;
+        st.packets_sent += 1;
+        self.channel_count[channel] += 1;
+        self.seq += 1;
+        self.out.push_back(Transmit {
+            channel,
+            kind: TransmitKind::Data,
+            header,
+            header_len: header_len as u8,
+            payload,
+        });
+        self.last_data = Some(now);
+        self.idle_flushed = false;
+
+        if self.markers_on()
+            && self.cfg.markers.every_rounds > 0
+            && self.cfg.markers.position == MarkerPosition::End
+        {
+            if let (Chooser::Causal(s), Some(before)) = (&self.chooser, round_before) {
+                let round = s.round();
+                if round != before && round % u64::from(self.cfg.markers.every_rounds) == 0 {
+                    self.last_marker_round = Some(round);
+                    self.emit_markers();
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The next datagram to send, if any.
+    #[inline]
+    pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        self.out.pop_front()
+    }
+
+    /// When [`Striper::handle_timeout`] wants to be called (the idle marker).
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        if self.idle_flushed {
+            return None;
+        }
+        let idle = self.cfg.markers.idle?;
+        if !(self.markers_on() || self.cfg.mode == Mode::Trr) {
+            return None;
+        }
+        self.last_data.map(|t| t + idle)
+    }
+
+    /// Time passed: sends the idle markers (or triggers) when due.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if let Some(due) = self.poll_timeout() {
+            if now >= due {
+                self.idle_flushed = true;
+                self.flush();
+            }
+        }
+    }
+
+    /// Send markers (or triggers in TRR mode) on every channel now, e.g. as heartbeats.
+    pub fn flush(&mut self) {
+        match self.cfg.mode {
+            Mode::Trr => self.emit_triggers(),
+            _ if self.markers_on() => self.emit_markers(),
+            _ => {}
+        }
+    }
+
+    fn emit_markers(&mut self) {
+        let Chooser::Causal(s) = &self.chooser else {
+            return;
+        };
+        for c in 0..self.cfg.channels() {
+            let repr = marker::Repr {
+                channel: c as u8,
+                epoch: self.epoch,
+                position: s.position(c),
+                seq: self.seq,
+                credits: None,
+                quantum_change: None,
+            };
+            self.stats.channels[c].markers_sent += 1;
+            self.out.push_back(Transmit {
+                channel: c,
+                kind: TransmitKind::Marker,
+                header: [0; wire::seq::HEADER_LEN],
+                header_len: 0,
+                payload: Bytes::from(repr.to_vec()),
+            });
+        }
+    }
+
+    fn emit_triggers(&mut self) {
+        let Chooser::Causal(s) = &self.chooser else {
+            return;
+        };
+        let next = s.select() as u8;
+        for c in 0..self.cfg.channels() {
+            let repr = trigger::Repr {
+                channel: c as u8,
+                next_stripe: next,
+                epoch: self.epoch,
+                position: s.position(c),
+                seq: self.seq,
+                channel_count: self.channel_count[c],
+            };
+            self.stats.channels[c].triggers_sent += 1;
+            self.out.push_back(Transmit {
+                channel: c,
+                kind: TransmitKind::Trigger,
+                header: [0; wire::seq::HEADER_LEN],
+                header_len: 0,
+                payload: Bytes::from(repr.to_vec()),
+            });
+        }
+    }
+}

@@ -1,0 +1,141 @@
+//! Every packet format braid puts on a channel.
+//!
+//! Each format has a zero-copy view `Packet<T: AsRef<[u8]>>` whose constructor
+//! `new_checked` validates the length (after it, no accessor can panic) and a validated
+//! representation `Repr` with `parse`, `buffer_len` and `emit`, in the style of smoltcp.
+//!
+//! # The codepoint rule
+//!
+//! In `logical` and `trr` modes data packets travel without any header, so control
+//! packets need a first byte that data cannot have. Tunnel data are raw IP packets, whose
+//! first nibble is the IP version (4 or 6). braid's control packets use first bytes with
+//! the high nibble `0xB`, which no IP packet can start with:
+//!
+//! | first byte | meaning |
+//! |---|---|
+//! | `0x4_`, `0x6_`, anything else not `0xB_` | header-free data |
+//! | `0xB1` | marker ([`marker`]) |
+//! | `0xB2` | TRR trigger ([`trigger`]) |
+//! | `0xB3` | data with a sequence header ([`seq`]) |
+//! | `0xBF` | escaped data: one byte to strip, then data that itself starts with `0xB_` |
+//! | other `0xB_` | reserved: counted as malformed |
+//!
+//! Arbitrary application messages (not IP) that happen to start with `0xB_` are sent
+//! with the one-byte `0xBF` escape, so any byte string can be striped.
+
+pub mod marker;
+pub mod seq;
+pub mod trigger;
+
+/// Wire version spoken by this implementation (markers and triggers carry it).
+pub const VERSION: u8 = 1;
+
+/// High nibble shared by all control codepoints.
+pub const CONTROL_NIBBLE: u8 = 0xB;
+/// First byte of a marker.
+pub const TYPE_MARKER: u8 = 0xB1;
+/// First byte of a trigger.
+pub const TYPE_TRIGGER: u8 = 0xB2;
+/// First byte of a sequenced data packet.
+pub const TYPE_SEQ_DATA: u8 = 0xB3;
+/// First byte of escaped data.
+pub const TYPE_ESCAPE: u8 = 0xBF;
+
+/// Why a byte string could not be parsed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum WireError {
+    /// Shorter than the format's fixed part (or empty).
+    #[error("packet truncated")]
+    Truncated,
+    /// Longer than the format allows.
+    #[error("trailing bytes after packet")]
+    Trailing,
+    /// A version this implementation does not speak.
+    #[error("unsupported version {0}")]
+    Version(u8),
+    /// A reserved codepoint or flag.
+    #[error("reserved codepoint or flag 0x{0:02x}")]
+    Reserved(u8),
+    /// A field holds an impossible value.
+    #[error("invalid field value")]
+    Invalid,
+}
+
+/// What the first byte says a datagram is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Header-free data: the whole datagram is the payload.
+    Data,
+    /// Escaped data: the payload starts after one byte.
+    Escaped,
+    /// A marker.
+    Marker,
+    /// A trigger.
+    Trigger,
+    /// Data behind a sequence header.
+    SeqData,
+}
+
+/// Classify a datagram by its first byte.
+#[inline]
+pub fn classify(bytes: &[u8]) -> Result<Kind, WireError> {
+    let Some(&b) = bytes.first() else {
+        return Err(WireError::Truncated);
+    };
+    if b >> 4 != CONTROL_NIBBLE {
+        return Ok(Kind::Data);
+    }
+    match b {
+        TYPE_MARKER => Ok(Kind::Marker),
+        TYPE_TRIGGER => Ok(Kind::Trigger),
+        TYPE_SEQ_DATA => Ok(Kind::SeqData),
+        TYPE_ESCAPE => {
+            if bytes.len() < 2 {
+                Err(WireError::Truncated)
+            } else {
+                Ok(Kind::Escaped)
+            }
+        }
+        other => Err(WireError::Reserved(other)),
+    }
+}
+
+/// True if `payload` must be escaped to travel header-free (it starts with `0xB_`).
+#[inline]
+pub fn needs_escape(payload: &[u8]) -> bool {
+    payload.first().is_some_and(|b| b >> 4 == CONTROL_NIBBLE)
+}
+
+pub(crate) fn read_u32(b: &[u8], at: usize) -> u32 {
+    u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+pub(crate) fn read_u64(b: &[u8], at: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[at..at + 8]);
+    u64::from_be_bytes(a)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ip_packets_are_data() {
+        assert_eq!(classify(&[0x45, 0, 0, 20]), Ok(Kind::Data));
+        assert_eq!(classify(&[0x60, 0, 0, 0]), Ok(Kind::Data));
+        assert!(!needs_escape(&[0x45]));
+        assert!(needs_escape(&[0xB1]));
+    }
+
+    #[test]
+    fn control_codepoints() {
+        assert_eq!(classify(&[0xB1]), Ok(Kind::Marker));
+        assert_eq!(classify(&[0xB2]), Ok(Kind::Trigger));
+        assert_eq!(classify(&[0xB3]), Ok(Kind::SeqData));
+        assert_eq!(classify(&[0xBF, 0xB1]), Ok(Kind::Escaped));
+        assert_eq!(classify(&[0xBF]), Err(WireError::Truncated));
+        assert_eq!(classify(&[0xB7]), Err(WireError::Reserved(0xB7)));
+        assert_eq!(classify(&[]), Err(WireError::Truncated));
+    }
+}

@@ -1,0 +1,209 @@
+//! TRR trigger packets (seed 001): sent on every channel every N data packets, they name
+//! the stripe to read next and carry a high-level sequence number, which lets the
+//! receiver verify a whole segment of header-free packets before releasing it in order.
+//!
+//! ```text
+//!  0        1        2        3
+//! +--------+--------+--------+--------+
+//! |  0xB2  |version | channel|  next  |  next: the channel of the next data packet
+//! +--------+--------+--------+--------+
+//! |              epoch (u32)          |  4..8
+//! +--------+--------+--------+--------+
+//! |            round (u64)            |  8..16   implicit number of the next packet
+//! |                                   |          on this channel: round ...
+//! +--------+--------+--------+--------+
+//! |              dc (i64)             | 16..24   ... and deficit counter
+//! |                                   |
+//! +--------+--------+--------+--------+
+//! |              seq (u64)            | 24..32   sequence number of the next data
+//! |                                   |          packet (on any channel)
+//! +--------+--------+--------+--------+
+//! |          channel count (u64)      | 32..40   data packets sent on this channel
+//! |                                   |          before this trigger
+//! +--------+--------+--------+--------+
+//! ```
+
+use super::{read_u32, read_u64, WireError, TYPE_TRIGGER, VERSION};
+use crate::sched::Position;
+
+/// Length of a trigger.
+pub const LEN: usize = 40;
+
+/// A zero-copy view of a trigger.
+#[derive(Debug, Clone, Copy)]
+pub struct Packet<T: AsRef<[u8]>> {
+    buffer: T,
+}
+
+impl<T: AsRef<[u8]>> Packet<T> {
+    /// Wrap `buffer` without checks.
+    pub fn new_unchecked(buffer: T) -> Self {
+        Packet { buffer }
+    }
+    /// Wrap `buffer` and check its length.
+    pub fn new_checked(buffer: T) -> Result<Self, WireError> {
+        let p = Packet { buffer };
+        p.check_len()?;
+        Ok(p)
+    }
+    /// Check the length.
+    pub fn check_len(&self) -> Result<(), WireError> {
+        match self.buffer.as_ref().len().cmp(&LEN) {
+            core::cmp::Ordering::Less => Err(WireError::Truncated),
+            core::cmp::Ordering::Greater => Err(WireError::Trailing),
+            core::cmp::Ordering::Equal => Ok(()),
+        }
+    }
+    /// First byte (0xB2).
+    pub fn packet_type(&self) -> u8 {
+        self.buffer.as_ref()[0]
+    }
+    /// Wire version.
+    pub fn version(&self) -> u8 {
+        self.buffer.as_ref()[1]
+    }
+    /// Channel this trigger was sent on.
+    pub fn channel(&self) -> u8 {
+        self.buffer.as_ref()[2]
+    }
+    /// Channel of the next data packet.
+    pub fn next_stripe(&self) -> u8 {
+        self.buffer.as_ref()[3]
+    }
+    /// Channel-set epoch.
+    pub fn epoch(&self) -> u32 {
+        read_u32(self.buffer.as_ref(), 4)
+    }
+    /// Round of the next packet on this channel.
+    pub fn round(&self) -> u64 {
+        read_u64(self.buffer.as_ref(), 8)
+    }
+    /// Deficit counter of the next packet on this channel.
+    pub fn dc(&self) -> i64 {
+        read_u64(self.buffer.as_ref(), 16) as i64
+    }
+    /// Sequence number of the next data packet.
+    pub fn seq(&self) -> u64 {
+        read_u64(self.buffer.as_ref(), 24)
+    }
+    /// Data packets sent on this channel before the trigger.
+    pub fn channel_count(&self) -> u64 {
+        read_u64(self.buffer.as_ref(), 32)
+    }
+}
+
+/// A validated trigger.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Repr {
+    /// Channel the trigger was sent on.
+    pub channel: u8,
+    /// Channel that carries the next data packet.
+    pub next_stripe: u8,
+    /// Channel-set epoch.
+    pub epoch: u32,
+    /// Implicit number of the next packet on this channel.
+    pub position: Position,
+    /// Sequence number of the next data packet.
+    pub seq: u64,
+    /// Data packets sent on this channel before the trigger.
+    pub channel_count: u64,
+}
+
+impl Repr {
+    /// Parse and validate a trigger.
+    pub fn parse<T: AsRef<[u8]>>(p: &Packet<T>) -> Result<Repr, WireError> {
+        p.check_len()?;
+        if p.packet_type() != TYPE_TRIGGER {
+            return Err(WireError::Invalid);
+        }
+        if p.version() != VERSION {
+            return Err(WireError::Version(p.version()));
+        }
+        if p.dc() <= 0 {
+            return Err(WireError::Invalid);
+        }
+        Ok(Repr {
+            channel: p.channel(),
+            next_stripe: p.next_stripe(),
+            epoch: p.epoch(),
+            position: Position {
+                round: p.round(),
+                dc: p.dc(),
+            },
+            seq: p.seq(),
+            channel_count: p.channel_count(),
+        })
+    }
+
+    /// Bytes needed by [`Repr::emit`].
+    pub fn buffer_len(&self) -> usize {
+        LEN
+    }
+
+    /// Write into `buf` (exactly [`LEN`] bytes).
+    pub fn emit(&self, buf: &mut [u8]) {
+        buf[0] = TYPE_TRIGGER;
+        buf[1] = VERSION;
+        buf[2] = self.channel;
+        buf[3] = self.next_stripe;
+        buf[4..8].copy_from_slice(&self.epoch.to_be_bytes());
+        buf[8..16].copy_from_slice(&self.position.round.to_be_bytes());
+        buf[16..24].copy_from_slice(&self.position.dc.to_be_bytes());
+        buf[24..32].copy_from_slice(&self.seq.to_be_bytes());
+        buf[32..40].copy_from_slice(&self.channel_count.to_be_bytes());
+    }
+
+    /// Emit into a fresh vector.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = vec![0; LEN];
+        self.emit(&mut v);
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_roundtrip() {
+        let r = Repr {
+            channel: 1,
+            next_stripe: 0,
+            epoch: 0,
+            position: Position { round: 3, dc: 700 },
+            seq: 200,
+            channel_count: 99,
+        };
+        let v = r.to_vec();
+        let want: [u8; 40] = [
+            0xB2, 0x01, 0x01, 0x00, 0, 0, 0, 0, // type, version, channel 1, next 0, epoch
+            0, 0, 0, 0, 0, 0, 0, 3, // round 3
+            0, 0, 0, 0, 0, 0, 0x02, 0xBC, // dc 700
+            0, 0, 0, 0, 0, 0, 0, 200, // seq 200
+            0, 0, 0, 0, 0, 0, 0, 99, // channel count 99
+        ];
+        assert_eq!(v, want.to_vec());
+        assert_eq!(Repr::parse(&Packet::new_checked(&v[..]).unwrap()), Ok(r));
+    }
+
+    #[test]
+    fn rejects_bad_input() {
+        assert_eq!(
+            Packet::new_checked(&[0xB2u8; 39][..]).unwrap_err(),
+            WireError::Truncated
+        );
+        assert_eq!(
+            Packet::new_checked(&[0xB2u8; 41][..]).unwrap_err(),
+            WireError::Trailing
+        );
+        let mut v = [0u8; 40];
+        v[0] = 0xB2;
+        v[1] = 1;
+        // dc = 0 is impossible
+        assert_eq!(
+            Repr::parse(&Packet::new_unchecked(&v[..])),
+            Err(WireError::Invalid)
+        );
+    }
+}
