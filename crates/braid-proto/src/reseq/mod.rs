@@ -79,11 +79,13 @@ struct Buffered {
 }
 
 impl Buffered {
-    fn waiting_elsewhere(&self, c: usize) -> bool {
+    /// Is any data held back? (In logical mode the awaited channel is empty, so this is
+    /// data on other channels; in seq mode the awaited number may be missing while its
+    /// channel holds later ones.)
+    fn data_waiting(&self) -> bool {
         self.bufs
             .iter()
-            .enumerate()
-            .any(|(i, b)| i != c && b.iter().any(|it| matches!(it, Item::Data { .. })))
+            .any(|b| b.iter().any(|it| matches!(it, Item::Data { .. })))
     }
 
     fn any_full(&self, limit: usize) -> bool {
@@ -91,7 +93,7 @@ impl Buffered {
     }
 
     fn note_blocked(&mut self, c: usize, now: Instant) {
-        let waiting = self.waiting_elsewhere(c);
+        let waiting = self.data_waiting();
         let since = match self.blocked {
             Some((bc, since)) if bc == c => since,
             _ => None,

@@ -4,8 +4,9 @@
 //! channel naming the implicit number (round, deficit counter) of the next packet on that
 //! channel and how many data packets it has sent on it. The receiver numbers each
 //! arriving packet by running that channel's SRR counter forward from the last trigger;
-//! when the next trigger arrives and its number matches, the whole segment is verified
-//! (a lost packet changes the byte or packet count and so the number) and its packets
+//! when the next trigger arrives and its number, packet count and digest match, the
+//! whole segment is verified (a lost packet changes the byte or packet count and so the
+//! number; a loss plus a duplicate changes the digest) and its packets
 //! are released in sender order: by round, then channel index, then position in the
 //! visit. A segment that fails verification is dropped (loss is allowed; misordering is
 //! not). Released packets are delivered once every channel's last trigger is past them,
@@ -36,6 +37,8 @@ struct Chan {
     pos: Position,
     /// Data packets the sender had sent on this channel at the last accepted trigger.
     count: u64,
+    /// Running digest of this channel's packets, as of the last one received.
+    digest: u64,
     /// Packets since the last trigger, not yet verified.
     tentative: Vec<(Key, Bytes)>,
     /// Everything on this channel before this key is settled. `None`: left out.
@@ -61,6 +64,7 @@ impl Trr {
                     synced: true,
                     pos,
                     count: 0,
+                    digest: 0,
                     tentative: Vec::new(),
                     frontier: Some(key(c, pos)),
                 }
@@ -105,6 +109,7 @@ impl Trr {
             ch.synced = false;
             return;
         }
+        ch.digest = trigger::fold(ch.digest, trigger::fingerprint(wire_len as usize, &payload));
         ch.tentative.push((key(channel, ch.pos), payload));
         let hw = &mut stats.channels[channel].buffer_high_water;
         *hw = (*hw).max(ch.tentative.len() as u64);
@@ -130,7 +135,10 @@ impl Trr {
         self.last_arrival[channel] = now;
         let ch = &mut self.chans[channel];
         let received = ch.tentative.len() as u64;
-        let verified = ch.synced && ch.pos == t.position && ch.count + received == t.channel_count;
+        let verified = ch.synced
+            && ch.pos == t.position
+            && ch.count + received == t.channel_count
+            && ch.digest == t.digest;
         if verified {
             for (k, p) in ch.tentative.drain(..) {
                 self.ready.insert(k, p);
@@ -146,6 +154,7 @@ impl Trr {
         ch.synced = true;
         ch.pos = t.position;
         ch.count = t.channel_count;
+        ch.digest = t.digest;
         ch.frontier = Some(key(channel, t.position));
         self.release(out, stats);
         self.update_stall(now);

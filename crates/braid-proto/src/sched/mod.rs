@@ -25,12 +25,12 @@ pub use srr::{Cost, Srr};
 /// sent and the channel's deficit counter just before it is sent, with that visit's
 /// quantum already added (so `dc > 0` for every packet that is sent).
 ///
-/// For [`RandomFq`] the number is the packet's global index in `round`, and `dc` is 0.
+/// For [`RandomFq`] the number is the packet's global index in `round`, and `dc` is 1.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct Position {
     /// Round number (SRR) or global packet index (random).
     pub round: u64,
-    /// Deficit counter before the packet, quantum included (SRR); 0 for random.
+    /// Deficit counter before the packet, quantum included (SRR); 1 for random.
     pub dc: i64,
 }
 

@@ -76,12 +76,13 @@ impl RandomFq {
     }
 
     /// The index of the next packet on `channel`, searched a bounded distance ahead;
-    /// if none is found the current index is a safe lower bound.
+    /// if none is found the current index is a safe lower bound. The deficit counter
+    /// has no meaning here and is always 1 (markers require a positive value).
     pub fn position(&self, channel: usize) -> Position {
         let limit = 64 * self.channels() as u64 + 64;
         let round = (self.index..self.index + limit)
             .find(|&i| self.channel_of(i) == channel)
             .unwrap_or(self.index);
-        Position { round, dc: 0 }
+        Position { round, dc: 1 }
     }
 }

@@ -103,6 +103,8 @@ pub struct Striper {
     /// Data packets sent so far (the next sequence number).
     seq: u64,
     channel_count: Vec<u64>,
+    /// TRR: running digest of each channel's data packets.
+    digest: Vec<u64>,
     backlog: Vec<u64>,
     last_marker_round: Option<u64>,
     last_data: Option<Instant>,
@@ -125,6 +127,7 @@ impl Striper {
             out: VecDeque::with_capacity(64),
             seq: 0,
             channel_count: vec![0; n],
+            digest: vec![0; n],
             backlog: vec![0; n],
             last_marker_round: None,
             last_data: None,
@@ -202,7 +205,7 @@ impl Striper {
         // Markers or triggers that belong before this packet.
         if self.cfg.mode == Mode::Trr
             && self.seq > 0
-            && self.seq % u64::from(self.cfg.trigger_every) == 0
+            && self.seq.is_multiple_of(u64::from(self.cfg.trigger_every))
         {
             self.emit_triggers();
         }
@@ -216,7 +219,7 @@ impl Striper {
                 let round = s.round();
                 if let Some(at) = at {
                     if s.pointer() == at
-                        && round % u64::from(self.cfg.markers.every_rounds) == 0
+                        && round.is_multiple_of(u64::from(self.cfg.markers.every_rounds))
                         && self.last_marker_round != Some(round)
                     {
                         self.last_marker_round = Some(round);
@@ -242,6 +245,12 @@ impl Striper {
         st.bytes_sent += wire_len as u64;
         st.packets_sent += 1;
         self.channel_count[channel] += 1;
+        if self.cfg.mode == Mode::Trr {
+            self.digest[channel] = trigger::fold(
+                self.digest[channel],
+                trigger::fingerprint(wire_len, &payload),
+            );
+        }
         self.seq += 1;
         self.out.push_back(Transmit {
             channel,
@@ -259,7 +268,7 @@ impl Striper {
         {
             if let (Chooser::Causal(s), Some(before)) = (&self.chooser, round_before) {
                 let round = s.round();
-                if round != before && round % u64::from(self.cfg.markers.every_rounds) == 0 {
+                if round != before && round.is_multiple_of(u64::from(self.cfg.markers.every_rounds)) {
                     self.last_marker_round = Some(round);
                     self.emit_markers();
                 }
@@ -342,6 +351,7 @@ impl Striper {
                 position: s.position(c),
                 seq: self.seq,
                 channel_count: self.channel_count[c],
+                digest: self.digest[c],
             };
             self.stats.channels[c].triggers_sent += 1;
             self.out.push_back(Transmit {

@@ -21,13 +21,46 @@
 //! |          channel count (u64)      | 32..40   data packets sent on this channel
 //! |                                   |          before this trigger
 //! +--------+--------+--------+--------+
+//! |             digest (u64)          | 40..48   running digest of the data packets
+//! |                                   |          sent on this channel (see below)
+//! +--------+--------+--------+--------+
 //! ```
+//!
+//! The digest lets the receiver tell a segment that lost one packet and had another
+//! duplicated (same count, same byte total) from an intact one. It is folded over the
+//! channel's data packets in order: `digest = mix(digest ^ fingerprint(packet))`, where
+//! the fingerprint mixes the packet's wire length with its first and last eight bytes
+//! and `mix` is the SplitMix64 finalizer (see [`fingerprint`] and [`fold`]).
 
 use super::{read_u32, read_u64, WireError, TYPE_TRIGGER, VERSION};
 use crate::sched::Position;
 
 /// Length of a trigger.
-pub const LEN: usize = 40;
+pub const LEN: usize = 48;
+
+/// The fingerprint of one data packet: its wire length and its first sixteen and last
+/// eight payload bytes, mixed. (For IP packets the first sixteen bytes hold the length,
+/// the identification field and the checksum, which differ between packets.)
+#[inline]
+pub fn fingerprint(wire_len: usize, payload: &[u8]) -> u64 {
+    fn word(b: &[u8]) -> u64 {
+        let mut a = [0u8; 8];
+        a[..b.len()].copy_from_slice(b);
+        u64::from_be_bytes(a)
+    }
+    let mix = crate::sched::random::splitmix64;
+    let n = payload.len();
+    let h0 = word(&payload[..n.min(8)]);
+    let h1 = word(&payload[n.min(8)..n.min(16)]);
+    let t = word(&payload[n - n.min(8)..]);
+    mix(mix(mix(t ^ wire_len as u64) ^ h1) ^ h0)
+}
+
+/// Fold one packet's fingerprint into a channel's running digest.
+#[inline]
+pub fn fold(digest: u64, fingerprint: u64) -> u64 {
+    crate::sched::random::splitmix64(digest ^ fingerprint)
+}
 
 /// A zero-copy view of a trigger.
 #[derive(Debug, Clone, Copy)]
@@ -90,6 +123,10 @@ impl<T: AsRef<[u8]>> Packet<T> {
     pub fn channel_count(&self) -> u64 {
         read_u64(self.buffer.as_ref(), 32)
     }
+    /// Running digest of this channel's data packets.
+    pub fn digest(&self) -> u64 {
+        read_u64(self.buffer.as_ref(), 40)
+    }
 }
 
 /// A validated trigger.
@@ -107,6 +144,8 @@ pub struct Repr {
     pub seq: u64,
     /// Data packets sent on this channel before the trigger.
     pub channel_count: u64,
+    /// Running digest of this channel's data packets.
+    pub digest: u64,
 }
 
 impl Repr {
@@ -132,6 +171,7 @@ impl Repr {
             },
             seq: p.seq(),
             channel_count: p.channel_count(),
+            digest: p.digest(),
         })
     }
 
@@ -151,6 +191,7 @@ impl Repr {
         buf[16..24].copy_from_slice(&self.position.dc.to_be_bytes());
         buf[24..32].copy_from_slice(&self.seq.to_be_bytes());
         buf[32..40].copy_from_slice(&self.channel_count.to_be_bytes());
+        buf[40..48].copy_from_slice(&self.digest.to_be_bytes());
     }
 
     /// Emit into a fresh vector.
@@ -174,14 +215,16 @@ mod tests {
             position: Position { round: 3, dc: 700 },
             seq: 200,
             channel_count: 99,
+            digest: 0x0102_0304_0506_0708,
         };
         let v = r.to_vec();
-        let want: [u8; 40] = [
+        let want: [u8; 48] = [
             0xB2, 0x01, 0x01, 0x00, 0, 0, 0, 0, // type, version, channel 1, next 0, epoch
             0, 0, 0, 0, 0, 0, 0, 3, // round 3
             0, 0, 0, 0, 0, 0, 0x02, 0xBC, // dc 700
             0, 0, 0, 0, 0, 0, 0, 200, // seq 200
             0, 0, 0, 0, 0, 0, 0, 99, // channel count 99
+            1, 2, 3, 4, 5, 6, 7, 8, // digest
         ];
         assert_eq!(v, want.to_vec());
         assert_eq!(Repr::parse(&Packet::new_checked(&v[..]).unwrap()), Ok(r));
@@ -190,14 +233,14 @@ mod tests {
     #[test]
     fn rejects_bad_input() {
         assert_eq!(
-            Packet::new_checked(&[0xB2u8; 39][..]).unwrap_err(),
+            Packet::new_checked(&[0xB2u8; 47][..]).unwrap_err(),
             WireError::Truncated
         );
         assert_eq!(
-            Packet::new_checked(&[0xB2u8; 41][..]).unwrap_err(),
+            Packet::new_checked(&[0xB2u8; 49][..]).unwrap_err(),
             WireError::Trailing
         );
-        let mut v = [0u8; 40];
+        let mut v = [0u8; 48];
         v[0] = 0xB2;
         v[1] = 1;
         // dc = 0 is impossible
