@@ -23,12 +23,16 @@ enum Command {
     /// Check a striping configuration and show the SRR schedule it produces for a
     /// sequence of packet sizes (no network, no privileges).
     Schedule(cmd::schedule::Args),
+    /// Run a scenario file in the deterministic simulator: a table of goodput, order,
+    /// loss and latency per run, or JSON, and optionally a plot.
+    Sim(cmd::sim::Args),
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Schedule(a) => cmd::schedule::run(a),
+        Command::Sim(a) => cmd::sim::run(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -1,0 +1,830 @@
+//! The discrete-event engine: one [`Striper`] and one [`Resequencer`] from `braid-proto`,
+//! joined by simulated channels, fed by a traffic source, in virtual time.
+//!
+//! Time is kept in nanoseconds; the protocol core sees microseconds (`now / 1000`).
+//! Events sit in a binary heap ordered by (time, insertion number), so simultaneous
+//! events run in the order they were scheduled and every run is reproducible bit for
+//! bit. Each channel has at most one pending "transmission done" and one pending
+//! "arrival" event (its in-flight datagrams wait in a FIFO behind the head), so the
+//! heap stays small whatever the load.
+//!
+//! # The sender
+//!
+//! The striper's datagrams go into per-channel drop-tail transmit queues, which drain at
+//! the channel rate. A backlogged source behaves like a process writing to a kernel
+//! interface queue: it offers the next packet only when the channel the scheduler will
+//! pick for it has room in its queue, and otherwise sleeps until that queue drains. So a
+//! scheduler that overloads one channel slows the whole sender down, and goodput
+//! differences come out of the model. Timed sources (constant rate, Poisson, trace) never
+//! wait: a datagram that finds its queue full is dropped (drop-tail) and counted.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+
+use braid_proto::sched::baseline::Baseline;
+use braid_proto::{Instant, Mode, Policy, Resequencer, StripeConfig, Striper, TransmitKind};
+use bytes::{Bytes, BytesMut};
+
+use crate::metrics::{Histogram, Receiver, Resync};
+use crate::model::{Arrivals, ChannelSpec, Fate, LossModel, Nanos, Rate, SizeGen, TrafficSpec};
+use crate::rng::{streams, Rng};
+
+/// Smallest packet the simulator can send. Every packet looks like an IPv4 packet of one
+/// flow (first byte 0x45, so it travels header-free; addresses 10.0.0.1 to 10.0.0.2 at
+/// bytes 12..20) and carries its id in bytes 4..12 and its send time in ns in bytes
+/// 20..28 (see [`packet_stamp`]).
+pub const MIN_PACKET: u32 = 28;
+
+/// Source and destination address bytes (IPv4 offsets 12..20) of every simulated
+/// packet: one flow, 10.0.0.1 to 10.0.0.2.
+const ADDRS: [u8; 8] = [10, 0, 0, 1, 10, 0, 0, 2];
+
+/// What runs over the channels.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Variant {
+    /// One striping session over all channels.
+    Striped(StripeConfig),
+    /// The upper bound of seed 000 Fig. 15: the same traffic over each channel alone
+    /// (receiver mode `none`), counters added up.
+    SumOfSingles,
+}
+
+/// Everything one simulation run needs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunConfig {
+    /// The channels, in channel-index order.
+    pub channels: Vec<ChannelSpec>,
+    /// The traffic.
+    pub traffic: TrafficSpec,
+    /// The source stops offering packets at this time (the measurement window).
+    pub duration: Option<Nanos>,
+    /// The source stops after this many packets.
+    pub packets: Option<u64>,
+    /// After the source stops, run at most this long for packets in flight to arrive.
+    pub drain: Nanos,
+    /// The seed for every random process.
+    pub seed: u64,
+    /// The session (or the sum-of-singles bound).
+    pub variant: Variant,
+}
+
+/// Per-channel results.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ChannelResult {
+    /// Channel index.
+    pub id: usize,
+    /// Bytes put on the channel (data and control, as on the wire).
+    pub bytes: u64,
+    /// Datagrams put on the channel (data and control).
+    pub packets: u64,
+    /// Of those, data packets.
+    pub data_packets: u64,
+    /// Of those, markers and triggers.
+    pub control_packets: u64,
+    /// Bytes whose transmission ended inside the measurement window, per second.
+    pub throughput_bps: f64,
+    /// Datagrams lost on the channel.
+    pub lost: u64,
+    /// Datagrams corrupted on the channel (dropped by the receiver).
+    pub corrupted: u64,
+    /// Datagrams dropped because the transmit queue was full.
+    pub queue_drops: u64,
+    /// Datagrams dropped because they exceeded the MTU.
+    pub mtu_drops: u64,
+    /// Of the bytes, markers and triggers.
+    pub control_bytes: u64,
+    /// Data packets lost or corrupted on the channel.
+    pub data_lost: u64,
+    /// Data packets dropped at the sender (full queue or over the MTU).
+    pub data_dropped: u64,
+}
+
+/// The result of one run.
+#[derive(Clone, Debug, Default)]
+pub struct RunResult {
+    /// The measurement span in seconds: the configured duration, or for a packet-count
+    /// run the time of the last delivery.
+    pub duration_s: f64,
+    /// Payload bytes delivered inside the span, per second, times 8.
+    pub goodput_bps: f64,
+    /// The same, counting only packets delivered in order.
+    pub inorder_goodput_bps: f64,
+    /// Data packets accepted by the striper.
+    pub packets_sent: u64,
+    /// Data packets delivered to the application.
+    pub packets_delivered: u64,
+    /// `packets_sent - packets_delivered`.
+    pub packets_lost: u64,
+    /// Data packets lost or corrupted on a channel.
+    pub lost_on_channel: u64,
+    /// Data packets dropped at a full transmit queue or over the MTU.
+    pub dropped_at_sender: u64,
+    /// Packets the striper refused (larger than max_packet once framed).
+    pub send_errors: u64,
+    /// Deliveries of a packet after a packet that was sent later.
+    pub out_of_order: u64,
+    /// Largest (highest id delivered so far − id) over out-of-order deliveries.
+    pub max_reorder_depth: u64,
+    /// One-way latency, striper to application, ns.
+    pub latency: Histogram,
+    /// Per loss episode: seconds from its end until the last out-of-order delivery.
+    pub resync_s: Vec<f64>,
+    /// Per loss episode: in-order delivery resumed before the next episode (or the end).
+    pub fifo_restored: Vec<bool>,
+    /// Loss episodes as (start, end) seconds.
+    pub episodes: Vec<(f64, f64)>,
+    /// Data bytes put on the channels.
+    pub data_bytes: u64,
+    /// Marker and trigger bytes put on the channels.
+    pub control_bytes: u64,
+    /// Receiver resynchronizations (markers or triggers that changed its state).
+    pub resyncs: u64,
+    /// Times the receiver gave up waiting for a packet.
+    pub wait_timeouts: u64,
+    /// Per channel.
+    pub channels: Vec<ChannelResult>,
+    /// Events processed (packets offered, transmissions ended, arrivals, timers).
+    pub events: u64,
+}
+
+impl RunResult {
+    /// Control bytes as a fraction of everything put on the channels.
+    pub fn marker_overhead(&self) -> f64 {
+        let total = self.data_bytes + self.control_bytes;
+        if total == 0 {
+            0.0
+        } else {
+            self.control_bytes as f64 / total as f64
+        }
+    }
+}
+
+/// Why a run could not be carried out.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum RunError {
+    /// The stripe configuration is invalid.
+    #[error("invalid striping configuration: {0}")]
+    Config(#[from] braid_proto::ConfigError),
+    /// A channel's count differs between the channels and the configuration.
+    #[error("{channels} channels but the striping configuration has {weights} weights")]
+    ChannelCount {
+        /// Channel specs.
+        channels: usize,
+        /// Weights.
+        weights: usize,
+    },
+    /// Neither a duration nor a packet count: the run would never end.
+    #[error("the run has neither a duration nor a packet count")]
+    Unbounded,
+    /// A backlogged sender made no progress in time.
+    #[error(
+        "the backlogged source offered {0} packets without simulated time advancing: every \
+         packet is dropped before it reaches a queue (is every channel's mtu below the packet sizes?)"
+    )]
+    NoProgress(u64),
+    /// A packet size below the simulator's minimum.
+    #[error("packet size {0} bytes is below the simulator's minimum of {MIN_PACKET} bytes")]
+    PacketTooSmall(u32),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Ev {
+    /// The timed source offers its next packet.
+    Source,
+    /// The channel finished serializing its current datagram.
+    TxDone(u32),
+    /// The head of the channel's in-flight FIFO arrives.
+    Arrive(u32),
+    /// The measurement window ends; the source stops.
+    Stop,
+}
+
+struct Queued {
+    data: Bytes,
+    control: bool,
+}
+
+struct Chan {
+    spec: ChannelSpec,
+    ns_per_byte: f64,
+    queue: VecDeque<Queued>,
+    queued_bytes: u64,
+    /// The datagram being serialized, and its fate.
+    on_wire: Option<(Queued, Fate)>,
+    in_flight: VecDeque<(Nanos, Bytes)>,
+    last_arrival: Nanos,
+    loss: LossModel,
+    jitter_rng: Rng,
+    res: ChannelResult,
+}
+
+/// Packet buffers carved out of large shared allocations.
+struct Arena {
+    buf: BytesMut,
+}
+
+const ARENA_CHUNK: usize = 1 << 20;
+
+impl Arena {
+    #[inline]
+    fn packet(&mut self, id: u64, sent: Nanos, len: usize) -> Bytes {
+        if self.buf.capacity() - self.buf.len() < len {
+            self.buf = BytesMut::with_capacity(ARENA_CHUNK.max(len));
+        }
+        self.buf.extend_from_slice(&[0x45, 0, 0, 0]);
+        self.buf.extend_from_slice(&id.to_be_bytes());
+        self.buf.extend_from_slice(&ADDRS);
+        self.buf.extend_from_slice(&sent.to_be_bytes());
+        self.buf.resize(self.buf.len() + len - 28, 0);
+        self.buf.split().freeze()
+    }
+}
+
+/// The packet id (bytes 4..12) and send time (bytes 20..28, ns) of a simulated packet.
+#[inline]
+pub fn packet_stamp(p: &[u8]) -> Option<(u64, Nanos)> {
+    if p.len() < 28 {
+        return None;
+    }
+    let id = u64::from_be_bytes(p[4..12].try_into().ok()?);
+    let t = u64::from_be_bytes(p[20..28].try_into().ok()?);
+    Some((id, t))
+}
+
+#[derive(Clone, Copy)]
+enum SrcKind {
+    Backlogged,
+    Cbr(Rate),
+    Poisson(Rate, f64),
+    Trace,
+}
+
+struct Source {
+    kind: SrcKind,
+    trace: Vec<(Nanos, u32)>,
+    base: Nanos,
+    sizes: SizeGen,
+    rng: Rng,
+    next_id: u64,
+    trace_idx: usize,
+    stopped: bool,
+    /// Backlogged: a packet made but not yet accepted (its channel's queue was full).
+    pending: Option<(u32, usize)>,
+    /// Backlogged: waiting for this channel's queue to drain.
+    blocked_on: Option<usize>,
+}
+
+struct Sim {
+    now: Nanos,
+    heap: BinaryHeap<Reverse<(Nanos, u64, Ev)>>,
+    evseq: u64,
+    striper: Striper,
+    reseq: Resequencer,
+    /// Only for non-causal policies: a copy to predict the striper's choice.
+    baseline: Option<Baseline>,
+    sqf: bool,
+    chans: Vec<Chan>,
+    src: Source,
+    arena: Arena,
+    rx: Receiver,
+    window_end: Nanos,
+    packets_limit: u64,
+    send_errors: u64,
+    last_timer_fire: Option<Nanos>,
+    hard_stop: Option<Nanos>,
+    drain: Nanos,
+    events: u64,
+}
+
+/// Run one configuration to completion.
+pub fn run(cfg: &RunConfig) -> Result<RunResult, RunError> {
+    match &cfg.variant {
+        Variant::Striped(sc) => run_striped(cfg, sc),
+        Variant::SumOfSingles => {
+            let mut total: Option<RunResult> = None;
+            for (i, ch) in cfg.channels.iter().enumerate() {
+                let mut sc = StripeConfig::srr(vec![u32::MAX], 1);
+                sc.mode = Mode::None;
+                sc.max_packet = u32::MAX;
+                let single = RunConfig {
+                    channels: vec![ch.clone()],
+                    variant: Variant::Striped(sc.clone()),
+                    ..cfg.clone()
+                };
+                let mut r = run_striped(&single, &sc)?;
+                if let Some(c) = r.channels.first_mut() {
+                    c.id = i;
+                }
+                total = Some(match total {
+                    None => r,
+                    Some(t) => merge(t, r),
+                });
+            }
+            Ok(total.unwrap_or_default())
+        }
+    }
+}
+
+fn merge(mut a: RunResult, b: RunResult) -> RunResult {
+    a.duration_s = a.duration_s.max(b.duration_s);
+    a.goodput_bps += b.goodput_bps;
+    a.inorder_goodput_bps += b.inorder_goodput_bps;
+    a.packets_sent += b.packets_sent;
+    a.packets_delivered += b.packets_delivered;
+    a.packets_lost += b.packets_lost;
+    a.lost_on_channel += b.lost_on_channel;
+    a.dropped_at_sender += b.dropped_at_sender;
+    a.send_errors += b.send_errors;
+    a.out_of_order += b.out_of_order;
+    a.max_reorder_depth = a.max_reorder_depth.max(b.max_reorder_depth);
+    a.latency.merge(&b.latency);
+    a.resync_s.extend(b.resync_s);
+    a.fifo_restored.extend(b.fifo_restored);
+    a.episodes.extend(b.episodes);
+    a.data_bytes += b.data_bytes;
+    a.control_bytes += b.control_bytes;
+    a.resyncs += b.resyncs;
+    a.wait_timeouts += b.wait_timeouts;
+    a.channels.extend(b.channels);
+    a.events += b.events;
+    a
+}
+
+fn run_striped(cfg: &RunConfig, sc: &StripeConfig) -> Result<RunResult, RunError> {
+    if cfg.channels.len() != sc.channels() {
+        return Err(RunError::ChannelCount {
+            channels: cfg.channels.len(),
+            weights: sc.channels(),
+        });
+    }
+    if cfg.duration.is_none() && cfg.packets.is_none() {
+        return Err(RunError::Unbounded);
+    }
+    let striper = Striper::new(sc.clone())?;
+    let reseq = Resequencer::new(sc)?;
+    let (baseline, sqf) = match sc.policy {
+        Policy::Baseline(k) => (
+            Some(Baseline::new(k, sc.channels())),
+            k == braid_proto::sched::baseline::BaselineKind::ShortestQueue,
+        ),
+        Policy::Causal(_) => (None, false),
+    };
+    let chans = cfg
+        .channels
+        .iter()
+        .enumerate()
+        .map(|(i, spec)| {
+            let base = streams::CHANNEL_BASE + 2 * i as u64;
+            Chan {
+                ns_per_byte: 8e9 / spec.rate_bps,
+                queue: VecDeque::with_capacity(spec.queue_packets.min(4096) + 16),
+                queued_bytes: 0,
+                on_wire: None,
+                in_flight: VecDeque::with_capacity(64),
+                last_arrival: 0,
+                loss: LossModel::new(spec, Rng::stream(cfg.seed, base)),
+                jitter_rng: Rng::stream(cfg.seed, base + 1),
+                res: ChannelResult {
+                    id: i,
+                    ..ChannelResult::default()
+                },
+                spec: spec.clone(),
+            }
+        })
+        .collect();
+    let mut episodes = Vec::new();
+    for c in &cfg.channels {
+        episodes.extend(c.loss_windows.iter().map(|w| (w.start, w.end)));
+        episodes.extend(c.down.iter().copied());
+    }
+    let mut sim = Sim {
+        now: 0,
+        heap: BinaryHeap::with_capacity(4 * cfg.channels.len() + 8),
+        evseq: 0,
+        striper,
+        reseq,
+        baseline,
+        sqf,
+        chans,
+        src: Source {
+            kind: match &cfg.traffic.arrivals {
+                Arrivals::Backlogged => SrcKind::Backlogged,
+                Arrivals::Cbr(r) => SrcKind::Cbr(*r),
+                Arrivals::Poisson(r) => SrcKind::Poisson(*r, cfg.traffic.sizes.mean()),
+                Arrivals::Trace(_) => SrcKind::Trace,
+            },
+            trace: match &cfg.traffic.arrivals {
+                Arrivals::Trace(t) => t.clone(),
+                _ => Vec::new(),
+            },
+            base: cfg.traffic.start,
+            sizes: SizeGen::new(cfg.traffic.sizes.clone()),
+            rng: Rng::stream(cfg.seed, streams::TRAFFIC),
+            next_id: 0,
+            trace_idx: 0,
+            stopped: false,
+            pending: None,
+            blocked_on: None,
+        },
+        arena: Arena {
+            buf: BytesMut::with_capacity(ARENA_CHUNK),
+        },
+        rx: Receiver {
+            resync: Resync::new(episodes),
+            ..Receiver::default()
+        },
+        window_end: cfg.duration.unwrap_or(u64::MAX),
+        packets_limit: cfg.packets.unwrap_or(u64::MAX),
+        send_errors: 0,
+        last_timer_fire: None,
+        hard_stop: None,
+        drain: cfg.drain,
+        events: 0,
+    };
+    if let Some(d) = cfg.duration {
+        sim.schedule(d, Ev::Stop);
+    }
+    let start = cfg.traffic.start;
+    match &cfg.traffic.arrivals {
+        Arrivals::Trace(t) => {
+            let first = start + t.first().map_or(0, |x| x.0);
+            sim.schedule(first, Ev::Source);
+        }
+        _ => sim.schedule(start, Ev::Source),
+    }
+    sim.run_loop()?;
+    Ok(sim.finish(cfg))
+}
+
+impl Sim {
+    #[inline]
+    fn schedule(&mut self, t: Nanos, ev: Ev) {
+        self.evseq += 1;
+        self.heap.push(Reverse((t, self.evseq, ev)));
+    }
+
+    #[inline]
+    fn now_us(&self) -> Instant {
+        Instant::from_micros(self.now / 1000)
+    }
+
+    /// The earliest protocol timer, in ns, never at or before the last firing (so a timer
+    /// that stays due cannot stall time).
+    #[inline]
+    fn next_timer(&self) -> Option<Nanos> {
+        let a = self.striper.poll_timeout();
+        let b = self.reseq.poll_timeout();
+        let t = match (a, b) {
+            (Some(a), Some(b)) => a.min(b),
+            (Some(a), None) => a,
+            (None, Some(b)) => b,
+            (None, None) => return None,
+        };
+        let t = t.as_micros().saturating_mul(1000);
+        Some(match self.last_timer_fire {
+            Some(last) if t <= last => last + 1000,
+            _ => t.max(self.now),
+        })
+    }
+
+    fn run_loop(&mut self) -> Result<(), RunError> {
+        loop {
+            let next_ev = self.heap.peek().map(|r| r.0 .0);
+            let timer = self.next_timer();
+            let (t, is_timer) = match (next_ev, timer) {
+                (None, None) => return Ok(()),
+                (Some(e), Some(tm)) if tm < e => (tm, true),
+                (Some(e), _) => (e, false),
+                (None, Some(tm)) => (tm, true),
+            };
+            if self.hard_stop.is_some_and(|h| t > h) {
+                return Ok(());
+            }
+            self.events += 1;
+            if is_timer {
+                self.now = t;
+                self.last_timer_fire = Some(t);
+                let now = self.now_us();
+                self.striper.handle_timeout(now);
+                self.flush_striper(false);
+                self.reseq.handle_timeout(now);
+                self.drain_deliveries();
+                continue;
+            }
+            let Some(Reverse((t, _, ev))) = self.heap.pop() else {
+                return Ok(());
+            };
+            self.now = t;
+            match ev {
+                Ev::TxDone(c) => self.tx_done(c as usize)?,
+                Ev::Arrive(c) => self.arrive(c as usize),
+                Ev::Source => self.source_event()?,
+                Ev::Stop => self.stop_source(),
+            }
+        }
+    }
+
+    fn stop_source(&mut self) {
+        if !self.src.stopped {
+            self.src.stopped = true;
+            self.src.pending = None;
+            self.src.blocked_on = None;
+            self.hard_stop = Some(self.now.saturating_add(self.drain));
+        }
+    }
+
+    #[inline]
+    fn out_of_packets(&self) -> bool {
+        self.src.next_id >= self.packets_limit
+    }
+
+    /// Offer one packet of `size` bytes to the striper.
+    #[inline]
+    fn offer(&mut self, size: u32) {
+        let id = self.src.next_id;
+        self.src.next_id += 1;
+        let p = self.arena.packet(id, self.now, size as usize);
+        if self.sqf {
+            for (i, c) in self.chans.iter().enumerate() {
+                let wire = c.on_wire.as_ref().map_or(0, |w| w.0.data.len() as u64);
+                self.striper.set_backlog(i, c.queued_bytes + wire);
+            }
+        }
+        let now = self.now_us();
+        match self.striper.handle_packet(now, p) {
+            Ok(()) => self.flush_striper(!matches!(self.src.kind, SrcKind::Backlogged)),
+            Err(_) => self.send_errors += 1,
+        }
+        if self.out_of_packets() {
+            self.stop_source();
+        }
+    }
+
+    /// The channel the striper will pick for `size` bytes (id-independent: baselines
+    /// hash addresses, which the simulator's packets do not vary).
+    #[inline]
+    fn predict(&self) -> usize {
+        match &self.baseline {
+            None => self.striper.scheduler().map_or(0, |s| s.select()),
+            Some(b) => {
+                let backlog: Vec<u64> = self
+                    .chans
+                    .iter()
+                    .map(|c| {
+                        c.queued_bytes + c.on_wire.as_ref().map_or(0, |w| w.0.data.len() as u64)
+                    })
+                    .collect();
+                let mut probe = [0u8; 28];
+                probe[0] = 0x45;
+                probe[12..20].copy_from_slice(&ADDRS);
+                b.select(&probe, &backlog)
+            }
+        }
+    }
+
+    /// Backlogged source: offer packets until the chosen channel's queue is full.
+    fn pump_backlogged(&mut self) -> Result<(), RunError> {
+        let mut offered = 0u64;
+        while !self.src.stopped {
+            let size = match self.src.pending.take() {
+                Some((s, _)) => s,
+                None => self.src.sizes.next(&mut self.src.rng),
+            };
+            let ch = self.predict();
+            let c = &self.chans[ch];
+            if c.queue.len() >= c.spec.queue_packets {
+                self.src.pending = Some((size, ch));
+                self.src.blocked_on = Some(ch);
+                return Ok(());
+            }
+            self.events += 1;
+            self.offer(size);
+            offered += 1;
+            if offered > 10_000_000 {
+                return Err(RunError::NoProgress(offered));
+            }
+        }
+        Ok(())
+    }
+
+    fn source_event(&mut self) -> Result<(), RunError> {
+        if self.src.stopped || self.now >= self.window_end {
+            return Ok(());
+        }
+        match self.src.kind {
+            SrcKind::Backlogged => return self.pump_backlogged(),
+            SrcKind::Cbr(rate) => {
+                let size = self.src.sizes.next(&mut self.src.rng);
+                self.offer(size);
+                let gap = match rate {
+                    Rate::Bits(bps) => f64::from(size) * 8e9 / bps,
+                    Rate::Pps(pps) => 1e9 / pps,
+                };
+                let next = self.now + gap.round().max(1.0) as Nanos;
+                self.schedule(next, Ev::Source);
+            }
+            SrcKind::Poisson(rate, mean_size) => {
+                let size = self.src.sizes.next(&mut self.src.rng);
+                self.offer(size);
+                let mean_gap = match rate {
+                    Rate::Bits(bps) => mean_size * 8e9 / bps,
+                    Rate::Pps(pps) => 1e9 / pps,
+                };
+                let gap = self.src.rng.exp(mean_gap);
+                let next = self.now + gap.round().max(1.0) as Nanos;
+                self.schedule(next, Ev::Source);
+            }
+            SrcKind::Trace => {
+                // Offer every packet stamped at this instant.
+                while self.src.trace_idx < self.src.trace.len()
+                    && self.src.base + self.src.trace[self.src.trace_idx].0 <= self.now
+                {
+                    let size = self.src.trace[self.src.trace_idx].1;
+                    self.src.trace_idx += 1;
+                    self.offer(size);
+                    if self.src.stopped {
+                        return Ok(());
+                    }
+                }
+                match self.src.trace.get(self.src.trace_idx) {
+                    Some(&(t, _)) => self.schedule(self.src.base + t, Ev::Source),
+                    None => self.stop_source(),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Move the striper's datagrams into the channel queues.
+    #[inline]
+    fn flush_striper(&mut self, drop_tail: bool) {
+        while let Some(t) = self.striper.poll_transmit() {
+            let control = t.kind != TransmitKind::Data;
+            let data = t.to_bytes();
+            let c = &mut self.chans[t.channel];
+            let len = data.len() as u64;
+            if len > u64::from(c.spec.mtu) {
+                c.res.mtu_drops += 1;
+                c.res.data_dropped += u64::from(!control);
+                continue;
+            }
+            if drop_tail && c.queue.len() >= c.spec.queue_packets {
+                c.res.queue_drops += 1;
+                c.res.data_dropped += u64::from(!control);
+                continue;
+            }
+            c.queued_bytes += len;
+            c.queue.push_back(Queued { data, control });
+            if c.on_wire.is_none() {
+                self.start_tx(t.channel);
+            }
+        }
+    }
+
+    #[inline]
+    fn start_tx(&mut self, ch: usize) {
+        let now = self.now;
+        let c = &mut self.chans[ch];
+        let Some(q) = c.queue.pop_front() else {
+            return;
+        };
+        let len = q.data.len() as u64;
+        c.queued_bytes -= len;
+        let fate = c.loss.fate(now);
+        c.res.bytes += len;
+        c.res.packets += 1;
+        if q.control {
+            c.res.control_packets += 1;
+            c.res.control_bytes += len;
+        } else {
+            c.res.data_packets += 1;
+            if fate != Fate::Delivered {
+                c.res.data_lost += 1;
+            }
+        }
+        match fate {
+            Fate::Lost => c.res.lost += 1,
+            Fate::Corrupted => c.res.corrupted += 1,
+            Fate::Delivered => {}
+        }
+        let ser =
+            ((len + u64::from(c.spec.overhead_bytes)) as f64 * c.ns_per_byte).round() as Nanos;
+        let done = now + ser.max(1);
+        if done <= self.window_end {
+            // Throughput counts bytes whose serialization ends inside the window.
+            c.res.throughput_bps += len as f64;
+        }
+        c.on_wire = Some((q, fate));
+        self.schedule(done, Ev::TxDone(ch as u32));
+    }
+
+    fn tx_done(&mut self, ch: usize) -> Result<(), RunError> {
+        let now = self.now;
+        let c = &mut self.chans[ch];
+        if let Some((q, fate)) = c.on_wire.take() {
+            if fate == Fate::Delivered {
+                let jitter = if c.spec.jitter > 0 {
+                    c.jitter_rng.upto(c.spec.jitter)
+                } else {
+                    0
+                };
+                let at = (now + c.spec.delay + jitter).max(c.last_arrival);
+                c.last_arrival = at;
+                c.in_flight.push_back((at, q.data));
+                if c.in_flight.len() == 1 {
+                    self.schedule(at, Ev::Arrive(ch as u32));
+                }
+            }
+        }
+        if !self.chans[ch].queue.is_empty() {
+            self.start_tx(ch);
+        }
+        if self.src.blocked_on == Some(ch) {
+            self.src.blocked_on = None;
+            self.pump_backlogged()?;
+        }
+        Ok(())
+    }
+
+    fn arrive(&mut self, ch: usize) {
+        let c = &mut self.chans[ch];
+        let Some((_, data)) = c.in_flight.pop_front() else {
+            return;
+        };
+        if let Some(&(next, _)) = c.in_flight.front() {
+            self.schedule(next, Ev::Arrive(ch as u32));
+        }
+        let now = self.now_us();
+        self.reseq.handle_datagram(now, ch, data);
+        self.drain_deliveries();
+    }
+
+    #[inline]
+    fn drain_deliveries(&mut self) {
+        while let Some(p) = self.reseq.poll_deliver() {
+            if let Some((id, sent)) = packet_stamp(&p) {
+                self.rx
+                    .on_delivery(self.now, id, sent, p.len() as u64, self.window_end);
+            }
+        }
+    }
+
+    fn finish(self, cfg: &RunConfig) -> RunResult {
+        let rx = self.rx;
+        let duration_ns = match cfg.duration {
+            Some(d) => d,
+            None => rx.last_delivery.max(1),
+        };
+        let dur_s = duration_ns as f64 / 1e9;
+        let (goodput_bytes, inorder_bytes) = match cfg.duration {
+            Some(_) => (rx.window_bytes, rx.window_inorder_bytes),
+            None => (rx.delivered_bytes, rx.window_inorder_bytes),
+        };
+        let (resync_s, fifo_restored) = rx.resync.finish();
+        let episodes = rx
+            .resync
+            .episodes()
+            .iter()
+            .map(|&(a, b)| (a as f64 / 1e9, b as f64 / 1e9))
+            .collect();
+        let rs = self.reseq.stats();
+        let mut data_bytes = 0;
+        let mut control_bytes = 0;
+        let mut lost_on_channel = 0;
+        let mut dropped_at_sender = 0;
+        let mut channels = Vec::with_capacity(self.chans.len());
+        for c in self.chans {
+            let mut r = c.res;
+            data_bytes += r.bytes - r.control_bytes;
+            control_bytes += r.control_bytes;
+            lost_on_channel += r.data_lost;
+            dropped_at_sender += r.data_dropped;
+            r.throughput_bps = r.throughput_bps * 8.0 / dur_s;
+            channels.push(r);
+        }
+        let sent = self.striper.packets_sent();
+        RunResult {
+            duration_s: dur_s,
+            goodput_bps: goodput_bytes as f64 * 8.0 / dur_s,
+            inorder_goodput_bps: inorder_bytes as f64 * 8.0 / dur_s,
+            packets_sent: sent,
+            packets_delivered: rx.delivered,
+            packets_lost: sent.saturating_sub(rx.delivered),
+            lost_on_channel,
+            dropped_at_sender,
+            send_errors: self.send_errors,
+            out_of_order: rx.out_of_order,
+            max_reorder_depth: rx.max_reorder_depth,
+            latency: rx.latency,
+            resync_s,
+            fifo_restored,
+            episodes,
+            data_bytes,
+            control_bytes,
+            resyncs: rs.total(|c| c.resyncs),
+            wait_timeouts: rs.total(|c| c.wait_timeouts),
+            channels,
+            events: self.events,
+        }
+    }
+}

@@ -1,0 +1,358 @@
+//! Running a whole scenario, and its results as JSON or as a table.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use braid_proto::{Policy, SchedulerKind};
+use serde::Serialize;
+
+use crate::engine::{self, RunError, RunResult, Variant};
+use crate::rng::{mix64, streams};
+use crate::scenario::{Job, Scenario};
+
+/// The JSON document `braid sim --json` prints.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Report {
+    /// Scenario name.
+    pub scenario: String,
+    /// The seed used.
+    pub seed: u64,
+    /// One entry per job, run-major (each run across the sweep points).
+    pub runs: Vec<RunReport>,
+}
+
+/// Latency summary in milliseconds.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Latency {
+    /// Mean.
+    pub mean: f64,
+    /// Median.
+    pub p50: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// Maximum.
+    pub max: f64,
+}
+
+/// Per-channel counters.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct ChannelReport {
+    /// Channel index.
+    pub id: usize,
+    /// Bytes put on the channel (data and control).
+    pub bytes: u64,
+    /// Datagrams put on the channel (data and control).
+    pub packets: u64,
+    /// Data packets among them.
+    pub data_packets: u64,
+    /// Markers and triggers among them.
+    pub control_packets: u64,
+    /// Bytes serialized inside the measurement window, bit/s.
+    pub throughput_bps: f64,
+    /// Datagrams lost on the channel (any loss model).
+    pub lost: u64,
+    /// Datagrams corrupted on the channel.
+    pub corrupted: u64,
+    /// Datagrams dropped at a full transmit queue.
+    pub queue_drops: u64,
+    /// Datagrams dropped for exceeding the MTU.
+    pub mtu_drops: u64,
+}
+
+/// One run's results.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct RunReport {
+    /// Run label.
+    pub label: String,
+    /// Scheduler.
+    pub scheduler: String,
+    /// Receiver mode.
+    pub receiver: String,
+    /// Swept parameters at this point.
+    pub params: BTreeMap<String, f64>,
+    /// Measurement span, seconds.
+    pub duration_s: f64,
+    /// Payload bytes delivered in the span, as bit/s (order-agnostic).
+    pub goodput_bps: f64,
+    /// Data packets accepted by the striper.
+    pub packets_sent: u64,
+    /// Data packets delivered to the application.
+    pub packets_delivered: u64,
+    /// Sent minus delivered.
+    pub packets_lost: u64,
+    /// Deliveries after a packet that was sent later.
+    pub out_of_order: u64,
+    /// Largest id distance of an out-of-order delivery.
+    pub max_reorder_depth: u64,
+    /// One-way latency, striper to application.
+    pub latency_ms: Latency,
+    /// Per loss episode: seconds from its end until delivery is FIFO again.
+    pub resync_s: Vec<f64>,
+    /// Marker and trigger bytes / all bytes put on the channels.
+    pub marker_overhead: f64,
+    /// Per channel.
+    pub channels: Vec<ChannelReport>,
+    /// Goodput counting only packets delivered in order, bit/s.
+    pub inorder_goodput_bps: f64,
+    /// Per loss episode: in-order delivery resumed after the last misordering.
+    pub fifo_restored: Vec<bool>,
+    /// Loss episodes (scripted windows and link-down periods, merged), [start, end] s.
+    pub loss_episodes_s: Vec<[f64; 2]>,
+    /// Data packets lost or corrupted on a channel.
+    pub lost_on_channel: u64,
+    /// Data packets dropped at the sender (full queue, MTU).
+    pub dropped_at_sender: u64,
+    /// Packets the striper refused.
+    pub send_errors: u64,
+    /// Markers or triggers that changed the receiver's state.
+    pub receiver_resyncs: u64,
+    /// Times the receiver gave up waiting.
+    pub receiver_timeouts: u64,
+    /// Simulation events processed.
+    pub events: u64,
+}
+
+impl RunReport {
+    /// A metric by name (see [`crate::scenario::PLOT_METRICS`]).
+    pub fn metric(&self, name: &str) -> Option<f64> {
+        Some(match name {
+            "goodput_bps" => self.goodput_bps,
+            "inorder_goodput_bps" => self.inorder_goodput_bps,
+            "out_of_order" => self.out_of_order as f64,
+            "max_reorder_depth" => self.max_reorder_depth as f64,
+            "packets_lost" => self.packets_lost as f64,
+            "latency_mean_ms" => self.latency_ms.mean,
+            "latency_p50_ms" => self.latency_ms.p50,
+            "latency_p99_ms" => self.latency_ms.p99,
+            "latency_max_ms" => self.latency_ms.max,
+            "marker_overhead" => self.marker_overhead,
+            "resync_max_s" => self.resync_s.iter().copied().fold(0.0, f64::max),
+            _ => return None,
+        })
+    }
+}
+
+fn to_report(job: &Job, r: RunResult) -> RunReport {
+    let ms = |ns: f64| ns / 1e6;
+    RunReport {
+        label: job.label.clone(),
+        scheduler: job.scheduler.clone(),
+        receiver: job.receiver.clone(),
+        params: job.params.iter().cloned().collect(),
+        duration_s: r.duration_s,
+        goodput_bps: r.goodput_bps,
+        packets_sent: r.packets_sent,
+        packets_delivered: r.packets_delivered,
+        packets_lost: r.packets_lost,
+        out_of_order: r.out_of_order,
+        max_reorder_depth: r.max_reorder_depth,
+        latency_ms: Latency {
+            mean: ms(r.latency.mean()),
+            p50: ms(r.latency.quantile(0.5)),
+            p99: ms(r.latency.quantile(0.99)),
+            max: ms(r.latency.max() as f64),
+        },
+        marker_overhead: r.marker_overhead(),
+        resync_s: r.resync_s,
+        channels: r
+            .channels
+            .iter()
+            .map(|c| ChannelReport {
+                id: c.id,
+                bytes: c.bytes,
+                packets: c.packets,
+                data_packets: c.data_packets,
+                control_packets: c.control_packets,
+                throughput_bps: c.throughput_bps,
+                lost: c.lost,
+                corrupted: c.corrupted,
+                queue_drops: c.queue_drops,
+                mtu_drops: c.mtu_drops,
+            })
+            .collect(),
+        inorder_goodput_bps: r.inorder_goodput_bps,
+        fifo_restored: r.fifo_restored,
+        loss_episodes_s: r.episodes.iter().map(|&(a, b)| [a, b]).collect(),
+        lost_on_channel: r.lost_on_channel,
+        dropped_at_sender: r.dropped_at_sender,
+        send_errors: r.send_errors,
+        receiver_resyncs: r.resyncs,
+        receiver_timeouts: r.wait_timeouts,
+        events: r.events,
+    }
+}
+
+/// A job that failed.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("run \"{label}\"{at}: {err}")]
+pub struct JobError {
+    /// Run label.
+    pub label: String,
+    /// Sweep point, formatted.
+    pub at: String,
+    /// What went wrong.
+    pub err: RunError,
+}
+
+/// The configuration of `job` with `seed` applied.
+pub fn seeded(job: &Job, seed: u64) -> engine::RunConfig {
+    let mut cfg = job.config.clone();
+    cfg.seed = seed;
+    if let Variant::Striped(sc) = &mut cfg.variant {
+        if let Policy::Causal(SchedulerKind::Random { seed: s }) = &mut sc.policy {
+            *s = mix64(seed ^ mix64(streams::SCHEDULER));
+        }
+    }
+    cfg
+}
+
+/// Run every job of `sc` with `seed` on up to `threads` threads. `progress(done, total)`
+/// is called after each job. The result does not depend on `threads`.
+pub fn run_scenario(
+    sc: &Scenario,
+    seed: u64,
+    threads: usize,
+    progress: &(dyn Fn(usize, usize) + Sync),
+) -> Result<Report, JobError> {
+    let n = sc.jobs.len();
+    let results: Mutex<Vec<Option<Result<RunReport, JobError>>>> = Mutex::new(vec![None; n]);
+    let next = AtomicUsize::new(0);
+    let done = AtomicUsize::new(0);
+    let work = || loop {
+        let i = next.fetch_add(1, Ordering::Relaxed);
+        if i >= n {
+            break;
+        }
+        let job = &sc.jobs[i];
+        let r = engine::run(&seeded(job, seed))
+            .map(|r| to_report(job, r))
+            .map_err(|err| JobError {
+                label: job.label.clone(),
+                at: if job.params.is_empty() {
+                    String::new()
+                } else {
+                    let p: Vec<String> = job
+                        .params
+                        .iter()
+                        .map(|(k, v)| format!("{k} = {v}"))
+                        .collect();
+                    format!(" at {}", p.join(", "))
+                },
+                err,
+            });
+        let failed = r.is_err();
+        if let Ok(mut g) = results.lock() {
+            g[i] = Some(r);
+        }
+        let d = done.fetch_add(1, Ordering::Relaxed) + 1;
+        progress(d, n);
+        if failed {
+            // Stop handing out work; the first error in job order is reported.
+            next.store(n, Ordering::Relaxed);
+        }
+    };
+    let threads = threads.clamp(1, n.max(1));
+    if threads == 1 {
+        work();
+    } else {
+        std::thread::scope(|s| {
+            for _ in 0..threads {
+                s.spawn(work);
+            }
+        });
+    }
+    let results = results.into_inner().unwrap_or_else(|e| e.into_inner());
+    let mut runs = Vec::with_capacity(n);
+    for r in results.into_iter().flatten() {
+        runs.push(r?);
+    }
+    Ok(Report {
+        scenario: sc.name.clone(),
+        seed,
+        runs,
+    })
+}
+
+impl Report {
+    /// The JSON document, one line.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+    }
+
+    /// A readable table.
+    pub fn to_table(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(out, "scenario {}  seed {}", self.scenario, self.seed);
+        let params: Vec<String> = self
+            .runs
+            .iter()
+            .map(|r| {
+                r.params
+                    .iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .collect();
+        let lw = self
+            .runs
+            .iter()
+            .map(|r| r.label.len())
+            .max()
+            .unwrap_or(5)
+            .max(5);
+        let pw = params.iter().map(|p| p.len()).max().unwrap_or(0);
+        let _ = write!(out, "{:<lw$}  ", "run");
+        if pw > 0 {
+            let _ = write!(out, "{:<pw$}  ", "params");
+        }
+        let _ = writeln!(
+            out,
+            "{:>9} {:>9} {:>9} {:>8} {:>8} {:>6} {:>8} {:>8} {:>7} {:>8}",
+            "Mbit/s",
+            "sent",
+            "delivered",
+            "lost",
+            "ooo",
+            "depth",
+            "p50 ms",
+            "p99 ms",
+            "ctl %",
+            "resync s"
+        );
+        for (r, p) in self.runs.iter().zip(&params) {
+            let _ = write!(out, "{:<lw$}  ", r.label);
+            if pw > 0 {
+                let _ = write!(out, "{p:<pw$}  ");
+            }
+            let resync = if r.resync_s.is_empty() {
+                "-".to_string()
+            } else {
+                let m = r.resync_s.iter().copied().fold(0.0, f64::max);
+                let bad = r.fifo_restored.iter().filter(|x| !**x).count();
+                if bad > 0 {
+                    format!("{m:.3}!{bad}")
+                } else {
+                    format!("{m:.3}")
+                }
+            };
+            let _ = writeln!(
+                out,
+                "{:>9.3} {:>9} {:>9} {:>8} {:>8} {:>6} {:>8.2} {:>8.2} {:>7.3} {:>8}",
+                r.goodput_bps / 1e6,
+                r.packets_sent,
+                r.packets_delivered,
+                r.packets_lost,
+                r.out_of_order,
+                r.max_reorder_depth,
+                r.latency_ms.p50,
+                r.latency_ms.p99,
+                r.marker_overhead * 100.0,
+                resync
+            );
+        }
+        out
+    }
+}

@@ -1,0 +1,1324 @@
+//! Scenario files (TOML): channels, traffic, limits, a list of runs and sweeps over any
+//! numeric parameter. `docs/scenarios.md` documents every key, unit and default.
+//!
+//! A sweep sets a key (a dotted path such as `channel.1.rate_mbps` or
+//! `channel[1].rate_mbps`) to each of its values in turn; several sweeps form a grid.
+//! A run may override any key the same way with its `set` table. Every error names the
+//! file, the key and what was expected.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use braid_proto::sched::baseline::BaselineKind;
+use braid_proto::sched::{grr_weights, srr_quanta};
+use braid_proto::{
+    Duration, MarkerConfig, MarkerPosition, Mode, Policy, ReceiverConfig, SchedulerKind,
+    StripeConfig,
+};
+use toml::{Table, Value};
+
+use crate::engine::{RunConfig, Variant, MIN_PACKET};
+use crate::model::{
+    parse_trace, secs_to_ns, Arrivals, ChannelSpec, Durations, Gilbert, LossWindow, Nanos, Rate,
+    Sizes, TrafficSpec,
+};
+
+/// A scenario that could not be loaded: the file, the key (if one is to blame), and
+/// what was expected.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScenarioError {
+    /// The scenario file as given.
+    pub file: String,
+    /// The key at fault, as a path like `channel[1].rate_mbps`.
+    pub key: Option<String>,
+    /// What is wrong and what was expected.
+    pub message: String,
+}
+
+impl std::fmt::Display for ScenarioError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.key {
+            Some(k) => write!(f, "{}: key `{}`: {}", self.file, k, self.message),
+            None => write!(f, "{}: {}", self.file, self.message),
+        }
+    }
+}
+
+impl std::error::Error for ScenarioError {}
+
+/// Metrics a plot can put on the y axis.
+pub const PLOT_METRICS: &[&str] = &[
+    "goodput_bps",
+    "inorder_goodput_bps",
+    "out_of_order",
+    "max_reorder_depth",
+    "packets_lost",
+    "latency_mean_ms",
+    "latency_p50_ms",
+    "latency_p99_ms",
+    "latency_max_ms",
+    "marker_overhead",
+    "resync_max_s",
+];
+
+/// Plot settings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlotSpec {
+    /// Metric on the y axis (one of [`PLOT_METRICS`]).
+    pub y: String,
+    /// The sweep parameter on the x axis (its name).
+    pub x: Option<String>,
+    /// Title; default: the scenario name.
+    pub title: Option<String>,
+    /// X axis label; default: the parameter name.
+    pub x_label: Option<String>,
+    /// Y axis label; default: derived from the metric.
+    pub y_label: Option<String>,
+}
+
+/// One simulation to carry out: a run variant at one sweep point.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Job {
+    /// The run's label.
+    pub label: String,
+    /// Scheduler name (srr, rr, grr, random, sqf, hash, sum).
+    pub scheduler: String,
+    /// Receiver mode name (none, logical, seq, trr).
+    pub receiver: String,
+    /// The swept parameters and their values at this point.
+    pub params: Vec<(String, f64)>,
+    /// The run itself (its seed is set when the scenario is run).
+    pub config: RunConfig,
+}
+
+/// A loaded scenario: jobs in run-major order (each run across all sweep points).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Scenario {
+    /// Name (the `name` key, else the file stem).
+    pub name: String,
+    /// Free text.
+    pub description: String,
+    /// Seed used when none is given on the command line.
+    pub seed: u64,
+    /// Names of the swept parameters, in sweep order.
+    pub sweep_names: Vec<String>,
+    /// Run labels, in file order.
+    pub run_labels: Vec<String>,
+    /// What to run.
+    pub jobs: Vec<Job>,
+    /// Plot settings.
+    pub plot: PlotSpec,
+}
+
+/// Load a scenario file.
+pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
+    let file = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| ScenarioError {
+        file: file.clone(),
+        key: None,
+        message: format!("cannot read the file: {e}"),
+    })?;
+    let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+    let stem = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "scenario".into());
+    parse(&text, &file, &dir, &stem)
+}
+
+/// Parse scenario text. `file` names it in errors, `dir` resolves relative trace paths,
+/// `stem` is the default name.
+pub fn parse(text: &str, file: &str, dir: &Path, stem: &str) -> Result<Scenario, ScenarioError> {
+    let root: Table = toml::from_str(text).map_err(|e| ScenarioError {
+        file: file.into(),
+        key: None,
+        message: format!("not valid TOML: {}", e.to_string().trim_end()),
+    })?;
+    let cx = Cx {
+        file,
+        dir,
+        traces: Default::default(),
+    };
+    let top = Tab::new(&cx, "", &root);
+    top.check_keys(&[
+        "name",
+        "description",
+        "seed",
+        "duration_s",
+        "packets",
+        "drain_s",
+        "max_packet",
+        "channel",
+        "traffic",
+        "markers",
+        "trr",
+        "receiver",
+        "srr",
+        "run",
+        "sweep",
+        "plot",
+    ])?;
+    let name = top.str_opt("name")?.unwrap_or(stem).to_string();
+    let description = top.str_opt("description")?.unwrap_or("").to_string();
+    let seed = top.u64_or("seed", 1, "a whole number >= 0")?;
+
+    // Sweeps.
+    let sweeps = parse_sweeps(&top)?;
+    // Runs.
+    let runs = top.tabs("run")?;
+    if runs.is_empty() {
+        return Err(cx.err(
+            Some("run"),
+            "expected at least one [[run]] table (scheduler and receiver to simulate)",
+        ));
+    }
+    let mut run_specs = Vec::new();
+    for r in &runs {
+        run_specs.push(parse_run_head(r)?);
+    }
+    let plot = parse_plot(&top, &sweeps)?;
+
+    // The base tree without runs and sweeps; each job applies its overrides to a copy.
+    let mut base = root.clone();
+    base.remove("run");
+    base.remove("sweep");
+    base.remove("plot");
+
+    // Sweep grid, first sweep varying slowest.
+    let mut points: Vec<Vec<(usize, f64)>> = vec![vec![]];
+    for (si, s) in sweeps.iter().enumerate() {
+        let mut next = Vec::new();
+        for p in &points {
+            for &v in &s.values {
+                let mut q = p.clone();
+                q.push((si, v));
+                next.push(q);
+            }
+        }
+        points = next;
+    }
+
+    let mut jobs = Vec::new();
+    for (ri, rs) in run_specs.iter().enumerate() {
+        for point in &points {
+            let mut tree = base.clone();
+            for (k, v) in &rs.set {
+                set_path(&mut tree, k, v.clone())
+                    .map_err(|m| cx.err(Some(&format!("run[{ri}].set.\"{k}\"")), &m))?;
+            }
+            let mut params = Vec::new();
+            for &(si, v) in point {
+                let s = &sweeps[si];
+                for k in &s.keys {
+                    set_path(&mut tree, k, number_value(v))
+                        .map_err(|m| cx.err(Some(&format!("sweep[{si}].key \"{k}\"")), &m))?;
+                }
+                params.push((s.name.clone(), v));
+            }
+            let at = if params.is_empty() {
+                String::new()
+            } else {
+                let p: Vec<String> = params.iter().map(|(k, v)| format!("{k} = {v}")).collect();
+                format!(" (at sweep point {})", p.join(", "))
+            };
+            let t = Tab::new(&cx, "", &tree);
+            let job = build_job(&t, rs, ri, params).map_err(|mut e| {
+                e.message.push_str(&at);
+                e
+            })?;
+            jobs.push(job);
+        }
+    }
+    Ok(Scenario {
+        name,
+        description,
+        seed,
+        sweep_names: sweeps.iter().map(|s| s.name.clone()).collect(),
+        run_labels: run_specs.iter().map(|r| r.label.clone()).collect(),
+        jobs,
+        plot,
+    })
+}
+
+struct Cx<'a> {
+    file: &'a str,
+    dir: &'a Path,
+    traces: std::cell::RefCell<BTreeMap<PathBuf, Vec<(Nanos, u32)>>>,
+}
+
+impl Cx<'_> {
+    fn err(&self, key: Option<&str>, msg: &str) -> ScenarioError {
+        ScenarioError {
+            file: self.file.into(),
+            key: key.map(Into::into),
+            message: msg.into(),
+        }
+    }
+}
+
+fn describe(v: &Value) -> String {
+    match v {
+        Value::String(s) => format!("string \"{s}\""),
+        Value::Integer(i) => format!("integer {i}"),
+        Value::Float(f) => format!("number {f}"),
+        Value::Boolean(b) => format!("boolean {b}"),
+        Value::Datetime(d) => format!("date {d}"),
+        Value::Array(_) => "an array".into(),
+        Value::Table(_) => "a table".into(),
+    }
+}
+
+fn number_value(v: f64) -> Value {
+    if v.fract() == 0.0 && v.abs() < 9.0e15 {
+        Value::Integer(v as i64)
+    } else {
+        Value::Float(v)
+    }
+}
+
+/// A table being read, with its path for error messages.
+struct Tab<'a> {
+    cx: &'a Cx<'a>,
+    path: String,
+    t: &'a Table,
+}
+
+impl<'a> Tab<'a> {
+    fn new(cx: &'a Cx<'a>, path: &str, t: &'a Table) -> Tab<'a> {
+        Tab {
+            cx,
+            path: path.into(),
+            t,
+        }
+    }
+
+    fn key(&self, k: &str) -> String {
+        if self.path.is_empty() {
+            k.into()
+        } else {
+            format!("{}.{}", self.path, k)
+        }
+    }
+
+    fn err(&self, k: &str, msg: &str) -> ScenarioError {
+        self.cx.err(Some(&self.key(k)), msg)
+    }
+
+    fn expected(&self, k: &str, what: &str, v: &Value) -> ScenarioError {
+        self.err(k, &format!("expected {what}, found {}", describe(v)))
+    }
+
+    fn check_keys(&self, allowed: &[&str]) -> Result<(), ScenarioError> {
+        for k in self.t.keys() {
+            if !allowed.contains(&k.as_str()) {
+                return Err(self.err(
+                    k,
+                    &format!("unknown key; expected one of: {}", allowed.join(", ")),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn str_opt(&self, k: &str) -> Result<Option<&'a str>, ScenarioError> {
+        match self.t.get(k) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s)),
+            Some(v) => Err(self.expected(k, "a string", v)),
+        }
+    }
+
+    fn num_opt(&self, k: &str, what: &str) -> Result<Option<f64>, ScenarioError> {
+        match self.t.get(k) {
+            None => Ok(None),
+            Some(Value::Integer(i)) => Ok(Some(*i as f64)),
+            Some(Value::Float(f)) if f.is_finite() => Ok(Some(*f)),
+            Some(v) => Err(self.expected(k, what, v)),
+        }
+    }
+
+    /// A number satisfying `ok`, described by `what` in errors.
+    fn f64_req(&self, k: &str, what: &str, ok: fn(f64) -> bool) -> Result<f64, ScenarioError> {
+        match self.num_opt(k, what)? {
+            Some(x) if ok(x) => Ok(x),
+            Some(x) => Err(self.err(k, &format!("expected {what}, found {x}"))),
+            None => Err(self.err(k, &format!("missing; expected {what}"))),
+        }
+    }
+
+    fn f64_or(
+        &self,
+        k: &str,
+        default: f64,
+        what: &str,
+        ok: fn(f64) -> bool,
+    ) -> Result<f64, ScenarioError> {
+        if self.t.contains_key(k) {
+            self.f64_req(k, what, ok)
+        } else {
+            Ok(default)
+        }
+    }
+
+    fn u64_opt(&self, k: &str, what: &str) -> Result<Option<u64>, ScenarioError> {
+        match self.t.get(k) {
+            None => Ok(None),
+            Some(Value::Integer(i)) if *i >= 0 => Ok(Some(*i as u64)),
+            Some(Value::Float(f)) if *f >= 0.0 && f.fract() == 0.0 && *f < 9.0e15 => {
+                Ok(Some(*f as u64))
+            }
+            Some(v) => Err(self.expected(k, what, v)),
+        }
+    }
+
+    fn u64_or(&self, k: &str, default: u64, what: &str) -> Result<u64, ScenarioError> {
+        Ok(self.u64_opt(k, what)?.unwrap_or(default))
+    }
+
+    fn u32_in(
+        &self,
+        k: &str,
+        default: Option<u32>,
+        lo: u32,
+        hi: u32,
+        what: &str,
+    ) -> Result<u32, ScenarioError> {
+        match self.u64_opt(k, what)? {
+            Some(x) if x >= u64::from(lo) && x <= u64::from(hi) => Ok(x as u32),
+            Some(x) => Err(self.err(k, &format!("expected {what}, found {x}"))),
+            None => default.ok_or_else(|| self.err(k, &format!("missing; expected {what}"))),
+        }
+    }
+
+    fn table(&self, k: &str) -> Result<Option<Tab<'a>>, ScenarioError> {
+        match self.t.get(k) {
+            None => Ok(None),
+            Some(Value::Table(t)) => Ok(Some(Tab::new(self.cx, &self.key(k), t))),
+            Some(v) => Err(self.expected(k, "a table", v)),
+        }
+    }
+
+    /// An array of tables (`[[k]]`), each with path `k[i]`.
+    fn tabs(&self, k: &str) -> Result<Vec<Tab<'a>>, ScenarioError> {
+        match self.t.get(k) {
+            None => Ok(Vec::new()),
+            Some(Value::Array(a)) => a
+                .iter()
+                .enumerate()
+                .map(|(i, v)| match v {
+                    Value::Table(t) => Ok(Tab::new(self.cx, &format!("{}[{i}]", self.key(k)), t)),
+                    v => Err(self.cx.err(
+                        Some(&format!("{}[{i}]", self.key(k))),
+                        &format!("expected a table, found {}", describe(v)),
+                    )),
+                })
+                .collect(),
+            Some(v) => Err(self.expected(k, "an array of tables ([[...]])", v)),
+        }
+    }
+
+    fn num_list(&self, k: &str, what: &str) -> Result<Option<Vec<f64>>, ScenarioError> {
+        match self.t.get(k) {
+            None => Ok(None),
+            Some(Value::Array(a)) => a
+                .iter()
+                .enumerate()
+                .map(|(i, v)| match v {
+                    Value::Integer(x) => Ok(*x as f64),
+                    Value::Float(x) if x.is_finite() => Ok(*x),
+                    v => Err(self.cx.err(
+                        Some(&format!("{}[{i}]", self.key(k))),
+                        &format!("expected {what}, found {}", describe(v)),
+                    )),
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map(Some),
+            Some(v) => Err(self.expected(k, &format!("an array of {what}"), v)),
+        }
+    }
+}
+
+fn positive(x: f64) -> bool {
+    x > 0.0
+}
+fn non_negative(x: f64) -> bool {
+    x >= 0.0
+}
+fn probability(x: f64) -> bool {
+    (0.0..=1.0).contains(&x)
+}
+
+struct Sweep {
+    name: String,
+    keys: Vec<String>,
+    values: Vec<f64>,
+}
+
+fn parse_sweeps(top: &Tab) -> Result<Vec<Sweep>, ScenarioError> {
+    let mut out = Vec::new();
+    for s in top.tabs("sweep")? {
+        s.check_keys(&["key", "keys", "name", "values", "from", "to", "step"])?;
+        let keys: Vec<String> = match (s.t.get("key"), s.t.get("keys")) {
+            (Some(Value::String(k)), None) => vec![k.clone()],
+            (None, Some(Value::Array(a))) if !a.is_empty() => a
+                .iter()
+                .enumerate()
+                .map(|(i, v)| match v {
+                    Value::String(k) => Ok(k.clone()),
+                    v => Err(s.err(
+                        &format!("keys[{i}]"),
+                        &format!("expected a key path string, found {}", describe(v)),
+                    )),
+                })
+                .collect::<Result<_, _>>()?,
+            (Some(_), Some(_)) => {
+                return Err(s.err("keys", "give either `key` or `keys`, not both"))
+            }
+            (Some(v), None) => {
+                return Err(s.expected(
+                    "key",
+                    "a key path string such as \"channel.1.rate_mbps\"",
+                    v,
+                ))
+            }
+            (None, Some(v)) => {
+                return Err(s.expected("keys", "a non-empty array of key path strings", v))
+            }
+            (None, None) => {
+                return Err(s.err(
+                    "key",
+                    "missing; expected the key path to sweep, such as \"channel.1.rate_mbps\"",
+                ))
+            }
+        };
+        for (i, k) in keys.iter().enumerate() {
+            let at = if s.t.contains_key("keys") {
+                format!("keys[{i}]")
+            } else {
+                "key".into()
+            };
+            parse_path(k).map_err(|m| s.err(&at, &m))?;
+            if matches!(
+                parse_path(k).ok().as_deref().and_then(|p| p.first()),
+                Some(Seg::Key(f)) if f == "run" || f == "sweep" || f == "plot"
+            ) {
+                return Err(s.err(&at, "cannot sweep run, sweep or plot settings"));
+            }
+        }
+        let values = match s.num_list("values", "a number")? {
+            Some(v) => {
+                if s.t.contains_key("from") || s.t.contains_key("to") || s.t.contains_key("step") {
+                    return Err(s.err(
+                        "values",
+                        "give either `values` or `from`/`to`/`step`, not both",
+                    ));
+                }
+                v
+            }
+            None => {
+                let from = s.f64_req("from", "a number (first value)", |_| true)?;
+                let to = s.f64_req("to", "a number (last value)", |_| true)?;
+                let step = s.f64_req("step", "a number > 0", positive)?;
+                if to < from {
+                    return Err(s.err(
+                        "to",
+                        &format!("expected a number >= from ({from}), found {to}"),
+                    ));
+                }
+                let n = ((to - from) / step + 1e-9).floor() as u64 + 1;
+                if n > 100_000 {
+                    return Err(s.err(
+                        "step",
+                        &format!("the sweep would have {n} points; at most 100000"),
+                    ));
+                }
+                (0..n)
+                    .map(|i| {
+                        // Round away float noise such as 0.30000000000000004.
+                        let v = from + step * i as f64;
+                        (v * 1e9).round() / 1e9
+                    })
+                    .collect()
+            }
+        };
+        if values.is_empty() {
+            return Err(s.err("values", "expected at least one value"));
+        }
+        let name = s
+            .str_opt("name")?
+            .map(String::from)
+            .unwrap_or_else(|| keys[0].clone());
+        out.push(Sweep { name, keys, values });
+    }
+    Ok(out)
+}
+
+struct RunHead {
+    label: String,
+    scheduler: String,
+    receiver: Option<String>,
+    weights: Option<Vec<u32>>,
+    set: Vec<(String, Value)>,
+}
+
+const SCHEDULERS: &str = "srr, rr, grr, random, sqf, hash, sum";
+
+fn parse_run_head(r: &Tab) -> Result<RunHead, ScenarioError> {
+    r.check_keys(&["label", "scheduler", "receiver", "weights", "set"])?;
+    let scheduler = r.str_opt("scheduler")?.ok_or_else(|| {
+        r.err(
+            "scheduler",
+            &format!("missing; expected one of {SCHEDULERS}"),
+        )
+    })?;
+    if !SCHEDULERS.split(", ").any(|s| s == scheduler) {
+        return Err(r.err(
+            "scheduler",
+            &format!("unknown scheduler \"{scheduler}\"; expected one of {SCHEDULERS}"),
+        ));
+    }
+    let receiver = r.str_opt("receiver")?.map(String::from);
+    if let Some(m) = &receiver {
+        if Mode::from_name(m).is_none() {
+            return Err(r.err(
+                "receiver",
+                &format!("unknown receiver mode \"{m}\"; expected one of none, logical, seq, trr"),
+            ));
+        }
+    }
+    let weights = match r.num_list("weights", "a whole number >= 1")? {
+        None => None,
+        Some(v) => Some(
+            v.iter()
+                .enumerate()
+                .map(|(i, &x)| {
+                    if x >= 1.0 && x.fract() == 0.0 && x <= f64::from(u32::MAX) {
+                        Ok(x as u32)
+                    } else {
+                        Err(r.err(
+                            &format!("weights[{i}]"),
+                            &format!("expected a whole number >= 1, found {x}"),
+                        ))
+                    }
+                })
+                .collect::<Result<Vec<_>, _>>()?,
+        ),
+    };
+    let mut set = Vec::new();
+    if let Some(t) = r.table("set")? {
+        for (k, v) in t.t {
+            parse_path(k).map_err(|m| t.err(&format!("\"{k}\""), &m))?;
+            set.push((k.clone(), v.clone()));
+        }
+    }
+    let rx = receiver
+        .clone()
+        .unwrap_or_else(|| default_receiver(scheduler).into());
+    let label = r
+        .str_opt("label")?
+        .map(String::from)
+        .unwrap_or_else(|| format!("{scheduler}+{rx}"));
+    Ok(RunHead {
+        label,
+        scheduler: scheduler.into(),
+        receiver,
+        weights,
+        set,
+    })
+}
+
+fn default_receiver(scheduler: &str) -> &'static str {
+    match scheduler {
+        "sqf" | "hash" | "sum" => "none",
+        _ => "logical",
+    }
+}
+
+fn parse_plot(top: &Tab, sweeps: &[Sweep]) -> Result<PlotSpec, ScenarioError> {
+    let mut p = PlotSpec {
+        y: "goodput_bps".into(),
+        x: sweeps.first().map(|s| s.name.clone()),
+        title: None,
+        x_label: None,
+        y_label: None,
+    };
+    if let Some(t) = top.table("plot")? {
+        t.check_keys(&["y", "x", "title", "x_label", "y_label"])?;
+        if let Some(y) = t.str_opt("y")? {
+            if !PLOT_METRICS.contains(&y) {
+                return Err(t.err(
+                    "y",
+                    &format!(
+                        "unknown metric \"{y}\"; expected one of {}",
+                        PLOT_METRICS.join(", ")
+                    ),
+                ));
+            }
+            p.y = y.into();
+        }
+        if let Some(x) = t.str_opt("x")? {
+            if !sweeps.iter().any(|s| s.name == x) {
+                let names: Vec<&str> = sweeps.iter().map(|s| s.name.as_str()).collect();
+                return Err(t.err(
+                    "x",
+                    &format!(
+                        "\"{x}\" is not a swept parameter; expected one of: {}",
+                        if names.is_empty() {
+                            "(no [[sweep]] in this file)".to_string()
+                        } else {
+                            names.join(", ")
+                        }
+                    ),
+                ));
+            }
+            p.x = Some(x.into());
+        }
+        p.title = t.str_opt("title")?.map(Into::into);
+        p.x_label = t.str_opt("x_label")?.map(Into::into);
+        p.y_label = t.str_opt("y_label")?.map(Into::into);
+    }
+    Ok(p)
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Seg {
+    Key(String),
+    Index(usize),
+}
+
+/// `channel.1.rate_mbps`, `channel[1].rate_mbps`, `markers.every_rounds`.
+fn parse_path(p: &str) -> Result<Vec<Seg>, String> {
+    let bad = || {
+        format!("\"{p}\" is not a key path; expected dotted names and indices like \"channel.1.rate_mbps\" or \"channel[1].rate_mbps\"")
+    };
+    let mut segs = Vec::new();
+    for part in p.split('.') {
+        let (name, rest) = match part.find('[') {
+            Some(i) => (&part[..i], &part[i..]),
+            None => (part, ""),
+        };
+        if name.is_empty() && rest.is_empty() {
+            return Err(bad());
+        }
+        if !name.is_empty() {
+            if let Ok(i) = name.parse::<usize>() {
+                segs.push(Seg::Index(i));
+            } else if name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+            {
+                segs.push(Seg::Key(name.into()));
+            } else {
+                return Err(bad());
+            }
+        }
+        let mut r = rest;
+        while !r.is_empty() {
+            let close = r.find(']').ok_or_else(bad)?;
+            if !r.starts_with('[') {
+                return Err(bad());
+            }
+            let i = r[1..close].parse::<usize>().map_err(|_| bad())?;
+            segs.push(Seg::Index(i));
+            r = &r[close + 1..];
+        }
+    }
+    if segs.is_empty() || !matches!(segs[0], Seg::Key(_)) {
+        return Err(bad());
+    }
+    Ok(segs)
+}
+
+/// Set the value at `path`, creating missing tables on the way. On error `root` is
+/// unchanged.
+fn set_path(root: &mut Table, path: &str, v: Value) -> Result<(), String> {
+    let segs = parse_path(path)?;
+    let mut tree = Value::Table(root.clone());
+    set_in(&mut tree, &segs, path, v)?;
+    if let Value::Table(t) = tree {
+        *root = t;
+    }
+    Ok(())
+}
+
+fn set_in(cur: &mut Value, segs: &[Seg], path: &str, v: Value) -> Result<(), String> {
+    let Some((first, rest)) = segs.split_first() else {
+        *cur = v;
+        return Ok(());
+    };
+    match first {
+        Seg::Key(k) => {
+            let Value::Table(t) = cur else {
+                return Err(format!(
+                    "\"{path}\": the part before \"{k}\" is not a table"
+                ));
+            };
+            if rest.is_empty() {
+                t.insert(k.clone(), v);
+                return Ok(());
+            }
+            if !t.contains_key(k) {
+                if matches!(rest[0], Seg::Index(_)) {
+                    return Err(format!("\"{path}\": there is no array \"{k}\" to index"));
+                }
+                t.insert(k.clone(), Value::Table(Table::new()));
+            }
+            set_in(t.get_mut(k).expect("present"), rest, path, v)
+        }
+        Seg::Index(n) => {
+            let Value::Array(a) = cur else {
+                return Err(format!(
+                    "\"{path}\": index [{n}] applied to something that is not an array"
+                ));
+            };
+            let len = a.len();
+            let Some(e) = a.get_mut(*n) else {
+                return Err(format!(
+                    "\"{path}\": index {n} is out of range (the array has {len} entries, counted from 0)"
+                ));
+            };
+            set_in(e, rest, path, v)
+        }
+    }
+}
+
+fn build_job(
+    t: &Tab,
+    rh: &RunHead,
+    ri: usize,
+    params: Vec<(String, f64)>,
+) -> Result<Job, ScenarioError> {
+    let duration = t.num_opt("duration_s", "a number of seconds > 0")?;
+    if let Some(d) = duration {
+        if d <= 0.0 {
+            return Err(t.err(
+                "duration_s",
+                &format!("expected a number of seconds > 0, found {d}"),
+            ));
+        }
+    }
+    let packets = t.u64_opt("packets", "a whole number of packets >= 1")?;
+    if packets == Some(0) {
+        return Err(t.err(
+            "packets",
+            "expected a whole number of packets >= 1, found 0",
+        ));
+    }
+    if duration.is_none() && packets.is_none() {
+        return Err(t.cx.err(
+            None,
+            "neither `duration_s` nor `packets` is set: the run needs a limit",
+        ));
+    }
+    let drain = t.f64_or("drain_s", 2.0, "a number of seconds >= 0", non_negative)?;
+    let max_packet = t.u32_in(
+        "max_packet",
+        Some(1500),
+        MIN_PACKET,
+        1 << 20,
+        &format!("a whole number of bytes from {MIN_PACKET} to 1048576"),
+    )?;
+
+    let chans = t.tabs("channel")?;
+    if chans.is_empty() {
+        return Err(t.err("channel", "expected at least one [[channel]] table"));
+    }
+    if chans.len() > braid_proto::config::MAX_CHANNELS {
+        return Err(t.err(
+            "channel",
+            &format!(
+                "{} channels; at most {}",
+                chans.len(),
+                braid_proto::config::MAX_CHANNELS
+            ),
+        ));
+    }
+    let channels = chans
+        .iter()
+        .map(parse_channel)
+        .collect::<Result<Vec<_>, _>>()?;
+
+    let traffic = parse_traffic(t)?;
+
+    let mode_name = rh
+        .receiver
+        .clone()
+        .unwrap_or_else(|| default_receiver(&rh.scheduler).into());
+    let mode = Mode::from_name(&mode_name).expect("validated");
+    let run_key = |k: &str| format!("run[{ri}].{k}");
+    // Packet sizes must fit the session and the simulator.
+    let (smin, smax) = match &traffic.arrivals {
+        Arrivals::Trace(tr) => (
+            tr.iter().map(|x| x.1).min().unwrap_or(0),
+            tr.iter().map(|x| x.1).max().unwrap_or(0),
+        ),
+        _ => traffic.sizes.range(),
+    };
+    if smin < MIN_PACKET {
+        return Err(t.err("traffic", &format!("packet size {smin} bytes is below the simulator's minimum of {MIN_PACKET} bytes (each packet carries its id and send time)")));
+    }
+    let framing = if mode == Mode::Seq {
+        braid_proto::wire::seq::HEADER_LEN as u32
+    } else {
+        0
+    };
+    if smax + framing > max_packet {
+        return Err(t.err("max_packet", &format!(
+            "packets of {smax} bytes{} do not fit max_packet = {max_packet}; raise max_packet or lower the sizes",
+            if framing > 0 { format!(" plus the {framing}-byte sequence header") } else { String::new() }
+        )));
+    }
+
+    let variant = if rh.scheduler == "sum" {
+        if mode != Mode::None {
+            return Err(t.cx.err(Some(&run_key("receiver")), "the `sum` pseudo-scheduler runs each channel alone with receiver \"none\"; leave `receiver` out or set it to \"none\""));
+        }
+        Variant::SumOfSingles
+    } else {
+        let rates: Vec<f64> = channels.iter().map(|c| c.rate_bps).collect();
+        let quantum = match t.table("srr")? {
+            Some(s) => {
+                s.check_keys(&["quantum_bytes"])?;
+                s.u32_in(
+                    "quantum_bytes",
+                    Some(max_packet),
+                    1,
+                    u32::MAX,
+                    "a whole number of bytes >= max_packet",
+                )?
+            }
+            None => max_packet,
+        };
+        if quantum < max_packet {
+            return Err(t.err("srr.quantum_bytes", &format!("expected a whole number of bytes >= max_packet ({max_packet}), found {quantum}")));
+        }
+        let policy = match rh.scheduler.as_str() {
+            "srr" => Policy::Causal(SchedulerKind::Srr),
+            "rr" => Policy::Causal(SchedulerKind::Rr),
+            "grr" => Policy::Causal(SchedulerKind::Grr),
+            "random" => Policy::Causal(SchedulerKind::Random { seed: 0 }),
+            "sqf" => Policy::Baseline(BaselineKind::ShortestQueue),
+            "hash" => Policy::Baseline(BaselineKind::Hash),
+            _ => unreachable!("validated"),
+        };
+        let weights = match &rh.weights {
+            Some(w) => {
+                if w.len() != channels.len() {
+                    return Err(t.cx.err(
+                        Some(&run_key("weights")),
+                        &format!(
+                            "expected {} weights (one per channel), found {}",
+                            channels.len(),
+                            w.len()
+                        ),
+                    ));
+                }
+                w.clone()
+            }
+            None => match rh.scheduler.as_str() {
+                "srr" | "random" => srr_quanta(&rates, quantum, max_packet),
+                "grr" => grr_weights(&rates),
+                _ => vec![1; channels.len()],
+            },
+        };
+        let mut markers = MarkerConfig::default();
+        if let Some(m) = t.table("markers")? {
+            m.check_keys(&["every_rounds", "position", "idle_ms"])?;
+            markers.every_rounds = m.u32_in(
+                "every_rounds",
+                Some(markers.every_rounds),
+                0,
+                u32::MAX,
+                "a whole number of rounds >= 0 (0: no periodic markers)",
+            )?;
+            if let Some(p) = m.str_opt("position")? {
+                markers.position =
+                    parse_position(p, channels.len()).map_err(|e| m.err("position", &e))?;
+            }
+            let idle = m.f64_or(
+                "idle_ms",
+                20.0,
+                "a number of milliseconds >= 0 (0: never)",
+                non_negative,
+            )?;
+            markers.idle = if idle > 0.0 {
+                Some(Duration::from_micros((idle * 1000.0).round() as u64))
+            } else {
+                None
+            };
+        }
+        let mut trigger_every = 128;
+        if let Some(tr) = t.table("trr")? {
+            tr.check_keys(&["trigger_every"])?;
+            trigger_every = tr.u32_in(
+                "trigger_every",
+                Some(128),
+                1,
+                u32::MAX,
+                "a whole number of packets >= 1",
+            )?;
+        }
+        let mut receiver = ReceiverConfig::default();
+        if let Some(r) = t.table("receiver")? {
+            r.check_keys(&["buffer_packets", "max_wait_ms"])?;
+            receiver.buffer_packets = r.u32_in(
+                "buffer_packets",
+                Some(4096),
+                1,
+                1 << 24,
+                "a whole number of packets from 1 to 16777216",
+            )? as usize;
+            let w = r.f64_or(
+                "max_wait_ms",
+                200.0,
+                "a number of milliseconds > 0",
+                positive,
+            )?;
+            receiver.max_wait = Duration::from_micros((w * 1000.0).round().max(1.0) as u64);
+        }
+        let sc = StripeConfig {
+            policy,
+            weights,
+            max_packet,
+            mode,
+            markers,
+            trigger_every,
+            receiver,
+        };
+        sc.validate().map_err(|e| {
+            t.cx.err(
+                Some(&format!("run[{ri}]")),
+                &format!(
+                    "{e} (scheduler \"{}\", receiver \"{mode_name}\")",
+                    rh.scheduler
+                ),
+            )
+        })?;
+        Variant::Striped(sc)
+    };
+    Ok(Job {
+        label: rh.label.clone(),
+        scheduler: rh.scheduler.clone(),
+        receiver: mode_name,
+        params,
+        config: RunConfig {
+            channels,
+            traffic,
+            duration: duration.map(secs_to_ns),
+            packets,
+            drain: secs_to_ns(drain),
+            seed: 0,
+            variant,
+        },
+    })
+}
+
+fn parse_position(p: &str, n: usize) -> Result<MarkerPosition, String> {
+    match p {
+        "start" => Ok(MarkerPosition::Start),
+        "end" => Ok(MarkerPosition::End),
+        _ => {
+            let c = p
+                .strip_prefix("channel:")
+                .and_then(|x| x.trim().parse::<usize>().ok())
+                .ok_or_else(|| {
+                    format!("expected \"start\", \"end\" or \"channel:N\", found \"{p}\"")
+                })?;
+            if c >= n {
+                return Err(format!(
+                    "\"{p}\": channel {c} does not exist (channels are 0..{})",
+                    n - 1
+                ));
+            }
+            Ok(MarkerPosition::Channel(c))
+        }
+    }
+}
+
+fn ms(x: f64) -> Nanos {
+    (x * 1e6).round().max(0.0) as Nanos
+}
+
+fn parse_channel(c: &Tab) -> Result<ChannelSpec, ScenarioError> {
+    c.check_keys(&[
+        "rate_mbps",
+        "delay_ms",
+        "jitter_ms",
+        "mtu",
+        "queue_packets",
+        "overhead_bytes",
+        "loss",
+        "corrupt",
+        "gilbert",
+        "loss_window",
+        "down",
+    ])?;
+    let mut s = ChannelSpec::new(c.f64_req("rate_mbps", "a rate in Mbit/s > 0", positive)? * 1e6);
+    s.delay = ms(c.f64_or("delay_ms", 0.0, "a delay in ms >= 0", non_negative)?);
+    s.jitter = ms(c.f64_or("jitter_ms", 0.0, "a jitter in ms >= 0", non_negative)?);
+    s.mtu = c.u32_in(
+        "mtu",
+        Some(65_535),
+        1,
+        u32::MAX,
+        "a whole number of bytes >= 1",
+    )?;
+    s.queue_packets = c.u32_in(
+        "queue_packets",
+        Some(64),
+        1,
+        1 << 24,
+        "a whole number of packets from 1 to 16777216",
+    )? as usize;
+    s.overhead_bytes = c.u32_in(
+        "overhead_bytes",
+        Some(0),
+        0,
+        1 << 20,
+        "a whole number of bytes >= 0",
+    )?;
+    s.loss = c.f64_or("loss", 0.0, "a probability from 0 to 1", probability)?;
+    s.corrupt = c.f64_or("corrupt", 0.0, "a probability from 0 to 1", probability)?;
+    if let Some(g) = c.table("gilbert")? {
+        g.check_keys(&["p_bad", "p_good", "good_ms", "bad_ms", "durations"])?;
+        let durations = match g.str_opt("durations")?.unwrap_or("exponential") {
+            "exponential" => Durations::Exponential,
+            "deterministic" => Durations::Deterministic,
+            other => {
+                return Err(g.err(
+                    "durations",
+                    &format!("expected \"exponential\" or \"deterministic\", found \"{other}\""),
+                ))
+            }
+        };
+        s.gilbert = Some(Gilbert {
+            p_bad: g.f64_req("p_bad", "a probability from 0 to 1", probability)?,
+            p_good: g.f64_or("p_good", 0.0, "a probability from 0 to 1", probability)?,
+            good_ns: g.f64_req("good_ms", "a mean duration in ms > 0", positive)? * 1e6,
+            bad_ns: g.f64_req("bad_ms", "a mean duration in ms > 0", positive)? * 1e6,
+            durations,
+        });
+    }
+    for w in c.tabs("loss_window")? {
+        w.check_keys(&["start_s", "end_s", "loss"])?;
+        let start = w.f64_req("start_s", "a time in seconds >= 0", non_negative)?;
+        let end = w.f64_req("end_s", "a time in seconds >= 0", non_negative)?;
+        if end <= start {
+            return Err(w.err(
+                "end_s",
+                &format!("expected a time after start_s ({start}), found {end}"),
+            ));
+        }
+        s.loss_windows.push(LossWindow {
+            start: secs_to_ns(start),
+            end: secs_to_ns(end),
+            loss: w.f64_or("loss", 1.0, "a probability from 0 to 1", probability)?,
+        });
+    }
+    for d in c.tabs("down")? {
+        d.check_keys(&["start_s", "end_s"])?;
+        let start = d.f64_req("start_s", "a time in seconds >= 0", non_negative)?;
+        let end = d.f64_req("end_s", "a time in seconds >= 0", non_negative)?;
+        if end <= start {
+            return Err(d.err(
+                "end_s",
+                &format!("expected a time after start_s ({start}), found {end}"),
+            ));
+        }
+        s.down.push((secs_to_ns(start), secs_to_ns(end)));
+    }
+    Ok(s)
+}
+
+fn parse_traffic(t: &Tab) -> Result<TrafficSpec, ScenarioError> {
+    let Some(tr) = t.table("traffic")? else {
+        return Err(t.err(
+            "traffic",
+            "missing; expected a [traffic] table (source and sizes)",
+        ));
+    };
+    tr.check_keys(&[
+        "source",
+        "rate_mbps",
+        "pps",
+        "file",
+        "sizes",
+        "bytes",
+        "min",
+        "max",
+        "small",
+        "large",
+        "p_small",
+        "mix",
+        "start_s",
+    ])?;
+    let source = tr.str_opt("source")?.unwrap_or("backlogged");
+    let rate = || -> Result<Rate, ScenarioError> {
+        match (tr.t.contains_key("rate_mbps"), tr.t.contains_key("pps")) {
+            (true, false) => Ok(Rate::Bits(
+                tr.f64_req("rate_mbps", "a rate in Mbit/s > 0", positive)? * 1e6,
+            )),
+            (false, true) => Ok(Rate::Pps(tr.f64_req(
+                "pps",
+                "a packet rate > 0",
+                positive,
+            )?)),
+            (true, true) => Err(tr.err("pps", "give either `rate_mbps` or `pps`, not both")),
+            (false, false) => Err(tr.err(
+                "rate_mbps",
+                &format!(
+                    "missing; source \"{source}\" needs `rate_mbps` (Mbit/s) or `pps` (packets/s)"
+                ),
+            )),
+        }
+    };
+    let arrivals = match source {
+        "backlogged" => Arrivals::Backlogged,
+        "cbr" => Arrivals::Cbr(rate()?),
+        "poisson" => Arrivals::Poisson(rate()?),
+        "trace" => {
+            let f = tr.str_opt("file")?.ok_or_else(|| {
+                tr.err(
+                    "file",
+                    "missing; source \"trace\" needs `file`, a CSV of time_s,size_bytes",
+                )
+            })?;
+            let path = t.cx.dir.join(f);
+            let mut cache = t.cx.traces.borrow_mut();
+            let entries = match cache.get(&path) {
+                Some(e) => e.clone(),
+                None => {
+                    let text = std::fs::read_to_string(&path).map_err(|e| {
+                        tr.err("file", &format!("cannot read {}: {e}", path.display()))
+                    })?;
+                    let e = parse_trace(&text)
+                        .map_err(|m| tr.err("file", &format!("{}: {m}", path.display())))?;
+                    cache.insert(path.clone(), e.clone());
+                    e
+                }
+            };
+            Arrivals::Trace(entries)
+        }
+        other => {
+            return Err(tr.err(
+                "source",
+                &format!("unknown source \"{other}\"; expected backlogged, cbr, poisson or trace"),
+            ))
+        }
+    };
+    let size_what = "a whole number of bytes";
+    let one = |k: &str| tr.u32_in(k, None, 1, u32::MAX, size_what);
+    let kind = tr.str_opt("sizes")?.unwrap_or("fixed");
+    let sizes = match kind {
+        "fixed" => Sizes::Fixed(match tr.t.get("bytes") {
+            None => 1000,
+            Some(_) => one("bytes")?,
+        }),
+        "alternating" => {
+            let v = tr.num_list("bytes", size_what)?.ok_or_else(|| tr.err("bytes", "missing; sizes \"alternating\" needs `bytes`, a list such as [1000, 200]"))?;
+            if v.is_empty() {
+                return Err(tr.err("bytes", "expected a non-empty list of sizes"));
+            }
+            let v = v.iter().enumerate().map(|(i, &x)| {
+                if x >= 1.0 && x.fract() == 0.0 && x <= f64::from(u32::MAX) { Ok(x as u32) } else {
+                    Err(tr.err(&format!("bytes[{i}]"), &format!("expected {size_what}, found {x}")))
+                }
+            }).collect::<Result<Vec<_>, _>>()?;
+            Sizes::Cycle(v)
+        }
+        "uniform" => {
+            let min = one("min")?;
+            let max = one("max")?;
+            if max < min {
+                return Err(tr.err("max", &format!("expected a size >= min ({min}), found {max}")));
+            }
+            Sizes::Uniform { min, max }
+        }
+        "bimodal" => Sizes::Bimodal {
+            small: one("small")?,
+            large: one("large")?,
+            p_small: tr.f64_or("p_small", 0.5, "a probability from 0 to 1", probability)?,
+        },
+        "imix" => Sizes::imix(),
+        "mix" => {
+            let Some(v) = tr.t.get("mix") else {
+                return Err(tr.err("mix", "missing; sizes \"mix\" needs `mix`, a list of [size_bytes, weight] pairs"));
+            };
+            let Value::Array(a) = v else {
+                return Err(tr.expected("mix", "a list of [size_bytes, weight] pairs", v));
+            };
+            let mut out = Vec::new();
+            for (i, e) in a.iter().enumerate() {
+                let pair = match e {
+                    Value::Array(p) if p.len() == 2 => p,
+                    e => return Err(tr.err(&format!("mix[{i}]"), &format!("expected a pair [size_bytes, weight], found {}", describe(e)))),
+                };
+                let size = match &pair[0] {
+                    Value::Integer(s) if *s >= 1 && *s <= i64::from(u32::MAX) => *s as u32,
+                    v => return Err(tr.err(&format!("mix[{i}][0]"), &format!("expected {size_what}, found {}", describe(v)))),
+                };
+                let w = match &pair[1] {
+                    Value::Integer(w) if *w > 0 => *w as f64,
+                    Value::Float(w) if *w > 0.0 && w.is_finite() => *w,
+                    v => return Err(tr.err(&format!("mix[{i}][1]"), &format!("expected a weight > 0, found {}", describe(v)))),
+                };
+                out.push((size, w));
+            }
+            if out.is_empty() {
+                return Err(tr.err("mix", "expected at least one [size_bytes, weight] pair"));
+            }
+            Sizes::Mix(out)
+        }
+        other => return Err(tr.err("sizes", &format!("unknown size distribution \"{other}\"; expected fixed, alternating, uniform, bimodal, imix or mix"))),
+    };
+    let start = tr.f64_or("start_s", 0.0, "a time in seconds >= 0", non_negative)?;
+    Ok(TrafficSpec {
+        arrivals,
+        sizes,
+        start: secs_to_ns(start),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths() {
+        assert_eq!(
+            parse_path("channel.1.rate_mbps").unwrap(),
+            vec![
+                Seg::Key("channel".into()),
+                Seg::Index(1),
+                Seg::Key("rate_mbps".into())
+            ]
+        );
+        assert_eq!(
+            parse_path("channel[1].loss_window[0].loss").unwrap(),
+            vec![
+                Seg::Key("channel".into()),
+                Seg::Index(1),
+                Seg::Key("loss_window".into()),
+                Seg::Index(0),
+                Seg::Key("loss".into())
+            ]
+        );
+        assert!(parse_path("").is_err());
+        assert!(parse_path("1.x").is_err());
+        assert!(parse_path("a[x]").is_err());
+        assert!(parse_path("a b").is_err());
+    }
+
+    #[test]
+    fn set_path_creates_tables_and_checks_indices() {
+        let mut t: Table = toml::from_str("[[channel]]\nrate_mbps = 1\n").unwrap();
+        set_path(&mut t, "markers.every_rounds", Value::Integer(3)).unwrap();
+        assert_eq!(t["markers"]["every_rounds"].as_integer(), Some(3));
+        set_path(&mut t, "channel.0.rate_mbps", Value::Float(2.5)).unwrap();
+        assert_eq!(t["channel"][0]["rate_mbps"].as_float(), Some(2.5));
+        let e = set_path(&mut t, "channel.3.rate_mbps", Value::Float(1.0)).unwrap_err();
+        assert!(e.contains("out of range"), "{e}");
+        // The tree survives an error.
+        assert_eq!(t["channel"][0]["rate_mbps"].as_float(), Some(2.5));
+    }
+}
