@@ -79,13 +79,11 @@ struct Buffered {
 }
 
 impl Buffered {
-    /// Is any data held back? (In logical mode the awaited channel is empty, so this is
+    /// Is anything held back? (In logical mode the awaited channel is empty, so this is
     /// data on other channels; in seq mode the awaited number may be missing while its
-    /// channel holds later ones.)
+    /// channel holds later ones.) O(channels): a marker waiting at a head counts too.
     fn data_waiting(&self) -> bool {
-        self.bufs
-            .iter()
-            .any(|b| b.iter().any(|it| matches!(it, Item::Data { .. })))
+        self.bufs.iter().any(|b| !b.is_empty())
     }
 
     fn any_full(&self, limit: usize) -> bool {
@@ -126,7 +124,9 @@ impl Resequencer {
                 expected: 0,
                 floor: vec![0; n],
             },
-            (Mode::Trr, Some(Sched::Srr(s))) => Engine::Trr(trr::Trr::new(s)),
+            (Mode::Trr, Some(Sched::Srr(s))) => {
+                Engine::Trr(trr::Trr::new(s, cfg.receiver.buffer_packets))
+            }
             _ => return Err(ConfigError::TrrNeedsRoundRobin),
         };
         Ok(Resequencer {

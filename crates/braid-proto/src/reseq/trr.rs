@@ -52,10 +52,12 @@ pub(crate) struct Trr {
     last: Option<Key>,
     stalled_since: Option<Instant>,
     last_arrival: Vec<Instant>,
+    /// Most verified packets held back before the slowest channel is left out.
+    ready_limit: usize,
 }
 
 impl Trr {
-    pub(crate) fn new(srr: Srr) -> Trr {
+    pub(crate) fn new(srr: Srr, buffer_packets: usize) -> Trr {
         let n = srr.channels();
         let chans = (0..srr.channels())
             .map(|c| {
@@ -77,6 +79,7 @@ impl Trr {
             last: None,
             stalled_since: None,
             last_arrival: vec![Instant::ZERO; n],
+            ready_limit: buffer_packets.saturating_mul(n),
         }
     }
 
@@ -157,6 +160,10 @@ impl Trr {
         ch.digest = t.digest;
         ch.frontier = Some(key(channel, t.position));
         self.release(out, stats);
+        // Memory bound: a channel that holds back too much verified data is left out.
+        while self.ready.len() > self.ready_limit && self.leave_out_slowest(stats).is_some() {
+            self.release(out, stats);
+        }
         self.update_stall(now);
     }
 
@@ -205,6 +212,18 @@ impl Trr {
         Some(since.max(quiet) + max_wait)
     }
 
+    /// Stop waiting for the channel whose last trigger holds delivery back, until its
+    /// next trigger. Returns the channel, or `None` if none is left to leave out.
+    fn leave_out_slowest(&mut self, stats: &mut Stats) -> Option<usize> {
+        let i = self.slowest()?;
+        let ch = &mut self.chans[i];
+        stats.lost += ch.tentative.len() as u64;
+        ch.tentative.clear();
+        ch.synced = false;
+        ch.frontier = None;
+        Some(i)
+    }
+
     /// Verified data has waited too long: leave out the channel that holds it back.
     pub(crate) fn handle_timeout(
         &mut self,
@@ -212,13 +231,8 @@ impl Trr {
         out: &mut VecDeque<Bytes>,
         stats: &mut Stats,
     ) {
-        if let Some(i) = self.slowest() {
-            let ch = &mut self.chans[i];
+        if let Some(i) = self.leave_out_slowest(stats) {
             stats.channels[i].wait_timeouts += 1;
-            stats.lost += ch.tentative.len() as u64;
-            ch.tentative.clear();
-            ch.synced = false;
-            ch.frontier = None;
         }
         self.release(out, stats);
         self.stalled_since = None;

@@ -268,7 +268,8 @@ impl Striper {
         {
             if let (Chooser::Causal(s), Some(before)) = (&self.chooser, round_before) {
                 let round = s.round();
-                if round != before && round.is_multiple_of(u64::from(self.cfg.markers.every_rounds)) {
+                if round != before && round.is_multiple_of(u64::from(self.cfg.markers.every_rounds))
+                {
                     self.last_marker_round = Some(round);
                     self.emit_markers();
                 }
