@@ -1,0 +1,689 @@
+//! Session configuration: the Rust value ([`SessionConfig`]) and the TOML file format
+//! shared by `braid tunnel` and `braid bench` ([`FileConfig`]). Every key is documented
+//! in `docs/tunnel.md`.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use braid_proto::config::{MarkerConfig, MarkerPosition, ReceiverConfig};
+use braid_proto::{Mode, Policy, SchedulerKind, StripeConfig};
+use serde::Deserialize;
+
+use crate::ctrl::MAX_CHANNELS;
+
+/// One channel: a UDP socket bound to `local`, aimed at the peer's `remote`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChannelConfig {
+    /// A name for logs and stats.
+    pub name: String,
+    /// Local address to bind.
+    pub local: SocketAddr,
+    /// The peer's address for this channel.
+    pub remote: SocketAddr,
+    /// Bind the socket to this interface (SO_BINDTODEVICE; needs CAP_NET_RAW).
+    pub device: Option<String>,
+    /// Relative capacity (any unit); SRR quanta and GRR counts are proportional to it.
+    pub weight: u32,
+    /// The path MTU of this channel, in bytes (IP packet size).
+    pub mtu: u32,
+}
+
+impl ChannelConfig {
+    /// A channel with weight 1 and MTU 1500.
+    pub fn new(name: impl Into<String>, local: SocketAddr, remote: SocketAddr) -> Self {
+        ChannelConfig {
+            name: name.into(),
+            local,
+            remote,
+            device: None,
+            weight: 1,
+            mtu: 1500,
+        }
+    }
+
+    /// IP + UDP header bytes for this channel's address family.
+    pub fn udp_overhead(&self) -> u32 {
+        if self.remote.is_ipv4() {
+            28
+        } else {
+            48
+        }
+    }
+}
+
+/// Everything one end of a session needs. Both ends must agree on the channel order,
+/// the weights, the scheduler, the mode and the key.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SessionConfig {
+    /// The channels, in the same order at both ends.
+    pub channels: Vec<ChannelConfig>,
+    /// Receiver mode: logical (header-free, markers), seq, trr or none.
+    pub mode: Mode,
+    /// Causal scheduler: srr, rr or grr.
+    pub scheduler: SchedulerKind,
+    /// Pre-shared key for control-packet authentication.
+    pub key: Vec<u8>,
+    /// Marker settings (periodic markers every K rounds, idle markers).
+    pub markers: MarkerConfig,
+    /// TRR: triggers every this many data packets.
+    pub trigger_every: u32,
+    /// Receiver buffer and max wait.
+    pub receiver: ReceiverConfig,
+    /// Hello and heartbeat-marker interval.
+    pub heartbeat: Duration,
+    /// A channel that delivers nothing for this long is declared down.
+    pub dead_after: Duration,
+    /// A down channel must deliver continuously for this long to be declared up again.
+    pub rejoin_after: Duration,
+    /// Application packets held while an epoch switch waits for its ack.
+    pub queue_packets: usize,
+    /// SO_RCVBUF / SO_SNDBUF per channel socket, in bytes (0: kernel default).
+    pub socket_buffer: usize,
+}
+
+impl SessionConfig {
+    /// Defaults: SRR, logical reception, heartbeat 50 ms, down after 300 ms, rejoin after
+    /// 150 ms.
+    pub fn new(channels: Vec<ChannelConfig>, key: impl Into<Vec<u8>>) -> SessionConfig {
+        SessionConfig {
+            channels,
+            mode: Mode::Logical,
+            scheduler: SchedulerKind::Srr,
+            key: key.into(),
+            markers: MarkerConfig::default(),
+            trigger_every: 128,
+            receiver: ReceiverConfig::default(),
+            heartbeat: Duration::from_millis(50),
+            dead_after: Duration::from_millis(300),
+            rejoin_after: Duration::from_millis(150),
+            queue_packets: 4096,
+            socket_buffer: 4 << 20,
+        }
+    }
+
+    /// The largest datagram any channel carries: the smallest channel MTU less the IP and
+    /// UDP headers.
+    pub fn max_datagram(&self) -> u32 {
+        self.channels
+            .iter()
+            .map(|c| c.mtu.saturating_sub(c.udp_overhead()))
+            .min()
+            .unwrap_or(0)
+    }
+
+    /// Bytes the mode puts in front of a data packet (5 in seq mode, else 0).
+    pub fn data_overhead(&self) -> u32 {
+        if self.mode == Mode::Seq {
+            braid_proto::wire::seq::HEADER_LEN as u32
+        } else {
+            0
+        }
+    }
+
+    /// The largest message [`crate::Session::send`] accepts: what remains of the
+    /// smallest datagram after the mode's header and a possible one-byte escape.
+    pub fn max_message(&self) -> usize {
+        (self.max_datagram().saturating_sub(self.data_overhead()) as usize).saturating_sub(1)
+    }
+
+    /// Check the configuration.
+    pub fn validate(&self) -> Result<(), String> {
+        let n = self.channels.len();
+        if n == 0 {
+            return Err("no channels configured".into());
+        }
+        if n > MAX_CHANNELS {
+            return Err(format!("{n} channels configured; at most {MAX_CHANNELS}"));
+        }
+        if self.key.is_empty() {
+            return Err("the pre-shared key is empty".into());
+        }
+        for (i, c) in self.channels.iter().enumerate() {
+            if c.weight == 0 {
+                return Err(format!(
+                    "channel {i} ({}): weight must be at least 1",
+                    c.name
+                ));
+            }
+            if c.mtu < 576 {
+                return Err(format!(
+                    "channel {i} ({}): mtu {} is below 576",
+                    c.name, c.mtu
+                ));
+            }
+            if c.local.is_ipv4() != c.remote.is_ipv4() {
+                return Err(format!(
+                    "channel {i} ({}): local {} and remote {} are of different address families",
+                    c.name, c.local, c.remote
+                ));
+            }
+            for (j, d) in self.channels.iter().enumerate().take(i) {
+                if d.local == c.local && c.local.port() != 0 {
+                    return Err(format!(
+                        "channels {j} and {i} both bind {}: each channel needs its own local address",
+                        c.local
+                    ));
+                }
+            }
+        }
+        if self.heartbeat.is_zero() {
+            return Err("heartbeat must be above zero".into());
+        }
+        if self.dead_after < self.heartbeat * 2 {
+            return Err(format!(
+                "dead_after ({:?}) must be at least twice the heartbeat ({:?})",
+                self.dead_after, self.heartbeat
+            ));
+        }
+        self.stripe_config(&(0..n).collect::<Vec<_>>())
+            .validate()
+            .map_err(|e| e.to_string())
+    }
+
+    /// The braid-proto configuration for an epoch over these physical channels.
+    pub fn stripe_config(&self, members: &[usize]) -> StripeConfig {
+        let max_packet = self.max_datagram();
+        let min_w = self
+            .channels
+            .iter()
+            .map(|c| c.weight)
+            .min()
+            .unwrap_or(1)
+            .max(1) as u64;
+        let weights = members
+            .iter()
+            .map(|&i| {
+                let w = self.channels[i].weight as u64;
+                match self.scheduler {
+                    // Quantum proportional to capacity, the smallest equal to max_packet.
+                    SchedulerKind::Srr => ((max_packet as u64 * w).div_ceil(min_w)) as u32,
+                    SchedulerKind::Grr => (w / min_w).max(1) as u32,
+                    _ => w as u32,
+                }
+            })
+            .collect();
+        let mut markers = self.markers;
+        if let MarkerPosition::Channel(c) = markers.position {
+            if c >= members.len() {
+                markers.position = MarkerPosition::End;
+            }
+        }
+        StripeConfig {
+            policy: Policy::Causal(self.scheduler),
+            weights,
+            max_packet,
+            mode: self.mode,
+            markers,
+            trigger_every: self.trigger_every,
+            receiver: self.receiver,
+        }
+    }
+}
+
+/// A bad configuration file: which file, which key, why.
+#[derive(Debug, thiserror::Error)]
+#[error("config {file}: {key}: {reason}")]
+pub struct ConfigFileError {
+    /// The file.
+    pub file: String,
+    /// The key (dotted path), or `-` for the whole file.
+    pub key: String,
+    /// What is wrong.
+    pub reason: String,
+}
+
+/// The `[tunnel]` section.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TunnelConfig {
+    /// TUN device name.
+    pub name: String,
+    /// IPv4 address and prefix length for the device.
+    pub address: Option<(Ipv4Addr, u8)>,
+    /// MTU of the device; `None`: the largest that fits every channel.
+    pub mtu: Option<u32>,
+    /// Unix socket for `braid status`.
+    pub control: Option<PathBuf>,
+    /// Prometheus endpoint address.
+    pub metrics: Option<SocketAddr>,
+    /// Period of the one-line log summary (zero: off).
+    pub log_interval: Duration,
+}
+
+/// A parsed configuration file.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FileConfig {
+    /// The session.
+    pub session: SessionConfig,
+    /// The `[tunnel]` section, if present.
+    pub tunnel: Option<TunnelConfig>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFile {
+    tunnel: Option<RawTunnel>,
+    session: Option<RawSession>,
+    #[serde(default)]
+    channel: Vec<RawChannel>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTunnel {
+    name: Option<String>,
+    address: Option<String>,
+    mtu: Option<u32>,
+    control: Option<String>,
+    metrics: Option<String>,
+    log_interval: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawSession {
+    mode: Option<String>,
+    scheduler: Option<String>,
+    key: Option<String>,
+    key_file: Option<String>,
+    heartbeat: Option<String>,
+    dead_after: Option<String>,
+    rejoin_after: Option<String>,
+    marker_every_rounds: Option<u32>,
+    marker_position: Option<String>,
+    marker_idle: Option<String>,
+    trigger_every: Option<u32>,
+    max_wait: Option<String>,
+    buffer_packets: Option<usize>,
+    queue_packets: Option<usize>,
+    socket_buffer: Option<usize>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawChannel {
+    name: Option<String>,
+    local: String,
+    remote: String,
+    device: Option<String>,
+    weight: Option<u32>,
+    mtu: Option<u32>,
+}
+
+/// Parse a duration such as `50ms`, `1.5s`, `250us`, `2m`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .ok_or_else(|| format!("'{s}' has no unit (use us, ms, s or m)"))?;
+    let (num, unit) = s.split_at(split);
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("'{s}' does not start with a number"))?;
+    let mult = match unit.trim() {
+        "us" => 1e-6,
+        "ms" => 1e-3,
+        "s" => 1.0,
+        "m" => 60.0,
+        u => return Err(format!("unknown unit '{u}' in '{s}' (use us, ms, s or m)")),
+    };
+    let secs = v * mult;
+    if !secs.is_finite() || secs < 0.0 {
+        return Err(format!("'{s}' is not a valid duration"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// Parse `A.B.C.D/len`.
+pub fn parse_cidr(s: &str) -> Result<(Ipv4Addr, u8), String> {
+    let (a, l) = s
+        .split_once('/')
+        .ok_or_else(|| format!("'{s}' is not ADDRESS/PREFIX (e.g. 10.77.0.1/24)"))?;
+    let addr: Ipv4Addr = a
+        .parse()
+        .map_err(|_| format!("'{a}' is not an IPv4 address"))?;
+    let len: u8 = l
+        .parse()
+        .ok()
+        .filter(|&n| n <= 32)
+        .ok_or_else(|| format!("'{l}' is not a prefix length 0..=32"))?;
+    Ok((addr, len))
+}
+
+/// Parse a scheduler name.
+pub fn parse_scheduler(s: &str) -> Option<SchedulerKind> {
+    match s {
+        "srr" => Some(SchedulerKind::Srr),
+        "rr" => Some(SchedulerKind::Rr),
+        "grr" => Some(SchedulerKind::Grr),
+        _ => None,
+    }
+}
+
+impl FileConfig {
+    /// Read and check a configuration file.
+    pub fn load(path: &Path) -> Result<FileConfig, ConfigFileError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigFileError {
+            file: file.clone(),
+            key: "-".into(),
+            reason: format!("cannot read: {e}"),
+        })?;
+        FileConfig::parse(&file, &text, path.parent())
+    }
+
+    /// Parse configuration text; `file` names it in errors, `dir` resolves `key_file`.
+    pub fn parse(
+        file: &str,
+        text: &str,
+        dir: Option<&Path>,
+    ) -> Result<FileConfig, ConfigFileError> {
+        let err = |key: &str, reason: String| ConfigFileError {
+            file: file.to_string(),
+            key: key.to_string(),
+            reason,
+        };
+        let raw: RawFile = toml::from_str(text)
+            .map_err(|e| err("-", e.to_string().trim_end().replace('\n', "\n    ")))?;
+        let s = raw.session.unwrap_or_default();
+        let dur =
+            |key: &str, v: &Option<String>, d: Duration| -> Result<Duration, ConfigFileError> {
+                match v {
+                    None => Ok(d),
+                    Some(v) => parse_duration(v).map_err(|r| err(key, r)),
+                }
+            };
+        if raw.channel.is_empty() {
+            return Err(err(
+                "channel",
+                "no [[channel]] entries: at least one channel is needed".into(),
+            ));
+        }
+        let mut channels = Vec::new();
+        for (i, c) in raw.channel.iter().enumerate() {
+            let k = |f: &str| format!("channel[{i}].{f}");
+            let local: SocketAddr = c.local.parse().map_err(|_| {
+                err(
+                    &k("local"),
+                    format!("'{}' is not an IP:PORT address", c.local),
+                )
+            })?;
+            let remote: SocketAddr = c.remote.parse().map_err(|_| {
+                err(
+                    &k("remote"),
+                    format!("'{}' is not an IP:PORT address", c.remote),
+                )
+            })?;
+            if remote.port() == 0 {
+                return Err(err(&k("remote"), "port 0 cannot be a destination".into()));
+            }
+            let weight = c.weight.unwrap_or(1);
+            if weight == 0 {
+                return Err(err(&k("weight"), "must be at least 1".into()));
+            }
+            let mtu = c.mtu.unwrap_or(1500);
+            if !(576..=65535).contains(&mtu) {
+                return Err(err(&k("mtu"), format!("{mtu} is outside 576..=65535")));
+            }
+            channels.push(ChannelConfig {
+                name: c.name.clone().unwrap_or_else(|| format!("ch{i}")),
+                local,
+                remote,
+                device: c.device.clone(),
+                weight,
+                mtu,
+            });
+        }
+        let key = match (&s.key, &s.key_file) {
+            (Some(_), Some(_)) => {
+                return Err(err("session.key_file", "give either key or key_file, not both".into()))
+            }
+            (Some(k), None) => k.as_bytes().to_vec(),
+            (None, Some(f)) => {
+                let p = match dir {
+                    Some(d) if Path::new(f).is_relative() => d.join(f),
+                    _ => PathBuf::from(f),
+                };
+                let v = std::fs::read(&p)
+                    .map_err(|e| err("session.key_file", format!("cannot read {}: {e}", p.display())))?;
+                let t = String::from_utf8_lossy(&v).trim().as_bytes().to_vec();
+                if t.is_empty() {
+                    return Err(err("session.key_file", format!("{} is empty", p.display())));
+                }
+                t
+            }
+            (None, None) => {
+                return Err(err(
+                    "session.key",
+                    "missing: a pre-shared key (key = \"...\" or key_file = \"...\") is required to authenticate control packets".into(),
+                ))
+            }
+        };
+        if key.len() < 8 {
+            return Err(err(
+                "session.key",
+                "too short: use at least 8 characters".into(),
+            ));
+        }
+        let mut cfg = SessionConfig::new(channels, key);
+        if let Some(m) = &s.mode {
+            cfg.mode = Mode::from_name(m).ok_or_else(|| {
+                err(
+                    "session.mode",
+                    format!("unknown mode '{m}' (logical, seq, trr, none)"),
+                )
+            })?;
+        }
+        if let Some(m) = &s.scheduler {
+            cfg.scheduler = parse_scheduler(m).ok_or_else(|| {
+                err(
+                    "session.scheduler",
+                    format!("unknown scheduler '{m}' (srr, rr, grr)"),
+                )
+            })?;
+        }
+        cfg.heartbeat = dur("session.heartbeat", &s.heartbeat, cfg.heartbeat)?;
+        cfg.dead_after = dur("session.dead_after", &s.dead_after, cfg.dead_after)?;
+        cfg.rejoin_after = dur("session.rejoin_after", &s.rejoin_after, cfg.rejoin_after)?;
+        if cfg.heartbeat < Duration::from_millis(1) {
+            return Err(err("session.heartbeat", "must be at least 1ms".into()));
+        }
+        if cfg.dead_after < cfg.heartbeat * 2 {
+            return Err(err(
+                "session.dead_after",
+                format!(
+                    "{:?} is less than twice the heartbeat ({:?}): healthy channels would flap",
+                    cfg.dead_after, cfg.heartbeat
+                ),
+            ));
+        }
+        if let Some(k) = s.marker_every_rounds {
+            cfg.markers.every_rounds = k;
+        }
+        if let Some(p) = &s.marker_position {
+            cfg.markers.position = match p.as_str() {
+                "start" => MarkerPosition::Start,
+                "end" => MarkerPosition::End,
+                other => match other.parse::<usize>() {
+                    Ok(c) if c < cfg.channels.len() => MarkerPosition::Channel(c),
+                    _ => {
+                        return Err(err(
+                            "session.marker_position",
+                            format!("'{other}' is not start, end or a channel index"),
+                        ))
+                    }
+                },
+            };
+        }
+        if let Some(v) = &s.marker_idle {
+            let d = parse_duration(v).map_err(|r| err("session.marker_idle", r))?;
+            cfg.markers.idle = if d.is_zero() {
+                None
+            } else {
+                Some(braid_proto::Duration::from_micros(d.as_micros() as u64))
+            };
+        }
+        if let Some(t) = s.trigger_every {
+            if t == 0 {
+                return Err(err("session.trigger_every", "must be at least 1".into()));
+            }
+            cfg.trigger_every = t;
+        }
+        if let Some(v) = &s.max_wait {
+            let d = parse_duration(v).map_err(|r| err("session.max_wait", r))?;
+            cfg.receiver.max_wait = braid_proto::Duration::from_micros(d.as_micros() as u64);
+        }
+        if let Some(b) = s.buffer_packets {
+            if b == 0 {
+                return Err(err("session.buffer_packets", "must be at least 1".into()));
+            }
+            cfg.receiver.buffer_packets = b;
+        }
+        if let Some(q) = s.queue_packets {
+            cfg.queue_packets = q;
+        }
+        if let Some(b) = s.socket_buffer {
+            cfg.socket_buffer = b;
+        }
+        cfg.validate().map_err(|r| err("session", r))?;
+
+        let tunnel = match raw.tunnel {
+            None => None,
+            Some(t) => {
+                let name = t.name.unwrap_or_else(|| "braid0".into());
+                if name.is_empty() || name.len() > 15 {
+                    return Err(err(
+                        "tunnel.name",
+                        format!("'{name}' must be 1 to 15 bytes long"),
+                    ));
+                }
+                let address = match &t.address {
+                    None => None,
+                    Some(a) => Some(parse_cidr(a).map_err(|r| err("tunnel.address", r))?),
+                };
+                let auto = cfg.max_datagram() - cfg.data_overhead();
+                if let Some(m) = t.mtu {
+                    if m > auto {
+                        return Err(err(
+                            "tunnel.mtu",
+                            format!("{m} does not fit the channels: at most {auto} (smallest channel mtu less IP/UDP headers and the mode's header)"),
+                        ));
+                    }
+                    if m < 576 {
+                        return Err(err("tunnel.mtu", format!("{m} is below 576")));
+                    }
+                }
+                let metrics = match &t.metrics {
+                    None => None,
+                    Some(m) => Some(m.parse().map_err(|_| {
+                        err("tunnel.metrics", format!("'{m}' is not an IP:PORT address"))
+                    })?),
+                };
+                Some(TunnelConfig {
+                    name,
+                    address,
+                    mtu: t.mtu,
+                    control: t.control.map(PathBuf::from),
+                    metrics,
+                    log_interval: dur(
+                        "tunnel.log_interval",
+                        &t.log_interval,
+                        Duration::from_secs(10),
+                    )?,
+                })
+            }
+        };
+        Ok(FileConfig {
+            session: cfg,
+            tunnel,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+[tunnel]
+name = "braid0"
+address = "10.77.0.1/24"
+
+[session]
+mode = "logical"
+key = "correct horse battery"
+heartbeat = "20ms"
+
+[[channel]]
+local = "127.0.0.1:7001"
+remote = "127.0.0.1:7101"
+weight = 2
+
+[[channel]]
+local = "127.0.0.1:7002"
+remote = "127.0.0.1:7102"
+"#;
+
+    #[test]
+    fn good_file_parses() {
+        let c = FileConfig::parse("t.toml", GOOD, None).unwrap();
+        assert_eq!(c.session.channels.len(), 2);
+        assert_eq!(c.session.heartbeat, Duration::from_millis(20));
+        let t = c.tunnel.unwrap();
+        assert_eq!(t.address, Some((Ipv4Addr::new(10, 77, 0, 1), 24)));
+        // SRR quanta proportional to weight, the smallest = max datagram (1500 - 28).
+        let sc = c.session.stripe_config(&[0, 1]);
+        assert_eq!(sc.weights, vec![2944, 1472]);
+        assert_eq!(sc.max_packet, 1472);
+    }
+
+    #[test]
+    fn errors_name_file_key_and_reason() {
+        let bad = GOOD.replace("weight = 2", "weight = 0");
+        let e = FileConfig::parse("t.toml", &bad, None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("t.toml") && e.contains("channel[0].weight"),
+            "{e}"
+        );
+        let bad = GOOD.replace("\"20ms\"", "\"20 parsecs\"");
+        let e = FileConfig::parse("t.toml", &bad, None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("session.heartbeat") && e.contains("unit"), "{e}");
+        let bad = GOOD.replace("mode = \"logical\"", "mode = \"fast\"");
+        let e = FileConfig::parse("t.toml", &bad, None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("session.mode"), "{e}");
+        let bad = GOOD.replace("key = \"correct horse battery\"", "");
+        let e = FileConfig::parse("t.toml", &bad, None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("session.key") && e.contains("missing"), "{e}");
+        let bad = GOOD.replace("heartbeat", "hartbeat");
+        let e = FileConfig::parse("t.toml", &bad, None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("hartbeat"), "{e}");
+        let bad = GOOD.replace("127.0.0.1:7101", "nowhere");
+        let e = FileConfig::parse("t.toml", &bad, None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("channel[0].remote"), "{e}");
+        let bad = GOOD.replace("10.77.0.1/24", "10.77.0.1");
+        let e = FileConfig::parse("t.toml", &bad, None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("tunnel.address"), "{e}");
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("250us"), Ok(Duration::from_micros(250)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert!(parse_duration("5").is_err());
+        assert!(parse_duration("ms").is_err());
+    }
+}

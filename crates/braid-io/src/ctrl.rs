@@ -1,0 +1,336 @@
+//! braid-io's own session messages, first byte `0xB4` (reserved for them in the
+//! braid-proto codepoint table). Each is followed on the wire by the authentication
+//! trailer of [`crate::auth`]. All integers are big-endian.
+//!
+//! Common header:
+//!
+//! ```text
+//!  0        1        2        3
+//! +--------+--------+--------+--------+
+//! |  0xB4  |version |  kind  | channel|  kind: 1 hello, 2 epoch end, 3 epoch ack
+//! +--------+--------+--------+--------+  channel: physical index it was sent on
+//! ```
+//!
+//! **Hello** (kind 1, 24 bytes), sent on every configured channel every heartbeat:
+//!
+//! ```text
+//!  4: channels (u8) | 5..8: zero
+//!  8..16:  rx mask (u64): bit c set = the sender currently hears us on channel c
+//! 16..20:  sender's transmit epoch (u32)
+//! 20..24:  sender's receive epoch (u32)
+//! ```
+//!
+//! **Epoch end** (kind 2, 40 + 16 n bytes), sent by the data sender on every channel of
+//! the old and the new set, after the last data packet of the old epoch, and repeated
+//! every heartbeat until acknowledged:
+//!
+//! ```text
+//!  4: n = channels in the old set (u8) | 5..8: zero
+//!  8..12:  old epoch (u32)
+//! 12..16:  new epoch (u32) = old + 1
+//! 16..24:  old channel set (u64 bit mask of physical channels)
+//! 24..32:  new channel set (u64 bit mask)
+//! 32..40:  data packets sent in the old epoch (u64)
+//! 40..:    n entries, one per channel of the old set in increasing physical order:
+//!          round (u64), deficit counter (i64): the implicit number the next packet
+//!          on that channel would have had (its final marker position)
+//! ```
+//!
+//! **Epoch ack** (kind 3, 24 bytes), sent by the data receiver on every channel once it
+//! has switched:
+//!
+//! ```text
+//!  4..8:   zero
+//!  8..12:  epoch now in force (u32)
+//! 12..16:  zero
+//! 16..24:  channel set now in force (u64 bit mask)
+//! ```
+
+/// First byte of every message here.
+pub const TYPE_SESSION: u8 = 0xB4;
+/// Version of these messages.
+pub const VERSION: u8 = 1;
+/// Kind byte of a hello.
+pub const KIND_HELLO: u8 = 1;
+/// Kind byte of an epoch end.
+pub const KIND_END: u8 = 2;
+/// Kind byte of an epoch ack.
+pub const KIND_ACK: u8 = 3;
+/// At most this many channels per session (the channel sets are 64-bit masks and an
+/// epoch-end message with every channel must stay small).
+pub const MAX_CHANNELS: usize = 32;
+
+/// Why a session message could not be parsed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum CtrlError {
+    /// Wrong length for its kind.
+    #[error("session message has the wrong length")]
+    Length,
+    /// Not 0xB4, or an unknown version or kind.
+    #[error("unknown session message type, version or kind")]
+    Unknown,
+    /// A field is impossible (e.g. an entry count that does not match the old set).
+    #[error("invalid field in session message")]
+    Invalid,
+}
+
+/// Heartbeat and liveness report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hello {
+    /// Channel it was sent on.
+    pub channel: u8,
+    /// Channels the sender has configured.
+    pub channels: u8,
+    /// Channels on which the sender currently hears us.
+    pub rx_mask: u64,
+    /// The sender's transmit epoch.
+    pub tx_epoch: u32,
+    /// The sender's receive epoch.
+    pub rx_epoch: u32,
+}
+
+/// The end of a transmit epoch and the proposal of the next channel set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EpochEnd {
+    /// Channel it was sent on.
+    pub channel: u8,
+    /// Epoch that ends.
+    pub old_epoch: u32,
+    /// Epoch that begins (old + 1).
+    pub new_epoch: u32,
+    /// Channels of the old epoch.
+    pub old_set: u64,
+    /// Channels of the new epoch.
+    pub new_set: u64,
+    /// Data packets sent in the old epoch.
+    pub seq: u64,
+    /// Final (round, deficit counter) per channel of the old set, increasing order.
+    pub finals: Vec<(u64, i64)>,
+}
+
+/// Acknowledgement of an epoch switch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EpochAck {
+    /// Channel it was sent on.
+    pub channel: u8,
+    /// Epoch in force at the receiver.
+    pub epoch: u32,
+    /// Its channel set.
+    pub set: u64,
+}
+
+/// Any session message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Msg {
+    /// Heartbeat.
+    Hello(Hello),
+    /// Epoch end.
+    End(EpochEnd),
+    /// Epoch ack.
+    Ack(EpochAck),
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_be_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_be_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
+const HELLO_LEN: usize = 24;
+const ACK_LEN: usize = 24;
+const END_FIXED: usize = 40;
+const END_ENTRY: usize = 16;
+
+impl Msg {
+    /// Parse a message (trailer already removed). Never panics.
+    pub fn parse(b: &[u8]) -> Result<Msg, CtrlError> {
+        if b.len() < 4 {
+            return Err(CtrlError::Length);
+        }
+        if b[0] != TYPE_SESSION || b[1] != VERSION {
+            return Err(CtrlError::Unknown);
+        }
+        let channel = b[3];
+        match b[2] {
+            KIND_HELLO => {
+                if b.len() != HELLO_LEN {
+                    return Err(CtrlError::Length);
+                }
+                Ok(Msg::Hello(Hello {
+                    channel,
+                    channels: b[4],
+                    rx_mask: u64_at(b, 8),
+                    tx_epoch: u32_at(b, 16),
+                    rx_epoch: u32_at(b, 20),
+                }))
+            }
+            KIND_END => {
+                if b.len() < END_FIXED {
+                    return Err(CtrlError::Length);
+                }
+                let n = b[4] as usize;
+                if b.len() != END_FIXED + n * END_ENTRY {
+                    return Err(CtrlError::Length);
+                }
+                let old_set = u64_at(b, 16);
+                if old_set.count_ones() as usize != n {
+                    return Err(CtrlError::Invalid);
+                }
+                let old_epoch = u32_at(b, 8);
+                let new_epoch = u32_at(b, 12);
+                if new_epoch != old_epoch.wrapping_add(1) || u64_at(b, 24) == 0 {
+                    return Err(CtrlError::Invalid);
+                }
+                let finals = (0..n)
+                    .map(|i| {
+                        let at = END_FIXED + i * END_ENTRY;
+                        (u64_at(b, at), u64_at(b, at + 8) as i64)
+                    })
+                    .collect();
+                Ok(Msg::End(EpochEnd {
+                    channel,
+                    old_epoch,
+                    new_epoch,
+                    old_set,
+                    new_set: u64_at(b, 24),
+                    seq: u64_at(b, 32),
+                    finals,
+                }))
+            }
+            KIND_ACK => {
+                if b.len() != ACK_LEN {
+                    return Err(CtrlError::Length);
+                }
+                Ok(Msg::Ack(EpochAck {
+                    channel,
+                    epoch: u32_at(b, 8),
+                    set: u64_at(b, 16),
+                }))
+            }
+            _ => Err(CtrlError::Unknown),
+        }
+    }
+
+    /// The message's bytes (without trailer).
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(64);
+        match self {
+            Msg::Hello(h) => {
+                v.extend_from_slice(&[TYPE_SESSION, VERSION, KIND_HELLO, h.channel]);
+                v.extend_from_slice(&[h.channels, 0, 0, 0]);
+                v.extend_from_slice(&h.rx_mask.to_be_bytes());
+                v.extend_from_slice(&h.tx_epoch.to_be_bytes());
+                v.extend_from_slice(&h.rx_epoch.to_be_bytes());
+            }
+            Msg::End(e) => {
+                v.extend_from_slice(&[TYPE_SESSION, VERSION, KIND_END, e.channel]);
+                v.extend_from_slice(&[e.finals.len() as u8, 0, 0, 0]);
+                v.extend_from_slice(&e.old_epoch.to_be_bytes());
+                v.extend_from_slice(&e.new_epoch.to_be_bytes());
+                v.extend_from_slice(&e.old_set.to_be_bytes());
+                v.extend_from_slice(&e.new_set.to_be_bytes());
+                v.extend_from_slice(&e.seq.to_be_bytes());
+                for (round, dc) in &e.finals {
+                    v.extend_from_slice(&round.to_be_bytes());
+                    v.extend_from_slice(&dc.to_be_bytes());
+                }
+            }
+            Msg::Ack(a) => {
+                v.extend_from_slice(&[TYPE_SESSION, VERSION, KIND_ACK, a.channel]);
+                v.extend_from_slice(&[0; 4]);
+                v.extend_from_slice(&a.epoch.to_be_bytes());
+                v.extend_from_slice(&[0; 4]);
+                v.extend_from_slice(&a.set.to_be_bytes());
+            }
+        }
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hello_bytes() {
+        let h = Msg::Hello(Hello {
+            channel: 2,
+            channels: 3,
+            rx_mask: 0b101,
+            tx_epoch: 7,
+            rx_epoch: 9,
+        });
+        let b = h.to_vec();
+        assert_eq!(
+            b,
+            [0xB4, 1, 1, 2, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0, 7, 0, 0, 0, 9]
+        );
+        assert_eq!(Msg::parse(&b), Ok(h));
+    }
+
+    #[test]
+    fn end_and_ack_roundtrip_and_bytes() {
+        let e = Msg::End(EpochEnd {
+            channel: 0,
+            old_epoch: 4,
+            new_epoch: 5,
+            old_set: 0b011,
+            new_set: 0b001,
+            seq: 1000,
+            finals: vec![(10, 1500), (11, -3i64 + 1503)],
+        });
+        let b = e.to_vec();
+        assert_eq!(b.len(), 40 + 32);
+        assert_eq!(&b[..5], &[0xB4, 1, 2, 0, 2]);
+        assert_eq!(&b[8..16], &[0, 0, 0, 4, 0, 0, 0, 5]);
+        assert_eq!(&b[40..48], &10u64.to_be_bytes());
+        assert_eq!(Msg::parse(&b), Ok(e));
+        let a = Msg::Ack(EpochAck {
+            channel: 1,
+            epoch: 5,
+            set: 0b110,
+        });
+        let b = a.to_vec();
+        assert_eq!(
+            b,
+            [0xB4, 1, 3, 1, 0, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 6]
+        );
+        assert_eq!(Msg::parse(&b), Ok(a));
+    }
+
+    #[test]
+    fn malformed_is_rejected_without_panic() {
+        assert_eq!(Msg::parse(&[]), Err(CtrlError::Length));
+        assert_eq!(Msg::parse(&[0xB4, 2, 1, 0]), Err(CtrlError::Unknown));
+        assert_eq!(Msg::parse(&[0xB4, 1, 9, 0]), Err(CtrlError::Unknown));
+        assert_eq!(Msg::parse(&[0xB4, 1, 1, 0, 0]), Err(CtrlError::Length));
+        // End with a count that does not match the old set.
+        let mut b = Msg::End(EpochEnd {
+            channel: 0,
+            old_epoch: 1,
+            new_epoch: 2,
+            old_set: 0b11,
+            new_set: 0b1,
+            seq: 0,
+            finals: vec![(0, 1), (0, 1)],
+        })
+        .to_vec();
+        b[23] = 0b111;
+        assert_eq!(Msg::parse(&b), Err(CtrlError::Invalid));
+        // Every truncation of a valid end fails cleanly.
+        let good = Msg::End(EpochEnd {
+            channel: 0,
+            old_epoch: 1,
+            new_epoch: 2,
+            old_set: 0b1,
+            new_set: 0b1,
+            seq: 0,
+            finals: vec![(0, 1)],
+        })
+        .to_vec();
+        for n in 0..good.len() {
+            assert!(Msg::parse(&good[..n]).is_err());
+        }
+    }
+}

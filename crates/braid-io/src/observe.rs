@@ -1,0 +1,167 @@
+//! Ways to look at a running session from outside: the local control socket read by
+//! `braid status`, and a minimal Prometheus endpoint.
+//!
+//! Control protocol (Unix stream socket): the client writes one line, `stats`, and
+//! reads one JSON document ([`SessionStats`]) until the server closes the connection.
+
+use std::io;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, UnixListener, UnixStream};
+use tokio::task::JoinHandle;
+use tracing::debug;
+
+use crate::session::StatsHandle;
+use crate::stats::SessionStats;
+
+/// A running control socket; the socket file is removed when this is dropped.
+pub struct ControlServer {
+    path: PathBuf,
+    task: JoinHandle<()>,
+}
+
+impl Drop for ControlServer {
+    fn drop(&mut self) {
+        self.task.abort();
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Serve `stats` requests on a Unix socket at `path`.
+pub fn serve_control(path: &Path, stats: StatsHandle) -> io::Result<ControlServer> {
+    if let Some(dir) = path.parent() {
+        if !dir.as_os_str().is_empty() {
+            std::fs::create_dir_all(dir)?;
+        }
+    }
+    // A stale socket from a crashed run: refuse if something still answers on it.
+    if path.exists() {
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            return Err(io::Error::new(
+                io::ErrorKind::AddrInUse,
+                format!("{} is in use by a running braid", path.display()),
+            ));
+        }
+        std::fs::remove_file(path)?;
+    }
+    let listener = UnixListener::bind(path)?;
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((conn, _)) = listener.accept().await else {
+                continue;
+            };
+            let stats = stats.clone();
+            tokio::spawn(async move {
+                let (r, mut w) = conn.into_split();
+                let mut line = String::new();
+                let read = tokio::time::timeout(
+                    Duration::from_secs(2),
+                    BufReader::new(r).read_line(&mut line),
+                )
+                .await;
+                if read.is_err() {
+                    return;
+                }
+                let reply = match line.trim() {
+                    "stats" => match stats.get().await {
+                        Ok(s) => serde_json::to_string(&s).unwrap_or_default(),
+                        Err(e) => format!("{{\"error\":\"{e}\"}}"),
+                    },
+                    other => format!(
+                        "{{\"error\":\"unknown command '{}'\"}}",
+                        other.escape_default()
+                    ),
+                };
+                let _ = w.write_all(reply.as_bytes()).await;
+                let _ = w.shutdown().await;
+            });
+        }
+    });
+    Ok(ControlServer {
+        path: path.to_path_buf(),
+        task,
+    })
+}
+
+/// Ask a control socket for stats.
+pub async fn query_control(path: &Path) -> Result<SessionStats, String> {
+    let mut conn = UnixStream::connect(path).await.map_err(|e| {
+        format!(
+            "cannot connect to {}: {e} (is a braid tunnel or bench running with this control socket?)",
+            path.display()
+        )
+    })?;
+    conn.write_all(b"stats\n")
+        .await
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut buf = String::new();
+    tokio::time::timeout(Duration::from_secs(5), conn.read_to_string(&mut buf))
+        .await
+        .map_err(|_| format!("{}: no answer within 5 s", path.display()))?
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    serde_json::from_str(&buf).map_err(|e| format!("{}: bad answer ({e}): {buf}", path.display()))
+}
+
+/// Serve the Prometheus text format at `http://ADDR/metrics`. Returns the bound
+/// address (useful with port 0) and the task.
+pub async fn serve_metrics(
+    addr: SocketAddr,
+    stats: StatsHandle,
+) -> io::Result<(SocketAddr, JoinHandle<()>)> {
+    let listener = TcpListener::bind(addr).await?;
+    let local = listener.local_addr()?;
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((mut conn, peer)) = listener.accept().await else {
+                continue;
+            };
+            let stats = stats.clone();
+            tokio::spawn(async move {
+                let mut req = Vec::with_capacity(1024);
+                let mut buf = [0u8; 1024];
+                let head = tokio::time::timeout(Duration::from_secs(2), async {
+                    while !req.windows(4).any(|w| w == b"\r\n\r\n") && req.len() < 8192 {
+                        match conn.read(&mut buf).await {
+                            Ok(0) | Err(_) => return false,
+                            Ok(n) => req.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    true
+                })
+                .await;
+                if !matches!(head, Ok(true)) {
+                    debug!(%peer, "metrics: incomplete request");
+                    return;
+                }
+                let first = String::from_utf8_lossy(&req);
+                let first = first.lines().next().unwrap_or("");
+                let mut parts = first.split_whitespace();
+                let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+                let (status, body, ctype) = if method != "GET" {
+                    (
+                        "405 Method Not Allowed",
+                        "only GET\n".to_string(),
+                        "text/plain",
+                    )
+                } else if target == "/metrics" {
+                    match stats.get().await {
+                        Ok(s) => ("200 OK", s.prometheus(), "text/plain; version=0.0.4"),
+                        Err(e) => ("503 Service Unavailable", format!("{e}\n"), "text/plain"),
+                    }
+                } else {
+                    ("404 Not Found", "try /metrics\n".to_string(), "text/plain")
+                };
+                let resp = format!(
+                    "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = conn.write_all(resp.as_bytes()).await;
+                let _ = conn.shutdown().await;
+            });
+        }
+    });
+    Ok((local, task))
+}

@@ -1,0 +1,247 @@
+//! A Linux TUN device (layer 3, no packet-information header) through plain ioctls.
+//!
+//! Reads and writes are non-blocking and driven by tokio's [`AsyncFd`]. Creating the
+//! device needs CAP_NET_ADMIN; the errors say so.
+
+use std::io;
+use std::net::Ipv4Addr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+use tokio::io::unix::AsyncFd;
+
+const TUNSETIFF: u64 = 0x4004_54ca;
+const IFF_TUN: libc::c_short = 0x0001;
+const IFF_NO_PI: libc::c_short = 0x1000;
+
+/// Why a TUN device could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum TunError {
+    /// Not allowed.
+    #[error("creating TUN device '{name}' needs CAP_NET_ADMIN: run braid as root (or give the binary cap_net_admin with setcap): {source}")]
+    Permission {
+        /// Device name.
+        name: String,
+        /// OS error.
+        source: io::Error,
+    },
+    /// No /dev/net/tun.
+    #[error("cannot open /dev/net/tun ({source}): the kernel has no TUN support or the device node is missing")]
+    NoDevice {
+        /// OS error.
+        source: io::Error,
+    },
+    /// Any other step.
+    #[error("TUN device '{name}': {what}: {source}")]
+    Setup {
+        /// Device name.
+        name: String,
+        /// Which step.
+        what: &'static str,
+        /// OS error.
+        source: io::Error,
+    },
+}
+
+/// An open TUN device.
+pub struct Tun {
+    fd: AsyncFd<OwnedFd>,
+    name: String,
+}
+
+fn ifreq(name: &str) -> libc::ifreq {
+    // SAFETY: ifreq is plain old data; all-zero is a valid value.
+    let mut r: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (d, s) in r.ifr_name.iter_mut().zip(name.bytes().take(15)) {
+        *d = s as libc::c_char;
+    }
+    r
+}
+
+fn sockaddr_in(a: Ipv4Addr) -> libc::sockaddr {
+    let sin = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: 0,
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(a).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    // SAFETY: sockaddr_in and sockaddr have the same size on Linux; we copy bytes.
+    unsafe { std::mem::transmute::<libc::sockaddr_in, libc::sockaddr>(sin) }
+}
+
+impl Tun {
+    /// Create (or attach to) the TUN device `name`. Must be called inside a tokio
+    /// runtime.
+    pub fn create(name: &str) -> Result<Tun, TunError> {
+        let path = b"/dev/net/tun\0";
+        // SAFETY: a valid NUL-terminated path.
+        let raw = unsafe {
+            libc::open(
+                path.as_ptr() as *const libc::c_char,
+                libc::O_RDWR | libc::O_NONBLOCK | libc::O_CLOEXEC,
+            )
+        };
+        if raw < 0 {
+            let e = io::Error::last_os_error();
+            return Err(match e.raw_os_error() {
+                Some(libc::EPERM) | Some(libc::EACCES) => TunError::Permission {
+                    name: name.into(),
+                    source: e,
+                },
+                _ => TunError::NoDevice { source: e },
+            });
+        }
+        // SAFETY: raw is a freshly opened descriptor we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let mut req = ifreq(name);
+        req.ifr_ifru.ifru_flags = IFF_TUN | IFF_NO_PI;
+        // SAFETY: TUNSETIFF takes a pointer to an ifreq.
+        if unsafe { libc::ioctl(fd.as_raw_fd(), TUNSETIFF as _, &mut req) } < 0 {
+            let e = io::Error::last_os_error();
+            return Err(match e.raw_os_error() {
+                Some(libc::EPERM) | Some(libc::EACCES) => TunError::Permission {
+                    name: name.into(),
+                    source: e,
+                },
+                _ => TunError::Setup {
+                    name: name.into(),
+                    what: "TUNSETIFF (is the name taken by a device of another kind?)",
+                    source: e,
+                },
+            });
+        }
+        let actual: String = req
+            .ifr_name
+            .iter()
+            .take_while(|&&c| c != 0)
+            .map(|&c| c as u8 as char)
+            .collect();
+        // SAFETY: the OwnedFd stays open and owned by the AsyncFd for its lifetime.
+        let fd = unsafe { AsyncFd::register(fd) }.map_err(|e| TunError::Setup {
+            name: name.into(),
+            what: "registering with the event loop",
+            source: io::Error::from(e),
+        })?;
+        Ok(Tun { fd, name: actual })
+    }
+
+    /// The device name the kernel gave.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn ctl(&self, what: &'static str, req: u64, r: &mut libc::ifreq) -> Result<(), TunError> {
+        // SAFETY: plain ioctl on a datagram socket with a valid ifreq.
+        unsafe {
+            let s = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+            if s < 0 {
+                return Err(TunError::Setup {
+                    name: self.name.clone(),
+                    what,
+                    source: io::Error::last_os_error(),
+                });
+            }
+            let rc = libc::ioctl(s, req as _, r as *mut libc::ifreq);
+            let e = io::Error::last_os_error();
+            libc::close(s);
+            if rc < 0 {
+                return Err(match e.raw_os_error() {
+                    Some(libc::EPERM) | Some(libc::EACCES) => TunError::Permission {
+                        name: self.name.clone(),
+                        source: e,
+                    },
+                    _ => TunError::Setup {
+                        name: self.name.clone(),
+                        what,
+                        source: e,
+                    },
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Set the MTU.
+    pub fn set_mtu(&self, mtu: u32) -> Result<(), TunError> {
+        let mut r = ifreq(&self.name);
+        r.ifr_ifru.ifru_mtu = mtu as libc::c_int;
+        self.ctl("setting the MTU", libc::SIOCSIFMTU as u64, &mut r)
+    }
+
+    /// Give the device an IPv4 address and prefix.
+    pub fn set_ipv4(&self, addr: Ipv4Addr, prefix: u8) -> Result<(), TunError> {
+        let mut r = ifreq(&self.name);
+        r.ifr_ifru.ifru_addr = sockaddr_in(addr);
+        self.ctl("setting the address", libc::SIOCSIFADDR as u64, &mut r)?;
+        let mask = if prefix == 0 {
+            0
+        } else {
+            u32::MAX << (32 - u32::from(prefix))
+        };
+        let mut r = ifreq(&self.name);
+        r.ifr_ifru.ifru_netmask = sockaddr_in(Ipv4Addr::from(mask));
+        self.ctl("setting the netmask", libc::SIOCSIFNETMASK as u64, &mut r)
+    }
+
+    /// Bring the device up.
+    pub fn up(&self) -> Result<(), TunError> {
+        let mut r = ifreq(&self.name);
+        self.ctl("reading flags", libc::SIOCGIFFLAGS as u64, &mut r)?;
+        // SAFETY: SIOCGIFFLAGS filled ifru_flags.
+        unsafe {
+            r.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+        }
+        self.ctl("bringing it up", libc::SIOCSIFFLAGS as u64, &mut r)
+    }
+
+    /// Read one IP packet.
+    pub async fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            let mut g = self.fd.readable().await?;
+            let r = g.try_io(|fd| {
+                // SAFETY: buf is valid for buf.len() bytes.
+                let n = unsafe {
+                    libc::read(
+                        fd.as_raw_fd(),
+                        buf.as_mut_ptr() as *mut libc::c_void,
+                        buf.len(),
+                    )
+                };
+                if n < 0 {
+                    Err(io::Error::last_os_error())
+                } else {
+                    Ok(n as usize)
+                }
+            });
+            if let Ok(r) = r {
+                return r;
+            }
+        }
+    }
+
+    /// Write one IP packet.
+    pub async fn send(&self, pkt: &[u8]) -> io::Result<usize> {
+        loop {
+            let mut g = self.fd.writable().await?;
+            let r = g.try_io(|fd| {
+                // SAFETY: pkt is valid for pkt.len() bytes.
+                let n = unsafe {
+                    libc::write(
+                        fd.as_raw_fd(),
+                        pkt.as_ptr() as *const libc::c_void,
+                        pkt.len(),
+                    )
+                };
+                if n < 0 {
+                    Err(io::Error::last_os_error())
+                } else {
+                    Ok(n as usize)
+                }
+            });
+            if let Ok(r) = r {
+                return r;
+            }
+        }
+    }
+}

@@ -1,0 +1,258 @@
+//! Two sessions in one process, joined through a loopback relay per channel.
+
+use std::time::Duration;
+
+use braid_io::relay::{Relay, Side};
+use braid_io::{ChannelConfig, Session, SessionConfig};
+use braid_proto::Mode;
+use bytes::Bytes;
+
+fn cfgs(relay: &Relay, n: usize, mode: Mode) -> (SessionConfig, SessionConfig) {
+    let any = "127.0.0.1:0".parse().unwrap();
+    let a: Vec<_> = (0..n)
+        .map(|c| ChannelConfig::new(format!("c{c}"), any, relay.a_side(c)))
+        .collect();
+    let b: Vec<_> = (0..n)
+        .map(|c| ChannelConfig::new(format!("c{c}"), any, relay.b_side(c)))
+        .collect();
+    let mut ca = SessionConfig::new(a, "test key 123");
+    let mut cb = SessionConfig::new(b, "test key 123");
+    for c in [&mut ca, &mut cb] {
+        c.mode = mode;
+        c.heartbeat = Duration::from_millis(20);
+        c.dead_after = Duration::from_millis(120);
+        c.rejoin_after = Duration::from_millis(60);
+        c.receiver.max_wait = braid_proto::Duration::from_millis(50);
+    }
+    (ca, cb)
+}
+
+async fn pair(n: usize, mode: Mode) -> (Relay, Session, Session) {
+    let relay = Relay::new(n).unwrap();
+    let (ca, cb) = cfgs(&relay, n, mode);
+    let mut a = Session::start(ca).await.unwrap();
+    let mut b = Session::start(cb).await.unwrap();
+    for c in 0..n {
+        relay.set_ends(c, a.local_addrs()[c], b.local_addrs()[c]);
+    }
+    a.wait_for_peer(Duration::from_secs(5)).await.unwrap();
+    b.wait_for_peer(Duration::from_secs(5)).await.unwrap();
+    (relay, a, b)
+}
+
+fn msg(i: u64, size: usize) -> Bytes {
+    let mut v = vec![0x45u8; size.max(9)];
+    v[1..9].copy_from_slice(&i.to_be_bytes());
+    Bytes::from(v)
+}
+
+fn id(b: &Bytes) -> u64 {
+    u64::from_be_bytes(b[1..9].try_into().unwrap())
+}
+
+/// Send `count` messages paced in bursts; collect what arrives.
+async fn stream(a: &Session, b: &mut Session, from: u64, count: u64) -> Vec<u64> {
+    stream_paced(a, b, from, count, 200).await
+}
+
+/// Like `stream`, with a 2 ms pause every `burst` messages.
+async fn stream_paced(a: &Session, b: &mut Session, from: u64, count: u64, burst: u64) -> Vec<u64> {
+    let tx = a.sender();
+    let sizes = [1200usize, 64, 700, 1400, 300];
+    let send = tokio::spawn(async move {
+        for i in from..from + count {
+            tx.send(msg(i, sizes[(i % 5) as usize])).await.unwrap();
+            if i % burst == 0 {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        }
+    });
+    let mut got = Vec::new();
+    loop {
+        match tokio::time::timeout(Duration::from_millis(500), b.recv()).await {
+            Ok(Some(m)) => got.push(id(&m)),
+            _ => break,
+        }
+    }
+    send.await.unwrap();
+    got
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_channels_deliver_everything_in_order() {
+    for mode in [Mode::Logical, Mode::Seq, Mode::Trr] {
+        let (_relay, a, mut b) = pair(3, mode).await;
+        let got = stream(&a, &mut b, 0, 20_000).await;
+        assert_eq!(got.len(), 20_000, "{mode:?}: all delivered");
+        assert!(
+            got.windows(2).all(|w| w[1] == w[0] + 1),
+            "{mode:?}: in order"
+        );
+        let sa = a.stats().await.unwrap();
+        let sb = b.stats().await.unwrap();
+        assert_eq!(sa.sent_packets, 20_000);
+        assert_eq!(sb.delivered_packets, 20_000);
+        // Every channel carried a share.
+        for c in &sb.channels {
+            assert!(c.rx_data_packets > 2_000, "{mode:?}: {c:?}");
+            assert_eq!(c.state, "up");
+        }
+        assert_eq!(sb.auth_failures + sb.replays, 0);
+        if mode != Mode::Trr {
+            assert!(sb.channels.iter().all(|c| c.rx_markers > 0));
+        }
+        a.close().await;
+        b.close().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_and_rejoin_without_duplicates() {
+    let (relay, a, mut b) = pair(3, Mode::Logical).await;
+    let first = stream(&a, &mut b, 0, 3_000).await;
+    assert_eq!(first.len(), 3_000);
+
+    relay.silence(1, true);
+    // Keep sending through the failure.
+    let during = stream_paced(&a, &mut b, 3_000, 6_000, 20).await;
+    let sa = a.stats().await.unwrap();
+    let sb = b.stats().await.unwrap();
+    assert!(sa.tx_epoch >= 1, "a switched epochs: {}", sa.table());
+    assert!(
+        !sa.channels[1].in_tx_set,
+        "channel 1 left the set: {}",
+        sa.table()
+    );
+    assert!(sa.channels[0].in_tx_set && sa.channels[2].in_tx_set);
+    assert_eq!(sb.channels[1].state, "down", "{}", sb.table());
+    assert!(sb.channels[1].state_changes >= 1);
+    assert!(!sa.channels[1].peer_hears_us);
+    // No duplicates, nothing out of order, and the tail after the switch all arrived.
+    assert!(
+        during.windows(2).all(|w| w[1] > w[0]),
+        "strictly increasing"
+    );
+    let tail: Vec<u64> = (8_000..9_000).collect();
+    assert!(
+        tail.iter().all(|t| during.contains(t)),
+        "traffic continues on 2 channels: got {} of 6000, {}",
+        during.len(),
+        sb.table()
+    );
+
+    relay.silence(1, false);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let after = stream(&a, &mut b, 9_000, 3_000).await;
+    assert_eq!(after.len(), 3_000, "all delivered after rejoin");
+    assert!(after.windows(2).all(|w| w[1] == w[0] + 1));
+    let sa = a.stats().await.unwrap();
+    let sb = b.stats().await.unwrap();
+    assert!(
+        sa.channels[1].in_tx_set,
+        "channel 1 rejoined: {}",
+        sa.table()
+    );
+    assert!(sa.tx_epoch >= 2);
+    assert_eq!(sb.channels[1].state, "up");
+    assert!(sb.channels[1].rx_data_packets > 0);
+    // Down to a single channel: the session keeps running.
+    relay.silence(0, true);
+    relay.silence(2, true);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let one = stream_paced(&a, &mut b, 12_000, 2_000, 20).await;
+    assert_eq!(
+        one.len(),
+        2_000,
+        "one channel left carries everything: {}\n{}",
+        a.stats().await.unwrap().table(),
+        b.stats().await.unwrap().table()
+    );
+    let sa = a.stats().await.unwrap();
+    assert_eq!(
+        sa.channels.iter().filter(|c| c.in_tx_set).count(),
+        1,
+        "{}",
+        sa.table()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_and_replayed_control_packets_are_dropped_and_counted() {
+    let (relay, a, mut b) = pair(2, Mode::Logical).await;
+    let first = stream(&a, &mut b, 0, 2_000).await;
+    assert_eq!(first.len(), 2_000);
+    // A marker with a garbage trailer, and one with an absurd position.
+    let mut forged = vec![0xB1, 1, 0, 0, 0, 0, 0, 0];
+    forged.extend_from_slice(&u64::MAX.to_be_bytes());
+    forged.extend_from_slice(&1500i64.to_be_bytes());
+    forged.extend_from_slice(&0u64.to_be_bytes());
+    forged.extend_from_slice(&[0u8; 32]);
+    let replay = relay
+        .last_control_from(0, Side::A)
+        .expect("saw a control packet");
+    for _ in 0..5 {
+        relay.inject(0, Side::B, &forged).unwrap();
+        relay.inject(0, Side::B, &replay).unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let after = stream(&a, &mut b, 2_000, 5_000).await;
+    assert_eq!(after.len(), 5_000);
+    assert!(
+        after.windows(2).all(|w| w[1] == w[0] + 1),
+        "not desynchronized"
+    );
+    let sb = b.stats().await.unwrap();
+    assert_eq!(sb.channels[0].auth_failures, 5, "{}", sb.table());
+    assert_eq!(sb.channels[0].replays, 5, "{}", sb.table());
+    assert_eq!(sb.tx_epoch, 0);
+}
+
+#[tokio::test]
+async fn bind_errors_name_the_channel_and_address() {
+    let taken = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap();
+    let cfg = SessionConfig::new(
+        vec![ChannelConfig::new(
+            "wan1",
+            addr,
+            "127.0.0.1:9".parse().unwrap(),
+        )],
+        "test key 123",
+    );
+    let e = Session::start(cfg)
+        .await
+        .err()
+        .expect("bind fails")
+        .to_string();
+    assert!(
+        e.contains("wan1") && e.contains(&addr.to_string()) && e.contains("already uses"),
+        "{e}"
+    );
+    let cfg = SessionConfig::new(
+        vec![ChannelConfig::new(
+            "x",
+            "192.0.2.77:7000".parse().unwrap(),
+            "127.0.0.1:9".parse().unwrap(),
+        )],
+        "test key 123",
+    );
+    let e = Session::start(cfg)
+        .await
+        .err()
+        .expect("bind fails")
+        .to_string();
+    assert!(e.contains("not configured on any local interface"), "{e}");
+}
+
+#[tokio::test]
+async fn silent_peer_is_reported() {
+    let relay = Relay::new(2).unwrap();
+    let (ca, _) = cfgs(&relay, 2, Mode::Logical);
+    let mut a = Session::start(ca).await.unwrap();
+    let e = a
+        .wait_for_peer(Duration::from_millis(300))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("never answered") && e.contains("->"), "{e}");
+}
