@@ -186,8 +186,10 @@ fn render<DB: DrawingBackend>(
         .y_label
         .clone()
         .unwrap_or_else(|| metric_label(&sc.plot.y));
+    // Long titles get a smaller font so they fit the width.
+    let caption_size = if title.chars().count() > 60 { 14 } else { 24 };
     let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 24))
+        .caption(title, ("sans-serif", caption_size))
         .margin(16)
         .x_label_area_size(48)
         .y_label_area_size(72)
@@ -237,8 +239,13 @@ fn render<DB: DrawingBackend>(
 /// everything else to the wrapped backend.
 pub struct PixelText<B>(pub B);
 
+/// Pixels per font pixel: 8-pixel glyphs for small text, 16 for 15 px and up.
 fn text_scale(size: f64) -> i32 {
-    ((size / 10.0).round() as i32).max(1)
+    if size >= 15.0 {
+        2
+    } else {
+        1
+    }
 }
 
 fn glyph(c: char) -> [u8; 8] {
