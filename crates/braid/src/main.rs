@@ -26,6 +26,14 @@ enum Command {
     /// Run a scenario file in the deterministic simulator: a table of goodput, order,
     /// loss and latency per run, or JSON, and optionally a plot.
     Sim(cmd::sim::Args),
+    /// Run the strIPe virtual interface: a TUN device whose IP packets are striped over
+    /// the configured UDP channels and resequenced at the peer (needs CAP_NET_ADMIN).
+    Tunnel(cmd::tunnel::Args),
+    /// Traffic generator and sink over braid channels (no TUN, no privileges), and a raw
+    /// UDP baseline: goodput, loss, out-of-order, latency.
+    Bench(cmd::bench::Args),
+    /// Show the live state and counters of a running tunnel or bench.
+    Status(cmd::status::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -33,6 +41,9 @@ fn main() -> std::process::ExitCode {
     let result = match cli.command {
         Command::Schedule(a) => cmd::schedule::run(a),
         Command::Sim(a) => cmd::sim::run(a),
+        Command::Tunnel(a) => cmd::tunnel::run(a),
+        Command::Bench(a) => cmd::bench::run(a),
+        Command::Status(a) => cmd::status::run(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

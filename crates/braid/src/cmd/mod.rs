@@ -2,3 +2,6 @@
 
 pub mod schedule;
 pub mod sim;
+pub mod bench;
+pub mod status;
+pub mod tunnel;
