@@ -1,0 +1,292 @@
+//! The user-space link emulator: delay, jitter and loss for every packet that crosses a
+//! TUN device, in a FIFO.
+//!
+//! The lab's policy routes send all transit traffic of link *i* into TUN device *i* of
+//! the router namespace. [`Emulator::run`] reads each packet, decides whether the link
+//! loses it, and schedules it for `arrival + delay + jitter`, never before the previous
+//! packet (the link stays FIFO). When the time comes it writes the packet back into the
+//! device; the kernel then forwards it on. The timer is `ppoll` with a nanosecond
+//! timeout on the monotonic clock, and the lateness of every release is recorded.
+
+use std::collections::VecDeque;
+use std::io::{self, ErrorKind};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::spec::{LinkSpec, Loss};
+use crate::tun::Tun;
+
+/// Counters of one emulated link.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct EmuStats {
+    /// Packets read from the device.
+    pub packets_in: u64,
+    /// Packets written back.
+    pub packets_out: u64,
+    /// Packets the loss process dropped.
+    pub dropped: u64,
+    /// Packets dropped because the delay queue was full.
+    pub queue_drops: u64,
+    /// Lateness of releases (actual minus scheduled), in microseconds: mean.
+    pub late_mean_us: f64,
+    /// Largest lateness, microseconds.
+    pub late_max_us: u64,
+    /// Releases more than 1 ms late.
+    pub late_over_1ms: u64,
+}
+
+impl EmuStats {
+    /// One JSON object.
+    pub fn to_json(&self) -> String {
+        format!(
+            "{{\"packets_in\":{},\"packets_out\":{},\"dropped\":{},\"queue_drops\":{},\"late_mean_us\":{:.1},\"late_max_us\":{},\"late_over_1ms\":{}}}",
+            self.packets_in,
+            self.packets_out,
+            self.dropped,
+            self.queue_drops,
+            self.late_mean_us,
+            self.late_max_us,
+            self.late_over_1ms
+        )
+    }
+}
+
+/// Deterministic per-link random numbers (SplitMix64).
+struct Rng(u64);
+
+impl Rng {
+    fn next_f64(&mut self) -> f64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        (z >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// The loss process of one direction.
+struct LossState {
+    loss: Loss,
+    bad: bool,
+}
+
+impl LossState {
+    fn lose(&mut self, rng: &mut Rng) -> bool {
+        match self.loss {
+            Loss::None => false,
+            Loss::Random(p) => rng.next_f64() < p,
+            Loss::GilbertElliott { p_gb, p_bg } => {
+                let flip = if self.bad { p_bg } else { p_gb };
+                if rng.next_f64() < flip {
+                    self.bad = !self.bad;
+                }
+                self.bad
+            }
+        }
+    }
+}
+
+/// Which packets the loss process applies to.
+#[derive(Clone, Copy, Debug)]
+pub struct LossFilter {
+    /// IPv4 source prefix (network, prefix length) of the forward direction.
+    pub forward_src: ([u8; 4], u8),
+}
+
+impl LossFilter {
+    fn matches(&self, packet: &[u8]) -> bool {
+        if packet.len() < 20 || packet[0] >> 4 != 4 {
+            return false;
+        }
+        let (net, len) = self.forward_src;
+        let src = u32::from_be_bytes([packet[12], packet[13], packet[14], packet[15]]);
+        let net = u32::from_be_bytes(net);
+        let mask = if len == 0 {
+            0
+        } else {
+            u32::MAX << (32 - u32::from(len))
+        };
+        src & mask == net & mask
+    }
+}
+
+/// One emulated link over one TUN device.
+pub struct Emulator {
+    tun: Tun,
+    delay: Duration,
+    jitter: Duration,
+    loss: LossState,
+    filter: Option<LossFilter>,
+    rng: Rng,
+    queue: VecDeque<(Instant, Vec<u8>)>,
+    queue_limit: usize,
+    stats: EmuStats,
+    late_sum_us: f64,
+}
+
+impl Emulator {
+    /// An emulator for `spec` on `tun`. Loss applies to packets matching `filter`
+    /// (all packets if `None`); `seed` makes the loss pattern repeatable.
+    pub fn new(tun: Tun, spec: &LinkSpec, filter: Option<LossFilter>, seed: u64) -> Emulator {
+        Emulator {
+            tun,
+            delay: spec.delay,
+            jitter: spec.jitter,
+            loss: LossState {
+                loss: spec.loss,
+                bad: false,
+            },
+            filter,
+            rng: Rng(seed),
+            queue: VecDeque::with_capacity(4096),
+            // Far more than any tbf queue in front of or behind it: the emulator adds
+            // delay, it must not be the bottleneck.
+            queue_limit: 200_000,
+            stats: EmuStats::default(),
+            late_sum_us: 0.0,
+        }
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> &EmuStats {
+        &self.stats
+    }
+
+    /// Run until `stop` is set; `report` is called about once a second with the
+    /// counters.
+    pub fn run(&mut self, stop: &AtomicBool, mut report: impl FnMut(&EmuStats)) -> io::Result<()> {
+        let mut buf = vec![0u8; 65_536];
+        let mut last_report = Instant::now();
+        let mut last_release = Instant::now();
+        while !stop.load(Ordering::Relaxed) {
+            let now = Instant::now();
+            let timeout = match self.queue.front() {
+                Some((at, _)) => at
+                    .saturating_duration_since(now)
+                    .min(Duration::from_millis(200)),
+                None => Duration::from_millis(200),
+            };
+            wait_readable(self.tun.as_raw_fd(), timeout)?;
+            // Read everything that is waiting.
+            loop {
+                match self.tun.recv(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        self.stats.packets_in += 1;
+                        let pkt = &buf[..n];
+                        let applies = self.filter.is_none_or(|f| f.matches(pkt));
+                        if applies && self.loss.lose(&mut self.rng) {
+                            self.stats.dropped += 1;
+                            continue;
+                        }
+                        if self.queue.len() >= self.queue_limit {
+                            self.stats.queue_drops += 1;
+                            continue;
+                        }
+                        let now = Instant::now();
+                        let extra = if self.jitter > Duration::ZERO {
+                            self.jitter.mul_f64(self.rng.next_f64())
+                        } else {
+                            Duration::ZERO
+                        };
+                        let at = (now + self.delay + extra).max(last_release);
+                        last_release = at;
+                        self.queue.push_back((at, pkt.to_vec()));
+                    }
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(e),
+                }
+            }
+            // Release everything that is due.
+            let now = Instant::now();
+            while let Some((at, _)) = self.queue.front() {
+                if *at > now {
+                    break;
+                }
+                let (at, pkt) = self.queue.pop_front().expect("front exists");
+                let late = now.saturating_duration_since(at).as_micros() as u64;
+                self.late_sum_us += late as f64;
+                self.stats.late_max_us = self.stats.late_max_us.max(late);
+                if late > 1000 {
+                    self.stats.late_over_1ms += 1;
+                }
+                match self.tun.send(&pkt) {
+                    Ok(_) => self.stats.packets_out += 1,
+                    // The kernel refuses a packet (e.g. no route while the lab is being
+                    // torn down): count it as lost, keep going.
+                    Err(_) => self.stats.queue_drops += 1,
+                }
+            }
+            if self.stats.packets_out > 0 {
+                self.stats.late_mean_us = self.late_sum_us / self.stats.packets_out as f64;
+            }
+            if last_report.elapsed() >= Duration::from_secs(1) {
+                last_report = Instant::now();
+                report(&self.stats);
+            }
+        }
+        report(&self.stats);
+        Ok(())
+    }
+}
+
+/// Block until `fd` is readable or `timeout` passes (nanosecond resolution).
+fn wait_readable(fd: i32, timeout: Duration) -> io::Result<()> {
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: one valid pollfd, a valid timespec, no signal mask.
+    let rc = unsafe { libc::ppoll(&mut pfd, 1, &ts, std::ptr::null()) };
+    if rc < 0 {
+        let e = io::Error::last_os_error();
+        if e.kind() != ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gilbert_elliott_converges_to_its_average() {
+        let mut st = LossState {
+            loss: Loss::GilbertElliott {
+                p_gb: 0.01,
+                p_bg: 0.2,
+            },
+            bad: false,
+        };
+        let mut rng = Rng(42);
+        let n = 200_000;
+        let lost = (0..n).filter(|_| st.lose(&mut rng)).count();
+        let rate = lost as f64 / n as f64;
+        let want = 0.01 / 0.21;
+        assert!((rate - want).abs() < 0.005, "rate {rate} want {want}");
+    }
+
+    #[test]
+    fn loss_filter_matches_the_forward_prefix() {
+        let f = LossFilter {
+            forward_src: ([10, 201, 0, 0], 16),
+        };
+        let mut p = vec![0u8; 20];
+        p[0] = 0x45;
+        p[12..16].copy_from_slice(&[10, 201, 3, 1]);
+        assert!(f.matches(&p));
+        p[12..16].copy_from_slice(&[10, 202, 3, 1]);
+        assert!(!f.matches(&p));
+        assert!(!f.matches(&p[..10]));
+    }
+}

@@ -1,0 +1,19 @@
+//! # braid-lab
+//!
+//! The testbed in which braid is measured against single links and Linux MPTCP:
+//!
+//! * [`spec`]: link descriptions such as `100mbit/5ms` or `20mbit/60ms/1%`;
+//! * [`emu`]: the user-space link emulator. This kernel has no netem, so delay, jitter
+//!   and loss come from a program that reads each packet from a TUN device, holds it for
+//!   the link's delay in a FIFO, drops some, and writes the rest back;
+//! * [`topo`]: the network namespaces, veth pairs, `tbf` shapers and policy routes that
+//!   make every packet of link *i* cross emulator *i*, whatever program sent it (plain TCP,
+//!   MPTCP subflows, braid's UDP channels).
+//!
+//! Everything the lab creates carries the `brl` prefix, so `topo::down` can remove it
+//! also after a crash.
+
+pub mod emu;
+pub mod spec;
+pub mod topo;
+pub mod tun;

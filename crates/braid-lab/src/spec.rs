@@ -1,0 +1,239 @@
+//! Link specifications: `RATE/DELAY[/LOSS][/jJITTER]`.
+//!
+//! * RATE: `100mbit`, `1.5gbit`, `512kbit` (bits per second);
+//! * DELAY: one-way propagation delay, `5ms`, `250us`, `0ms`;
+//! * LOSS (optional): `1%` random (Bernoulli) loss, or `ge:P%:B` bursty loss from a
+//!   two-state good/bad (Gilbert–Elliott) process with average loss `P` % and mean burst
+//!   length `B` packets (every packet in the bad state is lost);
+//! * JITTER (optional): `j2ms`, extra delay uniform in `[0, 2ms]`; the link stays FIFO.
+//!
+//! Several links are separated by commas: `100mbit/5ms,50mbit/20ms,20mbit/60ms/1%`.
+
+use std::fmt;
+use std::time::Duration;
+
+/// Loss on one link.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Loss {
+    /// No loss.
+    None,
+    /// Each packet is lost with this probability.
+    Random(f64),
+    /// Good/bad two-state process: lost in the bad state; `p_gb` and `p_bg` are the
+    /// per-packet probabilities of entering and leaving the bad state.
+    GilbertElliott {
+        /// Good to bad, per packet.
+        p_gb: f64,
+        /// Bad to good, per packet.
+        p_bg: f64,
+    },
+}
+
+impl Loss {
+    /// Long-run fraction of packets lost.
+    pub fn average(&self) -> f64 {
+        match *self {
+            Loss::None => 0.0,
+            Loss::Random(p) => p,
+            Loss::GilbertElliott { p_gb, p_bg } => p_gb / (p_gb + p_bg),
+        }
+    }
+}
+
+/// One emulated link.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LinkSpec {
+    /// Rate in bits per second (applied with `tbf`).
+    pub rate_bps: u64,
+    /// One-way delay, applied in each direction.
+    pub delay: Duration,
+    /// Extra random delay, uniform in `[0, jitter]`.
+    pub jitter: Duration,
+    /// Loss process, applied in the forward direction (client to server).
+    pub loss: Loss,
+    /// The text it was parsed from.
+    pub text: String,
+}
+
+/// A link specification that could not be parsed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("link '{spec}': {reason}")]
+pub struct SpecError {
+    /// The offending link text.
+    pub spec: String,
+    /// What is wrong.
+    pub reason: String,
+}
+
+fn err(spec: &str, reason: impl Into<String>) -> SpecError {
+    SpecError {
+        spec: spec.to_string(),
+        reason: reason.into(),
+    }
+}
+
+fn split_num(s: &str) -> (&str, &str) {
+    let i = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    (&s[..i], &s[i..])
+}
+
+/// Parse a rate such as `100mbit`.
+pub fn parse_rate(s: &str) -> Option<u64> {
+    let (n, unit) = split_num(s.trim());
+    let n: f64 = n.parse().ok()?;
+    let mul = match unit.to_ascii_lowercase().as_str() {
+        "bit" | "bps" => 1.0,
+        "kbit" | "kbps" => 1e3,
+        "mbit" | "mbps" => 1e6,
+        "gbit" | "gbps" => 1e9,
+        _ => return None,
+    };
+    let v = n * mul;
+    (v >= 8000.0 && v.is_finite()).then_some(v as u64)
+}
+
+/// Parse a duration such as `5ms`, `250us`, `1s`.
+pub fn parse_duration(s: &str) -> Option<Duration> {
+    let (n, unit) = split_num(s.trim());
+    let n: f64 = n.parse().ok()?;
+    let us = match unit {
+        "us" => n,
+        "ms" => n * 1e3,
+        "s" => n * 1e6,
+        _ => return None,
+    };
+    (us >= 0.0 && us < 1e10).then(|| Duration::from_micros(us as u64))
+}
+
+fn parse_percent(s: &str) -> Option<f64> {
+    let p: f64 = s.strip_suffix('%')?.parse().ok()?;
+    (0.0..=100.0).contains(&p).then_some(p / 100.0)
+}
+
+impl LinkSpec {
+    /// Parse one link.
+    pub fn parse(text: &str) -> Result<LinkSpec, SpecError> {
+        let text = text.trim();
+        let mut parts = text.split('/');
+        let rate = parts
+            .next()
+            .filter(|s| !s.is_empty())
+            .ok_or_else(|| err(text, "empty link specification"))?;
+        let rate_bps = parse_rate(rate).ok_or_else(|| {
+            err(
+                text,
+                format!(
+                    "bad rate '{rate}': expected e.g. 100mbit, 512kbit, 1gbit (at least 8kbit)"
+                ),
+            )
+        })?;
+        let delay = match parts.next() {
+            Some(d) => parse_duration(d)
+                .ok_or_else(|| err(text, format!("bad delay '{d}': expected e.g. 5ms, 250us")))?,
+            None => Duration::ZERO,
+        };
+        let mut loss = Loss::None;
+        let mut jitter = Duration::ZERO;
+        for p in parts {
+            if let Some(j) = p.strip_prefix('j') {
+                jitter = parse_duration(j)
+                    .ok_or_else(|| err(text, format!("bad jitter '{p}': expected e.g. j2ms")))?;
+            } else if let Some(ge) = p.strip_prefix("ge:") {
+                let (avg, burst) = ge
+                    .split_once(':')
+                    .ok_or_else(|| err(text, format!("bad bursty loss '{p}': expected ge:P%:B")))?;
+                let avg = parse_percent(avg)
+                    .filter(|a| *a < 1.0)
+                    .ok_or_else(|| err(text, format!("bad average loss '{avg}' in '{p}'")))?;
+                let burst: f64 =
+                    burst
+                        .parse()
+                        .ok()
+                        .filter(|b: &f64| *b >= 1.0)
+                        .ok_or_else(|| {
+                            err(
+                                text,
+                                format!("bad mean burst '{burst}' in '{p}' (packets, >= 1)"),
+                            )
+                        })?;
+                let p_bg = 1.0 / burst;
+                let p_gb = avg * p_bg / (1.0 - avg);
+                loss = if avg == 0.0 {
+                    Loss::None
+                } else {
+                    Loss::GilbertElliott { p_gb, p_bg }
+                };
+            } else {
+                let l = parse_percent(p).ok_or_else(|| {
+                    err(text, format!("unknown part '{p}': expected a loss like 1%, ge:2%:5 or a jitter like j2ms"))
+                })?;
+                loss = if l == 0.0 {
+                    Loss::None
+                } else {
+                    Loss::Random(l)
+                };
+            }
+        }
+        Ok(LinkSpec {
+            rate_bps,
+            delay,
+            jitter,
+            loss,
+            text: text.to_string(),
+        })
+    }
+
+    /// Parse a comma-separated list of links (1 to 16).
+    pub fn parse_list(text: &str) -> Result<Vec<LinkSpec>, SpecError> {
+        let links: Vec<LinkSpec> = text
+            .split(',')
+            .map(LinkSpec::parse)
+            .collect::<Result<_, _>>()?;
+        if links.len() > 16 {
+            return Err(err(text, "at most 16 links"));
+        }
+        Ok(links)
+    }
+}
+
+impl fmt::Display for LinkSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_issue_example() {
+        let l = LinkSpec::parse_list("100mbit/5ms,50mbit/20ms,20mbit/60ms/1%").unwrap();
+        assert_eq!(l.len(), 3);
+        assert_eq!(l[0].rate_bps, 100_000_000);
+        assert_eq!(l[1].delay, Duration::from_millis(20));
+        assert_eq!(l[2].loss, Loss::Random(0.01));
+        assert_eq!(l[0].loss, Loss::None);
+    }
+
+    #[test]
+    fn bursty_loss_and_jitter() {
+        let l = LinkSpec::parse("10mbit/1ms/ge:2%:5/j3ms").unwrap();
+        assert!((l.loss.average() - 0.02).abs() < 1e-12);
+        assert_eq!(l.jitter, Duration::from_millis(3));
+    }
+
+    #[test]
+    fn errors_name_the_link_and_part() {
+        let e = LinkSpec::parse_list("100mbit/5ms,fast/1ms").unwrap_err();
+        assert!(e.to_string().contains("'fast/1ms'"), "{e}");
+        assert!(LinkSpec::parse("10mbit/5parsecs")
+            .unwrap_err()
+            .reason
+            .contains("delay"));
+        assert!(LinkSpec::parse("10mbit/5ms/150%").is_err());
+        assert!(LinkSpec::parse("").is_err());
+    }
+}

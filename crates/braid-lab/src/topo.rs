@@ -1,0 +1,441 @@
+//! The lab's network: three namespaces joined by one path per link.
+//!
+//! ```text
+//!  brl-a (client)            brl-r (router)                         brl-b (server)
+//!  l0 10.201.0.1 ──veth── a0 10.201.0.2 ─> t0 (emulator) ─> b0 10.202.0.2 ──veth── l0 10.202.0.1
+//!  l1 10.201.1.1 ──veth── a1 10.201.1.2 ─> t1 (emulator) ─> b1 10.202.1.2 ──veth── l1 10.202.1.1
+//!  ...
+//! ```
+//!
+//! * Rate: `tbf` on the router's `a<i>` and `b<i>` egress (where a real bottleneck queue
+//!   sits, not in the end hosts).
+//! * Delay, jitter, loss: every packet entering the router on `a<i>` or `b<i>` is policy-
+//!   routed into TUN `t<i>`, served by the emulator ([`crate::emu`]), which writes it back
+//!   after the link's delay; the kernel then forwards it on by source address, so a packet
+//!   from `10.201.<i>.*` always leaves on `b<i>`, whatever its destination. Loss applies to
+//!   the client-to-server direction.
+//! * The client routes by source address (`from 10.201.<i>.1` uses link i), which is what
+//!   MPTCP subflows and braid's per-channel UDP sockets need; the server answers on the
+//!   link the traffic came from.
+//!
+//! Everything is named with the `brl` prefix; [`down`] removes it all, also after a crash.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::spec::LinkSpec;
+
+/// Client namespace.
+pub const NS_CLIENT: &str = "brl-a";
+/// Router namespace (runs the emulator).
+pub const NS_ROUTER: &str = "brl-r";
+/// Server namespace.
+pub const NS_SERVER: &str = "brl-b";
+
+/// Where the lab keeps its state (links, emulator pid and counters).
+pub fn state_dir() -> PathBuf {
+    PathBuf::from("/run/braid-lab")
+}
+
+/// Client address of link `i`.
+pub fn client_addr(i: usize) -> String {
+    format!("10.201.{i}.1")
+}
+
+/// Server address of link `i`.
+pub fn server_addr(i: usize) -> String {
+    format!("10.202.{i}.1")
+}
+
+/// A lab command that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LabError {
+    /// A command could not run or failed.
+    #[error("`{cmd}` failed: {reason}")]
+    Command {
+        /// The command line.
+        cmd: String,
+        /// Its stderr or the spawn error.
+        reason: String,
+    },
+    /// Not root.
+    #[error("the lab needs root (CAP_NET_ADMIN) to create network namespaces; run as root")]
+    NotRoot,
+    /// The lab is already up.
+    #[error("a lab is already up (namespace {0} exists); run `braid lab down` first")]
+    AlreadyUp(String),
+    /// The emulator did not come up.
+    #[error("the link emulator did not start: {0}")]
+    Emulator(String),
+    /// I/O on the state directory.
+    #[error("{path}: {err}")]
+    Io {
+        /// The path.
+        path: String,
+        /// The error.
+        err: std::io::Error,
+    },
+}
+
+/// Run a command, failing with its stderr.
+pub fn run(args: &[&str]) -> Result<String, LabError> {
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| LabError::Command {
+            cmd: args.join(" "),
+            reason: e.to_string(),
+        })?;
+    if !out.status.success() {
+        return Err(LabError::Command {
+            cmd: args.join(" "),
+            reason: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn ns(ns: &str, args: &[&str]) -> Result<String, LabError> {
+    let mut v = vec!["ip", "netns", "exec", ns];
+    v.extend_from_slice(args);
+    run(&v)
+}
+
+/// Namespaces of the lab that exist now.
+pub fn existing_namespaces() -> Vec<String> {
+    let list = run(&["ip", "netns", "list"]).unwrap_or_default();
+    list.lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|n| n.starts_with("brl-"))
+        .map(str::to_string)
+        .collect()
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Build the lab for `links`. `exe` is the `braid` binary, started in the router
+/// namespace as `braid lab emulate`.
+pub fn up(links: &[LinkSpec], exe: &Path, seed: u64) -> Result<(), LabError> {
+    if !is_root() {
+        return Err(LabError::NotRoot);
+    }
+    if let Some(n) = existing_namespaces().first() {
+        return Err(LabError::AlreadyUp(n.clone()));
+    }
+    let result = build(links, exe, seed);
+    if result.is_err() {
+        let _ = down();
+    }
+    result
+}
+
+fn build(links: &[LinkSpec], exe: &Path, seed: u64) -> Result<(), LabError> {
+    let dir = state_dir();
+    fs::create_dir_all(&dir).map_err(|err| LabError::Io {
+        path: dir.display().to_string(),
+        err,
+    })?;
+    let spec_text: Vec<String> = links.iter().map(|l| l.text.clone()).collect();
+    let spec_text = spec_text.join(",");
+    write_state(&dir.join("links"), &spec_text)?;
+
+    for n in [NS_CLIENT, NS_ROUTER, NS_SERVER] {
+        run(&["ip", "netns", "add", n])?;
+        ns(n, &["ip", "link", "set", "dev", "lo", "up"])?;
+    }
+    ns(NS_ROUTER, &["sysctl", "-qw", "net.ipv4.ip_forward=1"])?;
+    for n in [NS_CLIENT, NS_ROUTER, NS_SERVER] {
+        ns(n, &["sysctl", "-qw", "net.ipv4.conf.all.rp_filter=0"])?;
+        ns(n, &["sysctl", "-qw", "net.ipv4.conf.default.rp_filter=0"])?;
+    }
+    for (i, l) in links.iter().enumerate() {
+        let (li, ai, bi) = (format!("l{i}"), format!("a{i}"), format!("b{i}"));
+        run(&[
+            "ip", "link", "add", &li, "netns", NS_CLIENT, "type", "veth", "peer", "name", &ai,
+            "netns", NS_ROUTER,
+        ])?;
+        run(&[
+            "ip", "link", "add", &bi, "netns", NS_ROUTER, "type", "veth", "peer", "name", &li,
+            "netns", NS_SERVER,
+        ])?;
+        let ca = format!("{}/24", client_addr(i));
+        let ra = format!("10.201.{i}.2/24");
+        let rb = format!("10.202.{i}.2/24");
+        let sb = format!("{}/24", server_addr(i));
+        ns(NS_CLIENT, &["ip", "addr", "add", &ca, "dev", &li])?;
+        ns(NS_ROUTER, &["ip", "addr", "add", &ra, "dev", &ai])?;
+        ns(NS_ROUTER, &["ip", "addr", "add", &rb, "dev", &bi])?;
+        ns(NS_SERVER, &["ip", "addr", "add", &sb, "dev", &li])?;
+        ns(NS_CLIENT, &["ip", "link", "set", "dev", &li, "up"])?;
+        ns(NS_ROUTER, &["ip", "link", "set", "dev", &ai, "up"])?;
+        ns(NS_ROUTER, &["ip", "link", "set", "dev", &bi, "up"])?;
+        ns(NS_SERVER, &["ip", "link", "set", "dev", &li, "up"])?;
+        // Rate: tbf on the router's egress in both directions.
+        let rate = format!("{}bit", l.rate_bps);
+        for dev in [&ai, &bi] {
+            ns(
+                NS_ROUTER,
+                &[
+                    "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", &rate, "burst",
+                    "32kb", "latency", "20ms",
+                ],
+            )?;
+        }
+        // Client: traffic from link i's address uses link i; the server's link-i
+        // subnet is reached over link i.
+        let table = format!("{}", 10 + i);
+        let pref = format!("{}", 100 + i);
+        let gw = format!("10.201.{i}.2");
+        ns(
+            NS_CLIENT,
+            &[
+                "ip",
+                "rule",
+                "add",
+                "from",
+                &client_addr(i),
+                "table",
+                &table,
+                "pref",
+                &pref,
+            ],
+        )?;
+        ns(
+            NS_CLIENT,
+            &[
+                "ip", "route", "add", "default", "via", &gw, "dev", &li, "table", &table,
+            ],
+        )?;
+        ns(
+            NS_CLIENT,
+            &[
+                "ip",
+                "route",
+                "add",
+                &format!("10.202.{i}.0/24"),
+                "via",
+                &gw,
+                "dev",
+                &li,
+            ],
+        )?;
+        // Server: answers go back over the link they came from.
+        ns(
+            NS_SERVER,
+            &[
+                "ip",
+                "route",
+                "add",
+                &format!("10.201.{i}.0/24"),
+                "via",
+                &format!("10.202.{i}.2"),
+                "dev",
+                &li,
+            ],
+        )?;
+    }
+
+    // The emulator creates t0..tN in the router namespace.
+    let log = fs::File::create(dir.join("emulator.log")).map_err(|err| LabError::Io {
+        path: dir.join("emulator.log").display().to_string(),
+        err,
+    })?;
+    let log2 = log.try_clone().map_err(|err| LabError::Io {
+        path: "emulator.log".into(),
+        err,
+    })?;
+    let child = Command::new("ip")
+        .args(["netns", "exec", NS_ROUTER])
+        .arg(exe)
+        .args([
+            "lab",
+            "emulate",
+            "--links",
+            &spec_text,
+            "--seed",
+            &seed.to_string(),
+        ])
+        .arg("--state-dir")
+        .arg(&dir)
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(log2)
+        .spawn()
+        .map_err(|e| LabError::Emulator(e.to_string()))?;
+    write_state(&dir.join("emulator.pid"), &child.id().to_string())?;
+    // Detach: the emulator outlives this command.
+    std::mem::forget(child);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let devs = ns(NS_ROUTER, &["ip", "-o", "link", "show"]).unwrap_or_default();
+        let ready = (0..links.len()).all(|i| devs.contains(&format!(": t{i}:")));
+        if ready {
+            break;
+        }
+        if Instant::now() > deadline {
+            let log = fs::read_to_string(dir.join("emulator.log")).unwrap_or_default();
+            return Err(LabError::Emulator(format!(
+                "its TUN devices did not appear within 5 s; its log says: {}",
+                log.trim()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for i in 0..links.len() {
+        let (ti, ai, bi) = (format!("t{i}"), format!("a{i}"), format!("b{i}"));
+        let delay_table = format!("{}", 100 + i);
+        let out_table = format!("{}", 200 + i);
+        ns(NS_ROUTER, &["ip", "link", "set", "dev", &ti, "up"])?;
+        ns(
+            NS_ROUTER,
+            &[
+                "ip",
+                "route",
+                "add",
+                "default",
+                "dev",
+                &ti,
+                "table",
+                &delay_table,
+            ],
+        )?;
+        ns(
+            NS_ROUTER,
+            &[
+                "ip",
+                "rule",
+                "add",
+                "iif",
+                &ai,
+                "lookup",
+                &delay_table,
+                "pref",
+                &format!("{}", 1000 + i),
+            ],
+        )?;
+        ns(
+            NS_ROUTER,
+            &[
+                "ip",
+                "rule",
+                "add",
+                "iif",
+                &bi,
+                "lookup",
+                &delay_table,
+                "pref",
+                &format!("{}", 1100 + i),
+            ],
+        )?;
+        ns(
+            NS_ROUTER,
+            &[
+                "ip",
+                "rule",
+                "add",
+                "from",
+                &format!("10.201.{i}.0/24"),
+                "iif",
+                &ti,
+                "lookup",
+                &out_table,
+                "pref",
+                &format!("{}", 2000 + i),
+            ],
+        )?;
+        ns(
+            NS_ROUTER,
+            &[
+                "ip",
+                "route",
+                "add",
+                "10.202.0.0/16",
+                "via",
+                &format!("10.202.{i}.1"),
+                "dev",
+                &bi,
+                "table",
+                &out_table,
+            ],
+        )?;
+        ns(
+            NS_ROUTER,
+            &["sysctl", "-qw", &format!("net.ipv4.conf.{ti}.rp_filter=0")],
+        )?;
+    }
+    Ok(())
+}
+
+fn write_state(path: &Path, text: &str) -> Result<(), LabError> {
+    fs::write(path, text).map_err(|err| LabError::Io {
+        path: path.display().to_string(),
+        err,
+    })
+}
+
+/// Remove everything the lab created: processes in its namespaces, the namespaces (and
+/// with them every veth, TUN and qdisc), the state directory. Safe to run any time.
+pub fn down() -> Result<Vec<String>, LabError> {
+    let mut removed = Vec::new();
+    let dir = state_dir();
+    if let Ok(pid) = fs::read_to_string(dir.join("emulator.pid")) {
+        if let Ok(pid) = pid.trim().parse::<i32>() {
+            // SAFETY: sending a signal has no memory-safety preconditions.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+        }
+    }
+    for n in existing_namespaces() {
+        // Anything still running inside (emulator, iperf3, braid tunnels).
+        if let Ok(pids) = run(&["ip", "netns", "pids", &n]) {
+            for p in pids
+                .split_whitespace()
+                .filter_map(|p| p.parse::<i32>().ok())
+            {
+                // SAFETY: as above.
+                unsafe { libc::kill(p, libc::SIGTERM) };
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        if let Ok(pids) = run(&["ip", "netns", "pids", &n]) {
+            for p in pids
+                .split_whitespace()
+                .filter_map(|p| p.parse::<i32>().ok())
+            {
+                // SAFETY: as above.
+                unsafe { libc::kill(p, libc::SIGKILL) };
+            }
+        }
+        run(&["ip", "netns", "del", &n])?;
+        removed.push(n);
+    }
+    let _ = fs::remove_dir_all(&dir);
+    Ok(removed)
+}
+
+/// A human-readable description of the running lab, or `None` if none is up.
+pub fn status() -> Option<String> {
+    let names = existing_namespaces();
+    if names.is_empty() {
+        return None;
+    }
+    let dir = state_dir();
+    let links = fs::read_to_string(dir.join("links")).unwrap_or_default();
+    let mut s = format!("namespaces: {}\n", names.join(" "));
+    for (i, l) in links.split(',').filter(|l| !l.is_empty()).enumerate() {
+        let stats =
+            fs::read_to_string(dir.join(format!("emu-{i}.json"))).unwrap_or_else(|_| "{}".into());
+        s += &format!(
+            "link {i}: {l:<24} client {} -> server {}  emulator {}\n",
+            client_addr(i),
+            server_addr(i),
+            stats.trim()
+        );
+    }
+    Some(s)
+}
