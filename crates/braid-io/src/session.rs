@@ -37,7 +37,7 @@ pub enum SessionError {
     #[error("invalid session configuration: {0}")]
     Config(String),
     /// A channel socket could not be created or bound.
-    #[error("channel {index} ({name}): cannot bind local address {addr}: {source}{hint}")]
+    #[error("channel {index} ({name}): cannot bind local address {addr}: {error}{hint}")]
     Bind {
         /// Channel index.
         index: usize,
@@ -46,12 +46,12 @@ pub enum SessionError {
         /// The address.
         addr: SocketAddr,
         /// OS error.
-        source: std::io::Error,
+        error: std::io::Error,
         /// What to check.
         hint: &'static str,
     },
     /// SO_BINDTODEVICE failed.
-    #[error("channel {index} ({name}): cannot bind to device '{device}': {source} (needs CAP_NET_RAW and an existing interface)")]
+    #[error("channel {index} ({name}): cannot bind to device '{device}': {error} (needs CAP_NET_RAW and an existing interface)")]
     Device {
         /// Channel index.
         index: usize,
@@ -60,7 +60,7 @@ pub enum SessionError {
         /// The interface.
         device: String,
         /// OS error.
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// Nothing authenticated came from the peer in time.
     #[error("the peer never answered: no authenticated packet within {timeout:?} on any channel ({channels}); is the other end running, with the same key and mirrored addresses?")]
@@ -180,12 +180,12 @@ fn bind(
         Some(libc::EACCES) => " (ports below 1024 need privileges)",
         _ => "",
     };
-    let be = |source: std::io::Error| SessionError::Bind {
+    let be = |error: std::io::Error| SessionError::Bind {
         index,
         name: c.name.clone(),
         addr: c.local,
-        hint: hint_for(&source),
-        source,
+        hint: hint_for(&error),
+        error,
     };
     let sock = Socket::new(
         Domain::for_address(c.local),
@@ -195,11 +195,11 @@ fn bind(
     .map_err(be)?;
     if let Some(dev) = &c.device {
         sock.bind_device(Some(dev.as_bytes()))
-            .map_err(|source| SessionError::Device {
+            .map_err(|error| SessionError::Device {
                 index,
                 name: c.name.clone(),
                 device: dev.clone(),
-                source,
+                error,
             })?;
     }
     if bufsize > 0 {
@@ -210,12 +210,12 @@ fn bind(
     sock.set_nonblocking(true).map_err(be)?;
     sock.bind(&c.local.into()).map_err(be)?;
     sock.connect(&c.remote.into())
-        .map_err(|source| SessionError::Bind {
+        .map_err(|error| SessionError::Bind {
             index,
             name: c.name.clone(),
             addr: c.remote,
             hint: " (cannot aim the socket at the remote address)",
-            source,
+            error,
         })?;
     UdpSocket::from_std(sock.into()).map_err(be)
 }
@@ -228,12 +228,12 @@ impl Session {
         let mut locals = Vec::new();
         for (i, c) in cfg.channels.iter().enumerate() {
             let s = bind(i, c, cfg.socket_buffer)?;
-            locals.push(s.local_addr().map_err(|source| SessionError::Bind {
+            locals.push(s.local_addr().map_err(|error| SessionError::Bind {
                 index: i,
                 name: c.name.clone(),
                 addr: c.local,
                 hint: "",
-                source,
+                error,
             })?);
             socks.push(Arc::new(s));
         }

@@ -17,28 +17,28 @@ const IFF_NO_PI: libc::c_short = 0x1000;
 #[derive(Debug, thiserror::Error)]
 pub enum TunError {
     /// Not allowed.
-    #[error("creating TUN device '{name}' needs CAP_NET_ADMIN: run braid as root (or give the binary cap_net_admin with setcap): {source}")]
+    #[error("creating TUN device '{name}' needs CAP_NET_ADMIN: run braid as root (or give the binary cap_net_admin with setcap): {error}")]
     Permission {
         /// Device name.
         name: String,
         /// OS error.
-        source: io::Error,
+        error: io::Error,
     },
     /// No /dev/net/tun.
-    #[error("cannot open /dev/net/tun ({source}): the kernel has no TUN support or the device node is missing")]
+    #[error("cannot open /dev/net/tun ({error}): the kernel has no TUN support or the device node is missing")]
     NoDevice {
         /// OS error.
-        source: io::Error,
+        error: io::Error,
     },
     /// Any other step.
-    #[error("TUN device '{name}': {what}: {source}")]
+    #[error("TUN device '{name}': {what}: {error}")]
     Setup {
         /// Device name.
         name: String,
         /// Which step.
         what: &'static str,
         /// OS error.
-        source: io::Error,
+        error: io::Error,
     },
 }
 
@@ -87,9 +87,9 @@ impl Tun {
             return Err(match e.raw_os_error() {
                 Some(libc::EPERM) | Some(libc::EACCES) => TunError::Permission {
                     name: name.into(),
-                    source: e,
+                    error: e,
                 },
-                _ => TunError::NoDevice { source: e },
+                _ => TunError::NoDevice { error: e },
             });
         }
         // SAFETY: raw is a freshly opened descriptor we own.
@@ -102,12 +102,12 @@ impl Tun {
             return Err(match e.raw_os_error() {
                 Some(libc::EPERM) | Some(libc::EACCES) => TunError::Permission {
                     name: name.into(),
-                    source: e,
+                    error: e,
                 },
                 _ => TunError::Setup {
                     name: name.into(),
                     what: "TUNSETIFF (is the name taken by a device of another kind?)",
-                    source: e,
+                    error: e,
                 },
             });
         }
@@ -121,7 +121,7 @@ impl Tun {
         let fd = unsafe { AsyncFd::register(fd) }.map_err(|e| TunError::Setup {
             name: name.into(),
             what: "registering with the event loop",
-            source: io::Error::from(e),
+            error: io::Error::from(e),
         })?;
         Ok(Tun { fd, name: actual })
     }
@@ -139,7 +139,7 @@ impl Tun {
                 return Err(TunError::Setup {
                     name: self.name.clone(),
                     what,
-                    source: io::Error::last_os_error(),
+                    error: io::Error::last_os_error(),
                 });
             }
             let rc = libc::ioctl(s, req as _, r as *mut libc::ifreq);
@@ -149,12 +149,12 @@ impl Tun {
                 return Err(match e.raw_os_error() {
                     Some(libc::EPERM) | Some(libc::EACCES) => TunError::Permission {
                         name: self.name.clone(),
-                        source: e,
+                        error: e,
                     },
                     _ => TunError::Setup {
                         name: self.name.clone(),
                         what,
-                        source: e,
+                        error: e,
                     },
                 });
             }
