@@ -34,6 +34,9 @@ enum Command {
     Bench(cmd::bench::Args),
     /// Show the live state and counters of a running tunnel or bench.
     Status(cmd::status::Args),
+    /// The namespace testbed: links shaped with tbf plus braid's user-space link
+    /// emulator for delay, jitter and loss (needs root).
+    Lab(cmd::lab::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -44,6 +47,7 @@ fn main() -> std::process::ExitCode {
         Command::Tunnel(a) => cmd::tunnel::run(a),
         Command::Bench(a) => cmd::bench::run(a),
         Command::Status(a) => cmd::status::run(a),
+        Command::Lab(a) => cmd::lab::run(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
