@@ -187,7 +187,7 @@ pub enum RunError {
     PacketTooSmall(u32),
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Ev {
     /// The timed source offers its next packet.
     Source,
@@ -276,7 +276,8 @@ struct Source {
 
 struct Sim {
     now: Nanos,
-    heap: BinaryHeap<Reverse<(Nanos, u64, Ev)>>,
+    /// Keys `time << 64 | insertion number << 16 | event code`: one integer compare.
+    heap: BinaryHeap<Reverse<u128>>,
     evseq: u64,
     striper: Striper,
     reseq: Resequencer,
@@ -460,7 +461,28 @@ impl Sim {
     #[inline]
     fn schedule(&mut self, t: Nanos, ev: Ev) {
         self.evseq += 1;
-        self.heap.push(Reverse((t, self.evseq, ev)));
+        let code: u128 = match ev {
+            Ev::Source => 0,
+            Ev::Stop => 1,
+            Ev::TxDone(c) => 2 + 2 * u128::from(c),
+            Ev::Arrive(c) => 3 + 2 * u128::from(c),
+        };
+        // 48 bits of insertion number: 2.8e14 events before it could wrap.
+        let key = (u128::from(t) << 64) | (u128::from(self.evseq & 0xFFFF_FFFF_FFFF) << 16) | code;
+        self.heap.push(Reverse(key));
+    }
+
+    #[inline]
+    fn decode(key: u128) -> (Nanos, Ev) {
+        let t = (key >> 64) as Nanos;
+        let code = (key & 0xFFFF) as u32;
+        let ev = match code {
+            0 => Ev::Source,
+            1 => Ev::Stop,
+            c if c % 2 == 0 => Ev::TxDone((c - 2) / 2),
+            c => Ev::Arrive((c - 3) / 2),
+        };
+        (t, ev)
     }
 
     #[inline]
@@ -489,7 +511,7 @@ impl Sim {
 
     fn run_loop(&mut self) -> Result<(), RunError> {
         loop {
-            let next_ev = self.heap.peek().map(|r| r.0 .0);
+            let next_ev = self.heap.peek().map(|r| (r.0 >> 64) as Nanos);
             let timer = self.next_timer();
             let (t, is_timer) = match (next_ev, timer) {
                 (None, None) => return Ok(()),
@@ -511,9 +533,10 @@ impl Sim {
                 self.drain_deliveries();
                 continue;
             }
-            let Some(Reverse((t, _, ev))) = self.heap.pop() else {
+            let Some(Reverse(key)) = self.heap.pop() else {
                 return Ok(());
             };
+            let (t, ev) = Self::decode(key);
             self.now = t;
             match ev {
                 Ev::TxDone(c) => self.tx_done(c as usize)?,
@@ -660,8 +683,14 @@ impl Sim {
     fn flush_striper(&mut self, drop_tail: bool) {
         while let Some(t) = self.striper.poll_transmit() {
             let control = t.kind != TransmitKind::Data;
-            let data = t.to_bytes();
-            let c = &mut self.chans[t.channel];
+            let channel = t.channel;
+            // Header-free datagrams move without touching the reference count.
+            let data = if t.header().is_empty() {
+                t.payload
+            } else {
+                t.to_bytes()
+            };
+            let c = &mut self.chans[channel];
             let len = data.len() as u64;
             if len > u64::from(c.spec.mtu) {
                 c.res.mtu_drops += 1;
@@ -676,7 +705,7 @@ impl Sim {
             c.queued_bytes += len;
             c.queue.push_back(Queued { data, control });
             if c.on_wire.is_none() {
-                self.start_tx(t.channel);
+                self.start_tx(channel);
             }
         }
     }

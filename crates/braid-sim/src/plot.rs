@@ -153,6 +153,18 @@ fn render<DB: DrawingBackend>(
     root: DrawingArea<DB, plotters::coord::Shift>,
 ) -> Result<(), PlotError> {
     root.fill(&WHITE).map_err(err)?;
+    // The legend gets its own panel on the right, so it never hides a line.
+    let legend_font: TextStyle = ("sans-serif", 14).into_font().into();
+    let mut text_w = 0u32;
+    for s in lines {
+        let (w, _) = root
+            .estimate_text_size(&s.name, &legend_font)
+            .map_err(err)?;
+        text_w = text_w.max(w);
+    }
+    let (total_w, _) = root.dim_in_pixel();
+    let panel_w = (text_w + 48).min(total_w * 2 / 5);
+    let (plot_area, legend_area) = root.split_horizontally(total_w - panel_w);
     let (mut x0, mut x1, mut y1) = (f64::INFINITY, f64::NEG_INFINITY, 0.0f64);
     let mut y0 = 0.0f64;
     for s in lines {
@@ -188,7 +200,7 @@ fn render<DB: DrawingBackend>(
         .unwrap_or_else(|| metric_label(&sc.plot.y));
     // Long titles get a smaller font so they fit the width.
     let caption_size = if title.chars().count() > 60 { 14 } else { 24 };
-    let mut chart = ChartBuilder::on(&root)
+    let mut chart = ChartBuilder::on(&plot_area)
         .caption(title, ("sans-serif", caption_size))
         .margin(16)
         .x_label_area_size(48)
@@ -210,11 +222,7 @@ fn render<DB: DrawingBackend>(
                 s.points.iter().copied(),
                 Color::stroke_width(&color, 2),
             ))
-            .map_err(err)?
-            .label(s.name.clone())
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], Color::stroke_width(&color, 2))
-            });
+            .map_err(err)?;
         chart
             .draw_series(
                 s.points
@@ -223,14 +231,21 @@ fn render<DB: DrawingBackend>(
             )
             .map_err(err)?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .label_font(("sans-serif", 14))
-        .draw()
-        .map_err(err)?;
+    // Legend: a short line in the series colour, then its name, top to bottom.
+    let top = 60;
+    for (i, s) in lines.iter().enumerate() {
+        let color = PALETTE[i % PALETTE.len()];
+        let y = top + 24 * i as i32;
+        legend_area
+            .draw(&PathElement::new(
+                vec![(6, y), (30, y)],
+                Color::stroke_width(&color, 3),
+            ))
+            .map_err(err)?;
+        legend_area
+            .draw(&Text::new(s.name.clone(), (38, y - 7), legend_font.clone()))
+            .map_err(err)?;
+    }
     root.present().map_err(err)?;
     Ok(())
 }
@@ -250,10 +265,10 @@ fn text_scale(size: f64) -> i32 {
 
 fn glyph(c: char) -> [u8; 8] {
     let i = c as usize;
-    if i < 128 {
-        font8x8::legacy::BASIC_LEGACY[i]
-    } else {
-        font8x8::legacy::BASIC_LEGACY[b'?' as usize]
+    match i {
+        0..=127 => font8x8::legacy::BASIC_LEGACY[i],
+        0xA0..=0xFF => font8x8::legacy::LATIN_LEGACY[i - 0xA0],
+        _ => font8x8::legacy::BASIC_LEGACY[b'?' as usize],
     }
 }
 
