@@ -295,7 +295,13 @@ impl SessionStats {
             "counter",
             self.deliver_drops as f64,
         );
-        let per: [(&str, &str, &str, fn(&ChannelSnapshot) -> f64); 14] = [
+        type Metric = (
+            &'static str,
+            &'static str,
+            &'static str,
+            fn(&ChannelSnapshot) -> f64,
+        );
+        let per: [Metric; 14] = [
             (
                 "channel_up",
                 "1 if the peer is heard on the channel.",

@@ -9,7 +9,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 use tokio::io::unix::AsyncFd;
 
-const TUNSETIFF: u64 = 0x4004_54ca;
+const TUNSETIFF: libc::Ioctl = 0x4004_54ca;
 const IFF_TUN: libc::c_short = 0x0001;
 const IFF_NO_PI: libc::c_short = 0x1000;
 
@@ -97,7 +97,7 @@ impl Tun {
         let mut req = ifreq(name);
         req.ifr_ifru.ifru_flags = IFF_TUN | IFF_NO_PI;
         // SAFETY: TUNSETIFF takes a pointer to an ifreq.
-        if unsafe { libc::ioctl(fd.as_raw_fd(), TUNSETIFF as _, &mut req) } < 0 {
+        if unsafe { libc::ioctl(fd.as_raw_fd(), TUNSETIFF, &mut req) } < 0 {
             let e = io::Error::last_os_error();
             return Err(match e.raw_os_error() {
                 Some(libc::EPERM) | Some(libc::EACCES) => TunError::Permission {
@@ -131,7 +131,12 @@ impl Tun {
         &self.name
     }
 
-    fn ctl(&self, what: &'static str, req: u64, r: &mut libc::ifreq) -> Result<(), TunError> {
+    fn ctl(
+        &self,
+        what: &'static str,
+        req: libc::Ioctl,
+        r: &mut libc::ifreq,
+    ) -> Result<(), TunError> {
         // SAFETY: plain ioctl on a datagram socket with a valid ifreq.
         unsafe {
             let s = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
@@ -142,7 +147,7 @@ impl Tun {
                     error: io::Error::last_os_error(),
                 });
             }
-            let rc = libc::ioctl(s, req as _, r as *mut libc::ifreq);
+            let rc = libc::ioctl(s, req, r as *mut libc::ifreq);
             let e = io::Error::last_os_error();
             libc::close(s);
             if rc < 0 {
@@ -166,14 +171,14 @@ impl Tun {
     pub fn set_mtu(&self, mtu: u32) -> Result<(), TunError> {
         let mut r = ifreq(&self.name);
         r.ifr_ifru.ifru_mtu = mtu as libc::c_int;
-        self.ctl("setting the MTU", libc::SIOCSIFMTU as u64, &mut r)
+        self.ctl("setting the MTU", libc::SIOCSIFMTU, &mut r)
     }
 
     /// Give the device an IPv4 address and prefix.
     pub fn set_ipv4(&self, addr: Ipv4Addr, prefix: u8) -> Result<(), TunError> {
         let mut r = ifreq(&self.name);
         r.ifr_ifru.ifru_addr = sockaddr_in(addr);
-        self.ctl("setting the address", libc::SIOCSIFADDR as u64, &mut r)?;
+        self.ctl("setting the address", libc::SIOCSIFADDR, &mut r)?;
         let mask = if prefix == 0 {
             0
         } else {
@@ -181,18 +186,18 @@ impl Tun {
         };
         let mut r = ifreq(&self.name);
         r.ifr_ifru.ifru_netmask = sockaddr_in(Ipv4Addr::from(mask));
-        self.ctl("setting the netmask", libc::SIOCSIFNETMASK as u64, &mut r)
+        self.ctl("setting the netmask", libc::SIOCSIFNETMASK, &mut r)
     }
 
     /// Bring the device up.
     pub fn up(&self) -> Result<(), TunError> {
         let mut r = ifreq(&self.name);
-        self.ctl("reading flags", libc::SIOCGIFFLAGS as u64, &mut r)?;
+        self.ctl("reading flags", libc::SIOCGIFFLAGS, &mut r)?;
         // SAFETY: SIOCGIFFLAGS filled ifru_flags.
         unsafe {
             r.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
         }
-        self.ctl("bringing it up", libc::SIOCSIFFLAGS as u64, &mut r)
+        self.ctl("bringing it up", libc::SIOCSIFFLAGS, &mut r)
     }
 
     /// Read one IP packet.

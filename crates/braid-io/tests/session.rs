@@ -68,11 +68,8 @@ async fn stream_paced(a: &Session, b: &mut Session, from: u64, count: u64, burst
         }
     });
     let mut got = Vec::new();
-    loop {
-        match tokio::time::timeout(Duration::from_millis(500), b.recv()).await {
-            Ok(Some(m)) => got.push(id(&m)),
-            _ => break,
-        }
+    while let Ok(Some(m)) = tokio::time::timeout(Duration::from_millis(500), b.recv()).await {
+        got.push(id(&m));
     }
     send.await.unwrap();
     got
