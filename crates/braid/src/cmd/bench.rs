@@ -33,7 +33,7 @@ const HEADER: usize = 17;
 #[derive(clap::Args, Debug)]
 pub struct Args {
     #[command(subcommand)]
-    role: Role,
+    role: Box<Role>,
 }
 
 #[derive(clap::Subcommand, Debug)]
@@ -166,7 +166,7 @@ pub fn run(a: Args) -> Result<()> {
     init_tracing();
     let rt = runtime()?;
     rt.block_on(async move {
-        match a.role {
+        match *a.role {
             Role::Send(x) => send(x).await,
             Role::Sink(x) => sink(x).await,
             Role::UdpSend(x) => udp_send(x).await,
