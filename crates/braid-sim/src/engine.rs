@@ -448,7 +448,7 @@ fn run_striped(cfg: &RunConfig, sc: &StripeConfig) -> Result<RunResult, RunError
     let start = cfg.traffic.start;
     match &cfg.traffic.arrivals {
         Arrivals::Trace(t) => {
-            let first = start + t.first().map_or(0, |x| x.0);
+            let first = start.saturating_add(t.first().map_or(0, |x| x.0));
             sim.schedule(first, Ev::Source);
         }
         _ => sim.schedule(start, Ev::Source),
@@ -643,7 +643,7 @@ impl Sim {
                     Rate::Bits(bps) => f64::from(size) * 8e9 / bps,
                     Rate::Pps(pps) => 1e9 / pps,
                 };
-                let next = self.now + gap.round().max(1.0) as Nanos;
+                let next = self.now.saturating_add(gap.round().max(1.0) as Nanos);
                 self.schedule(next, Ev::Source);
             }
             SrcKind::Poisson(rate, mean_size) => {
@@ -654,13 +654,17 @@ impl Sim {
                     Rate::Pps(pps) => 1e9 / pps,
                 };
                 let gap = self.src.rng.exp(mean_gap);
-                let next = self.now + gap.round().max(1.0) as Nanos;
+                let next = self.now.saturating_add(gap.round().max(1.0) as Nanos);
                 self.schedule(next, Ev::Source);
             }
             SrcKind::Trace => {
                 // Offer every packet stamped at this instant.
                 while self.src.trace_idx < self.src.trace.len()
-                    && self.src.base + self.src.trace[self.src.trace_idx].0 <= self.now
+                    && self
+                        .src
+                        .base
+                        .saturating_add(self.src.trace[self.src.trace_idx].0)
+                        <= self.now
                 {
                     let size = self.src.trace[self.src.trace_idx].1;
                     self.src.trace_idx += 1;
@@ -670,7 +674,7 @@ impl Sim {
                     }
                 }
                 match self.src.trace.get(self.src.trace_idx) {
-                    Some(&(t, _)) => self.schedule(self.src.base + t, Ev::Source),
+                    Some(&(t, _)) => self.schedule(self.src.base.saturating_add(t), Ev::Source),
                     None => self.stop_source(),
                 }
             }
@@ -738,7 +742,7 @@ impl Sim {
         }
         let ser =
             ((len + u64::from(c.spec.overhead_bytes)) as f64 * c.ns_per_byte).round() as Nanos;
-        let done = now + ser.max(1);
+        let done = now.saturating_add(ser.max(1));
         if done <= self.window_end {
             // Throughput counts bytes whose serialization ends inside the window.
             c.res.throughput_bps += len as f64;
@@ -757,7 +761,10 @@ impl Sim {
                 } else {
                     0
                 };
-                let at = (now + c.spec.delay + jitter).max(c.last_arrival);
+                let at = now
+                    .saturating_add(c.spec.delay)
+                    .saturating_add(jitter)
+                    .max(c.last_arrival);
                 c.last_arrival = at;
                 c.in_flight.push_back((at, q.data));
                 if c.in_flight.len() == 1 {

@@ -441,8 +441,23 @@ impl<'a> Tab<'a> {
 fn positive(x: f64) -> bool {
     x > 0.0
 }
-fn non_negative(x: f64) -> bool {
-    x >= 0.0
+/// Times and delays: up to a million seconds keeps every sum of them far from
+/// overflowing the engine's nanosecond clock.
+const MAX_SECONDS: f64 = 1e6;
+fn time_s(x: f64) -> bool {
+    (0.0..=MAX_SECONDS).contains(&x)
+}
+fn pos_time_s(x: f64) -> bool {
+    x > 0.0 && x <= MAX_SECONDS
+}
+fn time_ms(x: f64) -> bool {
+    (0.0..=MAX_SECONDS * 1e3).contains(&x)
+}
+fn pos_time_ms(x: f64) -> bool {
+    x > 0.0 && x <= MAX_SECONDS * 1e3
+}
+fn rate_mbps(x: f64) -> bool {
+    (1e-3..=1e7).contains(&x)
 }
 fn probability(x: f64) -> bool {
     (0.0..=1.0).contains(&x)
@@ -788,15 +803,15 @@ fn build_job(
     ri: usize,
     params: Vec<(String, f64)>,
 ) -> Result<Job, ScenarioError> {
-    let duration = t.num_opt("duration_s", "a number of seconds > 0")?;
-    if let Some(d) = duration {
-        if d <= 0.0 {
-            return Err(t.err(
-                "duration_s",
-                &format!("expected a number of seconds > 0, found {d}"),
-            ));
-        }
-    }
+    let duration = if t.t.contains_key("duration_s") {
+        Some(t.f64_req(
+            "duration_s",
+            "a number of seconds > 0 and <= 1000000",
+            pos_time_s,
+        )?)
+    } else {
+        None
+    };
     let packets = t.u64_opt("packets", "a whole number of packets >= 1")?;
     if packets == Some(0) {
         return Err(t.err(
@@ -810,7 +825,12 @@ fn build_job(
             "neither `duration_s` nor `packets` is set: the run needs a limit",
         ));
     }
-    let drain = t.f64_or("drain_s", 2.0, "a number of seconds >= 0", non_negative)?;
+    let drain = t.f64_or(
+        "drain_s",
+        2.0,
+        "a number of seconds from 0 to 1000000",
+        time_s,
+    )?;
     let max_packet = t.u32_in(
         "max_packet",
         Some(1500),
@@ -938,8 +958,8 @@ fn build_job(
             let idle = m.f64_or(
                 "idle_ms",
                 20.0,
-                "a number of milliseconds >= 0 (0: never)",
-                non_negative,
+                "a number of milliseconds from 0 to 1e9 (0: never)",
+                time_ms,
             )?;
             markers.idle = if idle > 0.0 {
                 Some(Duration::from_micros((idle * 1000.0).round() as u64))
@@ -971,8 +991,8 @@ fn build_job(
             let w = r.f64_or(
                 "max_wait_ms",
                 200.0,
-                "a number of milliseconds > 0",
-                positive,
+                "a number of milliseconds > 0 (at most 1e9)",
+                pos_time_ms,
             )?;
             receiver.max_wait = Duration::from_micros((w * 1000.0).round().max(1.0) as u64);
         }
@@ -1053,9 +1073,15 @@ fn parse_channel(c: &Tab) -> Result<ChannelSpec, ScenarioError> {
         "loss_window",
         "down",
     ])?;
-    let mut s = ChannelSpec::new(c.f64_req("rate_mbps", "a rate in Mbit/s > 0", positive)? * 1e6);
-    s.delay = ms(c.f64_or("delay_ms", 0.0, "a delay in ms >= 0", non_negative)?);
-    s.jitter = ms(c.f64_or("jitter_ms", 0.0, "a jitter in ms >= 0", non_negative)?);
+    let mut s = ChannelSpec::new(
+        c.f64_req(
+            "rate_mbps",
+            "a rate in Mbit/s from 0.001 to 10000000",
+            rate_mbps,
+        )? * 1e6,
+    );
+    s.delay = ms(c.f64_or("delay_ms", 0.0, "a delay in ms from 0 to 1e9", time_ms)?);
+    s.jitter = ms(c.f64_or("jitter_ms", 0.0, "a jitter in ms from 0 to 1e9", time_ms)?);
     s.mtu = c.u32_in(
         "mtu",
         Some(65_535),
@@ -1094,15 +1120,23 @@ fn parse_channel(c: &Tab) -> Result<ChannelSpec, ScenarioError> {
         s.gilbert = Some(Gilbert {
             p_bad: g.f64_req("p_bad", "a probability from 0 to 1", probability)?,
             p_good: g.f64_or("p_good", 0.0, "a probability from 0 to 1", probability)?,
-            good_ns: g.f64_req("good_ms", "a mean duration in ms > 0", positive)? * 1e6,
-            bad_ns: g.f64_req("bad_ms", "a mean duration in ms > 0", positive)? * 1e6,
+            good_ns: g.f64_req(
+                "good_ms",
+                "a mean duration in ms > 0 (at most 1e9)",
+                pos_time_ms,
+            )? * 1e6,
+            bad_ns: g.f64_req(
+                "bad_ms",
+                "a mean duration in ms > 0 (at most 1e9)",
+                pos_time_ms,
+            )? * 1e6,
             durations,
         });
     }
     for w in c.tabs("loss_window")? {
         w.check_keys(&["start_s", "end_s", "loss"])?;
-        let start = w.f64_req("start_s", "a time in seconds >= 0", non_negative)?;
-        let end = w.f64_req("end_s", "a time in seconds >= 0", non_negative)?;
+        let start = w.f64_req("start_s", "a time in seconds from 0 to 1000000", time_s)?;
+        let end = w.f64_req("end_s", "a time in seconds from 0 to 1000000", time_s)?;
         if end <= start {
             return Err(w.err(
                 "end_s",
@@ -1117,8 +1151,8 @@ fn parse_channel(c: &Tab) -> Result<ChannelSpec, ScenarioError> {
     }
     for d in c.tabs("down")? {
         d.check_keys(&["start_s", "end_s"])?;
-        let start = d.f64_req("start_s", "a time in seconds >= 0", non_negative)?;
-        let end = d.f64_req("end_s", "a time in seconds >= 0", non_negative)?;
+        let start = d.f64_req("start_s", "a time in seconds from 0 to 1000000", time_s)?;
+        let end = d.f64_req("end_s", "a time in seconds from 0 to 1000000", time_s)?;
         if end <= start {
             return Err(d.err(
                 "end_s",
@@ -1156,12 +1190,16 @@ fn parse_traffic(t: &Tab) -> Result<TrafficSpec, ScenarioError> {
     let rate = || -> Result<Rate, ScenarioError> {
         match (tr.t.contains_key("rate_mbps"), tr.t.contains_key("pps")) {
             (true, false) => Ok(Rate::Bits(
-                tr.f64_req("rate_mbps", "a rate in Mbit/s > 0", positive)? * 1e6,
+                tr.f64_req(
+                    "rate_mbps",
+                    "a rate in Mbit/s from 0.001 to 10000000",
+                    rate_mbps,
+                )? * 1e6,
             )),
             (false, true) => Ok(Rate::Pps(tr.f64_req(
                 "pps",
-                "a packet rate > 0",
-                positive,
+                "a packet rate from 0.001 to 1e9 per second",
+                |x| (1e-3..=1e9).contains(&x),
             )?)),
             (true, true) => Err(tr.err("pps", "give either `rate_mbps` or `pps`, not both")),
             (false, false) => Err(tr.err(
@@ -1271,7 +1309,12 @@ fn parse_traffic(t: &Tab) -> Result<TrafficSpec, ScenarioError> {
         }
         other => return Err(tr.err("sizes", &format!("unknown size distribution \"{other}\"; expected fixed, alternating, uniform, bimodal, imix or mix"))),
     };
-    let start = tr.f64_or("start_s", 0.0, "a time in seconds >= 0", non_negative)?;
+    let start = tr.f64_or(
+        "start_s",
+        0.0,
+        "a time in seconds from 0 to 1000000",
+        time_s,
+    )?;
     Ok(TrafficSpec {
         arrivals,
         sizes,
