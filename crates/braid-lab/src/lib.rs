@@ -13,6 +13,8 @@
 //! Everything the lab creates carries the `brl` prefix, so `topo::down` can remove it
 //! also after a crash.
 
+pub mod bench;
+pub mod chart;
 pub mod emu;
 pub mod spec;
 pub mod topo;

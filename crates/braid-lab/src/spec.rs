@@ -104,7 +104,9 @@ pub fn parse_duration(s: &str) -> Option<Duration> {
         "s" => n * 1e6,
         _ => return None,
     };
-    (0.0..1e10).contains(&us).then(|| Duration::from_micros(us as u64))
+    (0.0..1e10)
+        .contains(&us)
+        .then(|| Duration::from_micros(us as u64))
 }
 
 fn parse_percent(s: &str) -> Option<f64> {

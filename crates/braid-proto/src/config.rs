@@ -87,6 +87,12 @@ pub struct MarkerConfig {
     /// After this long without data, send markers (or triggers in TRR mode) once, so the
     /// receiver does not wait forever for a lost last packet. `None`: never.
     pub idle: Option<Duration>,
+    /// While data flows, send markers (or triggers in TRR mode) at least this often:
+    /// no data packet waits longer than this for the next marker or trigger after it.
+    /// This bounds TRR's added latency and the time to resynchronize after a loss in
+    /// time as well as in rounds. `None` (the default, as in the papers): only the
+    /// round and packet counts apply.
+    pub max_interval: Option<Duration>,
 }
 
 impl Default for MarkerConfig {
@@ -95,6 +101,7 @@ impl Default for MarkerConfig {
             every_rounds: 8,
             position: MarkerPosition::End,
             idle: Some(Duration::from_millis(20)),
+            max_interval: None,
         }
     }
 }

@@ -262,3 +262,27 @@ fn malformed_input_is_counted() {
     assert_eq!(r.stats().malformed, 5);
     assert_eq!(r.stats().delivered_packets, 0);
 }
+
+#[test]
+fn max_interval_bounds_the_wait_for_the_next_trigger() {
+    let mut cfg = StripeConfig::srr(vec![1500, 1500], 1500);
+    cfg.mode = Mode::Trr;
+    cfg.trigger_every = 1000;
+    cfg.markers.idle = None;
+    cfg.markers.max_interval = Some(Duration::from_millis(2));
+    let mut s = Striper::new(cfg).unwrap();
+    assert_eq!(s.poll_timeout(), None);
+    s.handle_packet(Instant::from_micros(100), data(500))
+        .unwrap();
+    s.handle_packet(Instant::from_micros(900), data(500))
+        .unwrap();
+    while s.poll_transmit().is_some() {}
+    // Measured from the first packet not yet covered by a trigger.
+    assert_eq!(s.poll_timeout(), Some(Instant::from_micros(2100)));
+    s.handle_timeout(Instant::from_micros(2100));
+    let kinds: Vec<_> = std::iter::from_fn(|| s.poll_transmit())
+        .map(|t| t.kind)
+        .collect();
+    assert_eq!(kinds, vec![TransmitKind::Trigger, TransmitKind::Trigger]);
+    assert_eq!(s.poll_timeout(), None, "nothing sent since");
+}

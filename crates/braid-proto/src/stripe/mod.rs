@@ -109,6 +109,8 @@ pub struct Striper {
     last_marker_round: Option<u64>,
     last_data: Option<Instant>,
     idle_flushed: bool,
+    /// When the first data packet since the last markers (or triggers) was sent.
+    unmarked_since: Option<Instant>,
     epoch: u32,
     stats: Stats,
 }
@@ -132,6 +134,7 @@ impl Striper {
             last_marker_round: None,
             last_data: None,
             idle_flushed: true,
+            unmarked_since: None,
             epoch: 0,
             stats: Stats::new(n),
             cfg,
@@ -261,6 +264,7 @@ impl Striper {
         });
         self.last_data = Some(now);
         self.idle_flushed = false;
+        self.unmarked_since.get_or_insert(now);
 
         if self.markers_on()
             && self.cfg.markers.every_rounds > 0
@@ -284,25 +288,42 @@ impl Striper {
         self.out.pop_front()
     }
 
-    /// When [`Striper::handle_timeout`] wants to be called (the idle marker).
-    pub fn poll_timeout(&self) -> Option<Instant> {
-        if self.idle_flushed {
-            return None;
-        }
-        let idle = self.cfg.markers.idle?;
-        if !(self.markers_on() || self.cfg.mode == Mode::Trr) {
-            return None;
-        }
-        self.last_data.map(|t| t + idle)
+    fn control_on(&self) -> bool {
+        self.markers_on() || self.cfg.mode == Mode::Trr
     }
 
-    /// Time passed: sends the idle markers (or triggers) when due.
+    fn idle_due(&self) -> Option<Instant> {
+        if self.idle_flushed || !self.control_on() {
+            return None;
+        }
+        Some(self.last_data? + self.cfg.markers.idle?)
+    }
+
+    fn interval_due(&self) -> Option<Instant> {
+        if !self.control_on() {
+            return None;
+        }
+        Some(self.unmarked_since? + self.cfg.markers.max_interval?)
+    }
+
+    /// When [`Striper::handle_timeout`] wants to be called (idle markers, and markers
+    /// due by `max_interval`).
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        match (self.idle_due(), self.interval_due()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Time passed: sends the markers (or triggers) that are due.
     pub fn handle_timeout(&mut self, now: Instant) {
-        if let Some(due) = self.poll_timeout() {
-            if now >= due {
-                self.idle_flushed = true;
-                self.flush();
-            }
+        let idle = self.idle_due().is_some_and(|t| now >= t);
+        let interval = self.interval_due().is_some_and(|t| now >= t);
+        if idle {
+            self.idle_flushed = true;
+        }
+        if idle || interval {
+            self.flush();
         }
     }
 
@@ -319,6 +340,7 @@ impl Striper {
         let Chooser::Causal(s) = &self.chooser else {
             return;
         };
+        self.unmarked_since = None;
         for c in 0..self.cfg.channels() {
             let repr = marker::Repr {
                 channel: c as u8,
@@ -343,6 +365,7 @@ impl Striper {
         let Chooser::Causal(s) = &self.chooser else {
             return;
         };
+        self.unmarked_since = None;
         let next = s.select() as u8;
         for c in 0..self.cfg.channels() {
             let repr = trigger::Repr {

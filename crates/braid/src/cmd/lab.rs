@@ -34,6 +34,32 @@ enum LabCommand {
     },
     /// Remove everything the lab created (also after a crash).
     Down,
+    /// In one run on the same links: each link alone with TCP, all at once, TCP and UDP
+    /// through `braid tunnel` in each mode, and Linux MPTCP. Builds the lab and removes
+    /// it afterwards (needs root, iperf3 and mptcpize).
+    Bench {
+        /// Links, as for `lab up`.
+        #[arg(long, default_value = "100mbit/0ms,50mbit/0ms,20mbit/0ms")]
+        links: String,
+        /// Length of each TCP measurement, e.g. 10s.
+        #[arg(long, default_value = "10s")]
+        duration: String,
+        /// braid modes to measure, comma-separated.
+        #[arg(long, default_value = "logical,seq,trr")]
+        modes: String,
+        /// Skip the MPTCP measurement.
+        #[arg(long)]
+        no_mptcp: bool,
+        /// Print one JSON object instead of the table.
+        #[arg(long)]
+        json: bool,
+        /// Also draw a bar chart (.svg or .png).
+        #[arg(long)]
+        plot: Option<std::path::PathBuf>,
+        /// Seed of the emulator's loss process.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
     /// Show the links, addresses and emulator counters of the running lab.
     Status,
     /// Run the link emulator (started by `lab up` inside the router namespace).
@@ -68,6 +94,51 @@ pub fn run(a: Args) -> Result<()> {
                 println!("no lab was up");
             } else {
                 println!("removed {}", removed.join(" "));
+            }
+            Ok(())
+        }
+        LabCommand::Bench {
+            links,
+            duration,
+            modes,
+            no_mptcp,
+            json,
+            plot,
+            seed,
+        } => {
+            let specs = LinkSpec::parse_list(&links).context("--links")?;
+            let duration = braid_lab::spec::parse_duration(&duration)
+                .filter(|d| d.as_secs() >= 1)
+                .with_context(|| format!("--duration '{duration}': expected e.g. 10s (at least 1s)"))?;
+            let modes: Vec<String> = modes.split(',').map(|m| m.trim().to_string()).collect();
+            for m in &modes {
+                if !["logical", "seq", "trr", "none"].contains(&m.as_str()) {
+                    bail!("--modes: unknown mode '{m}' (logical, seq, trr, none)");
+                }
+            }
+            if let Some(p) = &plot {
+                if braid_sim::plot::Format::from_path(p).is_none() {
+                    bail!("--plot {}: must end in .svg or .png", p.display());
+                }
+            }
+            let opt = braid_lab::bench::BenchOptions {
+                links: specs,
+                duration,
+                modes,
+                mptcp: !no_mptcp,
+                exe: std::env::current_exe().context("locating the braid binary")?,
+                seed,
+            };
+            let r = braid_lab::bench::run(&opt, |line| eprintln!("{line}"))?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&r.to_json())?);
+            } else {
+                print!("{}", r.table());
+            }
+            if let Some(p) = plot {
+                braid_lab::chart::draw(&r, &format!("braid lab bench: {links}"), &p)
+                    .map_err(|e| anyhow::anyhow!("plot: {e}"))?;
+                eprintln!("wrote {}", p.display());
             }
             Ok(())
         }

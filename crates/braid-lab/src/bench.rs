@@ -1,0 +1,605 @@
+//! `braid lab bench`: on the same emulated links, in one run, measure
+//!
+//! 1. each link alone with TCP (iperf3, cubic): their sum is the bound;
+//! 2. all links at once, one TCP flow each: the practical ceiling;
+//! 3. TCP through `braid tunnel` in each mode;
+//! 4. UDP through the tunnel with `braid bench udp-send/udp-sink`: loss and out-of-order
+//!    at the tunnel output;
+//! 5. Linux MPTCP with one subflow per link (in-kernel path manager, `mptcpize`).
+//!
+//! The lab is built before and removed after, also when a step fails.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::spec::LinkSpec;
+use crate::topo::{self, client_addr, server_addr, LabError, NS_CLIENT, NS_SERVER};
+
+/// What to measure.
+#[derive(Clone, Debug)]
+pub struct BenchOptions {
+    /// The links.
+    pub links: Vec<LinkSpec>,
+    /// Length of each TCP measurement.
+    pub duration: Duration,
+    /// braid modes to measure (`logical`, `seq`, `trr`).
+    pub modes: Vec<String>,
+    /// Measure MPTCP too.
+    pub mptcp: bool,
+    /// The `braid` binary.
+    pub exe: PathBuf,
+    /// Emulator seed.
+    pub seed: u64,
+}
+
+/// One link alone.
+#[derive(Clone, Debug)]
+pub struct LinkResult {
+    /// Its specification.
+    pub spec: String,
+    /// TCP goodput alone, bit/s.
+    pub tcp_bps: f64,
+}
+
+/// braid in one mode.
+#[derive(Clone, Debug, Default)]
+pub struct ModeResult {
+    /// TCP goodput through the tunnel, bit/s.
+    pub tcp_bps: f64,
+    /// UDP packets delivered out of order at the tunnel output.
+    pub udp_out_of_order: u64,
+    /// UDP loss ratio at the tunnel output.
+    pub udp_loss: f64,
+    /// UDP goodput, bit/s, and the offered rate.
+    pub udp_goodput_bps: f64,
+    /// Offered UDP rate, bit/s.
+    pub udp_offered_bps: f64,
+    /// The receiving tunnel's counters after the run (its `braid status --json`).
+    pub tunnel_status: Value,
+}
+
+/// A whole run.
+#[derive(Clone, Debug)]
+pub struct BenchResult {
+    /// Each link alone.
+    pub links: Vec<LinkResult>,
+    /// Sum of the single-link goodputs.
+    pub sum_bps: f64,
+    /// All links at once, one TCP flow each.
+    pub ceiling_bps: f64,
+    /// braid per mode.
+    pub braid: BTreeMap<String, ModeResult>,
+    /// MPTCP, if measured.
+    pub mptcp_bps: Option<f64>,
+    /// Per-link emulator counters at the end.
+    pub emulator: Vec<Value>,
+}
+
+impl BenchResult {
+    /// The JSON object of the issue, with extra keys.
+    pub fn to_json(&self) -> Value {
+        let braid: serde_json::Map<String, Value> = self
+            .braid
+            .iter()
+            .map(|(m, r)| {
+                (
+                    m.clone(),
+                    json!({
+                        "tcp_bps": r.tcp_bps,
+                        "udp_out_of_order": r.udp_out_of_order,
+                        "udp_loss": r.udp_loss,
+                        "udp_goodput_bps": r.udp_goodput_bps,
+                        "udp_offered_bps": r.udp_offered_bps,
+                        "tcp_ratio_to_sum": r.tcp_bps / self.sum_bps.max(1.0),
+                        "tunnel_status": r.tunnel_status,
+                    }),
+                )
+            })
+            .collect();
+        json!({
+            "links": self.links.iter().map(|l| json!({"spec": l.spec, "tcp_bps": l.tcp_bps})).collect::<Vec<_>>(),
+            "sum_bps": self.sum_bps,
+            "ceiling_bps": self.ceiling_bps,
+            "braid": braid,
+            "mptcp_bps": self.mptcp_bps,
+            "emulator": self.emulator,
+        })
+    }
+
+    /// A readable table.
+    pub fn table(&self) -> String {
+        let mut s = String::new();
+        let mbps = |b: f64| format!("{:8.1}", b / 1e6);
+        s += "what                                Mbit/s   of sum\n";
+        for (i, l) in self.links.iter().enumerate() {
+            s += &format!(
+                "link {i} alone ({:<20})   {} {:7.1}%\n",
+                l.spec,
+                mbps(l.tcp_bps),
+                100.0 * l.tcp_bps / self.sum_bps.max(1.0)
+            );
+        }
+        s += &format!(
+            "sum of links (the bound)           {}  100.0%\n",
+            mbps(self.sum_bps)
+        );
+        s += &format!(
+            "all links at once (ceiling)        {} {:7.1}%\n",
+            mbps(self.ceiling_bps),
+            100.0 * self.ceiling_bps / self.sum_bps.max(1.0)
+        );
+        for (m, r) in &self.braid {
+            s += &format!(
+                "braid {m:<8} TCP                   {} {:7.1}%   UDP loss {:.4}, out of order {}\n",
+                mbps(r.tcp_bps),
+                100.0 * r.tcp_bps / self.sum_bps.max(1.0),
+                r.udp_loss,
+                r.udp_out_of_order
+            );
+        }
+        if let Some(m) = self.mptcp_bps {
+            s += &format!(
+                "MPTCP, one subflow per link        {} {:7.1}%\n",
+                mbps(m),
+                100.0 * m / self.sum_bps.max(1.0)
+            );
+        }
+        s
+    }
+}
+
+fn ns_cmd(ns: &str, args: &[&str]) -> Command {
+    let mut c = Command::new("ip");
+    c.args(["netns", "exec", ns]).args(args);
+    c
+}
+
+fn output(mut c: Command, what: &str) -> Result<String, LabError> {
+    let out = c
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| LabError::Command {
+            cmd: what.into(),
+            reason: e.to_string(),
+        })?;
+    if !out.status.success() {
+        return Err(LabError::Command {
+            cmd: what.into(),
+            reason: format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stderr).trim(),
+                String::from_utf8_lossy(&out.stdout).trim()
+            ),
+        });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn iperf_bps(json_text: &str, what: &str) -> Result<f64, LabError> {
+    let v: Value = serde_json::from_str(json_text).map_err(|e| LabError::Command {
+        cmd: what.into(),
+        reason: format!("iperf3 output is not JSON: {e}"),
+    })?;
+    v["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .ok_or_else(|| LabError::Command {
+            cmd: what.into(),
+            reason: format!("no goodput in iperf3 output: {}", v["error"]),
+        })
+}
+
+fn tcp_client(
+    ns: &str,
+    prefix: &[&str],
+    dst: &str,
+    bind: Option<&str>,
+    port: u16,
+    secs: u64,
+) -> Command {
+    let mut args: Vec<String> = prefix.iter().map(|s| s.to_string()).collect();
+    args.extend(["iperf3", "-J", "-C", "cubic", "-c", dst, "-p"].map(String::from));
+    args.push(port.to_string());
+    args.push("-t".into());
+    args.push(secs.to_string());
+    if let Some(b) = bind {
+        args.push("-B".into());
+        args.push(b.into());
+    }
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    ns_cmd(ns, &refs)
+}
+
+fn start_server(ns: &str, prefix: &[&str], port: u16) -> Result<(), LabError> {
+    let mut args: Vec<&str> = prefix.to_vec();
+    let p = port.to_string();
+    args.extend(["iperf3", "-s", "-D", "-p", &p]);
+    output(ns_cmd(ns, &args), "iperf3 -s")?;
+    std::thread::sleep(Duration::from_millis(200));
+    Ok(())
+}
+
+/// Run the whole bench. `progress` receives one line per step.
+pub fn run(opt: &BenchOptions, mut progress: impl FnMut(&str)) -> Result<BenchResult, LabError> {
+    for t in ["iperf3"].iter().chain(if opt.mptcp {
+        ["mptcpize"].iter()
+    } else {
+        [].iter()
+    }) {
+        let found = Command::new("sh")
+            .args(["-c", &format!("command -v {t}")])
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false);
+        if !found {
+            return Err(LabError::Command {
+                cmd: t.to_string(),
+                reason: format!("{t} is not installed (Debian: apt-get install {t})"),
+            });
+        }
+    }
+    let _ = topo::down();
+    topo::up(&opt.links, &opt.exe, opt.seed)?;
+    let result = measure(opt, &mut progress);
+    let _ = topo::down();
+    result
+}
+
+fn measure(opt: &BenchOptions, progress: &mut impl FnMut(&str)) -> Result<BenchResult, LabError> {
+    let n = opt.links.len();
+    let secs = opt.duration.as_secs().max(1);
+    let steps = n + 1 + opt.modes.len() + usize::from(opt.mptcp);
+    let mut step = 0;
+    let mut say = |what: String, progress: &mut dyn FnMut(&str)| {
+        step += 1;
+        progress(&format!("[{step}/{steps}] {what}"));
+    };
+    start_server(NS_SERVER, &[], 5201)?;
+    for i in 0..n {
+        start_server(NS_SERVER, &[], 5210 + i as u16)?;
+    }
+
+    let mut links = Vec::new();
+    for (i, l) in opt.links.iter().enumerate() {
+        say(format!("TCP over link {i} alone ({l})"), progress);
+        let c = tcp_client(
+            NS_CLIENT,
+            &[],
+            &server_addr(i),
+            Some(&client_addr(i)),
+            5201,
+            secs,
+        );
+        let bps = iperf_bps(&output(c, "iperf3 single link")?, "iperf3 single link")?;
+        links.push(LinkResult {
+            spec: l.text.clone(),
+            tcp_bps: bps,
+        });
+    }
+    let sum_bps: f64 = links.iter().map(|l| l.tcp_bps).sum();
+
+    say("TCP over every link at once (ceiling)".into(), progress);
+    let children: Vec<Child> = (0..n)
+        .map(|i| {
+            tcp_client(
+                NS_CLIENT,
+                &[],
+                &server_addr(i),
+                Some(&client_addr(i)),
+                5210 + i as u16,
+                secs,
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| LabError::Command {
+                cmd: "iperf3".into(),
+                reason: e.to_string(),
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    let mut ceiling_bps = 0.0;
+    for c in children {
+        let out = c.wait_with_output().map_err(|e| LabError::Command {
+            cmd: "iperf3".into(),
+            reason: e.to_string(),
+        })?;
+        ceiling_bps += iperf_bps(&String::from_utf8_lossy(&out.stdout), "iperf3 ceiling")?;
+    }
+
+    let mut braid = BTreeMap::new();
+    for mode in &opt.modes {
+        say(format!("braid tunnel, mode {mode}: TCP then UDP"), progress);
+        braid.insert(mode.clone(), tunnel_run(opt, mode, secs, sum_bps)?);
+    }
+
+    let mptcp_bps = if opt.mptcp {
+        say("MPTCP, one subflow per link".into(), progress);
+        Some(mptcp_run(n, secs)?)
+    } else {
+        None
+    };
+    let dir = topo::state_dir();
+    let emulator = (0..n)
+        .map(|i| {
+            fs::read_to_string(dir.join(format!("emu-{i}.json")))
+                .ok()
+                .and_then(|t| serde_json::from_str(&t).ok())
+                .unwrap_or(Value::Null)
+        })
+        .collect();
+    Ok(BenchResult {
+        links,
+        sum_bps,
+        ceiling_bps,
+        braid,
+        mptcp_bps,
+        emulator,
+    })
+}
+
+/// A tunnel config for one end.
+fn tunnel_config(opt: &BenchOptions, mode: &str, end_a: bool) -> String {
+    let (addr, sock) = if end_a {
+        ("10.99.0.1/24", "a")
+    } else {
+        ("10.99.0.2/24", "b")
+    };
+    let mut s = format!(
+        "[tunnel]\nname = \"brl-tun\"\naddress = \"{addr}\"\ncontrol = \"{}/tun-{sock}.sock\"\nlog_interval = \"0s\"\n\n\
+         [session]\nmode = \"{mode}\"\nscheduler = \"srr\"\nkey = \"braid lab bench key\"\n\n",
+        topo::state_dir().display()
+    );
+    for (i, l) in opt.links.iter().enumerate() {
+        let (local, remote) = if end_a {
+            (client_addr(i), server_addr(i))
+        } else {
+            (server_addr(i), client_addr(i))
+        };
+        let port = 7100 + i;
+        let weight = (l.rate_bps / 1_000_000).max(1);
+        s += &format!(
+            "[[channel]]\nname = \"link{i}\"\nlocal = \"{local}:{port}\"\nremote = \"{remote}:{port}\"\nweight = {weight}\nmtu = 1500\n\n"
+        );
+    }
+    s
+}
+
+struct Tunnel(Child);
+
+impl Drop for Tunnel {
+    fn drop(&mut self) {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start_tunnel(opt: &BenchOptions, ns: &str, cfg: &Path, log: &Path) -> Result<Tunnel, LabError> {
+    let logf = fs::File::create(log).map_err(|err| LabError::Io {
+        path: log.display().to_string(),
+        err,
+    })?;
+    let logf2 = logf.try_clone().map_err(|err| LabError::Io {
+        path: log.display().to_string(),
+        err,
+    })?;
+    let child = Command::new("ip")
+        .args(["netns", "exec", ns])
+        .arg(&opt.exe)
+        .arg("tunnel")
+        .arg("--config")
+        .arg(cfg)
+        .stdin(Stdio::null())
+        .stdout(logf)
+        .stderr(logf2)
+        .spawn()
+        .map_err(|e| LabError::Command {
+            cmd: "braid tunnel".into(),
+            reason: e.to_string(),
+        })?;
+    Ok(Tunnel(child))
+}
+
+fn tunnel_run(
+    opt: &BenchOptions,
+    mode: &str,
+    secs: u64,
+    sum_bps: f64,
+) -> Result<ModeResult, LabError> {
+    let dir = topo::state_dir();
+    let mut tunnels = Vec::new();
+    for (end_a, ns) in [(true, NS_CLIENT), (false, NS_SERVER)] {
+        let tag = if end_a { "a" } else { "b" };
+        let cfg = dir.join(format!("tunnel-{tag}-{mode}.toml"));
+        fs::write(&cfg, tunnel_config(opt, mode, end_a)).map_err(|err| LabError::Io {
+            path: cfg.display().to_string(),
+            err,
+        })?;
+        let log = dir.join(format!("tunnel-{tag}-{mode}.log"));
+        tunnels.push(start_tunnel(opt, ns, &cfg, &log)?);
+    }
+    // Wait until the tunnel carries traffic.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let ok = ns_cmd(
+            NS_CLIENT,
+            &["ping", "-q", "-c", "1", "-W", "1", "10.99.0.2"],
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+        if ok {
+            break;
+        }
+        if Instant::now() > deadline {
+            let log_a =
+                fs::read_to_string(dir.join(format!("tunnel-a-{mode}.log"))).unwrap_or_default();
+            let log_b =
+                fs::read_to_string(dir.join(format!("tunnel-b-{mode}.log"))).unwrap_or_default();
+            return Err(LabError::Command {
+                cmd: format!("braid tunnel ({mode})"),
+                reason: format!(
+                    "no ping through the tunnel within 15 s; end A log: {}; end B log: {}",
+                    log_a.trim(),
+                    log_b.trim()
+                ),
+            });
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let c = tcp_client(NS_CLIENT, &[], "10.99.0.2", None, 5201, secs);
+    let tcp_bps = iperf_bps(
+        &output(c, "iperf3 through the tunnel")?,
+        "iperf3 through the tunnel",
+    )?;
+
+    // UDP at 70 % of the sum of the links: below every bottleneck, so any loss or
+    // misordering seen is the tunnel's (or the emulated links' own loss).
+    let rate = format!("{}", (0.7 * sum_bps) as u64);
+    let sink = ns_cmd(
+        NS_SERVER,
+        &[
+            opt.exe.to_str().unwrap_or("braid"),
+            "bench",
+            "udp-sink",
+            "--bind",
+            "10.99.0.2:6000",
+            "--idle",
+            "2s",
+            "--json",
+        ],
+    )
+    .stdin(Stdio::null())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .map_err(|e| LabError::Command {
+        cmd: "braid bench udp-sink".into(),
+        reason: e.to_string(),
+    })?;
+    std::thread::sleep(Duration::from_millis(300));
+    let send = ns_cmd(
+        NS_CLIENT,
+        &[
+            opt.exe.to_str().unwrap_or("braid"),
+            "bench",
+            "udp-send",
+            "--to",
+            "10.99.0.2:6000",
+            "--bind",
+            "10.99.0.1:0",
+            "--size",
+            "1200",
+            "--rate",
+            &rate,
+            "--duration",
+            "5s",
+            "--json",
+        ],
+    );
+    let sent: Value =
+        serde_json::from_str(&output(send, "braid bench udp-send")?).unwrap_or(Value::Null);
+    let out = sink.wait_with_output().map_err(|e| LabError::Command {
+        cmd: "braid bench udp-sink".into(),
+        reason: e.to_string(),
+    })?;
+    let got: Value = serde_json::from_slice(&out.stdout).map_err(|e| LabError::Command {
+        cmd: "braid bench udp-sink".into(),
+        reason: format!("{e}: {}", String::from_utf8_lossy(&out.stderr)),
+    })?;
+    let status_sock = dir.join("tun-b.sock");
+    let status = ns_cmd(
+        NS_SERVER,
+        &[
+            opt.exe.to_str().unwrap_or("braid"),
+            "status",
+            "--control",
+            status_sock.to_str().unwrap_or_default(),
+            "--json",
+        ],
+    );
+    let tunnel_status = output(status, "braid status")
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or(Value::Null);
+    drop(tunnels);
+    Ok(ModeResult {
+        tcp_bps,
+        udp_out_of_order: got["out_of_order"].as_u64().unwrap_or(0),
+        udp_loss: got["loss_ratio"].as_f64().unwrap_or(0.0),
+        udp_goodput_bps: got["goodput_bps"].as_f64().unwrap_or(0.0),
+        udp_offered_bps: sent["offered_bps"].as_f64().unwrap_or(0.0),
+        tunnel_status,
+    })
+}
+
+fn mptcp_run(n: usize, secs: u64) -> Result<f64, LabError> {
+    let nn = n.to_string();
+    for ns in [NS_CLIENT, NS_SERVER] {
+        output(
+            ns_cmd(ns, &["sysctl", "-qw", "net.mptcp.enabled=1"]),
+            "sysctl net.mptcp.enabled",
+        )?;
+        output(
+            ns_cmd(
+                ns,
+                &[
+                    "ip",
+                    "mptcp",
+                    "limits",
+                    "set",
+                    "subflows",
+                    &nn,
+                    "add_addr_accepted",
+                    &nn,
+                ],
+            ),
+            "ip mptcp limits",
+        )?;
+    }
+    for i in 1..n {
+        let dev = format!("l{i}");
+        output(
+            ns_cmd(
+                NS_CLIENT,
+                &[
+                    "ip",
+                    "mptcp",
+                    "endpoint",
+                    "add",
+                    &client_addr(i),
+                    "dev",
+                    &dev,
+                    "subflow",
+                ],
+            ),
+            "ip mptcp endpoint",
+        )?;
+    }
+    start_server(NS_SERVER, &["mptcpize", "run"], 5202)?;
+    let c = tcp_client(
+        NS_CLIENT,
+        &["mptcpize", "run"],
+        &server_addr(0),
+        Some(&client_addr(0)),
+        5202,
+        secs,
+    );
+    iperf_bps(&output(c, "MPTCP iperf3")?, "MPTCP iperf3")
+}
