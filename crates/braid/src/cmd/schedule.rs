@@ -44,7 +44,7 @@ fn parse_list(what: &str, s: &str) -> Result<Vec<u32>> {
 pub fn run(a: Args) -> Result<()> {
     let weights = parse_list("weights", &a.weights)?;
     let sizes = parse_list("sizes", &a.sizes)?;
-    if sizes.iter().any(|&s| s == 0) {
+    if sizes.contains(&0) {
         bail!("--sizes: packet sizes must be at least 1 byte");
     }
     let policy = match a.scheduler.as_str() {
