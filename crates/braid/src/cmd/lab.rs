@@ -109,7 +109,9 @@ pub fn run(a: Args) -> Result<()> {
             let specs = LinkSpec::parse_list(&links).context("--links")?;
             let duration = braid_lab::spec::parse_duration(&duration)
                 .filter(|d| d.as_secs() >= 1)
-                .with_context(|| format!("--duration '{duration}': expected e.g. 10s (at least 1s)"))?;
+                .with_context(|| {
+                    format!("--duration '{duration}': expected e.g. 10s (at least 1s)")
+                })?;
             let modes: Vec<String> = modes.split(',').map(|m| m.trim().to_string()).collect();
             for m in &modes {
                 if !["logical", "seq", "trr", "none"].contains(&m.as_str()) {

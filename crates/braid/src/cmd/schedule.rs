@@ -54,7 +54,9 @@ pub fn run(a: Args) -> Result<()> {
         "random" => Policy::Causal(SchedulerKind::Random { seed: a.seed }),
         "sqf" => Policy::Baseline(BaselineKind::ShortestQueue),
         "hash" => Policy::Baseline(BaselineKind::Hash),
-        other => bail!("--scheduler: unknown scheduler '{other}' (srr, rr, grr, random, sqf, hash)"),
+        other => {
+            bail!("--scheduler: unknown scheduler '{other}' (srr, rr, grr, random, sqf, hash)")
+        }
     };
     let mut cfg = StripeConfig::srr(weights, a.max_packet);
     cfg.policy = policy;
@@ -67,9 +69,17 @@ pub fn run(a: Args) -> Result<()> {
     let n = cfg.channels();
     let mut s = Striper::new(cfg).context("invalid configuration")?;
     let mut bytes = vec![0u64; n];
-    println!("{:>6} {:>6} {:>8} {:>8} {:>8}", "packet", "size", "channel", "round", "dc");
+    println!(
+        "{:>6} {:>6} {:>8} {:>8} {:>8}",
+        "packet", "size", "channel", "round", "dc"
+    );
     let now = braid_proto::Instant::ZERO;
-    for (i, &size) in sizes.iter().cycle().take(sizes.len() * a.repeat).enumerate() {
+    for (i, &size) in sizes
+        .iter()
+        .cycle()
+        .take(sizes.len() * a.repeat)
+        .enumerate()
+    {
         let pos = s.scheduler().map(|sch| sch.position(sch.select()));
         let mut p = vec![0u8; size as usize];
         p[0] = 0x45;
@@ -80,8 +90,14 @@ pub fn run(a: Args) -> Result<()> {
             }
             bytes[t.channel] += t.len() as u64;
             match pos {
-                Some(p) => println!("{:>6} {:>6} {:>8} {:>8} {:>8}", i, size, t.channel, p.round, p.dc),
-                None => println!("{:>6} {:>6} {:>8} {:>8} {:>8}", i, size, t.channel, "-", "-"),
+                Some(p) => println!(
+                    "{:>6} {:>6} {:>8} {:>8} {:>8}",
+                    i, size, t.channel, p.round, p.dc
+                ),
+                None => println!(
+                    "{:>6} {:>6} {:>8} {:>8} {:>8}",
+                    i, size, t.channel, "-", "-"
+                ),
             }
         }
     }
