@@ -51,7 +51,12 @@ impl Relay {
         let mut threads = Vec::new();
         for _ in 0..n {
             let mk = || -> std::io::Result<Half> {
-                let sock = UdpSocket::bind("127.0.0.1:0")?;
+                let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, None)?;
+                // Large buffers: the relay thread must not be the bottleneck in tests.
+                let _ = s.set_recv_buffer_size(8 << 20);
+                let _ = s.set_send_buffer_size(8 << 20);
+                s.bind(&"127.0.0.1:0".parse::<SocketAddr>().expect("addr").into())?;
+                let sock: UdpSocket = s.into();
                 sock.set_read_timeout(Some(Duration::from_millis(20)))?;
                 Ok(Half {
                     sock,

@@ -52,7 +52,7 @@ fn id(b: &Bytes) -> u64 {
 
 /// Send `count` messages paced in bursts; collect what arrives.
 async fn stream(a: &Session, b: &mut Session, from: u64, count: u64) -> Vec<u64> {
-    stream_paced(a, b, from, count, 200).await
+    stream_paced(a, b, from, count, 50).await
 }
 
 /// Like `stream`, with a 2 ms pause every `burst` messages.
@@ -252,4 +252,36 @@ async fn silent_peer_is_reported() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("never answered") && e.contains("->"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prometheus_endpoint_serves_live_counters() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (_relay, a, mut b) = pair(2, Mode::Logical).await;
+    let got = stream(&a, &mut b, 0, 1_000).await;
+    assert_eq!(got.len(), 1_000);
+    let (addr, _task) =
+        braid_io::observe::serve_metrics("127.0.0.1:0".parse().unwrap(), b.stats_handle())
+            .await
+            .unwrap();
+    let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+    conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut body = String::new();
+    conn.read_to_string(&mut body).await.unwrap();
+    assert!(body.starts_with("HTTP/1.1 200 OK"), "{body}");
+    assert!(
+        body.contains("braid_delivered_packets_total 1000"),
+        "{body}"
+    );
+    assert!(
+        body.contains("braid_channel_up{channel=\"1\",name=\"c1\"} 1"),
+        "{body}"
+    );
+    let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+    conn.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+    let mut body = String::new();
+    conn.read_to_string(&mut body).await.unwrap();
+    assert!(body.starts_with("HTTP/1.1 404"), "{body}");
 }
