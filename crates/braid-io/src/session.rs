@@ -6,7 +6,7 @@
 //! authenticated epoch-end message on every channel (after its last data packet there),
 //! holds new data until the receiver acknowledges, then stripes over the new set with a
 //! fresh striper. The receiver finishes the old resequencer (final markers for the old
-//! channels, then its own timeouts run forward) before it starts the new one, so
+//! channels, then `Resequencer::drain`) before it starts the new one, so
 //! nothing is delivered twice and nothing from the old epoch is mixed into the new one.
 //! See `docs/tunnel.md` for the full design.
 
@@ -1134,6 +1134,7 @@ impl Core {
         }
         let members = members_of(a.set & self.all);
         self.tx.striper = Striper::new(self.cfg.stripe_config(&members)).expect("validated");
+        self.tx.striper.set_epoch(sw.new_epoch);
         self.tx.epoch = sw.new_epoch;
         self.tx.set = a.set;
         self.tx.members = members;
@@ -1225,7 +1226,7 @@ impl Core {
         }
         let m = marker::Repr {
             channel: k as u8,
-            epoch: 0,
+            epoch: self.rx.epoch,
             position: Position { round, dc },
             seq: p.seq,
             credits: None,
@@ -1244,15 +1245,9 @@ impl Core {
         for c in members_of(self.rx.set) {
             self.inject_final(c, now);
         }
-        // Run the old resequencer's timeouts forward until it has given up on
-        // whatever the dead channels took with them.
-        for _ in 0..1_000_000 {
-            self.drain_deliver();
-            match self.rx.reseq.poll_timeout() {
-                Some(t) => self.rx.reseq.handle_timeout(t.max(now)),
-                None => break,
-            }
-        }
+        // Nothing more arrives for the old epoch: deliver what it can, in order, and
+        // give up on whatever the dead channels took with them.
+        self.rx.reseq.drain(now);
         self.drain_deliver();
         self.rx.switch_lost += self.rx.reseq.buffered() as u64;
         self.account_rx();

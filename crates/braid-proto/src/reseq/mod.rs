@@ -315,6 +315,50 @@ impl Resequencer {
         }
     }
 
+    /// No more datagrams will arrive (the channel set is being replaced, or the session
+    /// ends): deliver everything still deliverable, in order, and count the rest as
+    /// lost. Afterwards the buffers are empty. In `trr` mode, packets of segments that no
+    /// trigger verified are dropped (their order cannot be known).
+    pub fn drain(&mut self, now: Instant) {
+        match &mut self.engine {
+            Engine::None { .. } => {}
+            Engine::Logical(b) => loop {
+                run_logical(b, self.limit, now, &mut self.out, &mut self.stats);
+                if b.bufs.iter().all(|q| q.is_empty()) {
+                    break;
+                }
+                if let Some((c, _)) = b.blocked.take() {
+                    b.follow.give_up(c);
+                }
+            },
+            Engine::Seq { b, expected, floor } => loop {
+                run_seq(
+                    b,
+                    expected,
+                    floor,
+                    self.limit,
+                    now,
+                    &mut self.out,
+                    &mut self.stats,
+                );
+                if b.bufs.iter().all(|q| q.is_empty()) {
+                    break;
+                }
+                b.blocked = None;
+                let before = *expected;
+                skip_to_lowest_buffered(b, expected, &mut self.stats);
+                if *expected == before {
+                    // Only markers left: nothing more to deliver.
+                    b.bufs.iter_mut().for_each(|q| q.clear());
+                }
+            },
+            Engine::Trr(t) => t.drain(&mut self.out, &mut self.stats),
+        }
+        if let Engine::Logical(b) | Engine::Seq { b, .. } = &mut self.engine {
+            b.blocked = None;
+        }
+    }
+
     /// Time passed: gives up on packets awaited longer than `max_wait`.
     pub fn handle_timeout(&mut self, now: Instant) {
         let Some(due) = self.poll_timeout() else {

@@ -212,6 +212,18 @@ impl Trr {
         Some(since.max(quiet) + max_wait)
     }
 
+    /// Nothing more arrives: release every verified packet, drop unverified ones.
+    pub(crate) fn drain(&mut self, out: &mut VecDeque<Bytes>, stats: &mut Stats) {
+        for ch in &mut self.chans {
+            stats.lost += ch.tentative.len() as u64;
+            ch.tentative.clear();
+            ch.synced = false;
+            ch.frontier = None;
+        }
+        self.release(out, stats);
+        self.stalled_since = None;
+    }
+
     /// Stop waiting for the channel whose last trigger holds delivery back, until its
     /// next trigger. Returns the channel, or `None` if none is left to leave out.
     fn leave_out_slowest(&mut self, stats: &mut Stats) -> Option<usize> {

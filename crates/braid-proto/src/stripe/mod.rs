@@ -164,6 +164,16 @@ impl Striper {
         }
     }
 
+    /// Set the channel-set epoch carried by markers and triggers from now on.
+    pub fn set_epoch(&mut self, epoch: u32) {
+        self.epoch = epoch;
+    }
+
+    /// The epoch carried by markers and triggers.
+    pub fn epoch(&self) -> u32 {
+        self.epoch
+    }
+
     /// The causal scheduler's state, if the policy is causal.
     pub fn scheduler(&self) -> Option<&Sched> {
         match &self.chooser {

@@ -1,8 +1,8 @@
 //! One module per subcommand.
 
-pub mod schedule;
-pub mod sim;
 pub mod bench;
 pub mod lab;
+pub mod schedule;
+pub mod sim;
 pub mod status;
 pub mod tunnel;
