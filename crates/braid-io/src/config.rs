@@ -91,9 +91,15 @@ impl SessionConfig {
             mode: Mode::Logical,
             scheduler: SchedulerKind::Srr,
             key: key.into(),
-            markers: MarkerConfig::default(),
+            markers: MarkerConfig {
+                max_interval: Some(braid_proto::Duration::from_millis(5)),
+                ..MarkerConfig::default()
+            },
             trigger_every: 128,
-            receiver: ReceiverConfig::default(),
+            receiver: ReceiverConfig {
+                equalize: true,
+                ..ReceiverConfig::default()
+            },
             heartbeat: Duration::from_millis(50),
             dead_after: Duration::from_millis(300),
             rejoin_after: Duration::from_millis(150),
@@ -292,6 +298,8 @@ struct RawSession {
     marker_every_rounds: Option<u32>,
     marker_position: Option<String>,
     marker_idle: Option<String>,
+    marker_interval: Option<String>,
+    equalize: Option<bool>,
     trigger_every: Option<u32>,
     max_wait: Option<String>,
     buffer_packets: Option<usize>,
@@ -522,6 +530,17 @@ impl FileConfig {
             } else {
                 Some(braid_proto::Duration::from_micros(d.as_micros() as u64))
             };
+        }
+        if let Some(v) = &s.marker_interval {
+            let d = parse_duration(v).map_err(|r| err("session.marker_interval", r))?;
+            cfg.markers.max_interval = if d.is_zero() {
+                None
+            } else {
+                Some(braid_proto::Duration::from_micros(d.as_micros() as u64))
+            };
+        }
+        if let Some(e) = s.equalize {
+            cfg.receiver.equalize = e;
         }
         if let Some(t) = s.trigger_every {
             if t == 0 {

@@ -1229,6 +1229,7 @@ impl Core {
             epoch: self.rx.epoch,
             position: Position { round, dc },
             seq: p.seq,
+            batch: 0,
             credits: None,
             quantum_change: None,
         };

@@ -115,6 +115,13 @@ pub struct ReceiverConfig {
     /// How long the receiver waits for a missing packet (logical, seq) or a missing
     /// trigger (trr) while other channels hold data, before declaring it lost.
     pub max_wait: Duration,
+    /// Delay equalization: hold each channel's datagrams for the difference between
+    /// the slowest channel's one-way delay and its own (measured from the arrival
+    /// times of markers sent together), so every packet sees the same delay. Makes
+    /// TCP's round-trip time steady over channels of different delays; costs nothing
+    /// in a steady stream, where logical reception waits for the slowest channel
+    /// anyway. Off by default, as in the papers.
+    pub equalize: bool,
 }
 
 impl Default for ReceiverConfig {
@@ -122,6 +129,7 @@ impl Default for ReceiverConfig {
         ReceiverConfig {
             buffer_packets: 4096,
             max_wait: Duration::from_millis(200),
+            equalize: false,
         }
     }
 }

@@ -255,6 +255,7 @@ fn malformed_input_is_counted() {
         epoch: 0,
         position: sched::Position { round: 0, dc: 1500 },
         seq: 0,
+        batch: 0,
         credits: None,
         quantum_change: None,
     };
@@ -337,4 +338,36 @@ fn markers_carry_the_epoch() {
     let t = s.poll_transmit().unwrap();
     let m = wire::marker::Packet::new_checked(&t.payload[..]).unwrap();
     assert_eq!(m.epoch(), 7);
+}
+
+/// Delay equalization: over channels of 5, 20 and 60 ms, a sparse stream comes out with
+/// the same delay for every packet (the slowest channel's), not the channel's own.
+#[test]
+fn equalization_gives_every_packet_the_slowest_delay() {
+    let mut cfg = StripeConfig::srr(vec![1500, 1500, 1500], 1500);
+    cfg.markers.every_rounds = 1;
+    cfg.receiver.equalize = true;
+    let links: Vec<Link> = [5u64, 20, 60]
+        .iter()
+        .map(|&ms| Link {
+            delay: Duration::from_millis(ms),
+            ..Link::default()
+        })
+        .collect();
+    let mut h = Harness::new(cfg, links, 1).unwrap();
+    // One packet every 10 ms: without equalization those on channel 0 would take 5 ms.
+    for i in 0..300u64 {
+        h.send_at(Instant::from_micros(i * 10_000), payload(i, 1500));
+    }
+    h.drive();
+    let delays: Vec<u64> = h
+        .delivered
+        .iter()
+        .map(|(t, p)| t.as_micros() - payload_id(p) * 10_000)
+        .collect();
+    assert_eq!(delays.len(), 300);
+    // After the first marker batches have measured the skew:
+    for (i, d) in delays.iter().enumerate().skip(30) {
+        assert!((59_000..=61_000).contains(d), "packet {i}: delay {d} us");
+    }
 }

@@ -99,9 +99,11 @@ proptest! {
         quanta in prop::collection::vec(MAX..4 * MAX, 8),
         sizes in prop::collection::vec(20usize..=MAX as usize, 1..600),
         (_, pos) in position(),
+        equalize in any::<bool>(),
     ) {
         let n = spec.len();
         let mut cfg = config(kind, n, &quanta, Mode::Logical);
+        cfg.receiver.equalize = equalize;
         cfg.markers.position = match pos {
             MarkerPosition::Channel(c) => MarkerPosition::Channel(c % n),
             p => p,
@@ -170,9 +172,11 @@ proptest! {
         loss in 0.0f64..0.5,
         dup in 0.0f64..0.3,
         seed in any::<u64>(),
+        equalize in any::<bool>(),
     ) {
         let n = spec.len();
-        let cfg = config(kind, n, &quanta, Mode::Seq);
+        let mut cfg = config(kind, n, &quanta, Mode::Seq);
+        cfg.receiver.equalize = equalize;
         let mut l = make_links(&spec);
         for link in &mut l {
             link.loss = loss;
@@ -200,10 +204,12 @@ proptest! {
         dup in 0.0f64..0.1,
         every in 1u32..200,
         seed in any::<u64>(),
+        equalize in any::<bool>(),
     ) {
         let n = spec.len();
         let mut cfg = config(kind, n, &quanta, Mode::Trr);
         cfg.trigger_every = every;
+        cfg.receiver.equalize = equalize;
         let mut l = make_links(&spec);
         for link in &mut l {
             link.loss = loss;

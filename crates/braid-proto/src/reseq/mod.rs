@@ -17,6 +17,7 @@
 //! forces progress (the awaited packet is declared lost), and is dropped and counted if
 //! the buffer is still full.
 
+mod equalize;
 mod follow;
 mod trr;
 
@@ -51,6 +52,7 @@ pub struct Resequencer {
     engine: Engine,
     out: VecDeque<Bytes>,
     stats: Stats,
+    equalizer: Option<equalize::Equalizer>,
 }
 
 enum Engine {
@@ -136,6 +138,8 @@ impl Resequencer {
             engine,
             out: VecDeque::with_capacity(64),
             stats: Stats::new(n),
+            equalizer: (cfg.receiver.equalize && cfg.mode != Mode::None)
+                .then(|| equalize::Equalizer::new(n)),
         })
     }
 
@@ -157,16 +161,60 @@ impl Resequencer {
 
     /// Packets held in channel buffers (not yet deliverable).
     pub fn buffered(&self) -> usize {
-        match &self.engine {
+        let engine = match &self.engine {
             Engine::None { .. } => 0,
             Engine::Logical(b) | Engine::Seq { b, .. } => b.bufs.iter().map(|q| q.len()).sum(),
             Engine::Trr(t) => t.buffered(),
-        }
+        };
+        engine + self.equalizer.as_ref().map_or(0, |e| e.held())
+    }
+
+    /// With delay equalization on, how long each channel's datagrams are held now.
+    pub fn equalizer_holds(&self, now: Instant) -> Option<Vec<Duration>> {
+        self.equalizer.as_ref().map(|e| {
+            e.holds_us(now)
+                .into_iter()
+                .map(Duration::from_micros)
+                .collect()
+        })
     }
 
     /// A datagram arrived on `channel`. Anything that cannot be parsed is counted as
     /// malformed and dropped; this never panics.
     pub fn handle_datagram(&mut self, now: Instant, channel: usize, datagram: Bytes) {
+        let Some(eq) = &mut self.equalizer else {
+            return self.ingest(now, channel, datagram);
+        };
+        if channel >= self.stats.channels.len() {
+            self.stats.malformed += 1;
+            return;
+        }
+        let seq = match datagram.first() {
+            Some(&wire::TYPE_MARKER) => marker::Packet::new_checked(&datagram[..])
+                .ok()
+                .map(|p| p.batch()),
+            Some(&wire::TYPE_TRIGGER) => trigger::Packet::new_checked(&datagram[..])
+                .ok()
+                .map(|p| p.batch()),
+            _ => None,
+        };
+        if let Some(seq) = seq {
+            eq.on_marker(now, channel, seq);
+        }
+        let now_through = eq.push(now, channel, datagram, self.limit);
+        if let Some(d) = now_through {
+            self.ingest(now, channel, d);
+        }
+        self.release_held(now);
+    }
+
+    fn release_held(&mut self, now: Instant) {
+        while let Some((c, d)) = self.equalizer.as_mut().and_then(|e| e.pop_due(now)) {
+            self.ingest(now, c, d);
+        }
+    }
+
+    fn ingest(&mut self, now: Instant, channel: usize, datagram: Bytes) {
         let n = self.stats.channels.len();
         if channel >= n {
             self.stats.malformed += 1;
@@ -303,6 +351,14 @@ impl Resequencer {
 
     /// When [`Resequencer::handle_timeout`] wants to be called.
     pub fn poll_timeout(&self) -> Option<Instant> {
+        let held = self.equalizer.as_ref().and_then(|e| e.next_due());
+        match (self.engine_timeout(), held) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn engine_timeout(&self) -> Option<Instant> {
         match &self.engine {
             Engine::None { .. } => None,
             // Give up only on a channel that has been silent for max_wait while data
@@ -320,6 +376,11 @@ impl Resequencer {
     /// lost. Afterwards the buffers are empty. In `trr` mode, packets of segments that no
     /// trigger verified are dropped (their order cannot be known).
     pub fn drain(&mut self, now: Instant) {
+        if let Some(e) = &mut self.equalizer {
+            for (c, d) in e.take_all() {
+                self.ingest(now, c, d);
+            }
+        }
         match &mut self.engine {
             Engine::None { .. } => {}
             Engine::Logical(b) => loop {
@@ -359,9 +420,11 @@ impl Resequencer {
         }
     }
 
-    /// Time passed: gives up on packets awaited longer than `max_wait`.
+    /// Time passed: releases held datagrams that are due, and gives up on packets
+    /// awaited longer than `max_wait`.
     pub fn handle_timeout(&mut self, now: Instant) {
-        let Some(due) = self.poll_timeout() else {
+        self.release_held(now);
+        let Some(due) = self.engine_timeout() else {
             return;
         };
         if now < due {

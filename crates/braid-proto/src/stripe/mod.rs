@@ -112,6 +112,8 @@ pub struct Striper {
     /// When the first data packet since the last markers (or triggers) was sent.
     unmarked_since: Option<Instant>,
     epoch: u32,
+    /// Markers/triggers sent together carry the same batch number.
+    batch: u32,
     stats: Stats,
 }
 
@@ -136,6 +138,7 @@ impl Striper {
             idle_flushed: true,
             unmarked_since: None,
             epoch: 0,
+            batch: 0,
             stats: Stats::new(n),
             cfg,
         })
@@ -351,12 +354,14 @@ impl Striper {
             return;
         };
         self.unmarked_since = None;
+        self.batch = self.batch.wrapping_add(1);
         for c in 0..self.cfg.channels() {
             let repr = marker::Repr {
                 channel: c as u8,
                 epoch: self.epoch,
                 position: s.position(c),
                 seq: self.seq,
+                batch: self.batch,
                 credits: None,
                 quantum_change: None,
             };
@@ -376,6 +381,7 @@ impl Striper {
             return;
         };
         self.unmarked_since = None;
+        self.batch = self.batch.wrapping_add(1);
         let next = s.select() as u8;
         for c in 0..self.cfg.channels() {
             let repr = trigger::Repr {
@@ -386,6 +392,7 @@ impl Striper {
                 seq: self.seq,
                 channel_count: self.channel_count[c],
                 digest: self.digest[c],
+                batch: self.batch,
             };
             self.stats.channels[c].triggers_sent += 1;
             self.out.push_back(Transmit {

@@ -16,6 +16,9 @@
 //! |              seq (u64)            | 24..32   data packets sent before this marker
 //! |                                   |
 //! +--------+--------+--------+--------+
+//! |             batch (u32)           | 32..36   counts the sender's marker batches:
+//! +--------+--------+--------+--------+          the same on every channel for markers
+//!                                                 sent together
 //! |            credits (u32)          | only if flags & 0x01
 //! +--------+--------+--------+--------+
 //! |          new quantum (u32)        | only if flags & 0x02: the channel's quantum
@@ -38,7 +41,8 @@ mod field {
     pub const ROUND: usize = 8;
     pub const DC: usize = 16;
     pub const SEQ: usize = 24;
-    pub const FIXED_END: usize = 32;
+    pub const BATCH: usize = 32;
+    pub const FIXED_END: usize = 36;
 }
 
 /// Flag: a credits field follows.
@@ -126,6 +130,10 @@ impl<T: AsRef<[u8]>> Packet<T> {
     pub fn seq(&self) -> u64 {
         read_u64(self.buffer.as_ref(), field::SEQ)
     }
+    /// The sender's batch counter (markers sent together share it).
+    pub fn batch(&self) -> u32 {
+        read_u32(self.buffer.as_ref(), field::BATCH)
+    }
     fn optional_at(&self, flag: u8) -> usize {
         let mut at = field::FIXED_END;
         if flag == FLAG_QUANTUM && self.flags() & FLAG_CREDITS != 0 {
@@ -159,6 +167,8 @@ pub struct Repr {
     pub position: Position,
     /// Data packets sent before this marker, on all channels.
     pub seq: u64,
+    /// Batch counter: markers sent together on all channels share it.
+    pub batch: u32,
     /// Piggybacked credits (seed 000 §6.3, seed 004).
     pub credits: Option<u32>,
     /// `(quantum, at_round)`: the channel's quantum changes from that round on.
@@ -194,6 +204,7 @@ impl Repr {
                 dc: p.dc(),
             },
             seq: p.seq(),
+            batch: p.batch(),
             credits: p.credits(),
             quantum_change: p.quantum_change(),
         })
@@ -226,6 +237,7 @@ impl Repr {
         buf[field::ROUND..field::ROUND + 8].copy_from_slice(&self.position.round.to_be_bytes());
         buf[field::DC..field::DC + 8].copy_from_slice(&self.position.dc.to_be_bytes());
         buf[field::SEQ..field::SEQ + 8].copy_from_slice(&self.seq.to_be_bytes());
+        buf[field::BATCH..field::BATCH + 4].copy_from_slice(&self.batch.to_be_bytes());
         let mut at = field::FIXED_END;
         if let Some(c) = self.credits {
             buf[at..at + 4].copy_from_slice(&c.to_be_bytes());
@@ -249,12 +261,13 @@ impl Repr {
 mod tests {
     use super::*;
 
-    const BYTES: [u8; 32] = [
+    const BYTES: [u8; 36] = [
         0xB1, 0x01, 0x02, 0x00, // type, version, channel 2, no flags
         0x00, 0x00, 0x00, 0x07, // epoch 7
         0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x01, 0x00, // round 256
         0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x05, 0xDC, // dc 1500
         0x00, 0x00, 0x00, 0x00, 0x00, 0x01, 0x00, 0x00, // seq 65536
+        0x00, 0x00, 0x00, 0x2A, // batch 42
     ];
 
     fn repr() -> Repr {
@@ -266,6 +279,7 @@ mod tests {
                 dc: 1500,
             },
             seq: 65536,
+            batch: 42,
             credits: None,
             quantum_change: None,
         }
@@ -290,9 +304,9 @@ mod tests {
             ..repr()
         };
         let v = r.to_vec();
-        assert_eq!(v.len(), 48);
+        assert_eq!(v.len(), 52);
         assert_eq!(v[3], 0x03);
-        assert_eq!(&v[32..36], &[0, 0, 0, 99]);
+        assert_eq!(&v[36..40], &[0, 0, 0, 99]);
         let p = Packet::new_checked(&v[..]).unwrap();
         assert_eq!(Repr::parse(&p).unwrap(), r);
     }
@@ -300,7 +314,7 @@ mod tests {
     #[test]
     fn rejects_bad_input() {
         assert_eq!(
-            Packet::new_checked(&BYTES[..31]).unwrap_err(),
+            Packet::new_checked(&BYTES[..35]).unwrap_err(),
             WireError::Truncated
         );
         let mut long = BYTES.to_vec();

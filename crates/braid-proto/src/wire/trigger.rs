@@ -24,6 +24,8 @@
 //! |             digest (u64)          | 40..48   running digest of the data packets
 //! |                                   |          sent on this channel (see below)
 //! +--------+--------+--------+--------+
+//! |             batch (u32)           | 48..52   the sender's batch counter, shared
+//! +--------+--------+--------+--------+          with markers
 //! ```
 //!
 //! The digest lets the receiver tell a segment that lost one packet and had another
@@ -36,7 +38,7 @@ use super::{read_u32, read_u64, WireError, TYPE_TRIGGER, VERSION};
 use crate::sched::Position;
 
 /// Length of a trigger.
-pub const LEN: usize = 48;
+pub const LEN: usize = 52;
 
 /// The fingerprint of one data packet: its wire length and its first sixteen and last
 /// eight payload bytes, mixed. (For IP packets the first sixteen bytes hold the length,
@@ -127,6 +129,10 @@ impl<T: AsRef<[u8]>> Packet<T> {
     pub fn digest(&self) -> u64 {
         read_u64(self.buffer.as_ref(), 40)
     }
+    /// The sender's batch counter.
+    pub fn batch(&self) -> u32 {
+        read_u32(self.buffer.as_ref(), 48)
+    }
 }
 
 /// A validated trigger.
@@ -146,6 +152,8 @@ pub struct Repr {
     pub channel_count: u64,
     /// Running digest of this channel's data packets.
     pub digest: u64,
+    /// The sender's batch counter (triggers sent together share it).
+    pub batch: u32,
 }
 
 impl Repr {
@@ -172,6 +180,7 @@ impl Repr {
             seq: p.seq(),
             channel_count: p.channel_count(),
             digest: p.digest(),
+            batch: p.batch(),
         })
     }
 
@@ -192,6 +201,7 @@ impl Repr {
         buf[24..32].copy_from_slice(&self.seq.to_be_bytes());
         buf[32..40].copy_from_slice(&self.channel_count.to_be_bytes());
         buf[40..48].copy_from_slice(&self.digest.to_be_bytes());
+        buf[48..52].copy_from_slice(&self.batch.to_be_bytes());
     }
 
     /// Emit into a fresh vector.
@@ -216,15 +226,17 @@ mod tests {
             seq: 200,
             channel_count: 99,
             digest: 0x0102_0304_0506_0708,
+            batch: 5,
         };
         let v = r.to_vec();
-        let want: [u8; 48] = [
+        let want: [u8; 52] = [
             0xB2, 0x01, 0x01, 0x00, 0, 0, 0, 0, // type, version, channel 1, next 0, epoch
             0, 0, 0, 0, 0, 0, 0, 3, // round 3
             0, 0, 0, 0, 0, 0, 0x02, 0xBC, // dc 700
             0, 0, 0, 0, 0, 0, 0, 200, // seq 200
             0, 0, 0, 0, 0, 0, 0, 99, // channel count 99
             1, 2, 3, 4, 5, 6, 7, 8, // digest
+            0, 0, 0, 5, // batch
         ];
         assert_eq!(v, want.to_vec());
         assert_eq!(Repr::parse(&Packet::new_checked(&v[..]).unwrap()), Ok(r));
@@ -233,14 +245,14 @@ mod tests {
     #[test]
     fn rejects_bad_input() {
         assert_eq!(
-            Packet::new_checked(&[0xB2u8; 47][..]).unwrap_err(),
+            Packet::new_checked(&[0xB2u8; 51][..]).unwrap_err(),
             WireError::Truncated
         );
         assert_eq!(
-            Packet::new_checked(&[0xB2u8; 49][..]).unwrap_err(),
+            Packet::new_checked(&[0xB2u8; 53][..]).unwrap_err(),
             WireError::Trailing
         );
-        let mut v = [0u8; 48];
+        let mut v = [0u8; 52];
         v[0] = 0xB2;
         v[1] = 1;
         // dc = 0 is impossible

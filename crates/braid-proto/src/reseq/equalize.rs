@@ -1,0 +1,252 @@
+//! Delay equalization: hold datagrams from fast channels so every channel looks as slow
+//! as the slowest one.
+//!
+//! Logical reception already makes a packet wait for its predecessors on slower
+//! channels, so in a steady stream every packet is delivered about one slowest-path
+//! delay after it was sent. A sparse stream (TCP in slow start, a ping) sees something
+//! else: packets that happen to travel on the fast channel come out early, those on the
+//! slow channel late. A TCP sender then sees its round-trip time jump between the
+//! channels' delays, and its slow start (HyStart) stops at the first jump, long before
+//! the path is full. Holding each channel's datagrams for the difference between the
+//! slowest channel's delay and its own makes the delay the same for every packet,
+//! whatever the load.
+//!
+//! No clocks are shared: the striper sends a marker (or trigger) on every channel at
+//! the same instant, all carrying the same batch number. The differences between their arrival
+//! times are the channels' relative one-way delays, queueing included. Each complete
+//! batch gives one sample per channel; the channel's offset is a low percentile (the
+//! 20th) of the last second's samples, so that it follows the propagation skew and not
+//! the queueing noise (which TCP must keep seeing as it would on one link), and a rare
+//! wrong sample does not move it.
+
+use std::collections::VecDeque;
+
+use bytes::Bytes;
+
+use crate::time::{Duration, Instant};
+
+/// A channel whose markers stopped arriving this long ago no longer counts.
+const STALE: Duration = Duration::from_secs(1);
+/// Batches kept while waiting for their other markers.
+const BATCHES: usize = 8;
+/// Samples older than this leave the minimum.
+const WINDOW: Duration = Duration::from_secs(1);
+/// Most samples kept per channel.
+const SAMPLES: usize = 256;
+
+pub(crate) struct Equalizer {
+    /// Delay of each channel relative to the batch's earliest arrival, µs: the minimum
+    /// of the recent samples.
+    offset: Vec<Option<f64>>,
+    /// Recent samples per channel: when, and the relative delay in µs.
+    samples: Vec<VecDeque<(Instant, f64)>>,
+    /// When each channel last delivered a marker.
+    last_marker: Vec<Option<Instant>>,
+    /// Recent batches: batch number and each channel's arrival time.
+    batches: VecDeque<(u32, Vec<Option<Instant>>)>,
+    /// Held datagrams per channel: release time, datagram.
+    held: Vec<VecDeque<(Instant, Bytes)>>,
+    held_total: usize,
+}
+
+impl Equalizer {
+    pub(crate) fn new(n: usize) -> Equalizer {
+        Equalizer {
+            offset: vec![None; n],
+            samples: (0..n).map(|_| VecDeque::new()).collect(),
+            last_marker: vec![None; n],
+            batches: VecDeque::with_capacity(BATCHES),
+            held: (0..n).map(|_| VecDeque::new()).collect(),
+            held_total: 0,
+        }
+    }
+
+    fn active(&self, now: Instant, c: usize) -> bool {
+        self.last_marker[c].is_some_and(|t| now.saturating_since(t) < STALE)
+    }
+
+    /// A marker or trigger of batch `seq` arrived on `channel` at `now`.
+    pub(crate) fn on_marker(&mut self, now: Instant, channel: usize, seq: u32) {
+        let n = self.offset.len();
+        self.last_marker[channel] = Some(now);
+        let i = match self.batches.iter().position(|(s, _)| *s == seq) {
+            Some(i) => i,
+            None => {
+                if self.batches.len() == BATCHES {
+                    self.batches.pop_front();
+                }
+                self.batches.push_back((seq, vec![None; n]));
+                self.batches.len() - 1
+            }
+        };
+        if self.batches[i].1[channel].is_some() {
+            return; // a duplicate
+        }
+        self.batches[i].1[channel] = Some(now);
+        let active: Vec<bool> = (0..n).map(|c| self.active(now, c)).collect();
+        let arrivals = &self.batches[i].1;
+        let complete = (0..n).all(|c| arrivals[c].is_some() || !active[c]);
+        if !complete {
+            return;
+        }
+        let (_, arrivals) = self.batches.remove(i).expect("batch exists");
+        let Some(first) = arrivals.iter().flatten().min().copied() else {
+            return;
+        };
+        for (c, t) in arrivals.iter().enumerate() {
+            if let Some(t) = t {
+                let sample = t.saturating_since(first).as_micros() as f64;
+                let q = &mut self.samples[c];
+                q.push_back((now, sample));
+                while q.len() > SAMPLES
+                    || q.front()
+                        .is_some_and(|(at, _)| now.saturating_since(*at) > WINDOW)
+                {
+                    q.pop_front();
+                }
+                let mut v: Vec<f64> = q.iter().map(|(_, v)| *v).collect();
+                let k = v.len() / 5;
+                let (_, p20, _) = v.select_nth_unstable_by(k, f64::total_cmp);
+                self.offset[c] = Some(*p20);
+            }
+        }
+    }
+
+    /// How long to hold a datagram arriving now on `channel`.
+    pub(crate) fn hold(&self, now: Instant, channel: usize) -> Duration {
+        let Some(own) = self.offset[channel] else {
+            return Duration::ZERO;
+        };
+        let slowest = (0..self.offset.len())
+            .filter(|&c| self.active(now, c))
+            .filter_map(|c| self.offset[c])
+            .fold(own, f64::max);
+        Duration::from_micros((slowest - own).max(0.0) as u64)
+    }
+
+    /// Hold `datagram` from `channel` (FIFO per channel); returns it back if it can go
+    /// through at once. At most `limit` datagrams wait per channel: beyond that the
+    /// oldest one is made due at once.
+    pub(crate) fn push(
+        &mut self,
+        now: Instant,
+        channel: usize,
+        datagram: Bytes,
+        limit: usize,
+    ) -> Option<Bytes> {
+        let hold = self.hold(now, channel);
+        let q = &mut self.held[channel];
+        if q.is_empty() && hold == Duration::ZERO {
+            return Some(datagram);
+        }
+        if q.len() >= limit {
+            if let Some(front) = q.front_mut() {
+                front.0 = now;
+            }
+        }
+        let at = (now + hold).max(q.back().map_or(now, |b| b.0));
+        q.push_back((at, datagram));
+        self.held_total += 1;
+        None
+    }
+
+    /// The next held datagram due at `now`, with its channel.
+    pub(crate) fn pop_due(&mut self, now: Instant) -> Option<(usize, Bytes)> {
+        if self.held_total == 0 {
+            return None;
+        }
+        let (c, _) = self
+            .held
+            .iter()
+            .enumerate()
+            .filter_map(|(c, q)| q.front().map(|(t, _)| (c, *t)))
+            .filter(|(_, t)| *t <= now)
+            .min_by_key(|(_, t)| *t)?;
+        let (_, d) = self.held[c].pop_front().expect("front exists");
+        self.held_total -= 1;
+        Some((c, d))
+    }
+
+    /// When the next held datagram is due.
+    pub(crate) fn next_due(&self) -> Option<Instant> {
+        if self.held_total == 0 {
+            return None;
+        }
+        self.held
+            .iter()
+            .filter_map(|q| q.front().map(|f| f.0))
+            .min()
+    }
+
+    /// Datagrams held.
+    pub(crate) fn held(&self) -> usize {
+        self.held_total
+    }
+
+    /// Everything held, in release order (for a drain).
+    pub(crate) fn take_all(&mut self) -> Vec<(usize, Bytes)> {
+        let mut all: Vec<(Instant, usize, Bytes)> = Vec::with_capacity(self.held_total);
+        for (c, q) in self.held.iter_mut().enumerate() {
+            all.extend(q.drain(..).map(|(t, d)| (t, c, d)));
+        }
+        self.held_total = 0;
+        all.sort_by_key(|(t, c, _)| (*t, *c));
+        all.into_iter().map(|(_, c, d)| (c, d)).collect()
+    }
+
+    /// Current hold of each channel, µs (for stats).
+    pub(crate) fn holds_us(&self, now: Instant) -> Vec<u64> {
+        (0..self.offset.len())
+            .map(|c| self.hold(now, c).as_micros())
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(us: u64) -> Instant {
+        Instant::from_micros(us)
+    }
+
+    #[test]
+    fn holds_fast_channels_by_the_skew() {
+        let mut e = Equalizer::new(3);
+        // Channel delays 5, 20, 60 ms: batch sent at 0, arrivals at those times.
+        for k in 0..20u32 {
+            let base = u64::from(k) * 10_000;
+            e.on_marker(t(base + 5_000), 0, k);
+            e.on_marker(t(base + 20_000), 1, k);
+            e.on_marker(t(base + 60_000), 2, k);
+        }
+        let now = t(300_000);
+        assert_eq!(e.hold(now, 2), Duration::ZERO);
+        assert_eq!(e.hold(now, 1).as_micros(), 40_000);
+        assert_eq!(e.hold(now, 0).as_micros(), 55_000);
+        // FIFO per channel, released in time order.
+        assert!(e.push(now, 2, Bytes::from_static(b"c"), 100).is_some());
+        assert!(e.push(now, 0, Bytes::from_static(b"a"), 100).is_none());
+        assert!(e
+            .push(t(310_000), 1, Bytes::from_static(b"b"), 100)
+            .is_none());
+        assert_eq!(e.next_due(), Some(t(350_000)));
+        assert!(e.pop_due(t(349_999)).is_none());
+        assert_eq!(e.pop_due(t(350_000)).unwrap().0, 1);
+        assert_eq!(e.pop_due(t(355_000)).unwrap().0, 0);
+        assert_eq!(e.held(), 0);
+    }
+
+    #[test]
+    fn silent_channels_stop_counting() {
+        let mut e = Equalizer::new(2);
+        for k in 0..4u32 {
+            e.on_marker(t(u64::from(k) * 1000 + 100), 0, k);
+            e.on_marker(t(u64::from(k) * 1000 + 900), 1, k);
+        }
+        assert_eq!(e.hold(t(5_000), 0).as_micros(), 800);
+        // Channel 1 goes silent: after a second its delay no longer holds channel 0.
+        e.on_marker(t(2_000_000), 0, 10);
+        assert_eq!(e.hold(t(2_000_000), 0), Duration::ZERO);
+    }
+}
