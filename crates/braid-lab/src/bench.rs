@@ -111,43 +111,70 @@ impl BenchResult {
         })
     }
 
+    /// Read back what [`BenchResult::to_json`] wrote (to redraw a chart or table).
+    pub fn from_json(v: &Value) -> Option<BenchResult> {
+        let links = v["links"]
+            .as_array()?
+            .iter()
+            .map(|l| {
+                Some(LinkResult {
+                    spec: l["spec"].as_str()?.to_string(),
+                    tcp_bps: l["tcp_bps"].as_f64()?,
+                })
+            })
+            .collect::<Option<Vec<_>>>()?;
+        let braid = v["braid"]
+            .as_object()?
+            .iter()
+            .map(|(m, r)| {
+                Some((
+                    m.clone(),
+                    ModeResult {
+                        tcp_bps: r["tcp_bps"].as_f64()?,
+                        udp_out_of_order: r["udp_out_of_order"].as_u64().unwrap_or(0),
+                        udp_loss: r["udp_loss"].as_f64().unwrap_or(0.0),
+                        udp_goodput_bps: r["udp_goodput_bps"].as_f64().unwrap_or(0.0),
+                        udp_offered_bps: r["udp_offered_bps"].as_f64().unwrap_or(0.0),
+                        tunnel_status: r["tunnel_status"].clone(),
+                    },
+                ))
+            })
+            .collect::<Option<BTreeMap<_, _>>>()?;
+        Some(BenchResult {
+            links,
+            sum_bps: v["sum_bps"].as_f64()?,
+            ceiling_bps: v["ceiling_bps"].as_f64().unwrap_or(0.0),
+            braid,
+            mptcp_bps: v["mptcp_bps"].as_f64(),
+            emulator: v["emulator"].as_array().cloned().unwrap_or_default(),
+        })
+    }
+
     /// A readable table.
     pub fn table(&self) -> String {
-        let mut s = String::new();
-        let mbps = |b: f64| format!("{:8.1}", b / 1e6);
-        s += "what                                Mbit/s   of sum\n";
+        let sum = self.sum_bps.max(1.0);
+        let row = |what: &str, bps: f64, extra: &str| {
+            format!(
+                "{what:<34} {:8.1} {:7.1}%{extra}\n",
+                bps / 1e6,
+                100.0 * bps / sum
+            )
+        };
+        let mut s = format!("{:<34} {:>8} {:>8}\n", "what", "Mbit/s", "of sum");
         for (i, l) in self.links.iter().enumerate() {
-            s += &format!(
-                "link {i} alone ({:<20})   {} {:7.1}%\n",
-                l.spec,
-                mbps(l.tcp_bps),
-                100.0 * l.tcp_bps / self.sum_bps.max(1.0)
-            );
+            s += &row(&format!("link {i} alone ({})", l.spec), l.tcp_bps, "");
         }
-        s += &format!(
-            "sum of links (the bound)           {}  100.0%\n",
-            mbps(self.sum_bps)
-        );
-        s += &format!(
-            "all links at once (ceiling)        {} {:7.1}%\n",
-            mbps(self.ceiling_bps),
-            100.0 * self.ceiling_bps / self.sum_bps.max(1.0)
-        );
+        s += &row("sum of links (the bound)", self.sum_bps, "");
+        s += &row("all links at once (ceiling)", self.ceiling_bps, "");
         for (m, r) in &self.braid {
-            s += &format!(
-                "braid {m:<8} TCP                   {} {:7.1}%   UDP loss {:.4}, out of order {}\n",
-                mbps(r.tcp_bps),
-                100.0 * r.tcp_bps / self.sum_bps.max(1.0),
-                r.udp_loss,
-                r.udp_out_of_order
+            let extra = format!(
+                "   UDP loss {:.4}, out of order {}",
+                r.udp_loss, r.udp_out_of_order
             );
+            s += &row(&format!("braid {m}, TCP"), r.tcp_bps, &extra);
         }
         if let Some(m) = self.mptcp_bps {
-            s += &format!(
-                "MPTCP, one subflow per link        {} {:7.1}%\n",
-                mbps(m),
-                100.0 * m / self.sum_bps.max(1.0)
-            );
+            s += &row("MPTCP, one subflow per link", m, "");
         }
         s
     }

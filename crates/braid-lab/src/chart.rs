@@ -47,26 +47,17 @@ fn render<DB: DrawingBackend>(
     root.fill(&WHITE).map_err(e)?;
     let ymax = bars.iter().map(|b| b.1 / 1e6).fold(1.0, f64::max) * 1.15;
     let n = bars.len();
-    let labels: Vec<String> = bars.iter().map(|b| b.0.clone()).collect();
     let mut chart = ChartBuilder::on(&root)
         .caption(title, ("sans-serif", 20))
         .margin(16)
-        .x_label_area_size(48)
+        .x_label_area_size(16)
         .y_label_area_size(72)
-        .build_cartesian_2d(0f64..n as f64, 0f64..ymax)
+        .build_cartesian_2d(0f64..n as f64, 0f64..ymax * 1.08)
         .map_err(e)?;
     chart
         .configure_mesh()
         .disable_x_mesh()
-        .x_labels(n)
-        .x_label_formatter(&|x| {
-            let i = x.floor() as usize;
-            if (x - x.floor() - 0.5).abs() < 0.01 || x.fract() == 0.0 {
-                labels.get(i).cloned().unwrap_or_default()
-            } else {
-                String::new()
-            }
-        })
+        .x_labels(0)
         .y_desc("TCP goodput (Mbit/s)")
         .label_style(("sans-serif", 13))
         .axis_desc_style(("sans-serif", 16))
@@ -80,11 +71,21 @@ fn render<DB: DrawingBackend>(
             )
         }))
         .map_err(e)?;
+    // Each bar carries its name and its value above it.
+    chart
+        .draw_series(bars.iter().enumerate().map(|(i, (name, v, _))| {
+            Text::new(
+                name.clone(),
+                (i as f64 + 0.12, v / 1e6 + ymax * 0.07),
+                ("sans-serif", 13),
+            )
+        }))
+        .map_err(e)?;
     chart
         .draw_series(bars.iter().enumerate().map(|(i, (_, v, _))| {
             Text::new(
                 format!("{:.1}", v / 1e6),
-                (i as f64 + 0.2, v / 1e6 + ymax * 0.02),
+                (i as f64 + 0.2, v / 1e6 + ymax * 0.03),
                 ("sans-serif", 13),
             )
         }))

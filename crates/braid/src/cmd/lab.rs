@@ -62,6 +62,18 @@ enum LabCommand {
     },
     /// Show the links, addresses and emulator counters of the running lab.
     Status,
+    /// Print the table and draw the bar chart of a saved `lab bench --json` result.
+    Chart {
+        /// The JSON written by `braid lab bench --json`.
+        #[arg(long)]
+        from: std::path::PathBuf,
+        /// The chart to write (.svg or .png).
+        #[arg(long)]
+        out: std::path::PathBuf,
+        /// Chart title.
+        #[arg(long, default_value = "braid lab bench")]
+        title: String,
+    },
     /// Run the link emulator (started by `lab up` inside the router namespace).
     #[command(hide = true)]
     Emulate {
@@ -142,6 +154,22 @@ pub fn run(a: Args) -> Result<()> {
                     .map_err(|e| anyhow::anyhow!("plot: {e}"))?;
                 eprintln!("wrote {}", p.display());
             }
+            Ok(())
+        }
+        LabCommand::Chart { from, out, title } => {
+            let text = std::fs::read_to_string(&from)
+                .with_context(|| format!("reading {}", from.display()))?;
+            let v: serde_json::Value = serde_json::from_str(&text)
+                .with_context(|| format!("{}: not JSON", from.display()))?;
+            let r = braid_lab::bench::BenchResult::from_json(&v).with_context(|| {
+                format!(
+                    "{}: not the output of `braid lab bench --json`",
+                    from.display()
+                )
+            })?;
+            print!("{}", r.table());
+            braid_lab::chart::draw(&r, &title, &out).map_err(|e| anyhow::anyhow!("plot: {e}"))?;
+            eprintln!("wrote {}", out.display());
             Ok(())
         }
         LabCommand::Status => {
