@@ -390,6 +390,19 @@ impl<'a> Tab<'a> {
         }
     }
 
+    /// A boolean; a sweep sets numbers, so 0 and 1 are accepted too.
+    fn bool_or(&self, k: &str, default: bool) -> Result<bool, ScenarioError> {
+        const WHAT: &str = "true or false (or 0 or 1, as a sweep sets it)";
+        match self.t.get(k) {
+            None => Ok(default),
+            Some(Value::Boolean(b)) => Ok(*b),
+            Some(Value::Integer(0)) => Ok(false),
+            Some(Value::Integer(1)) => Ok(true),
+            Some(Value::Float(f)) if *f == 0.0 || *f == 1.0 => Ok(*f == 1.0),
+            Some(v) => Err(self.expected(k, WHAT, v)),
+        }
+    }
+
     fn table(&self, k: &str) -> Result<Option<Tab<'a>>, ScenarioError> {
         match self.t.get(k) {
             None => Ok(None),
@@ -943,7 +956,7 @@ fn build_job(
         };
         let mut markers = MarkerConfig::default();
         if let Some(m) = t.table("markers")? {
-            m.check_keys(&["every_rounds", "position", "idle_ms"])?;
+            m.check_keys(&["every_rounds", "position", "idle_ms", "max_interval_ms"])?;
             markers.every_rounds = m.u32_in(
                 "every_rounds",
                 Some(markers.every_rounds),
@@ -966,6 +979,15 @@ fn build_job(
             } else {
                 None
             };
+            if m.t.contains_key("max_interval_ms") {
+                let iv = m.f64_req(
+                    "max_interval_ms",
+                    "a number of milliseconds > 0 (at most 1e9; leave the key out for none)",
+                    pos_time_ms,
+                )?;
+                markers.max_interval =
+                    Some(Duration::from_micros((iv * 1000.0).round().max(1.0) as u64));
+            }
         }
         let mut trigger_every = 128;
         if let Some(tr) = t.table("trr")? {
@@ -980,7 +1002,7 @@ fn build_job(
         }
         let mut receiver = ReceiverConfig::default();
         if let Some(r) = t.table("receiver")? {
-            r.check_keys(&["buffer_packets", "max_wait_ms"])?;
+            r.check_keys(&["buffer_packets", "max_wait_ms", "equalize"])?;
             receiver.buffer_packets = r.u32_in(
                 "buffer_packets",
                 Some(4096),
@@ -995,6 +1017,7 @@ fn build_job(
                 pos_time_ms,
             )?;
             receiver.max_wait = Duration::from_micros((w * 1000.0).round().max(1.0) as u64);
+            receiver.equalize = r.bool_or("equalize", false)?;
         }
         let sc = StripeConfig {
             policy,
