@@ -300,6 +300,7 @@ struct RawSession {
     marker_idle: Option<String>,
     marker_interval: Option<String>,
     equalize: Option<bool>,
+    repair: Option<String>,
     trigger_every: Option<u32>,
     max_wait: Option<String>,
     buffer_packets: Option<usize>,
@@ -541,6 +542,14 @@ impl FileConfig {
         }
         if let Some(e) = s.equalize {
             cfg.receiver.equalize = e;
+        }
+        if let Some(v) = &s.repair {
+            let d = parse_duration(v).map_err(|r| err("session.repair", r))?;
+            cfg.receiver.repair = if d.is_zero() {
+                None
+            } else {
+                Some(braid_proto::Duration::from_micros(d.as_micros() as u64))
+            };
         }
         if let Some(t) = s.trigger_every {
             if t == 0 {

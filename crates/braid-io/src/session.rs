@@ -510,6 +510,8 @@ fn add_global(into: &mut Stats, s: &Stats) {
     into.stale_dropped += s.stale_dropped;
     into.malformed += s.malformed;
     into.fast_path_hits += s.fast_path_hits;
+    into.naks_sent += s.naks_sent;
+    into.repaired += s.repaired;
 }
 
 impl Core {
@@ -815,7 +817,8 @@ impl Core {
             let phys = self.tx.members[t.channel];
             let n = &mut self.chans[phys].n;
             let bytes = match t.kind {
-                TransmitKind::Data => {
+                // Repairs (seq mode) are data with a sequence header: no trailer.
+                TransmitKind::Data | TransmitKind::Repair => {
                     n.tx_data += 1;
                     t.to_bytes()
                 }
@@ -861,6 +864,18 @@ impl Core {
                 Err(mpsc::error::TrySendError::Closed(_)) => {}
             }
         }
+        // Losses to repair (seq mode): the NAK goes to the peer's striper on every
+        // channel that is not down, so the fastest one gets it there first.
+        while let Some(nak) = self.rx.reseq.poll_nak() {
+            for c in 0..self.n {
+                if self.chans[c].state == LinkState::Down {
+                    continue;
+                }
+                let mut v = nak.to_vec();
+                self.auth.seal(c, &mut v);
+                self.outq.push((c, Bytes::from(v)));
+            }
+        }
     }
 
     fn on_datagram(&mut self, c: usize, d: Bytes, now: Instant) {
@@ -871,7 +886,10 @@ impl Core {
             n.malformed += 1;
             return;
         };
-        if matches!(first, wire::TYPE_MARKER | wire::TYPE_TRIGGER | TYPE_SESSION) {
+        if matches!(
+            first,
+            wire::TYPE_MARKER | wire::TYPE_TRIGGER | TYPE_SESSION | wire::nak::TYPE_NAK
+        ) {
             let opened = match self.auth.open(c, &d) {
                 Ok(o) => o,
                 Err(e) => {
@@ -893,6 +911,13 @@ impl Core {
             let pkt = d.slice(..opened.len);
             match first {
                 TYPE_SESSION => self.on_ctrl(c, &pkt, now),
+                wire::nak::TYPE_NAK => {
+                    // The peer's receiver asks our striper for lost packets.
+                    if self.tx.switching.is_none() {
+                        self.tx.striper.handle_nak(&pkt);
+                        self.take_transmits();
+                    }
+                }
                 wire::TYPE_MARKER => {
                     self.chans[c].n.rx_markers += 1;
                     self.rx_core(c, pkt, now)
@@ -1346,6 +1371,8 @@ impl Core {
             delivered_bytes: g.delivered_bytes,
             out_of_order: g.out_of_order,
             lost: g.lost + self.rx.switch_lost,
+            naks_sent: g.naks_sent,
+            repaired: g.repaired,
             queue_drops: self.queue_drops,
             deliver_drops: self.deliver_drops,
             stray_drops: self.stray_drops,

@@ -102,6 +102,10 @@ pub struct SessionStats {
     /// Packets the core declared lost (seq, trr), plus those left undeliverable at an
     /// epoch switch.
     pub lost: u64,
+    /// Sequence numbers this end asked the peer to repair (seq mode, NAKs).
+    pub naks_sent: u64,
+    /// Missing packets delivered thanks to a repair.
+    pub repaired: u64,
     /// Messages dropped because the switch queue was full.
     pub queue_drops: u64,
     /// Messages dropped because the application did not read fast enough.

@@ -122,6 +122,12 @@ pub struct ReceiverConfig {
     /// in a steady stream, where logical reception waits for the slowest channel
     /// anyway. Off by default, as in the papers.
     pub equalize: bool,
+    /// `seq` mode only: repair losses. A number found missing (every channel has moved
+    /// past it) is named in a NAK to the sender, which sends the packet again on every
+    /// channel; the receiver waits this long for it before declaring it lost. The
+    /// sender keeps the last `buffer_packets` packets for this. `None` (the default):
+    /// no repair, as in the papers.
+    pub repair: Option<Duration>,
 }
 
 impl Default for ReceiverConfig {
@@ -130,6 +136,7 @@ impl Default for ReceiverConfig {
             buffer_packets: 4096,
             max_wait: Duration::from_millis(200),
             equalize: false,
+            repair: None,
         }
     }
 }

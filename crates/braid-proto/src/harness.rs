@@ -87,6 +87,11 @@ pub struct Harness {
     source: BinaryHeap<Reverse<(Instant, u64)>>,
     pending: std::collections::HashMap<u64, Bytes>,
     rng: Rng,
+    /// NAKs on their way back to the striper (arrival time, order, bytes).
+    naks: BinaryHeap<Reverse<(Instant, u64)>>,
+    nak_bytes: std::collections::HashMap<u64, Bytes>,
+    /// One-way delay of the reverse path that carries NAKs (`seq` mode with repair).
+    pub reverse_delay: Duration,
     /// Every datagram put on a channel, in emission order.
     pub sent: Vec<Sent>,
     /// Every packet delivered to the application, with its time.
@@ -117,6 +122,9 @@ impl Harness {
             source: BinaryHeap::new(),
             pending: Default::default(),
             rng: Rng::new(seed),
+            naks: BinaryHeap::new(),
+            nak_bytes: Default::default(),
+            reverse_delay: Duration::from_millis(1),
             sent: Vec::new(),
             delivered: Vec::new(),
         })
@@ -125,6 +133,13 @@ impl Harness {
     /// Current virtual time.
     pub fn now(&self) -> Instant {
         self.now
+    }
+
+    /// Have the striper send markers (or triggers) on every channel at `at`, as a
+    /// driver's heartbeat does.
+    pub fn flush_at(&mut self, at: Instant) {
+        self.order += 1;
+        self.source.push(Reverse((at, self.order)));
     }
 
     /// Have the application send `payload` at `at`.
@@ -189,6 +204,12 @@ impl Harness {
         while let Some(p) = self.reseq.poll_deliver() {
             self.delivered.push((self.now, p));
         }
+        while let Some(n) = self.reseq.poll_nak() {
+            self.order += 1;
+            self.nak_bytes.insert(self.order, n);
+            self.naks
+                .push(Reverse((self.now + self.reverse_delay, self.order)));
+        }
     }
 
     /// Inject a raw datagram on `channel` now (fault injection).
@@ -203,9 +224,11 @@ impl Harness {
         loop {
             let next_source = self.source.peek().map(|Reverse((t, _))| *t);
             let next_arrival = self.arrivals.peek().map(|Reverse((t, _, _))| *t);
+            let next_nak = self.naks.peek().map(|Reverse((t, _))| *t);
             let next = [
                 next_source,
                 next_arrival,
+                next_nak,
                 self.striper.poll_timeout(),
                 self.reseq.poll_timeout(),
             ]
@@ -221,10 +244,13 @@ impl Harness {
                     break;
                 }
                 self.source.pop();
-                let p = self.pending.remove(&id).expect("pending payload");
-                self.striper
-                    .handle_packet(self.now, p)
-                    .expect("harness payloads fit max_packet");
+                match self.pending.remove(&id) {
+                    Some(p) => self
+                        .striper
+                        .handle_packet(self.now, p)
+                        .expect("harness payloads fit max_packet"),
+                    None => self.striper.flush(),
+                }
                 self.transmit_all();
             }
             while let Some(Reverse((t, id, ch))) = self.arrivals.peek().copied() {
@@ -235,6 +261,15 @@ impl Harness {
                 let d = self.in_flight.remove(&id).expect("in-flight datagram");
                 self.reseq.handle_datagram(self.now, ch, d);
                 self.drain_deliveries();
+            }
+            while let Some(Reverse((t, id))) = self.naks.peek().copied() {
+                if t > self.now {
+                    break;
+                }
+                self.naks.pop();
+                let n = self.nak_bytes.remove(&id).expect("nak bytes");
+                self.striper.handle_nak(&n);
+                self.transmit_all();
             }
             self.striper.handle_timeout(self.now);
             self.transmit_all();

@@ -29,6 +29,8 @@ pub struct ChannelStats {
     pub overflow_drops: u64,
     /// Times the receiver gave up waiting on this channel (max_wait expired).
     pub wait_timeouts: u64,
+    /// Repaired packets sent on this channel after NAKs.
+    pub repairs_sent: u64,
 }
 
 /// Counters for a whole session, plus one [`ChannelStats`] per channel.
@@ -52,6 +54,10 @@ pub struct Stats {
     pub malformed: u64,
     /// Sequenced deliveries whose channel logical reception predicted correctly.
     pub fast_path_hits: u64,
+    /// Sequence numbers named in NAKs (`seq` mode with repair).
+    pub naks_sent: u64,
+    /// Missing packets delivered thanks to a repair.
+    pub repaired: u64,
 }
 
 impl Stats {

@@ -21,7 +21,7 @@ mod equalize;
 mod follow;
 mod trr;
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 
 use bytes::Bytes;
 
@@ -66,8 +66,24 @@ enum Engine {
         expected: u64,
         /// Per channel, the lowest sequence number that can still arrive on it.
         floor: Vec<u64>,
+        /// Loss repair by NAK, if configured.
+        repair: Option<Repair>,
     },
     Trr(trr::Trr),
+}
+
+/// `seq` mode loss repair: NAK what is missing, wait a while for it.
+struct Repair {
+    /// How long to wait for a repaired packet.
+    wait: Duration,
+    /// Repaired packets waiting for their turn.
+    store: BTreeMap<u64, Bytes>,
+    /// Every number below this has been named in a NAK.
+    naked_until: u64,
+    /// Until when the current NAK is waited for.
+    deadline: Option<Instant>,
+    /// Numbers to put in the next NAK.
+    out: Vec<u64>,
 }
 
 /// Per-channel buffers plus the follower that simulates the sender.
@@ -125,6 +141,13 @@ impl Resequencer {
                 b: buffered(s),
                 expected: 0,
                 floor: vec![0; n],
+                repair: cfg.receiver.repair.map(|wait| Repair {
+                    wait,
+                    store: BTreeMap::new(),
+                    naked_until: 0,
+                    deadline: None,
+                    out: Vec::new(),
+                }),
             },
             (Mode::Trr, Some(Sched::Srr(s))) => {
                 Engine::Trr(trr::Trr::new(s, cfg.receiver.buffer_packets))
@@ -189,6 +212,10 @@ impl Resequencer {
             self.stats.malformed += 1;
             return;
         }
+        if datagram.first() == Some(&seq::TYPE_REPAIR) {
+            // Repairs are late by nature: no hold.
+            return self.ingest(now, channel, datagram);
+        }
         let seq = match datagram.first() {
             Some(&wire::TYPE_MARKER) => marker::Packet::new_checked(&datagram[..])
                 .ok()
@@ -252,6 +279,38 @@ impl Resequencer {
                     seq: seq::extend(wrapped, reference),
                 }
             }
+            Kind::Nak => return self.malformed(channel),
+            Kind::Repair => {
+                let Ok(p) = seq::Packet::new_checked(&datagram[..]) else {
+                    return self.malformed(channel);
+                };
+                let Engine::Seq {
+                    b,
+                    expected,
+                    floor,
+                    repair: Some(r),
+                } = &mut self.engine
+                else {
+                    return self.malformed(channel);
+                };
+                let s = seq::extend(p.seq(), *expected);
+                if s < *expected || r.store.contains_key(&s) || r.store.len() >= self.limit {
+                    self.stats.stale_dropped += 1;
+                    return;
+                }
+                r.store.insert(s, datagram.slice(seq::HEADER_LEN..));
+                run_seq(
+                    b,
+                    expected,
+                    floor,
+                    Some(r),
+                    self.limit,
+                    now,
+                    &mut self.out,
+                    &mut self.stats,
+                );
+                return;
+            }
             Kind::Marker => {
                 let parsed = marker::Packet::new_checked(&datagram[..])
                     .and_then(|p| marker::Repr::parse(&p));
@@ -302,7 +361,12 @@ impl Resequencer {
                 push_bounded(b, channel, item, self.limit, &mut self.stats);
                 run_logical(b, self.limit, now, &mut self.out, &mut self.stats);
             }
-            Engine::Seq { b, expected, floor } => {
+            Engine::Seq {
+                b,
+                expected,
+                floor,
+                repair,
+            } => {
                 b.last_arrival[channel] = now;
                 if let Item::Marker(m) = &item {
                     floor[channel] = floor[channel].max(m.seq);
@@ -327,6 +391,7 @@ impl Resequencer {
                     b,
                     expected,
                     floor,
+                    repair.as_mut(),
                     self.limit,
                     now,
                     &mut self.out,
@@ -363,12 +428,34 @@ impl Resequencer {
             Engine::None { .. } => None,
             // Give up only on a channel that has been silent for max_wait while data
             // waits elsewhere: a slow channel keeps delivering and is waited for.
-            Engine::Logical(b) | Engine::Seq { b, .. } => match b.blocked {
-                Some((c, Some(since))) => Some(since.max(b.last_arrival[c]) + self.max_wait),
-                _ => None,
-            },
+            Engine::Logical(b) => silent_due(b, self.max_wait),
+            Engine::Seq { b, repair, .. } => {
+                let repair_due = repair.as_ref().and_then(|r| r.deadline);
+                match (silent_due(b, self.max_wait), repair_due) {
+                    (Some(a), Some(r)) => Some(a.min(r)),
+                    (a, r) => a.or(r),
+                }
+            }
             Engine::Trr(t) => t.poll_timeout(self.max_wait),
         }
+    }
+
+    /// A NAK to send to the peer's striper (on every channel), if repair found
+    /// numbers missing since the last call.
+    pub fn poll_nak(&mut self) -> Option<Bytes> {
+        let Engine::Seq {
+            repair: Some(r), ..
+        } = &mut self.engine
+        else {
+            return None;
+        };
+        if r.out.is_empty() {
+            return None;
+        }
+        let n = r.out.len().min(wire::nak::MAX_SEQS);
+        let seqs: Vec<u64> = r.out.drain(..n).collect();
+        self.stats.naks_sent += seqs.len() as u64;
+        Some(Bytes::from(wire::nak::Repr { epoch: 0, seqs }.to_vec()))
     }
 
     /// No more datagrams will arrive (the channel set is being replaced, or the session
@@ -392,11 +479,22 @@ impl Resequencer {
                     b.follow.give_up(c);
                 }
             },
-            Engine::Seq { b, expected, floor } => loop {
+            Engine::Seq {
+                b,
+                expected,
+                floor,
+                repair,
+            } => loop {
+                // Nothing more will come, repairs included: stop waiting for them.
+                if let Some(r) = repair.as_mut() {
+                    r.deadline = Some(now);
+                    r.naked_until = u64::MAX;
+                }
                 run_seq(
                     b,
                     expected,
                     floor,
+                    repair.as_mut(),
                     self.limit,
                     now,
                     &mut self.out,
@@ -439,23 +537,59 @@ impl Resequencer {
                 }
                 run_logical(b, self.limit, now, &mut self.out, &mut self.stats);
             }
-            Engine::Seq { b, expected, floor } => {
-                if let Some((c, _)) = b.blocked.take() {
-                    self.stats.channels[c].wait_timeouts += 1;
-                    skip_to_lowest_buffered(b, expected, &mut self.stats);
+            Engine::Seq {
+                b,
+                expected,
+                floor,
+                repair,
+            } => {
+                if silent_due(b, self.max_wait).is_some_and(|t| now >= t) {
+                    if let Some((c, _)) = b.blocked.take() {
+                        self.stats.channels[c].wait_timeouts += 1;
+                        match repair.as_mut() {
+                            // A silent channel may have lost the packet and everything
+                            // after it: ask for what is missing before giving up.
+                            Some(r) if *expected >= r.naked_until => {
+                                let known = floor.iter().copied().max().unwrap_or(0);
+                                let end = known
+                                    .max(*expected + 1)
+                                    .min(*expected + wire::nak::MAX_SEQS as u64);
+                                r.out.extend(*expected..end);
+                                r.naked_until = end;
+                                r.deadline = Some(now + r.wait);
+                            }
+                            _ => skip_to_lowest_buffered(b, expected, &mut self.stats),
+                        }
+                    }
                 }
                 run_seq(
                     b,
                     expected,
                     floor,
+                    repair.as_mut(),
                     self.limit,
                     now,
                     &mut self.out,
                     &mut self.stats,
                 );
+                // An expired wait must not keep the timer armed: the numbers it covered
+                // are declared lost when their turn comes.
+                if let Some(r) = repair.as_mut() {
+                    if r.deadline.is_some_and(|d| d <= now) {
+                        r.deadline = None;
+                    }
+                }
             }
             Engine::Trr(t) => t.handle_timeout(now, &mut self.out, &mut self.stats),
         }
+    }
+}
+
+/// When a blocked receiver gives up on a channel silent for `max_wait` while data waits.
+fn silent_due(b: &Buffered, max_wait: Duration) -> Option<Instant> {
+    match b.blocked {
+        Some((c, Some(since))) => Some(since.max(b.last_arrival[c]) + max_wait),
+        _ => None,
     }
 }
 
@@ -522,16 +656,42 @@ fn run_logical(
 /// Sequence mode: logical reception predicts the channel, the sequence number confirms;
 /// otherwise find the expected number on any channel, and declare it lost once every
 /// channel has moved past it.
+#[allow(clippy::too_many_arguments)]
 fn run_seq(
     b: &mut Buffered,
     expected: &mut u64,
     floor: &mut [u64],
+    mut repair: Option<&mut Repair>,
     limit: usize,
     now: Instant,
     out: &mut VecDeque<Bytes>,
     stats: &mut Stats,
 ) {
     loop {
+        // A repaired packet whose turn has come.
+        if let Some(r) = repair.as_deref_mut() {
+            while r
+                .store
+                .first_key_value()
+                .is_some_and(|(k, _)| *k < *expected)
+            {
+                r.store.pop_first();
+                stats.stale_dropped += 1;
+            }
+            if r.store
+                .first_key_value()
+                .is_some_and(|(k, _)| *k == *expected)
+            {
+                let (_, payload) = r.store.pop_first().expect("first exists");
+                *expected += 1;
+                stats.repaired += 1;
+                deliver(out, stats, payload);
+                continue;
+            }
+            if *expected >= r.naked_until {
+                r.deadline = None; // nothing NAKed is still awaited
+            }
+        }
         // Fast path: the follower's channel holds the expected number.
         let c = b.follow.expected(&mut b.bufs, stats);
         if let Some(Item::Data { seq, .. }) = b.bufs[c].front() {
@@ -600,6 +760,30 @@ fn run_seq(
             lowest = lowest.min(low);
         }
         if all_past && lowest != u64::MAX {
+            if let Some(r) = repair.as_deref_mut() {
+                // A repaired packet may already wait beyond the gap.
+                let lowest = r
+                    .store
+                    .first_key_value()
+                    .map_or(lowest, |(k, _)| lowest.min(*k));
+                if *expected >= r.naked_until {
+                    // Name the gap to the sender and wait for it.
+                    let end = lowest.min(*expected + wire::nak::MAX_SEQS as u64);
+                    r.out.extend(*expected..end);
+                    r.naked_until = end;
+                    r.deadline = Some(now + r.wait);
+                }
+                if r.deadline.is_some_and(|d| now < d) {
+                    b.note_blocked(c, now);
+                    return;
+                }
+                // The wait is over (or the numbers were NAKed before and expired).
+                r.deadline = None;
+                stats.lost += lowest - *expected;
+                *expected = lowest;
+                b.blocked = None;
+                continue;
+            }
             stats.lost += lowest - *expected;
             *expected = lowest;
             b.blocked = None;

@@ -30,6 +30,8 @@ pub enum TransmitKind {
     Marker,
     /// A TRR trigger.
     Trigger,
+    /// A data packet sent again after a NAK (`seq` mode with repair).
+    Repair,
 }
 
 /// One datagram to put on one channel: `header()` followed by `payload`.
@@ -114,6 +116,9 @@ pub struct Striper {
     epoch: u32,
     /// Markers/triggers sent together carry the same batch number.
     batch: u32,
+    /// `seq` mode with repair: the last packets sent, oldest first, for NAKs.
+    sent_ring: VecDeque<(u64, Bytes)>,
+    ring_limit: usize,
     stats: Stats,
 }
 
@@ -139,6 +144,12 @@ impl Striper {
             unmarked_since: None,
             epoch: 0,
             batch: 0,
+            sent_ring: VecDeque::new(),
+            ring_limit: if cfg.mode == Mode::Seq && cfg.receiver.repair.is_some() {
+                cfg.receiver.buffer_packets
+            } else {
+                0
+            },
             stats: Stats::new(n),
             cfg,
         })
@@ -257,6 +268,12 @@ impl Striper {
             }
             Chooser::Baseline(_) => None,
         };
+        if self.ring_limit > 0 {
+            if self.sent_ring.len() == self.ring_limit {
+                self.sent_ring.pop_front();
+            }
+            self.sent_ring.push_back((self.seq, payload.clone()));
+        }
         let st = &mut self.stats.channels[channel];
         st.bytes_sent += wire_len as u64;
         st.packets_sent += 1;
@@ -293,6 +310,43 @@ impl Striper {
             }
         }
         Ok(())
+    }
+
+    /// A NAK arrived from the receiver (`seq` mode with repair): queue every named
+    /// packet that is still kept, once on every channel. Returns how many packets were
+    /// repaired; a NAK that does not parse, or names packets no longer kept, is ignored.
+    pub fn handle_nak(&mut self, datagram: &[u8]) -> usize {
+        let Ok(nak) = wire::nak::Repr::parse(datagram) else {
+            return 0;
+        };
+        let Some(&(first, _)) = self.sent_ring.front() else {
+            return 0;
+        };
+        let mut repaired = 0;
+        for seq in nak.seqs {
+            let Some(i) = seq.checked_sub(first) else {
+                continue;
+            };
+            let Some((s, payload)) = self.sent_ring.get(i as usize) else {
+                continue;
+            };
+            debug_assert_eq!(*s, seq);
+            let mut header = [0u8; wire::seq::HEADER_LEN];
+            wire::seq::Repr { seq: seq as u32 }.emit(&mut header);
+            header[0] = wire::seq::TYPE_REPAIR;
+            for channel in 0..self.cfg.channels() {
+                self.stats.channels[channel].repairs_sent += 1;
+                self.out.push_back(Transmit {
+                    channel,
+                    kind: TransmitKind::Repair,
+                    header,
+                    header_len: wire::seq::HEADER_LEN as u8,
+                    payload: payload.clone(),
+                });
+            }
+            repaired += 1;
+        }
+        repaired
     }
 
     /// The next datagram to send, if any.

@@ -17,6 +17,9 @@
 //! | `0xB1` | marker ([`marker`]) |
 //! | `0xB2` | TRR trigger ([`trigger`]) |
 //! | `0xB3` | data with a sequence header ([`seq`]) |
+//! | `0xB4` | session messages of braid-io (hello, epoch change) |
+//! | `0xB5` | NAK: sequence numbers to repair ([`nak`]) |
+//! | `0xB6` | a repaired (retransmitted) data packet, sequence header ([`seq`]) |
 //! | `0xBF` | escaped data: one byte to strip, then data that itself starts with `0xB_` |
 //! | other `0xB_` | reserved: counted as malformed |
 //!
@@ -24,6 +27,7 @@
 //! with the one-byte `0xBF` escape, so any byte string can be striped.
 
 pub mod marker;
+pub mod nak;
 pub mod seq;
 pub mod trigger;
 
@@ -74,6 +78,10 @@ pub enum Kind {
     Trigger,
     /// Data behind a sequence header.
     SeqData,
+    /// A NAK (handled by the sender side, not the resequencer).
+    Nak,
+    /// A repaired data packet behind a sequence header.
+    Repair,
 }
 
 /// Classify a datagram by its first byte.
@@ -89,6 +97,8 @@ pub fn classify(bytes: &[u8]) -> Result<Kind, WireError> {
         TYPE_MARKER => Ok(Kind::Marker),
         TYPE_TRIGGER => Ok(Kind::Trigger),
         TYPE_SEQ_DATA => Ok(Kind::SeqData),
+        nak::TYPE_NAK => Ok(Kind::Nak),
+        seq::TYPE_REPAIR => Ok(Kind::Repair),
         TYPE_ESCAPE => {
             if bytes.len() < 2 {
                 Err(WireError::Truncated)

@@ -15,6 +15,9 @@ use super::{read_u32, WireError, TYPE_SEQ_DATA};
 
 /// Header length.
 pub const HEADER_LEN: usize = 5;
+/// First byte of a repaired (retransmitted) data packet; the rest of the header is the
+/// same as for `0xB3`.
+pub const TYPE_REPAIR: u8 = 0xB6;
 
 /// A zero-copy view of a sequenced data packet.
 #[derive(Debug, Clone, Copy)]
@@ -58,7 +61,7 @@ impl Repr {
     /// Parse a header.
     pub fn parse<T: AsRef<[u8]>>(p: &Packet<T>) -> Result<Repr, WireError> {
         p.check_len()?;
-        if p.buffer.as_ref()[0] != TYPE_SEQ_DATA {
+        if !matches!(p.buffer.as_ref()[0], TYPE_SEQ_DATA | TYPE_REPAIR) {
             return Err(WireError::Invalid);
         }
         Ok(Repr { seq: p.seq() })
