@@ -77,11 +77,16 @@ fn striper(c: &mut Criterion) {
 }
 
 /// Datagrams of a striped stream in an arrival order where channel `c` lags `4c`
-/// datagrams behind (skew), with markers in band.
-fn arrivals(n: usize, mode: Mode, count: usize) -> Vec<(usize, Bytes)> {
+/// datagrams behind (skew), with markers in band. `len` fixes the packet size (the
+/// receiver's work does not depend on it, but the memory the test touches does).
+fn arrivals(n: usize, mode: Mode, count: usize, len: Option<usize>) -> Vec<(usize, Bytes)> {
     let mut s = Striper::new(config(n, mode)).unwrap();
     let mut out = Vec::new();
-    for (i, &len) in sizes(count).iter().enumerate() {
+    let sizes: Vec<usize> = match len {
+        Some(l) => vec![l; count],
+        None => sizes(count),
+    };
+    for (i, &len) in sizes.iter().enumerate() {
         let mut v = vec![0u8; len];
         v[0] = 0x45;
         s.handle_packet(Instant::ZERO, Bytes::from(v)).unwrap();
@@ -94,11 +99,21 @@ fn arrivals(n: usize, mode: Mode, count: usize) -> Vec<(usize, Bytes)> {
 }
 
 fn receiver(c: &mut Criterion) {
-    let mut g = c.benchmark_group("logical_receiver_packet");
-    // Small enough that the packets stay in cache, as a freshly received datagram is.
+    // Packets of the realistic mix (8 MB touched), and 128-byte packets, which stay in
+    // cache as a datagram just received does.
+    for (group, len) in [
+        ("logical_receiver_packet", None),
+        ("logical_receiver_packet_hot", Some(128)),
+    ] {
+        receiver_group(c, group, len);
+    }
+}
+
+fn receiver_group(c: &mut Criterion, group: &str, len: Option<usize>) {
+    let mut g = c.benchmark_group(group);
     const COUNT: usize = 8_192;
     for n in [2usize, 4, 8] {
-        let input = arrivals(n, Mode::Logical, COUNT);
+        let input = arrivals(n, Mode::Logical, COUNT, len);
         g.throughput(Throughput::Elements(COUNT as u64));
         g.bench_function(format!("{n}ch"), |b| {
             // Datagrams are handed over owned and unshared, as a driver does after a

@@ -359,6 +359,16 @@ impl Resequencer {
             Engine::Logical(b) => {
                 b.last_arrival[channel] = now;
                 push_bounded(b, channel, item, self.limit, &mut self.stats);
+                // Waiting on another channel: this arrival changes nothing but the
+                // waiting clock, unless it filled a buffer (the common case under skew).
+                if let Some((bc, since)) = b.blocked {
+                    if bc != channel && b.bufs[channel].len() < self.limit {
+                        if since.is_none() {
+                            b.blocked = Some((bc, Some(now)));
+                        }
+                        return;
+                    }
+                }
                 run_logical(b, self.limit, now, &mut self.out, &mut self.stats);
             }
             Engine::Seq {
