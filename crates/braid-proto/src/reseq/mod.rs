@@ -358,6 +358,21 @@ impl Resequencer {
             }
             Engine::Logical(b) => {
                 b.last_arrival[channel] = now;
+                // The awaited packet itself: deliver it without queueing it.
+                if let (Some((bc, _)), Item::Data { .. }) = (b.blocked, &item) {
+                    if bc == channel && b.bufs[channel].is_empty() {
+                        let Item::Data {
+                            payload, wire_len, ..
+                        } = item
+                        else {
+                            unreachable!()
+                        };
+                        b.blocked = None;
+                        b.follow.delivered(channel, wire_len as usize);
+                        deliver(&mut self.out, &mut self.stats, payload);
+                        return run_logical(b, self.limit, now, &mut self.out, &mut self.stats);
+                    }
+                }
                 push_bounded(b, channel, item, self.limit, &mut self.stats);
                 // Waiting on another channel: this arrival changes nothing but the
                 // waiting clock, unless it filled a buffer (the common case under skew).
