@@ -12,7 +12,7 @@ use clap::{Parser, Subcommand};
 /// marker resynchronization (Adiseshu, Parulkar, Varghese, SIGCOMM '96) and
 /// trigger-based SRR (Schrøder, Stormark, Koch).
 #[derive(Parser, Debug)]
-#[command(name = "braid", version, about, long_about = None, propagate_version = true)]
+#[command(name = "braid", version, propagate_version = true)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
