@@ -98,9 +98,15 @@ pub fn run(args: &[&str]) -> Result<String, LabError> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-fn ns(ns: &str, args: &[&str]) -> Result<String, LabError> {
-    let mut v = vec!["ip", "netns", "exec", ns];
-    v.extend_from_slice(args);
+/// Run `cmd` (words separated by spaces; none of the lab's arguments contain one)
+/// inside namespace `ns`, or in the current namespace if `ns` is empty.
+fn sh(ns: &str, cmd: &str) -> Result<String, LabError> {
+    let mut v: Vec<&str> = if ns.is_empty() {
+        Vec::new()
+    } else {
+        vec!["ip", "netns", "exec", ns]
+    };
+    v.extend(cmd.split_whitespace());
     run(&v)
 }
 
@@ -147,97 +153,62 @@ fn build(links: &[LinkSpec], exe: &Path, seed: u64) -> Result<(), LabError> {
 
     for n in [NS_CLIENT, NS_ROUTER, NS_SERVER] {
         run(&["ip", "netns", "add", n])?;
-        ns(n, &["ip", "link", "set", "dev", "lo", "up"])?;
+        sh(n, "ip link set dev lo up")?;
+        sh(n, "sysctl -qw net.ipv4.conf.all.rp_filter=0")?;
+        sh(n, "sysctl -qw net.ipv4.conf.default.rp_filter=0")?;
     }
-    ns(NS_ROUTER, &["sysctl", "-qw", "net.ipv4.ip_forward=1"])?;
-    for n in [NS_CLIENT, NS_ROUTER, NS_SERVER] {
-        ns(n, &["sysctl", "-qw", "net.ipv4.conf.all.rp_filter=0"])?;
-        ns(n, &["sysctl", "-qw", "net.ipv4.conf.default.rp_filter=0"])?;
-    }
+    sh(NS_ROUTER, "sysctl -qw net.ipv4.ip_forward=1")?;
     for (i, l) in links.iter().enumerate() {
-        let (li, ai, bi) = (format!("l{i}"), format!("a{i}"), format!("b{i}"));
-        run(&[
-            "ip", "link", "add", &li, "netns", NS_CLIENT, "type", "veth", "peer", "name", &ai,
-            "netns", NS_ROUTER,
-        ])?;
-        run(&[
-            "ip", "link", "add", &bi, "netns", NS_ROUTER, "type", "veth", "peer", "name", &li,
-            "netns", NS_SERVER,
-        ])?;
-        let ca = format!("{}/24", client_addr(i));
-        let ra = format!("10.201.{i}.2/24");
-        let rb = format!("10.202.{i}.2/24");
-        let sb = format!("{}/24", server_addr(i));
-        ns(NS_CLIENT, &["ip", "addr", "add", &ca, "dev", &li])?;
-        ns(NS_ROUTER, &["ip", "addr", "add", &ra, "dev", &ai])?;
-        ns(NS_ROUTER, &["ip", "addr", "add", &rb, "dev", &bi])?;
-        ns(NS_SERVER, &["ip", "addr", "add", &sb, "dev", &li])?;
-        ns(NS_CLIENT, &["ip", "link", "set", "dev", &li, "up"])?;
-        ns(NS_ROUTER, &["ip", "link", "set", "dev", &ai, "up"])?;
-        ns(NS_ROUTER, &["ip", "link", "set", "dev", &bi, "up"])?;
-        ns(NS_SERVER, &["ip", "link", "set", "dev", &li, "up"])?;
+        let (ca, sa) = (client_addr(i), server_addr(i));
+        sh(
+            "",
+            &format!(
+                "ip link add l{i} netns {NS_CLIENT} type veth peer name a{i} netns {NS_ROUTER}"
+            ),
+        )?;
+        sh(
+            "",
+            &format!(
+                "ip link add b{i} netns {NS_ROUTER} type veth peer name l{i} netns {NS_SERVER}"
+            ),
+        )?;
+        sh(NS_CLIENT, &format!("ip addr add {ca}/24 dev l{i}"))?;
+        sh(NS_ROUTER, &format!("ip addr add 10.201.{i}.2/24 dev a{i}"))?;
+        sh(NS_ROUTER, &format!("ip addr add 10.202.{i}.2/24 dev b{i}"))?;
+        sh(NS_SERVER, &format!("ip addr add {sa}/24 dev l{i}"))?;
+        sh(NS_CLIENT, &format!("ip link set dev l{i} up"))?;
+        sh(NS_ROUTER, &format!("ip link set dev a{i} up"))?;
+        sh(NS_ROUTER, &format!("ip link set dev b{i} up"))?;
+        sh(NS_SERVER, &format!("ip link set dev l{i} up"))?;
         // Rate: tbf on the router's egress in both directions.
-        let rate = format!("{}bit", l.rate_bps);
-        for dev in [&ai, &bi] {
-            ns(
+        for dev in ["a", "b"] {
+            sh(
                 NS_ROUTER,
-                &[
-                    "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", &rate, "burst",
-                    "32kb", "latency", "20ms",
-                ],
+                &format!(
+                    "tc qdisc add dev {dev}{i} root tbf rate {}bit burst 32kb latency 20ms",
+                    l.rate_bps
+                ),
             )?;
         }
         // Client: traffic from link i's address uses link i; the server's link-i
         // subnet is reached over link i.
-        let table = format!("{}", 10 + i);
-        let pref = format!("{}", 100 + i);
-        let gw = format!("10.201.{i}.2");
-        ns(
+        let table = 10 + i;
+        sh(
             NS_CLIENT,
-            &[
-                "ip",
-                "rule",
-                "add",
-                "from",
-                &client_addr(i),
-                "table",
-                &table,
-                "pref",
-                &pref,
-            ],
+            &format!("ip rule add from {ca} table {table} pref {}", 100 + i),
         )?;
-        ns(
+        sh(
             NS_CLIENT,
-            &[
-                "ip", "route", "add", "default", "via", &gw, "dev", &li, "table", &table,
-            ],
+            &format!("ip route add default via 10.201.{i}.2 dev l{i} table {table}"),
         )?;
-        ns(
+        sh(
             NS_CLIENT,
-            &[
-                "ip",
-                "route",
-                "add",
-                &format!("10.202.{i}.0/24"),
-                "via",
-                &gw,
-                "dev",
-                &li,
-            ],
+            &format!("ip route add 10.202.{i}.0/24 via 10.201.{i}.2 dev l{i}"),
         )?;
         // Server: answers go back over the link they came from.
-        ns(
+        sh(
             NS_SERVER,
-            &[
-                "ip",
-                "route",
-                "add",
-                &format!("10.201.{i}.0/24"),
-                "via",
-                &format!("10.202.{i}.2"),
-                "dev",
-                &li,
-            ],
+            &format!("ip route add 10.201.{i}.0/24 via 10.202.{i}.2 dev l{i}"),
         )?;
     }
 
@@ -273,7 +244,7 @@ fn build(links: &[LinkSpec], exe: &Path, seed: u64) -> Result<(), LabError> {
     std::mem::forget(child);
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let devs = ns(NS_ROUTER, &["ip", "-o", "link", "show"]).unwrap_or_default();
+        let devs = sh(NS_ROUTER, "ip -o link show").unwrap_or_default();
         let ready = (0..links.len()).all(|i| devs.contains(&format!(": t{i}:")));
         if ready {
             break;
@@ -287,86 +258,43 @@ fn build(links: &[LinkSpec], exe: &Path, seed: u64) -> Result<(), LabError> {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+    // Every packet entering the router on a<i> or b<i> goes through t<i> (the
+    // emulator); what comes back out of t<i> from the client side leaves on b<i>.
     for i in 0..links.len() {
-        let (ti, ai, bi) = (format!("t{i}"), format!("a{i}"), format!("b{i}"));
-        let delay_table = format!("{}", 100 + i);
-        let out_table = format!("{}", 200 + i);
-        ns(NS_ROUTER, &["ip", "link", "set", "dev", &ti, "up"])?;
-        ns(
+        let (delay_table, out_table) = (100 + i, 200 + i);
+        sh(NS_ROUTER, &format!("ip link set dev t{i} up"))?;
+        sh(
             NS_ROUTER,
-            &[
-                "ip",
-                "route",
-                "add",
-                "default",
-                "dev",
-                &ti,
-                "table",
-                &delay_table,
-            ],
+            &format!("ip route add default dev t{i} table {delay_table}"),
         )?;
-        ns(
+        sh(
             NS_ROUTER,
-            &[
-                "ip",
-                "rule",
-                "add",
-                "iif",
-                &ai,
-                "lookup",
-                &delay_table,
-                "pref",
-                &format!("{}", 1000 + i),
-            ],
+            &format!(
+                "ip rule add iif a{i} lookup {delay_table} pref {}",
+                1000 + i
+            ),
         )?;
-        ns(
+        sh(
             NS_ROUTER,
-            &[
-                "ip",
-                "rule",
-                "add",
-                "iif",
-                &bi,
-                "lookup",
-                &delay_table,
-                "pref",
-                &format!("{}", 1100 + i),
-            ],
+            &format!(
+                "ip rule add iif b{i} lookup {delay_table} pref {}",
+                1100 + i
+            ),
         )?;
-        ns(
+        sh(
             NS_ROUTER,
-            &[
-                "ip",
-                "rule",
-                "add",
-                "from",
-                &format!("10.201.{i}.0/24"),
-                "iif",
-                &ti,
-                "lookup",
-                &out_table,
-                "pref",
-                &format!("{}", 2000 + i),
-            ],
+            &format!(
+                "ip rule add from 10.201.{i}.0/24 iif t{i} lookup {out_table} pref {}",
+                2000 + i
+            ),
         )?;
-        ns(
+        sh(
             NS_ROUTER,
-            &[
-                "ip",
-                "route",
-                "add",
-                "10.202.0.0/16",
-                "via",
-                &format!("10.202.{i}.1"),
-                "dev",
-                &bi,
-                "table",
-                &out_table,
-            ],
+            &format!("ip route add 10.202.0.0/16 via 10.202.{i}.1 dev b{i} table {out_table}"),
         )?;
-        ns(
+        sh(
             NS_ROUTER,
-            &["sysctl", "-qw", &format!("net.ipv4.conf.{ti}.rp_filter=0")],
+            &format!("sysctl -qw net.ipv4.conf.t{i}.rp_filter=0"),
         )?;
     }
     Ok(())
