@@ -56,20 +56,36 @@ pub struct Resequencer {
 }
 
 enum Engine {
-    None {
-        highest_seq: Option<u64>,
-    },
+    None { highest_seq: Option<u64> },
     Logical(Buffered),
-    Seq {
-        b: Buffered,
-        /// Next sequence number to deliver.
-        expected: u64,
-        /// Per channel, the lowest sequence number that can still arrive on it.
-        floor: Vec<u64>,
-        /// Loss repair by NAK, if configured.
-        repair: Option<Repair>,
-    },
+    Seq(SeqRx),
     Trr(trr::Trr),
+}
+
+/// `seq` mode: buffers and follower, plus what the sequence numbers add.
+struct SeqRx {
+    b: Buffered,
+    /// Next sequence number to deliver.
+    expected: u64,
+    /// Per channel, the lowest sequence number that can still arrive on it.
+    floor: Vec<u64>,
+    /// Loss repair by NAK, if configured.
+    repair: Option<Repair>,
+}
+
+impl SeqRx {
+    fn run(&mut self, limit: usize, now: Instant, out: &mut VecDeque<Bytes>, stats: &mut Stats) {
+        run_seq(
+            &mut self.b,
+            &mut self.expected,
+            &mut self.floor,
+            self.repair.as_mut(),
+            limit,
+            now,
+            out,
+            stats,
+        );
+    }
 }
 
 /// `seq` mode loss repair: NAK what is missing, wait a while for it.
@@ -137,7 +153,7 @@ impl Resequencer {
         let engine = match (cfg.mode, sched) {
             (Mode::None, _) => Engine::None { highest_seq: None },
             (Mode::Logical, Some(s)) => Engine::Logical(buffered(s)),
-            (Mode::Seq, Some(s)) => Engine::Seq {
+            (Mode::Seq, Some(s)) => Engine::Seq(SeqRx {
                 b: buffered(s),
                 expected: 0,
                 floor: vec![0; n],
@@ -148,7 +164,7 @@ impl Resequencer {
                     deadline: None,
                     out: Vec::new(),
                 }),
-            },
+            }),
             (Mode::Trr, Some(Sched::Srr(s))) => {
                 Engine::Trr(trr::Trr::new(s, cfg.receiver.buffer_packets))
             }
@@ -186,7 +202,9 @@ impl Resequencer {
     pub fn buffered(&self) -> usize {
         let engine = match &self.engine {
             Engine::None { .. } => 0,
-            Engine::Logical(b) | Engine::Seq { b, .. } => b.bufs.iter().map(|q| q.len()).sum(),
+            Engine::Logical(b) | Engine::Seq(SeqRx { b, .. }) => {
+                b.bufs.iter().map(|q| q.len()).sum()
+            }
             Engine::Trr(t) => t.buffered(),
         };
         engine + self.equalizer.as_ref().map_or(0, |e| e.held())
@@ -269,7 +287,7 @@ impl Resequencer {
                 };
                 let wrapped = p.seq();
                 let reference = match &self.engine {
-                    Engine::Seq { expected, .. } => *expected,
+                    Engine::Seq(q) => q.expected,
                     Engine::None { highest_seq } => highest_seq.map_or(0, |h| h + 1),
                     _ => 0,
                 };
@@ -284,31 +302,19 @@ impl Resequencer {
                 let Ok(p) = seq::Packet::new_checked(&datagram[..]) else {
                     return self.malformed(channel);
                 };
-                let Engine::Seq {
-                    b,
-                    expected,
-                    floor,
-                    repair: Some(r),
-                } = &mut self.engine
-                else {
+                let Engine::Seq(q) = &mut self.engine else {
                     return self.malformed(channel);
                 };
-                let s = seq::extend(p.seq(), *expected);
-                if s < *expected || r.store.contains_key(&s) || r.store.len() >= self.limit {
+                let Some(r) = q.repair.as_mut() else {
+                    return self.malformed(channel);
+                };
+                let s = seq::extend(p.seq(), q.expected);
+                if s < q.expected || r.store.contains_key(&s) || r.store.len() >= self.limit {
                     self.stats.stale_dropped += 1;
                     return;
                 }
                 r.store.insert(s, datagram.slice(seq::HEADER_LEN..));
-                run_seq(
-                    b,
-                    expected,
-                    floor,
-                    Some(r),
-                    self.limit,
-                    now,
-                    &mut self.out,
-                    &mut self.stats,
-                );
+                q.run(self.limit, now, &mut self.out, &mut self.stats);
                 return;
             }
             Kind::Marker => {
@@ -386,12 +392,10 @@ impl Resequencer {
                 }
                 run_logical(b, self.limit, now, &mut self.out, &mut self.stats);
             }
-            Engine::Seq {
-                b,
-                expected,
-                floor,
-                repair,
-            } => {
+            Engine::Seq(q) => {
+                let SeqRx {
+                    b, expected, floor, ..
+                } = q;
                 b.last_arrival[channel] = now;
                 if let Item::Marker(m) = &item {
                     floor[channel] = floor[channel].max(m.seq);
@@ -412,16 +416,7 @@ impl Resequencer {
                     floor[channel] = floor[channel].max(*seq + 1);
                 }
                 push_bounded(b, channel, item, self.limit, &mut self.stats);
-                run_seq(
-                    b,
-                    expected,
-                    floor,
-                    repair.as_mut(),
-                    self.limit,
-                    now,
-                    &mut self.out,
-                    &mut self.stats,
-                );
+                q.run(self.limit, now, &mut self.out, &mut self.stats);
             }
             Engine::Trr(t) => {
                 if let Item::Data {
@@ -454,7 +449,7 @@ impl Resequencer {
             // Give up only on a channel that has been silent for max_wait while data
             // waits elsewhere: a slow channel keeps delivering and is waited for.
             Engine::Logical(b) => silent_due(b, self.max_wait),
-            Engine::Seq { b, repair, .. } => {
+            Engine::Seq(SeqRx { b, repair, .. }) => {
                 let repair_due = repair.as_ref().and_then(|r| r.deadline);
                 match (silent_due(b, self.max_wait), repair_due) {
                     (Some(a), Some(r)) => Some(a.min(r)),
@@ -468,9 +463,9 @@ impl Resequencer {
     /// A NAK to send to the peer's striper (on every channel), if repair found
     /// numbers missing since the last call.
     pub fn poll_nak(&mut self) -> Option<Bytes> {
-        let Engine::Seq {
+        let Engine::Seq(SeqRx {
             repair: Some(r), ..
-        } = &mut self.engine
+        }) = &mut self.engine
         else {
             return None;
         };
@@ -504,41 +499,27 @@ impl Resequencer {
                     b.follow.give_up(c);
                 }
             },
-            Engine::Seq {
-                b,
-                expected,
-                floor,
-                repair,
-            } => loop {
+            Engine::Seq(q) => loop {
                 // Nothing more will come, repairs included: stop waiting for them.
-                if let Some(r) = repair.as_mut() {
+                if let Some(r) = q.repair.as_mut() {
                     r.deadline = Some(now);
                     r.naked_until = u64::MAX;
                 }
-                run_seq(
-                    b,
-                    expected,
-                    floor,
-                    repair.as_mut(),
-                    self.limit,
-                    now,
-                    &mut self.out,
-                    &mut self.stats,
-                );
-                if b.bufs.iter().all(|q| q.is_empty()) {
+                q.run(self.limit, now, &mut self.out, &mut self.stats);
+                if q.b.bufs.iter().all(|b| b.is_empty()) {
                     break;
                 }
-                b.blocked = None;
-                let before = *expected;
-                skip_to_lowest_buffered(b, expected, &mut self.stats);
-                if *expected == before {
+                q.b.blocked = None;
+                let before = q.expected;
+                skip_to_lowest_buffered(&mut q.b, &mut q.expected, &mut self.stats);
+                if q.expected == before {
                     // Only markers left: nothing more to deliver.
-                    b.bufs.iter_mut().for_each(|q| q.clear());
+                    q.b.bufs.iter_mut().for_each(|b| b.clear());
                 }
             },
             Engine::Trr(t) => t.drain(&mut self.out, &mut self.stats),
         }
-        if let Engine::Logical(b) | Engine::Seq { b, .. } = &mut self.engine {
+        if let Engine::Logical(b) | Engine::Seq(SeqRx { b, .. }) = &mut self.engine {
             b.blocked = None;
         }
     }
@@ -562,12 +543,13 @@ impl Resequencer {
                 }
                 run_logical(b, self.limit, now, &mut self.out, &mut self.stats);
             }
-            Engine::Seq {
-                b,
-                expected,
-                floor,
-                repair,
-            } => {
+            Engine::Seq(q) => {
+                let SeqRx {
+                    b,
+                    expected,
+                    floor,
+                    repair,
+                } = q;
                 if silent_due(b, self.max_wait).is_some_and(|t| now >= t) {
                     if let Some((c, _)) = b.blocked.take() {
                         self.stats.channels[c].wait_timeouts += 1;
@@ -587,19 +569,10 @@ impl Resequencer {
                         }
                     }
                 }
-                run_seq(
-                    b,
-                    expected,
-                    floor,
-                    repair.as_mut(),
-                    self.limit,
-                    now,
-                    &mut self.out,
-                    &mut self.stats,
-                );
+                q.run(self.limit, now, &mut self.out, &mut self.stats);
                 // An expired wait must not keep the timer armed: the numbers it covered
                 // are declared lost when their turn comes.
-                if let Some(r) = repair.as_mut() {
+                if let Some(r) = q.repair.as_mut() {
                     if r.deadline.is_some_and(|d| d <= now) {
                         r.deadline = None;
                     }
