@@ -206,18 +206,13 @@ impl Tun {
             let mut g = self.fd.readable().await?;
             let r = g.try_io(|fd| {
                 // SAFETY: buf is valid for buf.len() bytes.
-                let n = unsafe {
+                byte_count(unsafe {
                     libc::read(
                         fd.as_raw_fd(),
                         buf.as_mut_ptr() as *mut libc::c_void,
                         buf.len(),
                     )
-                };
-                if n < 0 {
-                    Err(io::Error::last_os_error())
-                } else {
-                    Ok(n as usize)
-                }
+                })
             });
             if let Ok(r) = r {
                 return r;
@@ -231,22 +226,26 @@ impl Tun {
             let mut g = self.fd.writable().await?;
             let r = g.try_io(|fd| {
                 // SAFETY: pkt is valid for pkt.len() bytes.
-                let n = unsafe {
+                byte_count(unsafe {
                     libc::write(
                         fd.as_raw_fd(),
                         pkt.as_ptr() as *const libc::c_void,
                         pkt.len(),
                     )
-                };
-                if n < 0 {
-                    Err(io::Error::last_os_error())
-                } else {
-                    Ok(n as usize)
-                }
+                })
             });
             if let Ok(r) = r {
                 return r;
             }
         }
+    }
+}
+
+/// A read(2)/write(2) result as a byte count or the OS error.
+fn byte_count(n: isize) -> io::Result<usize> {
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
     }
 }
