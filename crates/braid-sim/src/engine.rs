@@ -68,8 +68,9 @@ pub struct RunConfig {
     pub variant: Variant,
 }
 
-/// Per-channel results.
-#[derive(Clone, Debug, Default, PartialEq)]
+/// Per-channel results. The JSON report shows them as they are, less the fields marked
+/// `skip` (used only to compute session-level figures).
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
 pub struct ChannelResult {
     /// Channel index.
     pub id: usize,
@@ -92,10 +93,13 @@ pub struct ChannelResult {
     /// Datagrams dropped because they exceeded the MTU.
     pub mtu_drops: u64,
     /// Of the bytes, markers and triggers.
+    #[serde(skip)]
     pub control_bytes: u64,
     /// Data packets lost or corrupted on the channel.
+    #[serde(skip)]
     pub data_lost: u64,
     /// Data packets dropped at the sender (full queue or over the MTU).
+    #[serde(skip)]
     pub data_dropped: u64,
 }
 

@@ -8,7 +8,7 @@ use std::sync::Mutex;
 use braid_proto::{Policy, SchedulerKind};
 use serde::Serialize;
 
-use crate::engine::{self, RunError, RunResult, Variant};
+use crate::engine::{self, ChannelResult, RunError, RunResult, Variant};
 use crate::rng::{mix64, streams};
 use crate::scenario::{Job, Scenario};
 
@@ -34,31 +34,6 @@ pub struct Latency {
     pub p99: f64,
     /// Maximum.
     pub max: f64,
-}
-
-/// Per-channel counters.
-#[derive(Clone, Debug, Serialize, PartialEq)]
-pub struct ChannelReport {
-    /// Channel index.
-    pub id: usize,
-    /// Bytes put on the channel (data and control).
-    pub bytes: u64,
-    /// Datagrams put on the channel (data and control).
-    pub packets: u64,
-    /// Data packets among them.
-    pub data_packets: u64,
-    /// Markers and triggers among them.
-    pub control_packets: u64,
-    /// Bytes serialized inside the measurement window, bit/s.
-    pub throughput_bps: f64,
-    /// Datagrams lost on the channel (any loss model).
-    pub lost: u64,
-    /// Datagrams corrupted on the channel.
-    pub corrupted: u64,
-    /// Datagrams dropped at a full transmit queue.
-    pub queue_drops: u64,
-    /// Datagrams dropped for exceeding the MTU.
-    pub mtu_drops: u64,
 }
 
 /// One run's results.
@@ -93,7 +68,7 @@ pub struct RunReport {
     /// Marker and trigger bytes / all bytes put on the channels.
     pub marker_overhead: f64,
     /// Per channel.
-    pub channels: Vec<ChannelReport>,
+    pub channels: Vec<ChannelResult>,
     /// Goodput counting only packets delivered in order, bit/s.
     pub inorder_goodput_bps: f64,
     /// Per loss episode: in-order delivery resumed after the last misordering.
@@ -156,22 +131,7 @@ fn to_report(job: &Job, r: RunResult) -> RunReport {
         },
         marker_overhead: r.marker_overhead(),
         resync_s: r.resync_s,
-        channels: r
-            .channels
-            .iter()
-            .map(|c| ChannelReport {
-                id: c.id,
-                bytes: c.bytes,
-                packets: c.packets,
-                data_packets: c.data_packets,
-                control_packets: c.control_packets,
-                throughput_bps: c.throughput_bps,
-                lost: c.lost,
-                corrupted: c.corrupted,
-                queue_drops: c.queue_drops,
-                mtu_drops: c.mtu_drops,
-            })
-            .collect(),
+        channels: r.channels.clone(),
         inorder_goodput_bps: r.inorder_goodput_bps,
         fifo_restored: r.fifo_restored,
         loss_episodes_s: r.episodes.iter().map(|&(a, b)| [a, b]).collect(),
