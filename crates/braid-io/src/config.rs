@@ -7,10 +7,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use braid_proto::config::{MarkerConfig, MarkerPosition, ReceiverConfig};
-use braid_proto::{Mode, Policy, SchedulerKind, StripeConfig};
+use braid_proto::{Mode, SchedulerKind, StripeConfig};
 use serde::Deserialize;
 
-use crate::ctrl::MAX_CHANNELS;
+use braid_proto::config::MAX_CHANNELS;
 
 /// One channel: a UDP socket bound to `local`, aimed at the peer's `remote`.
 #[derive(Clone, Debug, PartialEq)]
@@ -187,43 +187,34 @@ impl SessionConfig {
             .map_err(|e| e.to_string())
     }
 
-    /// The braid-proto configuration for an epoch over these physical channels.
-    pub fn stripe_config(&self, members: &[usize]) -> StripeConfig {
-        let max_packet = self.max_datagram();
-        let min_w = self
-            .channels
-            .iter()
-            .map(|c| c.weight)
-            .min()
-            .unwrap_or(1)
-            .max(1) as u64;
-        let weights = members
-            .iter()
-            .map(|&i| {
-                let w = self.channels[i].weight as u64;
-                match self.scheduler {
-                    // Quantum proportional to capacity, the smallest equal to max_packet.
-                    SchedulerKind::Srr => ((max_packet as u64 * w).div_ceil(min_w)) as u32,
-                    SchedulerKind::Grr => (w / min_w).max(1) as u32,
-                    _ => w as u32,
-                }
-            })
-            .collect();
-        let mut markers = self.markers;
-        if let MarkerPosition::Channel(c) = markers.position {
-            if c >= members.len() {
-                markers.position = MarkerPosition::End;
-            }
-        }
-        StripeConfig {
-            policy: Policy::Causal(self.scheduler),
-            weights,
-            max_packet,
+    /// The session machine's configuration (everything but addresses and sockets).
+    pub fn session_config(&self) -> braid_proto::session::Config {
+        braid_proto::session::Config {
+            channels: self
+                .channels
+                .iter()
+                .map(|c| braid_proto::session::ChannelParams {
+                    name: c.name.clone(),
+                    weight: c.weight,
+                })
+                .collect(),
+            max_datagram: self.max_datagram(),
             mode: self.mode,
-            markers,
+            scheduler: self.scheduler,
+            key: self.key.clone(),
+            markers: self.markers,
             trigger_every: self.trigger_every,
             receiver: self.receiver,
+            heartbeat: braid_proto::Duration::from_micros(self.heartbeat.as_micros() as u64),
+            dead_after: braid_proto::Duration::from_micros(self.dead_after.as_micros() as u64),
+            rejoin_after: braid_proto::Duration::from_micros(self.rejoin_after.as_micros() as u64),
+            queue_packets: self.queue_packets,
         }
+    }
+
+    /// The braid-proto configuration for an epoch over these physical channels.
+    pub fn stripe_config(&self, members: &[usize]) -> StripeConfig {
+        self.session_config().stripe_config(members)
     }
 }
 

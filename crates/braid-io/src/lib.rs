@@ -10,10 +10,12 @@
 //! * Channel liveness and failover: hellos every heartbeat on every channel and the
 //!   striper's markers reveal which channels deliver; a channel silent for
 //!   `dead_after` is declared down and the sender moves to a new channel set at an
-//!   epoch boundary both ends agree on ([`ctrl`]); it rejoins the same way.
+//!   epoch boundary both ends agree on; it rejoins the same way.
 //! * Every control packet (markers, triggers, session messages) is authenticated with a
-//!   keyed BLAKE3 MAC and a per-channel replay counter ([`auth`]). Data stay
-//!   header-free in `logical` and `trr` modes.
+//!   keyed BLAKE3 MAC and a per-channel replay counter. Data stay header-free in
+//!   `logical` and `trr` modes.
+//! * All of that protocol is the sans-IO machine [`braid_proto::session`]; this crate
+//!   supplies sockets, the clock and the queues to the application.
 //! * [`tun`]: a Linux TUN device, for `braid tunnel`.
 //! * [`observe`]: the `braid status` control socket and the Prometheus endpoint.
 //!
@@ -22,9 +24,7 @@
 
 #![warn(missing_docs)]
 
-pub mod auth;
 pub mod config;
-pub mod ctrl;
 pub mod observe;
 pub mod relay;
 pub mod session;

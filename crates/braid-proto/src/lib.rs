@@ -22,6 +22,7 @@ pub mod config;
 pub mod harness;
 pub mod reseq;
 pub mod sched;
+pub mod session;
 pub mod stats;
 pub mod stripe;
 pub mod time;

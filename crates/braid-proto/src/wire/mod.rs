@@ -17,7 +17,7 @@
 //! | `0xB1` | marker ([`marker`]) |
 //! | `0xB2` | TRR trigger ([`trigger`]) |
 //! | `0xB3` | data with a sequence header ([`seq`]) |
-//! | `0xB4` | session messages of braid-io (hello, epoch change) |
+//! | `0xB4` | session messages: hello, epoch end, epoch ack ([`session`]) |
 //! | `0xB5` | NAK: sequence numbers to repair ([`nak`]) |
 //! | `0xB6` | a repaired (retransmitted) data packet, sequence header ([`seq`]) |
 //! | `0xBF` | escaped data: one byte to strip, then data that itself starts with `0xB_` |
@@ -29,6 +29,7 @@
 pub mod marker;
 pub mod nak;
 pub mod seq;
+pub mod session;
 pub mod trigger;
 
 /// Wire version spoken by this implementation (markers and triggers carry it).

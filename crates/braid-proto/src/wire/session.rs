@@ -1,6 +1,6 @@
-//! braid-io's own session messages, first byte `0xB4` (reserved for them in the
-//! braid-proto codepoint table). Each is followed on the wire by the authentication
-//! trailer of [`crate::auth`]. All integers are big-endian.
+//! Session messages (hello, epoch end, epoch ack), first byte `0xB4`, spoken by the
+//! session machine ([`crate::session`]). Each is followed on the wire by the
+//! authentication trailer of [`crate::session::auth`]. All integers are big-endian.
 //!
 //! Common header:
 //!
@@ -56,9 +56,6 @@ pub const KIND_HELLO: u8 = 1;
 pub const KIND_END: u8 = 2;
 /// Kind byte of an epoch ack.
 pub const KIND_ACK: u8 = 3;
-/// At most this many channels per session (the channel sets are 64-bit masks and an
-/// epoch-end message with every channel must stay small).
-pub const MAX_CHANNELS: usize = 32;
 
 /// Why a session message could not be parsed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]

@@ -1,7 +1,7 @@
 //! Authentication of control datagrams.
 //!
 //! Every control datagram (first byte `0xB1` marker, `0xB2` trigger, `0xB4` session
-//! message, see [`crate::ctrl`]) leaves a braid end with a 32-byte trailer:
+//! message, see [`crate::wire::session`]) leaves a braid end with a 32-byte trailer:
 //!
 //! ```text
 //!  0                   8                  16                                32
@@ -16,8 +16,9 @@
 //! `channel` is the one-byte index of the channel the datagram travels on, so a packet
 //! cannot be replayed onto another channel.
 //!
-//! * `instance` is chosen at start from the wall clock (microseconds since 1970, shifted
-//!   left by 12, with 12 random low bits): a restarted end has a larger instance.
+//! * `instance` is chosen by the driver at start (braid-io: microseconds since 1970,
+//!   shifted left by 12, with 12 random low bits, so a restarted end has a larger
+//!   instance); the core reads no clock.
 //! * `counter` counts the control datagrams sent on that channel by that instance,
 //!   from 1. Channels are FIFO, so the receiver accepts a counter only if it is larger
 //!   than the last one accepted on that channel: a replayed or reordered control packet
@@ -27,8 +28,6 @@
 //!   adopts it (the session then starts over at epoch 0). A smaller one is stale.
 //!
 //! Data datagrams carry no trailer and are not authenticated (header-free data).
-
-use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Bytes appended to each control datagram.
 pub const TRAILER_LEN: usize = 32;
@@ -71,19 +70,6 @@ pub struct Auth {
     tx_counter: Vec<u64>,
     peer_instance: Option<u64>,
     rx_counter: Vec<u64>,
-}
-
-/// A fresh instance number: wall-clock microseconds << 12 | 12 random bits.
-pub fn new_instance() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let us = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_micros() as u64)
-        .unwrap_or(0);
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(us);
-    h.write_u32(std::process::id());
-    (us << 12) | (h.finish() & 0xfff)
 }
 
 impl Auth {

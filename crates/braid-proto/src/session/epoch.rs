@@ -1,0 +1,370 @@
+//! Epochs: choosing and switching the channel set (failover and rejoin).
+//!
+//! The data sender ends an epoch with an epoch-end message on every channel of the old
+//! and the new set, after its last data packet there, and holds new data until the
+//! receiver acknowledges; the receiver ends each old channel at its final position,
+//! drains the old resequencer and starts a new one. Message formats:
+//! [`crate::wire::session`].
+
+use std::collections::VecDeque;
+
+use bytes::Bytes;
+
+use super::stats::{add_global, add_stats};
+use super::{bit, members_of, Event, Session};
+use crate::sched::Position;
+use crate::stats::{ChannelStats, Stats};
+use crate::time::Instant;
+use crate::wire::marker;
+use crate::wire::session::{EpochAck, EpochEnd, Msg};
+use crate::{Mode, Resequencer, Striper};
+
+/// A transmit epoch switch waiting for its ack.
+pub(super) struct Switch {
+    pub new_epoch: u32,
+    pub new_set: u64,
+    /// Every set proposed for `new_epoch` (an ack for any of them completes it).
+    pub proposed: Vec<u64>,
+    /// Data packets sent in the old epoch.
+    pub sent: u64,
+    /// Final (round, deficit counter) of each old channel.
+    pub finals: Vec<(u64, i64)>,
+}
+
+/// Our transmit direction.
+pub(super) struct Tx {
+    pub epoch: u32,
+    pub set: u64,
+    /// Physical channel of each striper channel.
+    pub members: Vec<usize>,
+    pub striper: Striper,
+    pub switching: Option<Switch>,
+    /// Application packets held during a switch.
+    pub pending: VecDeque<Bytes>,
+    /// Counters of earlier epochs' stripers, per physical channel.
+    pub base: Vec<ChannelStats>,
+    pub changes: u64,
+}
+
+impl Tx {
+    pub fn new(set: u64, members: Vec<usize>, striper: Striper, n: usize) -> Tx {
+        Tx {
+            epoch: 0,
+            set,
+            members,
+            striper,
+            switching: None,
+            pending: VecDeque::new(),
+            base: vec![ChannelStats::default(); n],
+            changes: 0,
+        }
+    }
+
+    /// Add the current striper's counters to `base` (before it is replaced).
+    fn account(&mut self) {
+        for (k, &p) in self.members.iter().enumerate() {
+            add_stats(&mut self.base[p], &self.striper.stats().channels[k]);
+        }
+    }
+}
+
+/// Our receive direction.
+pub(super) struct Rx {
+    pub epoch: u32,
+    pub set: u64,
+    /// Resequencer channel of each physical channel in the set.
+    pub index: Vec<Option<usize>>,
+    pub reseq: Resequencer,
+    /// The epoch end received, while we wait for it on every new channel.
+    pub pending: Option<EpochEnd>,
+    /// Channels on which the pending end arrived.
+    pub end_seen: u64,
+    /// Old channels already ended in the resequencer.
+    pub ended: u64,
+    /// Counters of earlier epochs' resequencers.
+    pub base: Vec<ChannelStats>,
+    pub base_global: Stats,
+    /// Packets left undeliverable at an epoch switch.
+    pub switch_lost: u64,
+    pub changes: u64,
+}
+
+impl Rx {
+    pub fn new(set: u64, reseq: Resequencer, n: usize) -> Rx {
+        Rx {
+            epoch: 0,
+            set,
+            index: (0..n).map(Some).collect(),
+            reseq,
+            pending: None,
+            end_seen: 0,
+            ended: 0,
+            base: vec![ChannelStats::default(); n],
+            base_global: Stats::new(0),
+            switch_lost: 0,
+            changes: 0,
+        }
+    }
+
+    /// Add the current resequencer's counters to the bases (before it is replaced).
+    fn account(&mut self) {
+        let s = self.reseq.stats();
+        for (p, k) in self.index.iter().enumerate() {
+            if let Some(k) = *k {
+                add_stats(&mut self.base[p], &s.channels[k]);
+            }
+        }
+        add_global(&mut self.base_global, s);
+    }
+}
+
+impl Session {
+    /// The peer restarted: both directions start over at epoch 0 over every channel.
+    pub(super) fn reset_epochs(&mut self, now: Instant) {
+        let members: Vec<usize> = (0..self.n).collect();
+        let sc = self.cfg.stripe_config(&members);
+        self.tx.account();
+        self.tx.striper = Striper::new(sc.clone()).expect("validated");
+        self.tx.epoch = 0;
+        self.tx.set = self.all;
+        self.tx.members = members;
+        self.tx.switching = None;
+        self.rx.account();
+        self.rx.reseq = Resequencer::new(&sc).expect("validated");
+        self.rx.epoch = 0;
+        self.rx.set = self.all;
+        self.rx.index = (0..self.n).map(Some).collect();
+        self.rx.pending = None;
+        self.rx.end_seen = 0;
+        self.rx.ended = 0;
+        let pending: Vec<Bytes> = self.tx.pending.drain(..).collect();
+        for m in pending {
+            let _ = self.tx.striper.handle_packet(now, m);
+        }
+        self.take_transmits();
+    }
+
+    // ---- transmit direction: choosing and switching the channel set ----
+
+    pub(super) fn maybe_switch(&mut self, now: Instant) {
+        let Some(at) = self.peer.report_at else {
+            return;
+        };
+        if now - at > self.cfg.dead_after {
+            return;
+        }
+        let desired = self.peer.mask & self.all;
+        if desired == 0 {
+            return;
+        }
+        if let Some(sw) = &mut self.tx.switching {
+            if desired != sw.new_set {
+                self.events.push_back(Event::TxRetarget {
+                    epoch: sw.new_epoch,
+                    to: desired,
+                });
+                sw.new_set = desired;
+                if !sw.proposed.contains(&desired) {
+                    sw.proposed.push(desired);
+                }
+                self.send_end();
+            }
+            return;
+        }
+        if desired != self.tx.set {
+            self.start_switch(desired);
+        }
+    }
+
+    fn start_switch(&mut self, new_set: u64) {
+        // Final markers/triggers of the old epoch on its channels.
+        self.tx.striper.flush();
+        self.take_transmits();
+        let k = self.tx.members.len();
+        let finals = match self.tx.striper.scheduler() {
+            Some(s) => (0..k)
+                .map(|i| {
+                    let p = s.position(i);
+                    (p.round, p.dc)
+                })
+                .collect(),
+            None => vec![(0, 1); k],
+        };
+        let sw = Switch {
+            new_epoch: self.tx.epoch.wrapping_add(1),
+            new_set,
+            proposed: vec![new_set],
+            sent: self.tx.striper.packets_sent(),
+            finals,
+        };
+        self.events.push_back(Event::TxSwitchStarted {
+            epoch: self.tx.epoch,
+            from: self.tx.set,
+            to: new_set,
+            sent: sw.sent,
+        });
+        self.tx.switching = Some(sw);
+        self.send_end();
+    }
+
+    pub(super) fn send_end(&mut self) {
+        let Some(sw) = &self.tx.switching else {
+            return;
+        };
+        let base = EpochEnd {
+            channel: 0,
+            old_epoch: self.tx.epoch,
+            new_epoch: sw.new_epoch,
+            old_set: self.tx.set,
+            new_set: sw.new_set,
+            seq: sw.sent,
+            finals: sw.finals.clone(),
+        };
+        for c in members_of(self.tx.set | sw.new_set) {
+            let mut e = base.clone();
+            e.channel = c as u8;
+            self.send_ctrl(c, &Msg::End(e));
+        }
+    }
+
+    pub(super) fn tx_on_ack(&mut self, a: EpochAck, now: Instant) {
+        let Some(sw) = &self.tx.switching else {
+            return;
+        };
+        if a.epoch != sw.new_epoch || !sw.proposed.contains(&a.set) || a.set == 0 {
+            return;
+        }
+        let new_epoch = sw.new_epoch;
+        self.tx.account();
+        let members = members_of(a.set & self.all);
+        self.tx.striper = Striper::new(self.cfg.stripe_config(&members)).expect("validated");
+        self.tx.striper.set_epoch(new_epoch);
+        self.tx.epoch = new_epoch;
+        self.tx.set = a.set;
+        self.tx.members = members;
+        self.tx.switching = None;
+        self.tx.changes += 1;
+        self.events.push_back(Event::TxEpoch {
+            epoch: new_epoch,
+            set: a.set,
+            held: self.tx.pending.len(),
+        });
+        while let Some(m) = self.tx.pending.pop_front() {
+            if self.tx.striper.handle_packet(now, m).is_err() {
+                self.counters.queue_drops += 1;
+            }
+        }
+        self.take_transmits();
+        self.maybe_switch(now);
+    }
+
+    // ---- receive direction ----
+
+    fn send_ack_all(&mut self) {
+        for c in members_of(self.rx.set) {
+            let m = Msg::Ack(EpochAck {
+                channel: c as u8,
+                epoch: self.rx.epoch,
+                set: self.rx.set,
+            });
+            self.send_ctrl(c, &m);
+        }
+    }
+
+    pub(super) fn rx_on_end(&mut self, c: usize, e: EpochEnd, now: Instant) {
+        if e.new_epoch == self.rx.epoch {
+            // A retransmission after we switched (our ack was lost or crossed a
+            // retarget): acknowledge what is in force.
+            self.send_ack_all();
+            return;
+        }
+        let members = self.rx.index.iter().filter(|k| k.is_some()).count();
+        if e.old_epoch != self.rx.epoch
+            || e.old_set != self.rx.set
+            || e.finals.len() != members
+            || e.new_set & !self.all != 0
+        {
+            return;
+        }
+        if self.rx.pending.is_none() {
+            self.events.push_back(Event::RxEpochEnding {
+                epoch: self.rx.epoch,
+            });
+        }
+        self.rx.pending = Some(e);
+        if self.rx.end_seen & bit(c) == 0 {
+            self.rx.end_seen |= bit(c);
+            if self.rx.set & bit(c) != 0 {
+                self.end_channel(c, now);
+            }
+        }
+        let new_set = self.rx.pending.as_ref().map_or(0, |p| p.new_set);
+        if new_set & !self.rx.end_seen == 0 {
+            self.commit_rx(now);
+        }
+    }
+
+    /// Tell the resequencer that nothing more comes on old channel `c` in this epoch:
+    /// the old epoch's final marker position for it goes in behind its last data.
+    fn end_channel(&mut self, c: usize, now: Instant) {
+        if self.rx.ended & bit(c) != 0 {
+            return;
+        }
+        self.rx.ended |= bit(c);
+        let (Some(k), Some(p)) = (self.rx.index[c], &self.rx.pending) else {
+            return;
+        };
+        if !matches!(self.cfg.mode, Mode::Logical | Mode::Seq) {
+            return;
+        }
+        let (round, dc) = p.finals[k];
+        if dc <= 0 {
+            return;
+        }
+        let m = marker::Repr {
+            channel: k as u8,
+            epoch: self.rx.epoch,
+            position: Position { round, dc },
+            seq: p.seq,
+            batch: 0,
+            credits: None,
+            quantum_change: None,
+        };
+        self.rx
+            .reseq
+            .handle_datagram(now, k, Bytes::from(m.to_vec()));
+        self.drain_deliver();
+    }
+
+    fn commit_rx(&mut self, now: Instant) {
+        let Some(p) = self.rx.pending.clone() else {
+            return;
+        };
+        for c in members_of(self.rx.set) {
+            self.end_channel(c, now);
+        }
+        // Nothing more arrives for the old epoch: deliver what it can, in order, and
+        // give up on whatever the dead channels took with them.
+        self.rx.reseq.drain(now);
+        self.drain_deliver();
+        self.rx.switch_lost += self.rx.reseq.buffered() as u64;
+        self.rx.account();
+        let members = members_of(p.new_set);
+        self.rx.reseq = Resequencer::new(&self.cfg.stripe_config(&members)).expect("validated");
+        self.rx.index = vec![None; self.n];
+        for (k, &m) in members.iter().enumerate() {
+            self.rx.index[m] = Some(k);
+        }
+        self.rx.epoch = p.new_epoch;
+        self.rx.set = p.new_set;
+        self.rx.pending = None;
+        self.rx.end_seen = 0;
+        self.rx.ended = 0;
+        self.rx.changes += 1;
+        self.events.push_back(Event::RxEpoch {
+            epoch: p.new_epoch,
+            set: p.new_set,
+        });
+        self.send_ack_all();
+    }
+}

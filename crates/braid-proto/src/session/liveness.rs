@@ -1,0 +1,223 @@
+//! Hellos and channel liveness: which channels we hear the peer on, which channels the
+//! peer hears us on, and the periodic heartbeat.
+
+use super::{bit, Event, Session};
+use crate::time::Instant;
+use crate::wire::session::{Hello, Msg};
+
+/// Do we hear the peer on a channel?
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum LinkState {
+    /// Never heard the peer yet.
+    Waiting,
+    /// Heard within `dead_after`.
+    Up,
+    /// Silent for `dead_after`; up again after `rejoin_after` of continuous hearing.
+    Down,
+}
+
+impl LinkState {
+    /// Short name, as in `braid status`.
+    pub fn name(self) -> &'static str {
+        match self {
+            LinkState::Waiting => "wait",
+            LinkState::Up => "up",
+            LinkState::Down => "down",
+        }
+    }
+}
+
+/// Per-channel counters the session keeps (the striper and resequencer keep theirs).
+#[derive(Default, Clone, Debug)]
+pub(super) struct ChanCounters {
+    pub tx_datagrams: u64,
+    pub tx_bytes: u64,
+    pub tx_data: u64,
+    pub tx_markers: u64,
+    pub tx_triggers: u64,
+    pub rx_datagrams: u64,
+    pub rx_bytes: u64,
+    pub rx_data: u64,
+    pub rx_markers: u64,
+    pub rx_triggers: u64,
+    pub rx_hellos: u64,
+    pub auth_failures: u64,
+    pub replays: u64,
+    pub malformed: u64,
+    pub last_tx_bytes: u64,
+    pub last_rx_bytes: u64,
+    pub tx_bps: f64,
+    pub rx_bps: f64,
+}
+
+pub(super) struct Chan {
+    pub state: LinkState,
+    pub since: Instant,
+    pub changes: u64,
+    pub last_rx: Option<Instant>,
+    pub run_start: Option<Instant>,
+    pub peer_hears_us: bool,
+    pub n: ChanCounters,
+}
+
+impl Chan {
+    pub fn new(now: Instant) -> Chan {
+        Chan {
+            state: LinkState::Waiting,
+            since: now,
+            changes: 0,
+            last_rx: None,
+            run_start: None,
+            peer_hears_us: false,
+            n: ChanCounters::default(),
+        }
+    }
+}
+
+/// What we know of the peer.
+pub(super) struct Peer {
+    pub seen: bool,
+    pub last: Option<Instant>,
+    /// Channels the peer last reported hearing us on.
+    pub mask: u64,
+    pub report_at: Option<Instant>,
+    pub silent_warned: bool,
+    pub mismatch_warned: bool,
+}
+
+impl Peer {
+    pub fn new(all: u64) -> Peer {
+        Peer {
+            seen: false,
+            last: None,
+            mask: all,
+            report_at: None,
+            silent_warned: false,
+            mismatch_warned: false,
+        }
+    }
+}
+
+impl Session {
+    pub(super) fn rx_mask(&self) -> u64 {
+        self.chans
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.state != LinkState::Down)
+            .fold(0, |m, (i, _)| m | bit(i))
+    }
+
+    pub(super) fn heartbeat(&mut self, now: Instant) {
+        self.liveness(now);
+        let rx_mask = self.rx_mask();
+        for c in 0..self.n {
+            let m = Msg::Hello(Hello {
+                channel: c as u8,
+                channels: self.n as u8,
+                rx_mask,
+                tx_epoch: self.tx.epoch,
+                rx_epoch: self.rx.epoch,
+            });
+            self.send_ctrl(c, &m);
+        }
+        if self.tx.switching.is_some() {
+            self.send_end();
+        } else {
+            // Markers (or triggers) on every channel of the set: heartbeats that also
+            // resynchronize the receiver.
+            self.tx.striper.flush();
+            self.take_transmits();
+        }
+        if let Some(l) = self.peer.last {
+            let silent = now - l;
+            if silent > self.cfg.dead_after && !self.peer.silent_warned {
+                self.peer.silent_warned = true;
+                self.events.push_back(Event::PeerSilent(silent));
+            }
+        }
+        self.maybe_switch(now);
+    }
+
+    fn liveness(&mut self, now: Instant) {
+        let dead = self.cfg.dead_after;
+        let rejoin = self.cfg.rejoin_after;
+        let hb2 = self.cfg.heartbeat + self.cfg.heartbeat;
+        for (i, c) in self.chans.iter_mut().enumerate() {
+            match c.state {
+                LinkState::Up => {
+                    let silent = c.last_rx.map_or(dead + dead, |l| now - l);
+                    if silent > dead {
+                        c.state = LinkState::Down;
+                        c.since = now;
+                        c.changes += 1;
+                        c.run_start = None;
+                        self.events
+                            .push_back(Event::ChannelDown { channel: i, silent });
+                    }
+                }
+                LinkState::Down => {
+                    if let (Some(s), Some(l)) = (c.run_start, c.last_rx) {
+                        if now - s >= rejoin && now - l <= hb2 {
+                            c.state = LinkState::Up;
+                            c.since = now;
+                            c.changes += 1;
+                            self.events.push_back(Event::ChannelUp { channel: i });
+                        }
+                    }
+                }
+                LinkState::Waiting => {}
+            }
+        }
+    }
+
+    /// Something arrived on channel `c`: it counts towards liveness.
+    pub(super) fn heard(&mut self, c: usize, now: Instant) {
+        let dead = self.cfg.dead_after;
+        let ch = &mut self.chans[c];
+        if ch.state == LinkState::Down {
+            let gap = ch.last_rx.is_none_or(|l| now - l > dead);
+            if ch.run_start.is_none() || gap {
+                ch.run_start = Some(now);
+            }
+        }
+        ch.last_rx = Some(now);
+    }
+
+    pub(super) fn on_hello(&mut self, c: usize, h: Hello, now: Instant) {
+        self.chans[c].n.rx_hellos += 1;
+        if h.channels as usize != self.n {
+            if !self.peer.mismatch_warned {
+                self.peer.mismatch_warned = true;
+                self.events.push_back(Event::ChannelCountMismatch {
+                    ours: self.n,
+                    theirs: h.channels as usize,
+                });
+            }
+            return;
+        }
+        let mask = h.rx_mask & self.all;
+        for i in 0..self.n {
+            let hears = mask & bit(i) != 0;
+            if self.chans[i].peer_hears_us != hears {
+                self.chans[i].peer_hears_us = hears;
+                self.events
+                    .push_back(Event::PeerHearsUs { channel: i, hears });
+            }
+        }
+        self.peer.mask = mask;
+        self.peer.report_at = Some(now);
+        self.maybe_switch(now);
+    }
+
+    pub(super) fn rates(&mut self) {
+        for c in &mut self.chans {
+            c.n.tx_bps = (c.n.tx_bytes - c.n.last_tx_bytes) as f64 * 8.0;
+            c.n.rx_bps = (c.n.rx_bytes - c.n.last_rx_bytes) as f64 * 8.0;
+            c.n.last_tx_bytes = c.n.tx_bytes;
+            c.n.last_rx_bytes = c.n.rx_bytes;
+        }
+        let d = self.rx.base_global.delivered_bytes + self.rx.reseq.stats().delivered_bytes;
+        self.counters.delivered_bps = (d - self.counters.delivered_bytes_last) as f64 * 8.0;
+        self.counters.delivered_bytes_last = d;
+    }
+}

@@ -1,0 +1,674 @@
+//! The session: one end of a striping session as a sans-IO state machine.
+//!
+//! A [`Session`] owns one [`Striper`] (our transmit direction) and one [`Resequencer`]
+//! (our receive direction) over a fixed list of channels, and everything between them
+//! and the network: hellos and liveness, epoch changes (failover and rejoin), NAK
+//! routing, authentication of control packets, and the counters. It does no I/O and
+//! reads no clock. The same machine runs on real sockets (`braid-io`) and in the
+//! simulator (`braid-sim`), so a failover seen on a real link can be replayed in
+//! virtual time.
+//!
+//! Both ends are symmetric. Each direction has its own epoch: the data sender chooses
+//! the channel set from what the receiver reports hearing (hellos), ends the old epoch
+//! with an authenticated epoch-end message on every channel (after its last data
+//! packet there), holds new data until the receiver acknowledges, then stripes over the
+//! new set with a fresh striper. The receiver finishes the old resequencer (each old
+//! channel ended at its final position, then [`Resequencer::drain`]) before it starts the
+//! new one, so nothing is delivered twice and nothing from the old epoch is mixed into
+//! the new one. `docs/tunnel.md` describes the protocol, `docs/wire.md` the messages.
+//!
+//! # Call order
+//!
+//! * Input: [`Session::handle_datagram`] for each datagram received on channel `k`,
+//!   [`Session::handle_packet`] for each packet from the application, and
+//!   [`Session::handle_timeout`] when the time from [`Session::poll_timeout`] has come
+//!   (calling it early is harmless).
+//! * Output, after any input: drain [`Session::poll_transmit`] (datagrams to send),
+//!   [`Session::poll_deliver`] (packets for the application, in order) and
+//!   [`Session::poll_event`] (state changes worth logging); then ask
+//!   [`Session::poll_timeout`] again.
+//!
+//! Every input takes `now`, an [`Instant`] from the driver's origin.
+
+pub mod auth;
+mod epoch;
+mod liveness;
+mod stats;
+
+use std::collections::VecDeque;
+
+use bytes::Bytes;
+
+use crate::config::{MarkerConfig, MarkerPosition, Mode, Policy, ReceiverConfig, MAX_CHANNELS};
+use crate::sched::SchedulerKind;
+use crate::stripe::TransmitKind;
+use crate::time::{Duration, Instant};
+use crate::wire::{self, session::Msg};
+use crate::{Resequencer, StripeConfig, Striper};
+
+use auth::{Auth, AuthError, TRAILER_LEN};
+pub use liveness::LinkState;
+pub use stats::{ChannelInfo, SessionStats};
+
+/// One channel as the session sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChannelParams {
+    /// A name for events and stats.
+    pub name: String,
+    /// Relative capacity (any unit); SRR quanta and GRR counts are proportional to it.
+    pub weight: u32,
+}
+
+/// Everything one end of a session needs. Both ends must agree on the channel order,
+/// the weights, the scheduler, the mode and the key.
+#[derive(Clone, PartialEq)]
+pub struct Config {
+    /// The channels, in the same order at both ends.
+    pub channels: Vec<ChannelParams>,
+    /// The largest datagram every channel carries (bytes of UDP payload).
+    pub max_datagram: u32,
+    /// Receiver mode: logical (header-free, markers), seq, trr or none.
+    pub mode: Mode,
+    /// Causal scheduler.
+    pub scheduler: SchedulerKind,
+    /// Pre-shared key for control-packet authentication.
+    pub key: Vec<u8>,
+    /// Marker settings.
+    pub markers: MarkerConfig,
+    /// TRR: triggers every this many data packets.
+    pub trigger_every: u32,
+    /// Receiver buffer, max wait, equalization, repair.
+    pub receiver: ReceiverConfig,
+    /// Hello and heartbeat-marker interval.
+    pub heartbeat: Duration,
+    /// A channel that delivers nothing for this long is declared down.
+    pub dead_after: Duration,
+    /// A down channel must deliver continuously for this long to be declared up again.
+    pub rejoin_after: Duration,
+    /// Application packets held while an epoch switch waits for its ack.
+    pub queue_packets: usize,
+}
+
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Config")
+            .field("channels", &self.channels)
+            .field("max_datagram", &self.max_datagram)
+            .field("mode", &self.mode)
+            .field("scheduler", &self.scheduler)
+            .field(
+                "key",
+                &format_args!("<{} bytes, not shown>", self.key.len()),
+            )
+            .field("markers", &self.markers)
+            .field("trigger_every", &self.trigger_every)
+            .field("receiver", &self.receiver)
+            .field("heartbeat", &self.heartbeat)
+            .field("dead_after", &self.dead_after)
+            .field("rejoin_after", &self.rejoin_after)
+            .field("queue_packets", &self.queue_packets)
+            .finish()
+    }
+}
+
+impl Config {
+    /// Defaults for these channels: SRR, logical reception with delay equalization,
+    /// markers at least every 5 ms, heartbeat 50 ms, down after 300 ms, rejoin after
+    /// 150 ms.
+    pub fn new(channels: Vec<ChannelParams>, max_datagram: u32, key: Vec<u8>) -> Config {
+        Config {
+            channels,
+            max_datagram,
+            mode: Mode::Logical,
+            scheduler: SchedulerKind::Srr,
+            key,
+            markers: MarkerConfig {
+                max_interval: Some(Duration::from_millis(5)),
+                ..MarkerConfig::default()
+            },
+            trigger_every: 128,
+            receiver: ReceiverConfig {
+                equalize: true,
+                ..ReceiverConfig::default()
+            },
+            heartbeat: Duration::from_millis(50),
+            dead_after: Duration::from_millis(300),
+            rejoin_after: Duration::from_millis(150),
+            queue_packets: 4096,
+        }
+    }
+
+    /// Check the configuration; the message names what is wrong.
+    pub fn validate(&self) -> Result<(), String> {
+        let n = self.channels.len();
+        if n == 0 {
+            return Err("no channels configured".into());
+        }
+        if n > MAX_CHANNELS {
+            return Err(format!("{n} channels configured; at most {MAX_CHANNELS}"));
+        }
+        if self.key.is_empty() {
+            return Err("the pre-shared key is empty".into());
+        }
+        for (i, c) in self.channels.iter().enumerate() {
+            if c.weight == 0 {
+                return Err(format!(
+                    "channel {i} ({}): weight must be at least 1",
+                    c.name
+                ));
+            }
+        }
+        if self.heartbeat == Duration::ZERO {
+            return Err("heartbeat must be above zero".into());
+        }
+        if self.dead_after < self.heartbeat + self.heartbeat {
+            return Err(format!(
+                "dead_after ({} ms) must be at least twice the heartbeat ({} ms)",
+                self.dead_after.as_micros() / 1000,
+                self.heartbeat.as_micros() / 1000
+            ));
+        }
+        self.stripe_config(&(0..n).collect::<Vec<_>>())
+            .validate()
+            .map_err(|e| e.to_string())
+    }
+
+    /// Bytes the mode puts in front of a data packet (5 in seq mode, else 0).
+    pub fn data_overhead(&self) -> u32 {
+        if self.mode == Mode::Seq {
+            wire::seq::HEADER_LEN as u32
+        } else {
+            0
+        }
+    }
+
+    /// The striper/resequencer configuration for an epoch over these channels (indices
+    /// into [`Config::channels`], increasing).
+    pub fn stripe_config(&self, members: &[usize]) -> StripeConfig {
+        let max_packet = self.max_datagram;
+        let min_w = self
+            .channels
+            .iter()
+            .map(|c| c.weight)
+            .min()
+            .unwrap_or(1)
+            .max(1) as u64;
+        let weights = members
+            .iter()
+            .map(|&i| {
+                let w = self.channels[i].weight as u64;
+                match self.scheduler {
+                    // Quantum proportional to capacity, the smallest equal to max_packet.
+                    SchedulerKind::Srr => ((max_packet as u64 * w).div_ceil(min_w)) as u32,
+                    SchedulerKind::Grr => (w / min_w).max(1) as u32,
+                    _ => w as u32,
+                }
+            })
+            .collect();
+        let mut markers = self.markers;
+        if let MarkerPosition::Channel(c) = markers.position {
+            if c >= members.len() {
+                markers.position = MarkerPosition::End;
+            }
+        }
+        StripeConfig {
+            policy: Policy::Causal(self.scheduler),
+            weights,
+            max_packet,
+            mode: self.mode,
+            markers,
+            trigger_every: self.trigger_every,
+            receiver: self.receiver,
+        }
+    }
+}
+
+/// What a datagram from [`Session::poll_transmit`] is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DatagramKind {
+    /// An application packet (header-free or behind a sequence header).
+    Data,
+    /// A data packet sent again after a NAK.
+    Repair,
+    /// A marker or trigger.
+    Marker,
+    /// A hello, epoch end, epoch ack or NAK.
+    Control,
+}
+
+/// One datagram to send on one channel.
+#[derive(Clone, Debug)]
+pub struct Transmit {
+    /// Channel index.
+    pub channel: usize,
+    /// What it is (for counters and tests; the driver just sends the bytes).
+    pub kind: DatagramKind,
+    /// The whole datagram.
+    pub bytes: Bytes,
+}
+
+/// A state change worth telling a person about. Drivers log these; the simulator
+/// timestamps them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// The first authenticated packet from the peer.
+    PeerHeard,
+    /// The peer restarted (a new instance): both directions start over at epoch 0.
+    PeerRestarted,
+    /// Nothing authenticated from the peer on any channel for this long.
+    PeerSilent(Duration),
+    /// The peer has a different number of channels configured; its hellos are ignored.
+    ChannelCountMismatch {
+        /// Ours.
+        ours: usize,
+        /// The peer's.
+        theirs: usize,
+    },
+    /// We no longer hear the peer on this channel.
+    ChannelDown {
+        /// Channel index.
+        channel: usize,
+        /// How long it had been silent.
+        silent: Duration,
+    },
+    /// We hear the peer on this channel again.
+    ChannelUp {
+        /// Channel index.
+        channel: usize,
+    },
+    /// The peer reports hearing us on this channel (`true`) or no longer (`false`).
+    PeerHearsUs {
+        /// Channel index.
+        channel: usize,
+        /// Whether it does.
+        hears: bool,
+    },
+    /// Transmit direction: the old epoch ended; new data is held until the receiver
+    /// acknowledges the new set.
+    TxSwitchStarted {
+        /// The epoch that ends.
+        epoch: u32,
+        /// Its channel set (bit mask).
+        from: u64,
+        /// The proposed set.
+        to: u64,
+        /// Data packets sent in the old epoch.
+        sent: u64,
+    },
+    /// Transmit direction: the pending switch now proposes another set.
+    TxRetarget {
+        /// The epoch being started.
+        epoch: u32,
+        /// The new proposal.
+        to: u64,
+    },
+    /// Transmit direction: a new epoch is in force.
+    TxEpoch {
+        /// The epoch.
+        epoch: u32,
+        /// Its channel set.
+        set: u64,
+        /// Packets that were held during the switch.
+        held: usize,
+    },
+    /// Receive direction: the peer ended our receive epoch; waiting for its end on the
+    /// new channels.
+    RxEpochEnding {
+        /// The epoch that ends.
+        epoch: u32,
+    },
+    /// Receive direction: a new epoch is in force.
+    RxEpoch {
+        /// The epoch.
+        epoch: u32,
+        /// Its channel set.
+        set: u64,
+    },
+}
+
+/// The channels of a bit mask, increasing.
+pub fn members_of(set: u64) -> Vec<usize> {
+    (0..64).filter(|&c| set & bit(c) != 0).collect()
+}
+
+fn bit(c: usize) -> u64 {
+    1u64 << c
+}
+
+/// Why [`Session::new`] refused a configuration.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid session configuration: {0}")]
+pub struct ConfigError(pub String);
+
+/// One end of a striping session. See the module docs for the call order.
+pub struct Session {
+    cfg: Config,
+    n: usize,
+    all: u64,
+    auth: Auth,
+    chans: Vec<liveness::Chan>,
+    tx: epoch::Tx,
+    rx: epoch::Rx,
+    peer: liveness::Peer,
+    out: VecDeque<Transmit>,
+    deliver: VecDeque<Bytes>,
+    events: VecDeque<Event>,
+    counters: stats::Counters,
+    next_hello: Instant,
+    next_rate: Instant,
+}
+
+impl Session {
+    /// A session end with this configuration. `instance` identifies this run of this
+    /// end to the peer (a restarted end must use a new one; see [`auth`]); `now` is the
+    /// driver's current time.
+    pub fn new(cfg: Config, instance: u64, now: Instant) -> Result<Session, ConfigError> {
+        cfg.validate().map_err(ConfigError)?;
+        let n = cfg.channels.len();
+        let all = if n == 64 { u64::MAX } else { bit(n) - 1 };
+        let members: Vec<usize> = (0..n).collect();
+        let sc = cfg.stripe_config(&members);
+        let striper = Striper::new(sc.clone()).map_err(|e| ConfigError(e.to_string()))?;
+        let reseq = Resequencer::new(&sc).map_err(|e| ConfigError(e.to_string()))?;
+        Ok(Session {
+            n,
+            all,
+            auth: Auth::new(&cfg.key, n, instance),
+            chans: (0..n).map(|_| liveness::Chan::new(now)).collect(),
+            tx: epoch::Tx::new(all, members, striper, n),
+            rx: epoch::Rx::new(all, reseq, n),
+            peer: liveness::Peer::new(all),
+            out: VecDeque::with_capacity(256),
+            deliver: VecDeque::new(),
+            events: VecDeque::new(),
+            counters: stats::Counters::default(),
+            next_hello: now,
+            next_rate: now + Duration::from_secs(1),
+            cfg,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// Our instance number.
+    pub fn instance(&self) -> u64 {
+        self.auth.instance()
+    }
+
+    /// Have we heard an authenticated packet from the peer?
+    pub fn peer_seen(&self) -> bool {
+        self.peer.seen
+    }
+
+    /// The largest application packet [`Session::handle_packet`] accepts when it does
+    /// not start with a byte `0xB0..=0xBF` (those need a one-byte escape in the
+    /// header-free modes, so one byte less).
+    pub fn max_packet(&self) -> usize {
+        (self.cfg.max_datagram - self.cfg.data_overhead()) as usize
+    }
+
+    /// A packet from the application. While an epoch switch waits for its ack, up to
+    /// `queue_packets` packets are held; beyond that, and for packets the striper
+    /// refuses, the packet is dropped and counted (`queue_drops`).
+    pub fn handle_packet(&mut self, now: Instant, p: Bytes) {
+        self.counters.sent_packets += 1;
+        self.counters.sent_bytes += p.len() as u64;
+        if self.tx.switching.is_some() {
+            if self.tx.pending.len() < self.cfg.queue_packets {
+                self.tx.pending.push_back(p);
+            } else {
+                self.counters.queue_drops += 1;
+            }
+            return;
+        }
+        if self.tx.striper.handle_packet(now, p).is_err() {
+            self.counters.queue_drops += 1;
+        }
+        self.take_transmits();
+    }
+
+    /// A datagram received on channel `c`.
+    pub fn handle_datagram(&mut self, now: Instant, c: usize, d: Bytes) {
+        if c >= self.n {
+            return;
+        }
+        let n = &mut self.chans[c].n;
+        n.rx_datagrams += 1;
+        n.rx_bytes += d.len() as u64;
+        let Some(&first) = d.first() else {
+            n.malformed += 1;
+            return;
+        };
+        if matches!(
+            first,
+            wire::TYPE_MARKER
+                | wire::TYPE_TRIGGER
+                | wire::session::TYPE_SESSION
+                | wire::nak::TYPE_NAK
+        ) {
+            self.on_authenticated(now, c, first, d);
+        } else {
+            self.heard(c, now);
+            self.chans[c].n.rx_data += 1;
+            self.rx_core(c, d, now);
+        }
+    }
+
+    fn on_authenticated(&mut self, now: Instant, c: usize, first: u8, d: Bytes) {
+        let opened = match self.auth.open(c, &d) {
+            Ok(o) => o,
+            Err(e) => {
+                let n = &mut self.chans[c].n;
+                match e {
+                    AuthError::BadTag | AuthError::Truncated => n.auth_failures += 1,
+                    AuthError::Replay | AuthError::Reflected => n.replays += 1,
+                }
+                return;
+            }
+        };
+        if opened.new_peer {
+            self.on_new_peer(now);
+        }
+        self.peer.last = Some(now);
+        self.peer.silent_warned = false;
+        self.heard(c, now);
+        let pkt = d.slice(..opened.len);
+        match first {
+            wire::session::TYPE_SESSION => self.on_ctrl(c, &pkt, now),
+            wire::nak::TYPE_NAK => {
+                // The peer's receiver asks our striper for lost packets.
+                if self.tx.switching.is_none() {
+                    self.tx.striper.handle_nak(&pkt);
+                    self.take_transmits();
+                }
+            }
+            wire::TYPE_MARKER => {
+                self.chans[c].n.rx_markers += 1;
+                self.rx_core(c, pkt, now)
+            }
+            _ => {
+                self.chans[c].n.rx_triggers += 1;
+                self.rx_core(c, pkt, now)
+            }
+        }
+    }
+
+    /// When [`Session::handle_timeout`] wants to be called.
+    pub fn poll_timeout(&self) -> Instant {
+        let mut d = self.next_hello.min(self.next_rate);
+        if self.tx.switching.is_none() {
+            if let Some(t) = self.tx.striper.poll_timeout() {
+                d = d.min(t);
+            }
+        }
+        if let Some(t) = self.rx.reseq.poll_timeout() {
+            d = d.min(t);
+        }
+        d
+    }
+
+    /// Time passed: markers, receiver timeouts, hellos and liveness that are due.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if self.tx.switching.is_none() {
+            self.tx.striper.handle_timeout(now);
+            self.take_transmits();
+        }
+        self.rx.reseq.handle_timeout(now);
+        self.drain_deliver();
+        if now >= self.next_hello {
+            self.next_hello = now + self.cfg.heartbeat;
+            self.heartbeat(now);
+        }
+        if now >= self.next_rate {
+            self.next_rate = now + Duration::from_secs(1);
+            self.rates();
+        }
+    }
+
+    /// The next datagram to send.
+    pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        let t = self.out.pop_front()?;
+        let n = &mut self.chans[t.channel].n;
+        n.tx_datagrams += 1;
+        n.tx_bytes += t.bytes.len() as u64;
+        Some(t)
+    }
+
+    /// The next packet for the application, in order.
+    pub fn poll_deliver(&mut self) -> Option<Bytes> {
+        self.deliver.pop_front()
+    }
+
+    /// The next state change.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    fn send_ctrl(&mut self, c: usize, m: &Msg) {
+        let mut v = m.to_vec();
+        self.auth.seal(c, &mut v);
+        self.out.push_back(Transmit {
+            channel: c,
+            kind: DatagramKind::Control,
+            bytes: Bytes::from(v),
+        });
+    }
+
+    fn take_transmits(&mut self) {
+        while let Some(t) = self.tx.striper.poll_transmit() {
+            let phys = self.tx.members[t.channel];
+            let n = &mut self.chans[phys].n;
+            let (kind, bytes) = match t.kind {
+                // Repairs (seq mode) are data with a sequence header: no trailer.
+                TransmitKind::Data | TransmitKind::Repair => {
+                    n.tx_data += 1;
+                    let kind = if t.kind == TransmitKind::Data {
+                        DatagramKind::Data
+                    } else {
+                        DatagramKind::Repair
+                    };
+                    (kind, t.to_bytes())
+                }
+                TransmitKind::Marker | TransmitKind::Trigger => {
+                    if t.kind == TransmitKind::Marker {
+                        n.tx_markers += 1;
+                    } else {
+                        n.tx_triggers += 1;
+                    }
+                    let mut v = Vec::with_capacity(t.len() + TRAILER_LEN);
+                    v.extend_from_slice(t.header());
+                    v.extend_from_slice(&t.payload);
+                    self.auth.seal(phys, &mut v);
+                    (DatagramKind::Marker, Bytes::from(v))
+                }
+            };
+            self.out.push_back(Transmit {
+                channel: phys,
+                kind,
+                bytes,
+            });
+        }
+    }
+
+    fn drain_deliver(&mut self) {
+        while let Some(b) = self.rx.reseq.poll_deliver() {
+            self.deliver.push_back(b);
+        }
+        // Losses to repair (seq mode): the NAK goes to the peer's striper on every
+        // channel that is not down, so the fastest one gets it there first.
+        while let Some(nak) = self.rx.reseq.poll_nak() {
+            for c in 0..self.n {
+                if self.chans[c].state == LinkState::Down {
+                    continue;
+                }
+                let mut v = nak.to_vec();
+                self.auth.seal(c, &mut v);
+                self.out.push_back(Transmit {
+                    channel: c,
+                    kind: DatagramKind::Control,
+                    bytes: Bytes::from(v),
+                });
+            }
+        }
+    }
+
+    fn rx_core(&mut self, c: usize, pkt: Bytes, now: Instant) {
+        if self.rx.pending.is_some() && self.rx.end_seen & bit(c) != 0 {
+            self.counters.stray_drops += 1;
+            return;
+        }
+        match self.rx.index[c] {
+            Some(k) => {
+                self.rx.reseq.handle_datagram(now, k, pkt);
+                self.drain_deliver();
+            }
+            None => self.counters.stray_drops += 1,
+        }
+    }
+
+    fn on_new_peer(&mut self, now: Instant) {
+        if self.peer.seen {
+            self.events.push_back(Event::PeerRestarted);
+            self.reset_epochs(now);
+        } else {
+            self.events.push_back(Event::PeerHeard);
+        }
+        for c in &mut self.chans {
+            c.state = LinkState::Up;
+            c.since = now;
+            c.last_rx = Some(now);
+            c.run_start = None;
+            c.peer_hears_us = true;
+        }
+        self.peer.mask = self.all;
+        self.peer.report_at = None;
+        self.peer.seen = true;
+    }
+
+    fn on_ctrl(&mut self, c: usize, pkt: &[u8], now: Instant) {
+        let Ok(m) = Msg::parse(pkt) else {
+            self.chans[c].n.malformed += 1;
+            return;
+        };
+        let sent_on = match &m {
+            Msg::Hello(h) => h.channel,
+            Msg::End(e) => e.channel,
+            Msg::Ack(a) => a.channel,
+        } as usize;
+        if sent_on != c {
+            self.chans[c].n.malformed += 1;
+            return;
+        }
+        match m {
+            Msg::Hello(h) => self.on_hello(c, h, now),
+            Msg::End(e) => self.rx_on_end(c, e, now),
+            Msg::Ack(a) => self.tx_on_ack(a, now),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

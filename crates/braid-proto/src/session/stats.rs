@@ -1,0 +1,204 @@
+//! The session's counters and a snapshot of its state.
+
+use super::{bit, LinkState, Session};
+use crate::stats::{ChannelStats, Stats};
+use crate::time::{Duration, Instant};
+
+/// Session-wide counters that are not the striper's or the resequencer's.
+#[derive(Default, Clone, Debug)]
+pub(super) struct Counters {
+    pub sent_packets: u64,
+    pub sent_bytes: u64,
+    pub queue_drops: u64,
+    pub stray_drops: u64,
+    pub delivered_bytes_last: u64,
+    pub delivered_bps: f64,
+}
+
+/// One channel's state and counters, over every epoch so far.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChannelInfo {
+    /// Do we hear the peer on it?
+    pub state: LinkState,
+    /// How long `state` has held.
+    pub state_since: Duration,
+    /// Times `state` changed.
+    pub state_changes: u64,
+    /// Does the peer report hearing us on it?
+    pub peer_hears_us: bool,
+    /// Is it in our current transmit set?
+    pub in_tx_set: bool,
+    /// Is it in our current receive set?
+    pub in_rx_set: bool,
+    /// Datagrams handed to the driver to send (data and control).
+    pub tx_datagrams: u64,
+    /// Their bytes.
+    pub tx_bytes: u64,
+    /// Data packets sent (repairs included).
+    pub tx_data_packets: u64,
+    /// Markers sent.
+    pub tx_markers: u64,
+    /// Triggers sent.
+    pub tx_triggers: u64,
+    /// Datagrams received.
+    pub rx_datagrams: u64,
+    /// Their bytes.
+    pub rx_bytes: u64,
+    /// Data packets received.
+    pub rx_data_packets: u64,
+    /// Markers received and authenticated.
+    pub rx_markers: u64,
+    /// Triggers received and authenticated.
+    pub rx_triggers: u64,
+    /// Hellos received and authenticated.
+    pub rx_hellos: u64,
+    /// Control packets with a bad MAC.
+    pub auth_failures: u64,
+    /// Control packets replayed, reordered or reflected.
+    pub replays: u64,
+    /// Datagrams that could not be parsed (session and resequencer).
+    pub malformed: u64,
+    /// Send rate over the last whole second, bit/s.
+    pub tx_bps: f64,
+    /// Receive rate over the last whole second, bit/s.
+    pub rx_bps: f64,
+    /// The striper's counters for this channel, every epoch added.
+    pub striper: ChannelStats,
+    /// The resequencer's counters for this channel, every epoch added.
+    pub resequencer: ChannelStats,
+}
+
+/// A snapshot of a whole session.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SessionStats {
+    /// Have we heard an authenticated packet from the peer?
+    pub peer_seen: bool,
+    /// Time since the last authenticated packet from the peer.
+    pub peer_last_heard: Option<Duration>,
+    /// Transmit epoch.
+    pub tx_epoch: u32,
+    /// Receive epoch.
+    pub rx_epoch: u32,
+    /// A transmit epoch switch is waiting for its ack.
+    pub switching: bool,
+    /// Epoch switches completed as sender.
+    pub tx_epoch_changes: u64,
+    /// Epoch switches completed as receiver.
+    pub rx_epoch_changes: u64,
+    /// Packets accepted from the application.
+    pub sent_packets: u64,
+    /// Their bytes.
+    pub sent_bytes: u64,
+    /// Packets dropped because the switch queue was full or the striper refused them.
+    pub queue_drops: u64,
+    /// Data arriving on a channel outside the receive set.
+    pub stray_drops: u64,
+    /// The resequencers' session counters, every epoch added (delivered, lost, NAKs …).
+    pub receiver: Stats,
+    /// Packets left undeliverable at epoch switches (also counted in `lost`).
+    pub switch_lost: u64,
+    /// Packets the receiver declared lost, plus `switch_lost`.
+    pub lost: u64,
+    /// Delivery rate over the last whole second, bit/s.
+    pub delivered_bps: f64,
+    /// Per channel.
+    pub channels: Vec<ChannelInfo>,
+}
+
+/// Add every per-channel counter of `s` to `into`.
+pub(super) fn add_stats(into: &mut ChannelStats, s: &ChannelStats) {
+    into.bytes_sent += s.bytes_sent;
+    into.packets_sent += s.packets_sent;
+    into.markers_sent += s.markers_sent;
+    into.triggers_sent += s.triggers_sent;
+    into.bytes_received += s.bytes_received;
+    into.packets_received += s.packets_received;
+    into.markers_received += s.markers_received;
+    into.triggers_received += s.triggers_received;
+    into.resyncs += s.resyncs;
+    into.malformed += s.malformed;
+    into.buffer_high_water = into.buffer_high_water.max(s.buffer_high_water);
+    into.overflow_drops += s.overflow_drops;
+    into.wait_timeouts += s.wait_timeouts;
+    into.repairs_sent += s.repairs_sent;
+}
+
+/// Add the session-wide counters of `s` to `into`.
+pub(super) fn add_global(into: &mut Stats, s: &Stats) {
+    into.delivered_packets += s.delivered_packets;
+    into.delivered_bytes += s.delivered_bytes;
+    into.out_of_order += s.out_of_order;
+    into.lost += s.lost;
+    into.stale_dropped += s.stale_dropped;
+    into.malformed += s.malformed;
+    into.fast_path_hits += s.fast_path_hits;
+    into.naks_sent += s.naks_sent;
+    into.repaired += s.repaired;
+}
+
+impl Session {
+    /// A snapshot of the counters and channel states at `now`.
+    pub fn stats(&self, now: Instant) -> SessionStats {
+        let rs = self.rx.reseq.stats();
+        let ts = self.tx.striper.stats();
+        let mut receiver = self.rx.base_global.clone();
+        add_global(&mut receiver, rs);
+        let channels = (0..self.n)
+            .map(|i| {
+                let mut t = self.tx.base[i].clone();
+                if let Some(k) = self.tx.members.iter().position(|&m| m == i) {
+                    add_stats(&mut t, &ts.channels[k]);
+                }
+                let mut r = self.rx.base[i].clone();
+                if let Some(k) = self.rx.index[i] {
+                    add_stats(&mut r, &rs.channels[k]);
+                }
+                let c = &self.chans[i];
+                ChannelInfo {
+                    state: c.state,
+                    state_since: now.saturating_since(c.since),
+                    state_changes: c.changes,
+                    peer_hears_us: c.peer_hears_us,
+                    in_tx_set: self.tx.set & bit(i) != 0,
+                    in_rx_set: self.rx.set & bit(i) != 0,
+                    tx_datagrams: c.n.tx_datagrams,
+                    tx_bytes: c.n.tx_bytes,
+                    tx_data_packets: c.n.tx_data,
+                    tx_markers: c.n.tx_markers,
+                    tx_triggers: c.n.tx_triggers,
+                    rx_datagrams: c.n.rx_datagrams,
+                    rx_bytes: c.n.rx_bytes,
+                    rx_data_packets: c.n.rx_data,
+                    rx_markers: c.n.rx_markers,
+                    rx_triggers: c.n.rx_triggers,
+                    rx_hellos: c.n.rx_hellos,
+                    auth_failures: c.n.auth_failures,
+                    replays: c.n.replays,
+                    malformed: c.n.malformed + r.malformed,
+                    tx_bps: c.n.tx_bps,
+                    rx_bps: c.n.rx_bps,
+                    striper: t,
+                    resequencer: r,
+                }
+            })
+            .collect();
+        SessionStats {
+            peer_seen: self.peer.seen,
+            peer_last_heard: self.peer.last.map(|l| now.saturating_since(l)),
+            tx_epoch: self.tx.epoch,
+            rx_epoch: self.rx.epoch,
+            switching: self.tx.switching.is_some(),
+            tx_epoch_changes: self.tx.changes,
+            rx_epoch_changes: self.rx.changes,
+            sent_packets: self.counters.sent_packets,
+            sent_bytes: self.counters.sent_bytes,
+            queue_drops: self.counters.queue_drops,
+            stray_drops: self.counters.stray_drops,
+            lost: receiver.lost + self.rx.switch_lost,
+            switch_lost: self.rx.switch_lost,
+            receiver,
+            delivered_bps: self.counters.delivered_bps,
+            channels,
+        }
+    }
+}
