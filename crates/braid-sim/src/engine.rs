@@ -22,9 +22,11 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
 use braid_proto::sched::baseline::Baseline;
-use braid_proto::{Instant, Mode, Policy, Resequencer, StripeConfig, Striper, TransmitKind};
+use braid_proto::session::{self, Session};
+use braid_proto::{Instant, Mode, Policy, Resequencer, StripeConfig, Striper};
 use bytes::{Bytes, BytesMut};
 
+use crate::ends::{Ends, Outgoing, SessionEnds};
 use crate::metrics::{Histogram, Receiver, Resync};
 use crate::model::{Arrivals, ChannelSpec, Fate, LossModel, Nanos, Rate, SizeGen, TrafficSpec};
 use crate::rng::{streams, Rng};
@@ -34,6 +36,10 @@ use crate::rng::{streams, Rng};
 /// bytes 12..20) and carries its id in bytes 4..12 and its send time in ns in bytes
 /// 20..28 (see [`packet_stamp`]).
 pub const MIN_PACKET: u32 = 28;
+
+/// Event codes from this one up are reverse arrivals (`Ev::ArriveBack`), one per
+/// channel; forward events use codes 2..=129.
+const BACK: u128 = 0x8000;
 
 /// Source and destination address bytes (IPv4 offsets 12..20) of every simulated
 /// packet: one flow, 10.0.0.1 to 10.0.0.2.
@@ -47,6 +53,11 @@ pub enum Variant {
     /// The upper bound of seed 000 Fig. 15: the same traffic over each channel alone
     /// (receiver mode `none`), counters added up.
     SumOfSingles,
+    /// Two whole session machines ([`braid_proto::session`]), as on real sockets:
+    /// hellos, liveness, epoch changes and failover run in virtual time. The sender's
+    /// datagrams cross the simulated channels; the receiver's (hellos, acks, markers,
+    /// NAKs) come back over each channel with its delay, lost while it is down.
+    Session(Box<session::Config>),
 }
 
 /// Everything one simulation run needs.
@@ -149,6 +160,24 @@ pub struct RunResult {
     pub channels: Vec<ChannelResult>,
     /// Events processed (packets offered, transmissions ended, arrivals, timers).
     pub events: u64,
+    /// Session runs only: failover and rejoin times, duplicates.
+    pub session: Option<SessionResult>,
+}
+
+/// What a session run measures beyond the striping figures.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct SessionResult {
+    /// Per link-down episode (in the order of `loss_episodes_s`' down periods): ms from
+    /// the link going down until the sender stopped putting data on it (it ended the
+    /// epoch that used it); `None` if it never did.
+    pub failover_ms: Vec<Option<f64>>,
+    /// Per link-down episode: ms from the link coming back until it carried data again;
+    /// `None` if it never did before the run ended.
+    pub rejoin_ms: Vec<Option<f64>>,
+    /// Deliveries of a packet that had already been delivered.
+    pub duplicates: u64,
+    /// Epoch switches completed by the sender.
+    pub epoch_changes: u64,
 }
 
 impl RunResult {
@@ -186,6 +215,15 @@ pub enum RunError {
          packet is dropped before it reaches a queue (is every channel's mtu below the packet sizes?)"
     )]
     NoProgress(u64),
+    /// The session configuration is invalid.
+    #[error("invalid session configuration: {0}")]
+    Session(String),
+    /// Session runs need timed traffic.
+    #[error(
+        "a session run needs timed traffic (cbr, poisson or trace): a backlogged source \
+         would be held for the whole of each epoch switch"
+    )]
+    SessionBacklogged,
     /// A packet size below the simulator's minimum.
     #[error("packet size {0} bytes is below the simulator's minimum of {MIN_PACKET} bytes")]
     PacketTooSmall(u32),
@@ -199,6 +237,8 @@ enum Ev {
     TxDone(u32),
     /// The head of the channel's in-flight FIFO arrives.
     Arrive(u32),
+    /// The head of the channel's reverse FIFO (session runs) arrives at the sender.
+    ArriveBack(u32),
     /// The measurement window ends; the source stops.
     Stop,
 }
@@ -283,8 +323,7 @@ struct Sim {
     /// Keys `time << 64 | insertion number << 16 | event code`: one integer compare.
     heap: BinaryHeap<Reverse<u128>>,
     evseq: u64,
-    striper: Striper,
-    reseq: Resequencer,
+    ends: Ends,
     /// Only for non-causal policies: a copy to predict the striper's choice.
     baseline: Option<Baseline>,
     sqf: bool,
@@ -305,6 +344,7 @@ struct Sim {
 pub fn run(cfg: &RunConfig) -> Result<RunResult, RunError> {
     match &cfg.variant {
         Variant::Striped(sc) => run_striped(cfg, sc),
+        Variant::Session(sess) => run_session(cfg, sess),
         Variant::SumOfSingles => {
             let mut total: Option<RunResult> = None;
             for (i, ch) in cfg.channels.iter().enumerate() {
@@ -365,8 +405,10 @@ fn run_striped(cfg: &RunConfig, sc: &StripeConfig) -> Result<RunResult, RunError
     if cfg.duration.is_none() && cfg.packets.is_none() {
         return Err(RunError::Unbounded);
     }
-    let striper = Striper::new(sc.clone())?;
-    let reseq = Resequencer::new(sc)?;
+    let ends = Ends::Bare {
+        striper: Box::new(Striper::new(sc.clone())?),
+        reseq: Box::new(Resequencer::new(sc)?),
+    };
     let (baseline, sqf) = match sc.policy {
         Policy::Baseline(k) => (
             Some(Baseline::new(k, sc.channels())),
@@ -374,6 +416,41 @@ fn run_striped(cfg: &RunConfig, sc: &StripeConfig) -> Result<RunResult, RunError
         ),
         Policy::Causal(_) => (None, false),
     };
+    run_sim(cfg, ends, baseline, sqf)
+}
+
+/// A session run: two session machines, data one way, control both ways.
+fn run_session(cfg: &RunConfig, sc: &session::Config) -> Result<RunResult, RunError> {
+    if cfg.channels.len() != sc.channels.len() {
+        return Err(RunError::ChannelCount {
+            channels: cfg.channels.len(),
+            weights: sc.channels.len(),
+        });
+    }
+    if cfg.duration.is_none() && cfg.packets.is_none() {
+        return Err(RunError::Unbounded);
+    }
+    if matches!(cfg.traffic.arrivals, Arrivals::Backlogged) {
+        return Err(RunError::SessionBacklogged);
+    }
+    let new = |instance| {
+        Session::new(sc.clone(), instance, Instant::ZERO).map_err(|e| RunError::Session(e.0))
+    };
+    let ends = SessionEnds::new(
+        new(1)?,
+        new(2)?,
+        cfg.channels.iter().map(|c| c.delay).collect(),
+        cfg.channels.iter().map(|c| c.down.clone()).collect(),
+    );
+    run_sim(cfg, Ends::Session(Box::new(ends)), None, false)
+}
+
+fn run_sim(
+    cfg: &RunConfig,
+    ends: Ends,
+    baseline: Option<Baseline>,
+    sqf: bool,
+) -> Result<RunResult, RunError> {
     let chans = cfg
         .channels
         .iter()
@@ -406,8 +483,7 @@ fn run_striped(cfg: &RunConfig, sc: &StripeConfig) -> Result<RunResult, RunError
         now: 0,
         heap: BinaryHeap::with_capacity(4 * cfg.channels.len() + 8),
         evseq: 0,
-        striper,
-        reseq,
+        ends,
         baseline,
         sqf,
         chans,
@@ -470,6 +546,7 @@ impl Sim {
             Ev::Stop => 1,
             Ev::TxDone(c) => 2 + 2 * u128::from(c),
             Ev::Arrive(c) => 3 + 2 * u128::from(c),
+            Ev::ArriveBack(c) => BACK + u128::from(c),
         };
         // 48 bits of insertion number: 2.8e14 events before it could wrap.
         let key = (u128::from(t) << 64) | (u128::from(self.evseq & 0xFFFF_FFFF_FFFF) << 16) | code;
@@ -483,6 +560,7 @@ impl Sim {
         let ev = match code {
             0 => Ev::Source,
             1 => Ev::Stop,
+            c if c >= BACK as u32 => Ev::ArriveBack(c - BACK as u32),
             c if c % 2 == 0 => Ev::TxDone((c - 2) / 2),
             c => Ev::Arrive((c - 3) / 2),
         };
@@ -498,15 +576,7 @@ impl Sim {
     /// that stays due cannot stall time).
     #[inline]
     fn next_timer(&self) -> Option<Nanos> {
-        let a = self.striper.poll_timeout();
-        let b = self.reseq.poll_timeout();
-        let t = match (a, b) {
-            (Some(a), Some(b)) => a.min(b),
-            (Some(a), None) => a,
-            (None, Some(b)) => b,
-            (None, None) => return None,
-        };
-        let t = t.as_micros().saturating_mul(1000);
+        let t = self.ends.poll_timeout()?.as_micros().saturating_mul(1000);
         Some(match self.last_timer_fire {
             Some(last) if t <= last => last + 1000,
             _ => t.max(self.now),
@@ -531,10 +601,11 @@ impl Sim {
                 self.now = t;
                 self.last_timer_fire = Some(t);
                 let now = self.now_us();
-                self.striper.handle_timeout(now);
+                self.ends.sender_timeout(now);
                 self.flush_striper(false);
-                self.reseq.handle_timeout(now);
+                self.ends.receiver_timeout(now);
                 self.drain_deliveries();
+                self.flush_back();
                 continue;
             }
             let Some(Reverse(key)) = self.heap.pop() else {
@@ -545,6 +616,7 @@ impl Sim {
             match ev {
                 Ev::TxDone(c) => self.tx_done(c as usize)?,
                 Ev::Arrive(c) => self.arrive(c as usize),
+                Ev::ArriveBack(c) => self.arrive_back(c as usize),
                 Ev::Source => self.source_event()?,
                 Ev::Stop => self.stop_source(),
             }
@@ -571,16 +643,25 @@ impl Sim {
         let id = self.src.next_id;
         self.src.next_id += 1;
         let p = self.arena.packet(id, self.now, size as usize);
-        if self.sqf {
-            for (i, c) in self.chans.iter().enumerate() {
-                let wire = c.on_wire.as_ref().map_or(0, |w| w.0.data.len() as u64);
-                self.striper.set_backlog(i, c.queued_bytes + wire);
-            }
-        }
         let now = self.now_us();
-        match self.striper.handle_packet(now, p) {
-            Ok(()) => self.flush_striper(!matches!(self.src.kind, SrcKind::Backlogged)),
-            Err(_) => self.send_errors += 1,
+        let drop_tail = !matches!(self.src.kind, SrcKind::Backlogged);
+        match &mut self.ends {
+            Ends::Bare { striper, .. } => {
+                if self.sqf {
+                    for (i, c) in self.chans.iter().enumerate() {
+                        let wire = c.on_wire.as_ref().map_or(0, |w| w.0.data.len() as u64);
+                        striper.set_backlog(i, c.queued_bytes + wire);
+                    }
+                }
+                match striper.handle_packet(now, p) {
+                    Ok(()) => self.flush_striper(drop_tail),
+                    Err(_) => self.send_errors += 1,
+                }
+            }
+            Ends::Session(s) => {
+                s.a.handle_packet(now, p);
+                self.flush_striper(drop_tail);
+            }
         }
         if self.out_of_packets() {
             self.stop_source();
@@ -592,7 +673,11 @@ impl Sim {
     #[inline]
     fn predict(&self) -> usize {
         match &self.baseline {
-            None => self.striper.scheduler().map_or(0, |s| s.select()),
+            None => match &self.ends {
+                Ends::Bare { striper, .. } => striper.scheduler().map_or(0, |s| s.select()),
+                // Session runs take timed traffic only (see `run_session`).
+                Ends::Session(_) => 0,
+            },
             Some(b) => {
                 let backlog: Vec<u64> = self
                     .chans
@@ -689,15 +774,12 @@ impl Sim {
     /// Move the striper's datagrams into the channel queues.
     #[inline]
     fn flush_striper(&mut self, drop_tail: bool) {
-        while let Some(t) = self.striper.poll_transmit() {
-            let control = t.kind != TransmitKind::Data;
-            let channel = t.channel;
-            // Header-free datagrams move without touching the reference count.
-            let data = if t.header().is_empty() {
-                t.payload
-            } else {
-                t.to_bytes()
-            };
+        while let Some(Outgoing {
+            channel,
+            data,
+            control,
+        }) = self.ends.poll_forward(self.now)
+        {
             let c = &mut self.chans[channel];
             let len = data.len() as u64;
             if len > u64::from(c.spec.mtu) {
@@ -795,14 +877,52 @@ impl Sim {
             self.schedule(next, Ev::Arrive(ch as u32));
         }
         let now = self.now_us();
-        self.reseq.handle_datagram(now, ch, data);
+        self.ends.arrive(now, ch, data);
         self.drain_deliveries();
+        self.flush_back();
+    }
+
+    /// Session runs: put the receiver's datagrams on the reverse links.
+    fn flush_back(&mut self) {
+        while let Some((ch, at, data)) = self.ends.poll_back(self.now) {
+            let Ends::Session(s) = &mut self.ends else {
+                return;
+            };
+            if let Some(at) = at {
+                s.back[ch].push_back((at, data));
+                if s.back[ch].len() == 1 {
+                    self.schedule(at, Ev::ArriveBack(ch as u32));
+                }
+            }
+        }
+    }
+
+    /// Session runs: the head of channel `ch`'s reverse FIFO reaches the sender.
+    fn arrive_back(&mut self, ch: usize) {
+        let now = self.now_us();
+        let Ends::Session(s) = &mut self.ends else {
+            return;
+        };
+        let Some((_, data)) = s.back[ch].pop_front() else {
+            return;
+        };
+        let next = s.back[ch].front().map(|x| x.0);
+        s.a.handle_datagram(now, ch, data);
+        if let Some(next) = next {
+            self.schedule(next, Ev::ArriveBack(ch as u32));
+        }
+        self.flush_striper(true);
     }
 
     #[inline]
     fn drain_deliveries(&mut self) {
-        while let Some(p) = self.reseq.poll_deliver() {
+        while let Some(p) = self.ends.poll_deliver() {
             if let Some((id, sent)) = packet_stamp(&p) {
+                if let Ends::Session(s) = &mut self.ends {
+                    if s.duplicate(id) {
+                        continue;
+                    }
+                }
                 self.rx
                     .on_delivery(self.now, id, sent, p.len() as u64, self.window_end);
             }
@@ -827,7 +947,28 @@ impl Sim {
             .iter()
             .map(|&(a, b)| (a as f64 / 1e9, b as f64 / 1e9))
             .collect();
-        let rs = self.reseq.stats();
+        let (resyncs, wait_timeouts, sent, session) = match &self.ends {
+            Ends::Bare { striper, reseq } => {
+                let rs = reseq.stats();
+                (
+                    rs.total(|c| c.resyncs),
+                    rs.total(|c| c.wait_timeouts),
+                    striper.packets_sent(),
+                    None,
+                )
+            }
+            Ends::Session(s) => {
+                let now = Instant::from_micros(self.now / 1000);
+                let b = s.b.stats(now);
+                let a = s.a.stats(now);
+                (
+                    b.channels.iter().map(|c| c.resequencer.resyncs).sum(),
+                    b.channels.iter().map(|c| c.resequencer.wait_timeouts).sum(),
+                    a.sent_packets - a.queue_drops,
+                    Some(s.result()),
+                )
+            }
+        };
         let mut data_bytes = 0;
         let mut control_bytes = 0;
         let mut lost_on_channel = 0;
@@ -842,7 +983,6 @@ impl Sim {
             r.throughput_bps = r.throughput_bps * 8.0 / dur_s;
             channels.push(r);
         }
-        let sent = self.striper.packets_sent();
         RunResult {
             duration_s: dur_s,
             goodput_bps: goodput_bytes as f64 * 8.0 / dur_s,
@@ -861,10 +1001,11 @@ impl Sim {
             episodes,
             data_bytes,
             control_bytes,
-            resyncs: rs.total(|c| c.resyncs),
-            wait_timeouts: rs.total(|c| c.wait_timeouts),
+            resyncs,
+            wait_timeouts,
             channels,
             events: self.events,
+            session,
         }
     }
 }

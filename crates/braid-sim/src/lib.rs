@@ -18,6 +18,7 @@
 
 #![warn(missing_docs)]
 
+mod ends;
 pub mod engine;
 pub mod metrics;
 pub mod model;

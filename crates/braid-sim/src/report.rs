@@ -87,6 +87,10 @@ pub struct RunReport {
     pub receiver_timeouts: u64,
     /// Simulation events processed.
     pub events: u64,
+    /// Session runs only (`[session]`): `failover_ms`, `rejoin_ms` per link-down
+    /// episode, `duplicates`, `epoch_changes`.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub session: Option<engine::SessionResult>,
 }
 
 impl RunReport {
@@ -141,6 +145,7 @@ fn to_report(job: &Job, r: RunResult) -> RunReport {
         receiver_resyncs: r.resyncs,
         receiver_timeouts: r.wait_timeouts,
         events: r.events,
+        session: r.session,
     }
 }
 

@@ -154,6 +154,7 @@ pub fn parse(text: &str, file: &str, dir: &Path, stem: &str) -> Result<Scenario,
         "trr",
         "receiver",
         "srr",
+        "session",
         "run",
         "sweep",
         "plot",
@@ -1037,7 +1038,10 @@ fn build_job(
                 ),
             )
         })?;
-        Variant::Striped(sc)
+        match t.table("session")? {
+            Some(st) => session_variant(&st, sc)?,
+            None => Variant::Striped(sc),
+        }
     };
     Ok(Job {
         label: rh.label.clone(),
@@ -1054,6 +1058,90 @@ fn build_job(
             variant,
         },
     })
+}
+
+/// `[session]`: run the whole session machine at both ends (hellos, liveness,
+/// failover) with the tunnel configuration's keys and spellings. The mode, scheduler,
+/// markers and receiver come from the run as for every other run; channel weights are
+/// relative, the smallest quantum equal to `max_packet`, as in the tunnel.
+fn session_variant(st: &Tab, sc: StripeConfig) -> Result<Variant, ScenarioError> {
+    st.check_keys(&[
+        "heartbeat",
+        "dead_after",
+        "rejoin_after",
+        "queue_packets",
+        "key",
+    ])?;
+    let Policy::Causal(scheduler) = sc.policy else {
+        return Err(st.cx.err(
+            Some("session"),
+            "a session run needs a causal scheduler (srr, rr, grr or random)",
+        ));
+    };
+    let params = sc
+        .weights
+        .iter()
+        .enumerate()
+        .map(|(i, &weight)| braid_proto::session::ChannelParams {
+            name: format!("ch{i}"),
+            weight,
+        })
+        .collect();
+    let key = st.str_opt("key")?.unwrap_or("simulated pre-shared key");
+    let mut cfg = braid_proto::session::Config::new(params, sc.max_packet, key.as_bytes().to_vec());
+    cfg.mode = sc.mode;
+    cfg.scheduler = scheduler;
+    cfg.markers = sc.markers;
+    cfg.trigger_every = sc.trigger_every;
+    cfg.receiver = sc.receiver;
+    for (k, slot) in [
+        ("heartbeat", &mut cfg.heartbeat),
+        ("dead_after", &mut cfg.dead_after),
+        ("rejoin_after", &mut cfg.rejoin_after),
+    ] {
+        if let Some(v) = st.str_opt(k)? {
+            let d = session_duration(v).map_err(|e| st.err(k, &e))?;
+            *slot = Duration::from_micros(d);
+        }
+    }
+    cfg.queue_packets = st.u32_in(
+        "queue_packets",
+        Some(cfg.queue_packets as u32),
+        1,
+        1 << 24,
+        "a whole number of packets from 1 to 16777216",
+    )? as usize;
+    cfg.validate().map_err(|e| st.cx.err(Some("session"), &e))?;
+    Ok(Variant::Session(Box::new(cfg)))
+}
+
+/// A duration in the tunnel configuration's spelling (`50ms`, `1.5s`, `250us`, `2m`),
+/// in microseconds.
+fn session_duration(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .ok_or_else(|| format!("'{s}' has no unit (use us, ms, s or m)"))?;
+    let (num, unit) = s.split_at(split);
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("'{s}' is not a number followed by a unit"))?;
+    let scale = match unit {
+        "us" => 1.0,
+        "ms" => 1e3,
+        "s" => 1e6,
+        "m" => 60e6,
+        _ => {
+            return Err(format!(
+                "unknown unit '{unit}' in '{s}' (use us, ms, s or m)"
+            ))
+        }
+    };
+    let us = v * scale;
+    if !us.is_finite() || us > 1e15 {
+        return Err(format!("'{s}' is out of range"));
+    }
+    Ok(us.round() as u64)
 }
 
 fn parse_position(p: &str, n: usize) -> Result<MarkerPosition, String> {

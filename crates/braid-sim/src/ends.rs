@@ -1,0 +1,249 @@
+//! The two ends of a simulated run: a bare striper and resequencer (the papers'
+//! experiments), or two whole session machines talking both ways (failover runs).
+
+use std::collections::VecDeque;
+
+use braid_proto::session::{DatagramKind, Event, Session};
+use braid_proto::{Instant, Resequencer, Striper, TransmitKind};
+use bytes::Bytes;
+
+use crate::engine::SessionResult;
+use crate::model::Nanos;
+
+/// One datagram from the sender for a forward channel.
+pub(crate) struct Outgoing {
+    pub channel: usize,
+    pub data: Bytes,
+    /// Markers, triggers and session messages (not application data).
+    pub control: bool,
+}
+
+/// A link-down period of one channel, and what the session did about it.
+struct Episode {
+    channel: usize,
+    start: Nanos,
+    end: Nanos,
+    failover_at: Option<Nanos>,
+    rejoin_at: Option<Nanos>,
+}
+
+/// Two session machines and the reverse direction of every channel.
+pub(crate) struct SessionEnds {
+    pub a: Session,
+    pub b: Session,
+    /// Per channel: datagrams from B to A in flight, with their arrival times.
+    pub back: Vec<VecDeque<(Nanos, Bytes)>>,
+    delay: Vec<Nanos>,
+    down: Vec<Vec<(Nanos, Nanos)>>,
+    episodes: Vec<Episode>,
+    /// Bit per packet id delivered so far.
+    seen: Vec<u64>,
+    duplicates: u64,
+}
+
+impl SessionEnds {
+    pub fn new(a: Session, b: Session, delay: Vec<Nanos>, down: Vec<Vec<(Nanos, Nanos)>>) -> Self {
+        let mut episodes: Vec<Episode> = down
+            .iter()
+            .enumerate()
+            .flat_map(|(channel, d)| {
+                d.iter().map(move |&(start, end)| Episode {
+                    channel,
+                    start,
+                    end,
+                    failover_at: None,
+                    rejoin_at: None,
+                })
+            })
+            .collect();
+        episodes.sort_by_key(|e| (e.start, e.channel));
+        SessionEnds {
+            a,
+            b,
+            back: vec![VecDeque::new(); delay.len()],
+            delay,
+            down,
+            episodes,
+            seen: Vec::new(),
+            duplicates: 0,
+        }
+    }
+
+    /// Is channel `c` down at `t` (both directions)?
+    pub fn is_down(&self, c: usize, t: Nanos) -> bool {
+        self.down[c].iter().any(|&(a, b)| t >= a && t < b)
+    }
+
+    /// The sender's next datagram; notes when data goes on a channel again after a
+    /// down period.
+    fn poll_forward(&mut self, now: Nanos) -> Option<Outgoing> {
+        let t = self.a.poll_transmit()?;
+        if t.kind == DatagramKind::Data {
+            for e in &mut self.episodes {
+                if e.channel == t.channel && e.end <= now && e.rejoin_at.is_none() {
+                    e.rejoin_at = Some(now);
+                }
+            }
+        }
+        Some(Outgoing {
+            channel: t.channel,
+            control: !matches!(t.kind, DatagramKind::Data | DatagramKind::Repair),
+            data: t.bytes,
+        })
+    }
+
+    /// Note the sender's events: an epoch end that leaves a down channel out is its
+    /// failover.
+    fn note_events(&mut self, now: Nanos) {
+        while let Some(ev) = self.a.poll_event() {
+            if let Event::TxSwitchStarted { to, .. } = ev {
+                for e in &mut self.episodes {
+                    if e.start <= now && e.failover_at.is_none() && to & (1u64 << e.channel) == 0 {
+                        e.failover_at = Some(now);
+                    }
+                }
+            }
+        }
+        while self.b.poll_event().is_some() {}
+    }
+
+    /// Count a delivery of packet `id`; true if it was delivered before.
+    pub fn duplicate(&mut self, id: u64) -> bool {
+        let (w, b) = ((id / 64) as usize, id % 64);
+        if self.seen.len() <= w {
+            self.seen.resize(w + 1, 0);
+        }
+        let dup = self.seen[w] & (1 << b) != 0;
+        self.seen[w] |= 1 << b;
+        self.duplicates += u64::from(dup);
+        dup
+    }
+
+    pub fn result(&self) -> SessionResult {
+        let ms = |a: Nanos, b: Option<Nanos>| b.map(|b| (b.saturating_sub(a)) as f64 / 1e6);
+        SessionResult {
+            failover_ms: self
+                .episodes
+                .iter()
+                .map(|e| ms(e.start, e.failover_at))
+                .collect(),
+            rejoin_ms: self
+                .episodes
+                .iter()
+                .map(|e| ms(e.end, e.rejoin_at))
+                .collect(),
+            duplicates: self.duplicates,
+            epoch_changes: self.a.stats(Instant::ZERO).tx_epoch_changes,
+        }
+    }
+
+    /// Reverse datagrams from B, with the time each arrives at A (`None`: lost because
+    /// the channel is down).
+    fn poll_back(&mut self, now: Nanos) -> Option<(usize, Option<Nanos>, Bytes)> {
+        let t = self.b.poll_transmit()?;
+        let at = (!self.is_down(t.channel, now)).then(|| now + self.delay[t.channel]);
+        Some((t.channel, at, t.bytes))
+    }
+}
+
+/// What runs at the two ends.
+pub(crate) enum Ends {
+    /// One striper, one resequencer, one direction (the papers' experiments).
+    Bare {
+        striper: Box<Striper>,
+        reseq: Box<Resequencer>,
+    },
+    /// Two session machines.
+    Session(Box<SessionEnds>),
+}
+
+impl Ends {
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        match self {
+            Ends::Bare { striper, reseq } => match (striper.poll_timeout(), reseq.poll_timeout()) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            },
+            Ends::Session(s) => Some(s.a.poll_timeout().min(s.b.poll_timeout())),
+        }
+    }
+
+    /// Timers of the sender side (markers, hellos). The receiver's fire in
+    /// [`Ends::receiver_timeout`], after the sender's datagrams have been queued.
+    pub fn sender_timeout(&mut self, now: Instant) {
+        match self {
+            Ends::Bare { striper, .. } => striper.handle_timeout(now),
+            Ends::Session(s) => {
+                if now >= s.a.poll_timeout() {
+                    s.a.handle_timeout(now);
+                }
+            }
+        }
+    }
+
+    pub fn receiver_timeout(&mut self, now: Instant) {
+        match self {
+            Ends::Bare { reseq, .. } => reseq.handle_timeout(now),
+            Ends::Session(s) => {
+                if now >= s.b.poll_timeout() {
+                    s.b.handle_timeout(now);
+                }
+            }
+        }
+    }
+
+    /// The sender's next datagram for a forward channel.
+    #[inline]
+    pub fn poll_forward(&mut self, now: Nanos) -> Option<Outgoing> {
+        match self {
+            Ends::Bare { striper, .. } => {
+                let t = striper.poll_transmit()?;
+                let control = t.kind != TransmitKind::Data;
+                // Header-free datagrams move without touching the reference count.
+                let data = if t.header().is_empty() {
+                    t.payload
+                } else {
+                    t.to_bytes()
+                };
+                Some(Outgoing {
+                    channel: t.channel,
+                    data,
+                    control,
+                })
+            }
+            Ends::Session(s) => {
+                s.note_events(now);
+                s.poll_forward(now)
+            }
+        }
+    }
+
+    /// The receiver's next datagram for the reverse direction (session runs only).
+    pub fn poll_back(&mut self, now: Nanos) -> Option<(usize, Option<Nanos>, Bytes)> {
+        match self {
+            Ends::Bare { .. } => None,
+            Ends::Session(s) => {
+                s.note_events(now);
+                s.poll_back(now)
+            }
+        }
+    }
+
+    /// A datagram arrives at the receiver on forward channel `ch`.
+    #[inline]
+    pub fn arrive(&mut self, now: Instant, ch: usize, data: Bytes) {
+        match self {
+            Ends::Bare { reseq, .. } => reseq.handle_datagram(now, ch, data),
+            Ends::Session(s) => s.b.handle_datagram(now, ch, data),
+        }
+    }
+
+    /// The next packet for the receiving application.
+    #[inline]
+    pub fn poll_deliver(&mut self) -> Option<Bytes> {
+        match self {
+            Ends::Bare { reseq, .. } => reseq.poll_deliver(),
+            Ends::Session(s) => s.b.poll_deliver(),
+        }
+    }
+}

@@ -1,0 +1,131 @@
+//! Session runs: the whole session machine at both ends, failover in virtual time.
+
+use std::path::Path;
+
+use braid_sim::report::{run_scenario, Report};
+use braid_sim::scenario::{self, Scenario};
+
+fn parse(text: &str) -> Scenario {
+    scenario::parse(text, "test.toml", Path::new("."), "test")
+        .unwrap_or_else(|e| panic!("scenario should parse: {e}"))
+}
+
+fn parse_err(text: &str) -> String {
+    match scenario::parse(text, "bad.toml", Path::new("."), "bad") {
+        Ok(_) => panic!("scenario should be rejected:\n{text}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+fn run(sc: &Scenario, seed: u64) -> Report {
+    run_scenario(sc, seed, 1, &|_, _| {}).unwrap_or_else(|e| panic!("run failed: {e}"))
+}
+
+fn link_down() -> Scenario {
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios/failover/link-down.toml");
+    scenario::load(&path).unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[test]
+fn link_down_fails_over_and_rejoins_without_duplicates() {
+    let r = run(&link_down(), 1);
+    assert_eq!(r.runs.len(), 2);
+    for run in &r.runs {
+        let s = run.session.as_ref().expect("a session run");
+        assert_eq!(s.failover_ms.len(), 1);
+        let f = s.failover_ms[0].expect("the sender must leave the dead channel");
+        // dead_after 300 ms, noticed at a heartbeat (50 ms), no later than one more.
+        assert!(
+            (300.0..=400.0).contains(&f),
+            "{}: failover {f} ms",
+            run.label
+        );
+        let j = s.rejoin_ms[0].expect("the channel must carry data again");
+        // rejoin_after 150 ms of hearing, then hellos and an epoch switch (round trips
+        // of at most 60 ms).
+        assert!((150.0..=350.0).contains(&j), "{}: rejoin {j} ms", run.label);
+        assert_eq!(s.duplicates, 0, "{}", run.label);
+        assert_eq!(s.epoch_changes, 2, "{}", run.label);
+        assert_eq!(run.out_of_order, 0, "{}", run.label);
+        // Only what was in flight on the dead channel before failover is lost: at most
+        // a third of 24 Mbit/s of 1000-byte packets for the failover time.
+        let bound = (f / 1000.0 * 3000.0 / 3.0 * 1.2) as u64;
+        assert!(
+            run.packets_lost <= bound,
+            "{}: lost {} > {bound}",
+            run.label,
+            run.packets_lost
+        );
+        // The other two channels carry the whole offered load while one is down.
+        assert!(
+            run.goodput_bps > 23.0e6,
+            "{}: {}",
+            run.label,
+            run.goodput_bps
+        );
+    }
+    // Bit for bit the same with the same seed.
+    let again = run(&link_down(), 1);
+    assert_eq!(r.to_json(), again.to_json());
+}
+
+#[test]
+fn json_has_the_session_keys_only_for_session_runs() {
+    let j = run(&link_down(), 1).to_json();
+    for k in ["\"failover_ms\"", "\"rejoin_ms\"", "\"duplicates\":0"] {
+        assert!(j.contains(k), "{k} missing");
+    }
+    let plain = parse(
+        r#"
+duration_s = 0.2
+[[channel]]
+rate_mbps = 5
+[traffic]
+source = "cbr"
+rate_mbps = 1
+[[run]]
+scheduler = "srr"
+"#,
+    );
+    let j = run(&plain, 1).to_json();
+    assert!(!j.contains("failover_ms"), "{j}");
+}
+
+#[test]
+fn short_dead_after_fails_over_sooner() {
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios/failover/link-down.toml"),
+    )
+    .unwrap()
+    .replace("dead_after = \"300ms\"", "dead_after = \"120ms\"");
+    let r = run(&parse(&text), 1);
+    let f = r.runs[0].session.as_ref().unwrap().failover_ms[0].unwrap();
+    assert!((120.0..=200.0).contains(&f), "failover {f} ms");
+}
+
+#[test]
+fn session_errors_name_the_key() {
+    let base = r#"
+duration_s = 1
+[[channel]]
+rate_mbps = 5
+[traffic]
+source = "cbr"
+rate_mbps = 1
+[[run]]
+scheduler = "srr"
+"#;
+    let e = parse_err(&format!("{base}[session]\nheartbeat = \"50 parsecs\"\n"));
+    assert!(e.contains("session.heartbeat"), "{e}");
+    let e = parse_err(&format!("{base}[session]\nmode = \"seq\"\n"));
+    assert!(e.contains("unknown key"), "{e}");
+    let e = parse_err(&format!(
+        "{base}[session]\nheartbeat = \"200ms\"\ndead_after = \"300ms\"\n"
+    ));
+    assert!(e.contains("twice the heartbeat"), "{e}");
+    let backlogged = base.replace("source = \"cbr\"\nrate_mbps = 1", "source = \"backlogged\"");
+    let sc = parse(&format!("{backlogged}[session]\n"));
+    let e = run_scenario(&sc, 1, 1, &|_, _| {}).unwrap_err().to_string();
+    assert!(e.contains("timed traffic"), "{e}");
+}
