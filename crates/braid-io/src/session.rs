@@ -888,7 +888,7 @@ impl Core {
         };
         if matches!(
             first,
-            wire::TYPE_MARKER | wire::TYPE_TRIGGER | TYPE_SESSION | wire::nak::TYPE_NAK
+            wire::TYPE_MARKER | wire::TYPE_TRIGGER | TYPE_SESSION | wire::TYPE_NAK
         ) {
             let opened = match self.auth.open(c, &d) {
                 Ok(o) => o,
@@ -911,7 +911,7 @@ impl Core {
             let pkt = d.slice(..opened.len);
             match first {
                 TYPE_SESSION => self.on_ctrl(c, &pkt, now),
-                wire::nak::TYPE_NAK => {
+                wire::TYPE_NAK => {
                     // The peer's receiver asks our striper for lost packets.
                     if self.tx.switching.is_none() {
                         self.tx.striper.handle_nak(&pkt);

@@ -153,7 +153,7 @@ fn oversize_and_empty_packets_are_refused() {
     ));
     // Escaping adds a byte: a 1500-byte payload starting with 0xB1 no longer fits.
     let mut v = vec![0u8; 1500];
-    v[0] = 0xB1;
+    v[0] = wire::TYPE_MARKER;
     assert!(s.handle_packet(Instant::ZERO, Bytes::from(v)).is_err());
 }
 
@@ -246,7 +246,11 @@ fn malformed_input_is_counted() {
     let cfg = StripeConfig::srr(vec![1500, 1500], 1500);
     let mut r = Resequencer::new(&cfg).unwrap();
     r.handle_datagram(Instant::ZERO, 0, Bytes::new());
-    r.handle_datagram(Instant::ZERO, 0, Bytes::from_static(&[0xB1, 1, 0]));
+    r.handle_datagram(
+        Instant::ZERO,
+        0,
+        Bytes::from_static(&[wire::TYPE_MARKER, 1, 0]),
+    );
     r.handle_datagram(Instant::ZERO, 7, data(100));
     r.handle_datagram(Instant::ZERO, 0, Bytes::from_static(&[0xB9, 0]));
     // A valid marker that names channel 1 but arrived on channel 0.

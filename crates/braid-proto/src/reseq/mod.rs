@@ -230,7 +230,7 @@ impl Resequencer {
             self.stats.malformed += 1;
             return;
         }
-        if datagram.first() == Some(&seq::TYPE_REPAIR) {
+        if datagram.first() == Some(&wire::TYPE_REPAIR) {
             // Repairs are late by nature: no hold.
             return self.ingest(now, channel, datagram);
         }

@@ -211,6 +211,7 @@ impl Striper {
             Mode::Seq => {
                 wire::seq::Repr {
                     seq: self.seq as u32,
+                    repair: false,
                 }
                 .emit(&mut header);
                 wire::seq::HEADER_LEN
@@ -332,8 +333,11 @@ impl Striper {
             };
             debug_assert_eq!(*s, seq);
             let mut header = [0u8; wire::seq::HEADER_LEN];
-            wire::seq::Repr { seq: seq as u32 }.emit(&mut header);
-            header[0] = wire::seq::TYPE_REPAIR;
+            wire::seq::Repr {
+                seq: seq as u32,
+                repair: true,
+            }
+            .emit(&mut header);
             for channel in 0..self.cfg.channels() {
                 self.stats.channels[channel].repairs_sent += 1;
                 self.out.push_back(Transmit {
