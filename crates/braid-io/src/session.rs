@@ -1253,7 +1253,7 @@ impl Core {
             channel: k as u8,
             epoch: self.rx.epoch,
             position: Position { round, dc },
-            seq: p.seq,
+            sent: p.seq,
             batch: 0,
             credits: None,
             quantum_change: None,

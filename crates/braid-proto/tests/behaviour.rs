@@ -258,7 +258,7 @@ fn malformed_input_is_counted() {
         channel: 1,
         epoch: 0,
         position: sched::Position { round: 0, dc: 1500 },
-        seq: 0,
+        sent: 0,
         batch: 0,
         credits: None,
         quantum_change: None,

@@ -234,7 +234,7 @@ impl Resequencer {
             // Repairs are late by nature: no hold.
             return self.ingest(now, channel, datagram);
         }
-        let seq = match datagram.first() {
+        let batch = match datagram.first() {
             Some(&wire::TYPE_MARKER) => marker::Packet::new_checked(&datagram[..])
                 .ok()
                 .map(|p| p.batch()),
@@ -243,8 +243,8 @@ impl Resequencer {
                 .map(|p| p.batch()),
             _ => None,
         };
-        if let Some(seq) = seq {
-            eq.on_marker(now, channel, seq);
+        if let Some(batch) = batch {
+            eq.on_marker(now, channel, batch);
         }
         let now_through = eq.push(now, channel, datagram, self.limit);
         if let Some(d) = now_through {
@@ -398,7 +398,7 @@ impl Resequencer {
                 } = q;
                 b.last_arrival[channel] = now;
                 if let Item::Marker(m) = &item {
-                    floor[channel] = floor[channel].max(m.seq);
+                    floor[channel] = floor[channel].max(m.sent);
                 }
                 if let Item::Data { seq, .. } = &item {
                     if *seq < *expected {
