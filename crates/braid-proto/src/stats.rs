@@ -279,8 +279,8 @@ mod tests {
             assert_eq!(got, want, "session counter #{i}");
         }
         assert_eq!(channels.len(), 2);
-        for c in 0..2 {
-            check_channel(&channels[c], &a.channels[c], &b.channels[c]);
+        for ((sum, a), b) in channels.iter().zip(&a.channels).zip(&b.channels) {
+            check_channel(sum, a, b);
         }
     }
 
