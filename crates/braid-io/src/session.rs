@@ -1279,6 +1279,7 @@ impl Core {
         self.account_rx();
         let members = members_of(p.new_set);
         self.rx.reseq = Resequencer::new(&self.cfg.stripe_config(&members)).expect("validated");
+        self.rx.reseq.set_epoch(p.new_epoch);
         self.rx.index = vec![None; self.n];
         for (k, &m) in members.iter().enumerate() {
             self.rx.index[m] = Some(k);

@@ -63,6 +63,8 @@ pub struct Stats {
     pub naks_sent: u64,
     /// Missing packets delivered thanks to a repair.
     pub repaired: u64,
+    /// NAKs the striper ignored because they were for another epoch.
+    pub stale_naks: u64,
 }
 
 impl Stats {
@@ -134,6 +136,7 @@ impl AddAssign<&Stats> for Stats {
             fast_path_hits,
             naks_sent,
             repaired,
+            stale_naks,
         } = rhs;
         if self.channels.len() == channels.len() {
             for (a, b) in self.channels.iter_mut().zip(channels) {
@@ -149,6 +152,7 @@ impl AddAssign<&Stats> for Stats {
         self.fast_path_hits += fast_path_hits;
         self.naks_sent += naks_sent;
         self.repaired += repaired;
+        self.stale_naks += stale_naks;
     }
 }
 
@@ -189,6 +193,7 @@ mod tests {
             fast_path_hits: k + 27,
             naks_sent: k + 28,
             repaired: k + 29,
+            stale_naks: k + 30,
         }
     }
 
@@ -263,6 +268,7 @@ mod tests {
             fast_path_hits,
             naks_sent,
             repaired,
+            stale_naks,
         } = sum;
         let counters = [
             (delivered_packets, a.delivered_packets + b.delivered_packets),
@@ -274,6 +280,7 @@ mod tests {
             (fast_path_hits, a.fast_path_hits + b.fast_path_hits),
             (naks_sent, a.naks_sent + b.naks_sent),
             (repaired, a.repaired + b.repaired),
+            (stale_naks, a.stale_naks + b.stale_naks),
         ];
         for (i, (got, want)) in counters.into_iter().enumerate() {
             assert_eq!(got, want, "session counter #{i}");

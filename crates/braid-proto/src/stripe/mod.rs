@@ -178,7 +178,8 @@ impl Striper {
         }
     }
 
-    /// Set the channel-set epoch carried by markers and triggers from now on.
+    /// Set the channel-set epoch carried by markers and triggers from now on; NAKs for
+    /// any other epoch are ignored.
     pub fn set_epoch(&mut self, epoch: u32) {
         self.epoch = epoch;
     }
@@ -316,10 +317,16 @@ impl Striper {
     /// A NAK arrived from the receiver (`seq` mode with repair): queue every named
     /// packet that is still kept, once on every channel. Returns how many packets were
     /// repaired; a NAK that does not parse, or names packets no longer kept, is ignored.
+    /// So is a NAK for another epoch than [`Striper::epoch`] (its numbers count another
+    /// epoch's packets); it is counted in `stale_naks`.
     pub fn handle_nak(&mut self, datagram: &[u8]) -> usize {
         let Ok(nak) = wire::nak::Repr::parse(datagram) else {
             return 0;
         };
+        if nak.epoch != self.epoch {
+            self.stats.stale_naks += 1;
+            return 0;
+        }
         let Some(&(first, _)) = self.sent_ring.front() else {
             return 0;
         };
