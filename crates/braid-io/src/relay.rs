@@ -13,6 +13,8 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use braid_proto::wire;
+
 struct Half {
     sock: UdpSocket,
     learned: Mutex<Option<SocketAddr>>,
@@ -90,7 +92,9 @@ impl Relay {
                             ch.dropped.fetch_add(1, Ordering::Relaxed);
                             continue;
                         }
-                        if buf[0] >> 4 == 0xB && buf[0] != 0xBF && buf[0] != 0xB3 {
+                        // Control only: repairs (0xB6) are data behind a sequence
+                        // header, like 0xB3.
+                        if n > 0 && wire::is_authenticated_control(buf[0]) {
                             *src.last_ctrl.lock().unwrap() = Some(buf[..n].to_vec());
                         }
                         let to = *dst.learned.lock().unwrap();
@@ -157,8 +161,8 @@ impl Relay {
         from.sock.send_to(bytes, addr).map(|_| ())
     }
 
-    /// The last control datagram (first byte 0xB1, 0xB2 or 0xB4...) that end `from` sent
-    /// on channel `c`.
+    /// The last control datagram (marker, trigger, session message or NAK: see
+    /// [`wire::is_authenticated_control`]) that end `from` sent on channel `c`.
     pub fn last_control_from(&self, c: usize, from: Side) -> Option<Vec<u8>> {
         let ch = &self.chans[c];
         match from {

@@ -179,7 +179,7 @@ async fn forged_and_replayed_control_packets_are_dropped_and_counted() {
     let first = stream(&a, &mut b, 0, 2_000).await;
     assert_eq!(first.len(), 2_000);
     // A marker with a garbage trailer, and one with an absurd position.
-    let mut forged = vec![0xB1, 1, 0, 0, 0, 0, 0, 0];
+    let mut forged = vec![braid_proto::wire::TYPE_MARKER, 1, 0, 0, 0, 0, 0, 0];
     forged.extend_from_slice(&u64::MAX.to_be_bytes());
     forged.extend_from_slice(&1500i64.to_be_bytes());
     forged.extend_from_slice(&0u64.to_be_bytes());

@@ -41,8 +41,8 @@ pub struct Sent {
     pub channel: usize,
     /// Data, marker or trigger.
     pub kind: TransmitKind,
-    /// Data packets sent before it (for markers: the `seq` they carry).
-    pub seq: u64,
+    /// Data packets sent before it (for markers: the `sent` count they carry).
+    pub sent: u64,
     /// When it arrives, or `None` if the channel lost it.
     pub arrival: Option<Instant>,
 }
@@ -163,9 +163,9 @@ impl Harness {
                 .loss_window
                 .is_none_or(|(a, b)| self.now >= a && self.now < b);
             let lost = in_window && st.link.loss > 0.0 && self.rng.next_f64() < st.link.loss;
-            let seq = match t.kind {
+            let sent = match t.kind {
                 TransmitKind::Marker => crate::wire::marker::Packet::new_checked(&t.payload[..])
-                    .map(|p| p.seq())
+                    .map(|p| p.sent())
                     .unwrap_or(0),
                 _ => self.striper.packets_sent(),
             };
@@ -194,7 +194,7 @@ impl Harness {
                 at: self.now,
                 channel: t.channel,
                 kind: t.kind,
-                seq,
+                sent,
                 arrival,
             });
         }

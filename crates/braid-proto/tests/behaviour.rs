@@ -153,7 +153,7 @@ fn oversize_and_empty_packets_are_refused() {
     ));
     // Escaping adds a byte: a 1500-byte payload starting with 0xB1 no longer fits.
     let mut v = vec![0u8; 1500];
-    v[0] = 0xB1;
+    v[0] = wire::TYPE_MARKER;
     assert!(s.handle_packet(Instant::ZERO, Bytes::from(v)).is_err());
 }
 
@@ -246,7 +246,11 @@ fn malformed_input_is_counted() {
     let cfg = StripeConfig::srr(vec![1500, 1500], 1500);
     let mut r = Resequencer::new(&cfg).unwrap();
     r.handle_datagram(Instant::ZERO, 0, Bytes::new());
-    r.handle_datagram(Instant::ZERO, 0, Bytes::from_static(&[0xB1, 1, 0]));
+    r.handle_datagram(
+        Instant::ZERO,
+        0,
+        Bytes::from_static(&[wire::TYPE_MARKER, 1, 0]),
+    );
     r.handle_datagram(Instant::ZERO, 7, data(100));
     r.handle_datagram(Instant::ZERO, 0, Bytes::from_static(&[0xB9, 0]));
     // A valid marker that names channel 1 but arrived on channel 0.
@@ -254,7 +258,7 @@ fn malformed_input_is_counted() {
         channel: 1,
         epoch: 0,
         position: sched::Position { round: 0, dc: 1500 },
-        seq: 0,
+        sent: 0,
         batch: 0,
         credits: None,
         quantum_change: None,
@@ -370,4 +374,69 @@ fn equalization_gives_every_packet_the_slowest_delay() {
     for (i, d) in delays.iter().enumerate().skip(30) {
         assert!((59_000..=61_000).contains(d), "packet {i}: delay {d} us");
     }
+}
+
+/// `seq` mode with repair, packets 0..6 of 1000 bytes; packet 0 is lost. Returns the
+/// striper and the resequencer after the arrivals, with the NAK they produced.
+fn lose_first_packet(tx_epoch: u32, rx_epoch: u32) -> (Striper, Resequencer, Bytes) {
+    let mut cfg = StripeConfig::srr(vec![1500, 1500], 1500);
+    cfg.mode = Mode::Seq;
+    cfg.receiver.repair = Some(Duration::from_millis(10));
+    let mut s = Striper::new(cfg.clone()).unwrap();
+    let mut r = Resequencer::new(&cfg).unwrap();
+    s.set_epoch(tx_epoch);
+    r.set_epoch(rx_epoch);
+    let mut first = true;
+    for i in 0..6 {
+        s.handle_packet(Instant::ZERO, payload(i, 1000)).unwrap();
+        while let Some(t) = s.poll_transmit() {
+            if t.kind == TransmitKind::Data && std::mem::take(&mut first) {
+                continue;
+            }
+            r.handle_datagram(Instant::ZERO, t.channel, t.to_bytes());
+        }
+    }
+    let nak = r.poll_nak().expect("packet 0 is missing on every channel");
+    (s, r, nak)
+}
+
+#[test]
+fn naks_carry_the_receivers_epoch() {
+    let (_, _, nak) = lose_first_packet(3, 3);
+    let parsed = wire::nak::Repr::parse(&nak).unwrap();
+    assert_eq!(parsed.epoch, 3);
+    assert_eq!(parsed.seqs, vec![0]);
+}
+
+#[test]
+fn naks_for_the_current_epoch_are_repaired() {
+    let (mut s, mut r, nak) = lose_first_packet(3, 3);
+    assert_eq!(s.handle_nak(&nak), 1);
+    assert_eq!(s.stats().stale_naks, 0);
+    while let Some(t) = s.poll_transmit() {
+        assert_eq!(t.kind, TransmitKind::Repair);
+        assert_eq!(t.header()[0], wire::TYPE_REPAIR);
+        r.handle_datagram(Instant::ZERO, t.channel, t.to_bytes());
+    }
+    let ids: Vec<u64> = std::iter::from_fn(|| r.poll_deliver())
+        .map(|p| payload_id(&p))
+        .collect();
+    assert_eq!(ids, (0..6).collect::<Vec<_>>());
+    assert_eq!(r.stats().repaired, 1);
+}
+
+#[test]
+fn naks_for_another_epoch_are_ignored_and_counted() {
+    // The receiver is still in epoch 2 while the striper has moved on to 3.
+    let (mut s, _, nak) = lose_first_packet(3, 2);
+    assert_eq!(s.handle_nak(&nak), 0);
+    assert!(s.poll_transmit().is_none());
+    assert_eq!(s.stats().stale_naks, 1);
+    // The same numbers for the striper's own epoch are repaired.
+    let current = wire::nak::Repr {
+        epoch: 3,
+        seqs: vec![0],
+    };
+    assert_eq!(s.handle_nak(&current.to_vec()), 1);
+    assert_eq!(s.stats().stale_naks, 1);
 }

@@ -155,7 +155,7 @@ proptest! {
             });
             let Some(m) = m else { return Ok(()) };
             prop_assert!(m.arrival.is_some());
-            resync_seq = resync_seq.max(m.seq);
+            resync_seq = resync_seq.max(m.sent);
         }
         let after: Vec<u64> = ids(&h).into_iter().filter(|&i| i >= resync_seq).collect();
         prop_assert_eq!(after, (resync_seq..sizes.len() as u64).collect::<Vec<_>>());

@@ -65,17 +65,17 @@ impl Equalizer {
         self.last_marker[c].is_some_and(|t| now.saturating_since(t) < STALE)
     }
 
-    /// A marker or trigger of batch `seq` arrived on `channel` at `now`.
-    pub(crate) fn on_marker(&mut self, now: Instant, channel: usize, seq: u32) {
+    /// A marker or trigger of batch `batch` arrived on `channel` at `now`.
+    pub(crate) fn on_marker(&mut self, now: Instant, channel: usize, batch: u32) {
         let n = self.offset.len();
         self.last_marker[channel] = Some(now);
-        let i = match self.batches.iter().position(|(s, _)| *s == seq) {
+        let i = match self.batches.iter().position(|(b, _)| *b == batch) {
             Some(i) => i,
             None => {
                 if self.batches.len() == BATCHES {
                     self.batches.pop_front();
                 }
-                self.batches.push_back((seq, vec![None; n]));
+                self.batches.push_back((batch, vec![None; n]));
                 self.batches.len() - 1
             }
         };

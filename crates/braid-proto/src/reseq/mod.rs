@@ -53,6 +53,8 @@ pub struct Resequencer {
     out: VecDeque<Bytes>,
     stats: Stats,
     equalizer: Option<equalize::Equalizer>,
+    /// Channel-set epoch written into NAKs.
+    epoch: u32,
 }
 
 enum Engine {
@@ -179,12 +181,25 @@ impl Resequencer {
             stats: Stats::new(n),
             equalizer: (cfg.receiver.equalize && cfg.mode != Mode::None)
                 .then(|| equalize::Equalizer::new(n)),
+            epoch: 0,
         })
     }
 
     /// The mode.
     pub fn mode(&self) -> Mode {
         self.mode
+    }
+
+    /// Set the channel-set epoch this resequencer receives (0 at first). It goes into
+    /// every NAK, so that the peer's striper (see `Striper::set_epoch`) can ignore NAKs
+    /// for an epoch it has left.
+    pub fn set_epoch(&mut self, epoch: u32) {
+        self.epoch = epoch;
+    }
+
+    /// The epoch written into NAKs.
+    pub fn epoch(&self) -> u32 {
+        self.epoch
     }
 
     /// Counters.
@@ -230,11 +245,11 @@ impl Resequencer {
             self.stats.malformed += 1;
             return;
         }
-        if datagram.first() == Some(&seq::TYPE_REPAIR) {
+        if datagram.first() == Some(&wire::TYPE_REPAIR) {
             // Repairs are late by nature: no hold.
             return self.ingest(now, channel, datagram);
         }
-        let seq = match datagram.first() {
+        let batch = match datagram.first() {
             Some(&wire::TYPE_MARKER) => marker::Packet::new_checked(&datagram[..])
                 .ok()
                 .map(|p| p.batch()),
@@ -243,8 +258,8 @@ impl Resequencer {
                 .map(|p| p.batch()),
             _ => None,
         };
-        if let Some(seq) = seq {
-            eq.on_marker(now, channel, seq);
+        if let Some(batch) = batch {
+            eq.on_marker(now, channel, batch);
         }
         let now_through = eq.push(now, channel, datagram, self.limit);
         if let Some(d) = now_through {
@@ -398,7 +413,7 @@ impl Resequencer {
                 } = q;
                 b.last_arrival[channel] = now;
                 if let Item::Marker(m) = &item {
-                    floor[channel] = floor[channel].max(m.seq);
+                    floor[channel] = floor[channel].max(m.sent);
                 }
                 if let Item::Data { seq, .. } = &item {
                     if *seq < *expected {
@@ -475,7 +490,13 @@ impl Resequencer {
         let n = r.out.len().min(wire::nak::MAX_SEQS);
         let seqs: Vec<u64> = r.out.drain(..n).collect();
         self.stats.naks_sent += seqs.len() as u64;
-        Some(Bytes::from(wire::nak::Repr { epoch: 0, seqs }.to_vec()))
+        Some(Bytes::from(
+            wire::nak::Repr {
+                epoch: self.epoch,
+                seqs,
+            }
+            .to_vec(),
+        ))
     }
 
     /// No more datagrams will arrive (the channel set is being replaced, or the session

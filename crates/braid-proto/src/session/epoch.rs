@@ -10,7 +10,6 @@ use std::collections::VecDeque;
 
 use bytes::Bytes;
 
-use super::stats::{add_global, add_stats};
 use super::{bit, members_of, Event, Session};
 use crate::sched::Position;
 use crate::stats::{ChannelStats, Stats};
@@ -63,7 +62,7 @@ impl Tx {
     /// Add the current striper's counters to `base` (before it is replaced).
     fn account(&mut self) {
         for (k, &p) in self.members.iter().enumerate() {
-            add_stats(&mut self.base[p], &self.striper.stats().channels[k]);
+            self.base[p] += &self.striper.stats().channels[k];
         }
     }
 }
@@ -111,10 +110,10 @@ impl Rx {
         let s = self.reseq.stats();
         for (p, k) in self.index.iter().enumerate() {
             if let Some(k) = *k {
-                add_stats(&mut self.base[p], &s.channels[k]);
+                self.base[p] += &s.channels[k];
             }
         }
-        add_global(&mut self.base_global, s);
+        self.base_global += s;
     }
 }
 
@@ -217,7 +216,7 @@ impl Session {
             new_epoch: sw.new_epoch,
             old_set: self.tx.set,
             new_set: sw.new_set,
-            seq: sw.sent,
+            sent: sw.sent,
             finals: sw.finals.clone(),
         };
         for c in members_of(self.tx.set | sw.new_set) {
@@ -325,7 +324,7 @@ impl Session {
             channel: k as u8,
             epoch: self.rx.epoch,
             position: Position { round, dc },
-            seq: p.seq,
+            sent: p.sent,
             batch: 0,
             credits: None,
             quantum_change: None,
@@ -351,6 +350,7 @@ impl Session {
         self.rx.account();
         let members = members_of(p.new_set);
         self.rx.reseq = Resequencer::new(&self.cfg.stripe_config(&members)).expect("validated");
+        self.rx.reseq.set_epoch(p.new_epoch);
         self.rx.index = vec![None; self.n];
         for (k, &m) in members.iter().enumerate() {
             self.rx.index[m] = Some(k);

@@ -442,13 +442,7 @@ impl Session {
             n.malformed += 1;
             return;
         };
-        if matches!(
-            first,
-            wire::TYPE_MARKER
-                | wire::TYPE_TRIGGER
-                | wire::session::TYPE_SESSION
-                | wire::nak::TYPE_NAK
-        ) {
+        if wire::is_authenticated_control(first) {
             self.on_authenticated(now, c, first, d);
         } else {
             self.heard(c, now);
@@ -477,8 +471,8 @@ impl Session {
         self.heard(c, now);
         let pkt = d.slice(..opened.len);
         match first {
-            wire::session::TYPE_SESSION => self.on_ctrl(c, &pkt, now),
-            wire::nak::TYPE_NAK => {
+            wire::TYPE_SESSION => self.on_ctrl(c, &pkt, now),
+            wire::TYPE_NAK => {
                 // The peer's receiver asks our striper for lost packets.
                 if self.tx.switching.is_none() {
                     self.tx.striper.handle_nak(&pkt);

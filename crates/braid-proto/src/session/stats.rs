@@ -105,53 +105,22 @@ pub struct SessionStats {
     pub channels: Vec<ChannelInfo>,
 }
 
-/// Add every per-channel counter of `s` to `into`.
-pub(super) fn add_stats(into: &mut ChannelStats, s: &ChannelStats) {
-    into.bytes_sent += s.bytes_sent;
-    into.packets_sent += s.packets_sent;
-    into.markers_sent += s.markers_sent;
-    into.triggers_sent += s.triggers_sent;
-    into.bytes_received += s.bytes_received;
-    into.packets_received += s.packets_received;
-    into.markers_received += s.markers_received;
-    into.triggers_received += s.triggers_received;
-    into.resyncs += s.resyncs;
-    into.malformed += s.malformed;
-    into.buffer_high_water = into.buffer_high_water.max(s.buffer_high_water);
-    into.overflow_drops += s.overflow_drops;
-    into.wait_timeouts += s.wait_timeouts;
-    into.repairs_sent += s.repairs_sent;
-}
-
-/// Add the session-wide counters of `s` to `into`.
-pub(super) fn add_global(into: &mut Stats, s: &Stats) {
-    into.delivered_packets += s.delivered_packets;
-    into.delivered_bytes += s.delivered_bytes;
-    into.out_of_order += s.out_of_order;
-    into.lost += s.lost;
-    into.stale_dropped += s.stale_dropped;
-    into.malformed += s.malformed;
-    into.fast_path_hits += s.fast_path_hits;
-    into.naks_sent += s.naks_sent;
-    into.repaired += s.repaired;
-}
-
 impl Session {
     /// A snapshot of the counters and channel states at `now`.
     pub fn stats(&self, now: Instant) -> SessionStats {
         let rs = self.rx.reseq.stats();
         let ts = self.tx.striper.stats();
         let mut receiver = self.rx.base_global.clone();
-        add_global(&mut receiver, rs);
+        receiver += rs;
         let channels = (0..self.n)
             .map(|i| {
                 let mut t = self.tx.base[i].clone();
                 if let Some(k) = self.tx.members.iter().position(|&m| m == i) {
-                    add_stats(&mut t, &ts.channels[k]);
+                    t += &ts.channels[k];
                 }
                 let mut r = self.rx.base[i].clone();
                 if let Some(k) = self.rx.index[i] {
-                    add_stats(&mut r, &rs.channels[k]);
+                    r += &rs.channels[k];
                 }
                 let c = &self.chans[i];
                 ChannelInfo {

@@ -102,8 +102,8 @@ pub struct Striper {
     cfg: StripeConfig,
     chooser: Chooser,
     out: VecDeque<Transmit>,
-    /// Data packets sent so far (the next sequence number).
-    seq: u64,
+    /// Data packets sent so far (in `seq` mode also the next sequence number).
+    sent: u64,
     channel_count: Vec<u64>,
     /// TRR: running digest of each channel's data packets.
     digest: Vec<u64>,
@@ -134,7 +134,7 @@ impl Striper {
         Ok(Striper {
             chooser,
             out: VecDeque::with_capacity(64),
-            seq: 0,
+            sent: 0,
             channel_count: vec![0; n],
             digest: vec![0; n],
             backlog: vec![0; n],
@@ -167,7 +167,7 @@ impl Striper {
 
     /// Data packets accepted so far.
     pub fn packets_sent(&self) -> u64 {
-        self.seq
+        self.sent
     }
 
     /// Tell the striper how many bytes wait in a channel's transmit queue (read only by
@@ -178,7 +178,8 @@ impl Striper {
         }
     }
 
-    /// Set the channel-set epoch carried by markers and triggers from now on.
+    /// Set the channel-set epoch carried by markers and triggers from now on; NAKs for
+    /// any other epoch are ignored.
     pub fn set_epoch(&mut self, epoch: u32) {
         self.epoch = epoch;
     }
@@ -210,7 +211,8 @@ impl Striper {
         let header_len = match self.cfg.mode {
             Mode::Seq => {
                 wire::seq::Repr {
-                    seq: self.seq as u32,
+                    seq: self.sent as u32,
+                    repair: false,
                 }
                 .emit(&mut header);
                 wire::seq::HEADER_LEN
@@ -231,8 +233,8 @@ impl Striper {
 
         // Markers or triggers that belong before this packet.
         if self.cfg.mode == Mode::Trr
-            && self.seq > 0
-            && self.seq.is_multiple_of(u64::from(self.cfg.trigger_every))
+            && self.sent > 0
+            && self.sent.is_multiple_of(u64::from(self.cfg.trigger_every))
         {
             self.emit_triggers();
         }
@@ -272,7 +274,7 @@ impl Striper {
             if self.sent_ring.len() == self.ring_limit {
                 self.sent_ring.pop_front();
             }
-            self.sent_ring.push_back((self.seq, payload.clone()));
+            self.sent_ring.push_back((self.sent, payload.clone()));
         }
         let st = &mut self.stats.channels[channel];
         st.bytes_sent += wire_len as u64;
@@ -284,7 +286,7 @@ impl Striper {
                 trigger::fingerprint(wire_len, &payload),
             );
         }
-        self.seq += 1;
+        self.sent += 1;
         self.out.push_back(Transmit {
             channel,
             kind: TransmitKind::Data,
@@ -315,10 +317,16 @@ impl Striper {
     /// A NAK arrived from the receiver (`seq` mode with repair): queue every named
     /// packet that is still kept, once on every channel. Returns how many packets were
     /// repaired; a NAK that does not parse, or names packets no longer kept, is ignored.
+    /// So is a NAK for another epoch than [`Striper::epoch`] (its numbers count another
+    /// epoch's packets); it is counted in `stale_naks`.
     pub fn handle_nak(&mut self, datagram: &[u8]) -> usize {
         let Ok(nak) = wire::nak::Repr::parse(datagram) else {
             return 0;
         };
+        if nak.epoch != self.epoch {
+            self.stats.stale_naks += 1;
+            return 0;
+        }
         let Some(&(first, _)) = self.sent_ring.front() else {
             return 0;
         };
@@ -332,8 +340,11 @@ impl Striper {
             };
             debug_assert_eq!(*s, seq);
             let mut header = [0u8; wire::seq::HEADER_LEN];
-            wire::seq::Repr { seq: seq as u32 }.emit(&mut header);
-            header[0] = wire::seq::TYPE_REPAIR;
+            wire::seq::Repr {
+                seq: seq as u32,
+                repair: true,
+            }
+            .emit(&mut header);
             for channel in 0..self.cfg.channels() {
                 self.stats.channels[channel].repairs_sent += 1;
                 self.out.push_back(Transmit {
@@ -414,7 +425,7 @@ impl Striper {
                 channel: c as u8,
                 epoch: self.epoch,
                 position: s.position(c),
-                seq: self.seq,
+                sent: self.sent,
                 batch: self.batch,
                 credits: None,
                 quantum_change: None,
@@ -443,7 +454,7 @@ impl Striper {
                 next_stripe: next,
                 epoch: self.epoch,
                 position: s.position(c),
-                seq: self.seq,
+                sent: self.sent,
                 channel_count: self.channel_count[c],
                 digest: self.digest[c],
                 batch: self.batch,

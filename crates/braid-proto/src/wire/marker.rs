@@ -13,7 +13,8 @@
 //! |              dc (i64)             | 16..24   its deficit counter, quantum added
 //! |                                   |
 //! +--------+--------+--------+--------+
-//! |              seq (u64)            | 24..32   data packets sent before this marker
+//! |              sent (u64)           | 24..32   data packets sent, on all channels,
+//! |                                   |          before this marker
 //! |                                   |
 //! +--------+--------+--------+--------+
 //! |             batch (u32)           | 32..36   counts the sender's marker batches:
@@ -40,7 +41,7 @@ mod field {
     pub const EPOCH: usize = 4;
     pub const ROUND: usize = 8;
     pub const DC: usize = 16;
-    pub const SEQ: usize = 24;
+    pub const SENT: usize = 24;
     pub const BATCH: usize = 32;
     pub const FIXED_END: usize = 36;
 }
@@ -127,8 +128,8 @@ impl<T: AsRef<[u8]>> Packet<T> {
         read_u64(self.buffer.as_ref(), field::DC) as i64
     }
     /// Data packets the sender had sent (on all channels) before this marker.
-    pub fn seq(&self) -> u64 {
-        read_u64(self.buffer.as_ref(), field::SEQ)
+    pub fn sent(&self) -> u64 {
+        read_u64(self.buffer.as_ref(), field::SENT)
     }
     /// The sender's batch counter (markers sent together share it).
     pub fn batch(&self) -> u32 {
@@ -165,8 +166,9 @@ pub struct Repr {
     pub epoch: u32,
     /// Implicit number of the next packet on this channel.
     pub position: Position,
-    /// Data packets sent before this marker, on all channels.
-    pub seq: u64,
+    /// Data packets sent before this marker, on all channels (in `seq` mode: the
+    /// sequence number of the next data packet).
+    pub sent: u64,
     /// Batch counter: markers sent together on all channels share it.
     pub batch: u32,
     /// Piggybacked credits (seed 000 §6.3, seed 004).
@@ -203,7 +205,7 @@ impl Repr {
                 round: p.round(),
                 dc: p.dc(),
             },
-            seq: p.seq(),
+            sent: p.sent(),
             batch: p.batch(),
             credits: p.credits(),
             quantum_change: p.quantum_change(),
@@ -236,7 +238,7 @@ impl Repr {
         buf[field::EPOCH..field::EPOCH + 4].copy_from_slice(&self.epoch.to_be_bytes());
         buf[field::ROUND..field::ROUND + 8].copy_from_slice(&self.position.round.to_be_bytes());
         buf[field::DC..field::DC + 8].copy_from_slice(&self.position.dc.to_be_bytes());
-        buf[field::SEQ..field::SEQ + 8].copy_from_slice(&self.seq.to_be_bytes());
+        buf[field::SENT..field::SENT + 8].copy_from_slice(&self.sent.to_be_bytes());
         buf[field::BATCH..field::BATCH + 4].copy_from_slice(&self.batch.to_be_bytes());
         let mut at = field::FIXED_END;
         if let Some(c) = self.credits {
@@ -266,7 +268,7 @@ mod tests {
         0x00, 0x00, 0x00, 0x07, // epoch 7
         0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x01, 0x00, // round 256
         0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x05, 0xDC, // dc 1500
-        0x00, 0x00, 0x00, 0x00, 0x00, 0x01, 0x00, 0x00, // seq 65536
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x01, 0x00, 0x00, // sent 65536
         0x00, 0x00, 0x00, 0x2A, // batch 42
     ];
 
@@ -278,7 +280,7 @@ mod tests {
                 round: 256,
                 dc: 1500,
             },
-            seq: 65536,
+            sent: 65536,
             batch: 42,
             credits: None,
             quantum_change: None,

@@ -35,16 +35,35 @@ pub mod trigger;
 /// Wire version spoken by this implementation (markers and triggers carry it).
 pub const VERSION: u8 = 1;
 
+// The packet type registry: every first byte `0xB0..=0xBF` braid gives a meaning, here
+// and nowhere else (the table above says what each one is).
+
 /// High nibble shared by all control codepoints.
 pub const CONTROL_NIBBLE: u8 = 0xB;
-/// First byte of a marker.
+/// First byte of a marker ([`marker`]).
 pub const TYPE_MARKER: u8 = 0xB1;
-/// First byte of a trigger.
+/// First byte of a TRR trigger ([`trigger`]).
 pub const TYPE_TRIGGER: u8 = 0xB2;
-/// First byte of a sequenced data packet.
+/// First byte of a data packet behind a sequence header ([`seq`]).
 pub const TYPE_SEQ_DATA: u8 = 0xB3;
-/// First byte of escaped data.
+/// First byte of a braid-io session message (hello, epoch end, epoch ack).
+pub const TYPE_SESSION: u8 = 0xB4;
+/// First byte of a NAK ([`nak`]).
+pub const TYPE_NAK: u8 = 0xB5;
+/// First byte of a repaired (retransmitted) data packet behind a sequence header
+/// ([`seq`]).
+pub const TYPE_REPAIR: u8 = 0xB6;
+/// First byte of escaped data: strip it, the rest is data starting with `0xB_`.
 pub const TYPE_ESCAPE: u8 = 0xBF;
+
+/// True if a datagram with this first byte is a control packet that a driver
+/// authenticates (braid-io appends an authentication trailer): markers, triggers, session
+/// messages and NAKs. Data in every form (header-free, escaped, behind a sequence header,
+/// repaired) is not, and neither are reserved codepoints.
+#[inline]
+pub fn is_authenticated_control(first: u8) -> bool {
+    matches!(first, TYPE_MARKER | TYPE_TRIGGER | TYPE_SESSION | TYPE_NAK)
+}
 
 /// Why a byte string could not be parsed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -98,8 +117,8 @@ pub fn classify(bytes: &[u8]) -> Result<Kind, WireError> {
         TYPE_MARKER => Ok(Kind::Marker),
         TYPE_TRIGGER => Ok(Kind::Trigger),
         TYPE_SEQ_DATA => Ok(Kind::SeqData),
-        nak::TYPE_NAK => Ok(Kind::Nak),
-        seq::TYPE_REPAIR => Ok(Kind::Repair),
+        TYPE_NAK => Ok(Kind::Nak),
+        TYPE_REPAIR => Ok(Kind::Repair),
         TYPE_ESCAPE => {
             if bytes.len() < 2 {
                 Err(WireError::Truncated)
@@ -148,5 +167,42 @@ mod tests {
         assert_eq!(classify(&[0xBF]), Err(WireError::Truncated));
         assert_eq!(classify(&[0xB7]), Err(WireError::Reserved(0xB7)));
         assert_eq!(classify(&[]), Err(WireError::Truncated));
+    }
+
+    #[test]
+    fn registry_bytes() {
+        // The bytes are the wire format: they must never change.
+        let all = [
+            (TYPE_MARKER, 0xB1),
+            (TYPE_TRIGGER, 0xB2),
+            (TYPE_SEQ_DATA, 0xB3),
+            (TYPE_SESSION, 0xB4),
+            (TYPE_NAK, 0xB5),
+            (TYPE_REPAIR, 0xB6),
+            (TYPE_ESCAPE, 0xBF),
+        ];
+        for (t, b) in all {
+            assert_eq!(t, b);
+            assert_eq!(t >> 4, CONTROL_NIBBLE);
+        }
+    }
+
+    #[test]
+    fn authenticated_control() {
+        for b in [TYPE_MARKER, TYPE_TRIGGER, TYPE_SESSION, TYPE_NAK] {
+            assert!(is_authenticated_control(b), "{b:#x}");
+        }
+        // Repairs are data behind a sequence header: no trailer.
+        for b in [
+            TYPE_SEQ_DATA,
+            TYPE_REPAIR,
+            TYPE_ESCAPE,
+            0xB0,
+            0xB7,
+            0x45,
+            0x60,
+        ] {
+            assert!(!is_authenticated_control(b), "{b:#x}");
+        }
     }
 }

@@ -15,13 +15,11 @@
 //! ```
 //!
 //! The repaired packet travels with the five-byte header of [`super::seq`] but first
-//! byte `0xB6` (see [`super::seq::TYPE_REPAIR`]), so the receiver does not count it in
+//! byte `0xB6` (see [`super::TYPE_REPAIR`]), so the receiver does not count it in
 //! the channel's SRR schedule.
 
-use super::{read_u32, read_u64, WireError, VERSION};
+use super::{read_u32, read_u64, WireError, TYPE_NAK, VERSION};
 
-/// First byte of a NAK.
-pub const TYPE_NAK: u8 = 0xB5;
 /// Most sequence numbers in one NAK.
 pub const MAX_SEQS: usize = 64;
 const FIXED: usize = 8;

@@ -3,21 +3,20 @@
 //! ```text
 //!  0        1        2        3        4
 //! +--------+--------+--------+--------+--------+-------------
-//! |  0xB3  |        sequence number (u32)      |  payload ...
+//! |  type  |        sequence number (u32)      |  payload ...
 //! +--------+--------+--------+--------+--------+-------------
 //! ```
+//! The type is `0xB3` for data sent the first time and `0xB6` for a repair (the same
+//! packet sent again after a NAK, see [`super::nak`]).
 //! The sequence number counts data packets from 0 and wraps at 2^32; the receiver extends
 //! it to 64 bits as the value nearest to the one it expects next. There is no version
 //! byte, to keep the per-packet cost at five bytes: the version is the one of the markers
 //! on the same channels.
 
-use super::{read_u32, WireError, TYPE_SEQ_DATA};
+use super::{read_u32, WireError, TYPE_REPAIR, TYPE_SEQ_DATA};
 
 /// Header length.
 pub const HEADER_LEN: usize = 5;
-/// First byte of a repaired (retransmitted) data packet; the rest of the header is the
-/// same as for `0xB3`.
-pub const TYPE_REPAIR: u8 = 0xB6;
 
 /// A zero-copy view of a sequenced data packet.
 #[derive(Debug, Clone, Copy)]
@@ -55,24 +54,35 @@ impl<T: AsRef<[u8]>> Packet<T> {
 pub struct Repr {
     /// Wrapped sequence number.
     pub seq: u32,
+    /// A repair (first byte `0xB6`) rather than data sent the first time (`0xB3`).
+    pub repair: bool,
 }
 
 impl Repr {
     /// Parse a header.
     pub fn parse<T: AsRef<[u8]>>(p: &Packet<T>) -> Result<Repr, WireError> {
         p.check_len()?;
-        if !matches!(p.buffer.as_ref()[0], TYPE_SEQ_DATA | TYPE_REPAIR) {
-            return Err(WireError::Invalid);
-        }
-        Ok(Repr { seq: p.seq() })
+        let repair = match p.buffer.as_ref()[0] {
+            TYPE_SEQ_DATA => false,
+            TYPE_REPAIR => true,
+            _ => return Err(WireError::Invalid),
+        };
+        Ok(Repr {
+            seq: p.seq(),
+            repair,
+        })
     }
     /// Header bytes.
     pub fn buffer_len(&self) -> usize {
         HEADER_LEN
     }
-    /// Write the header into the first five bytes of `buf`.
+    /// Write the header, type byte included, into the first five bytes of `buf`.
     pub fn emit(&self, buf: &mut [u8]) {
-        buf[0] = TYPE_SEQ_DATA;
+        buf[0] = if self.repair {
+            TYPE_REPAIR
+        } else {
+            TYPE_SEQ_DATA
+        };
         buf[1..5].copy_from_slice(&self.seq.to_be_bytes());
     }
 }
@@ -90,14 +100,35 @@ mod tests {
     #[test]
     fn header_bytes() {
         let mut b = [0u8; 7];
-        Repr { seq: 0x0102_0304 }.emit(&mut b);
+        let data = Repr {
+            seq: 0x0102_0304,
+            repair: false,
+        };
+        data.emit(&mut b);
         assert_eq!(b[..5], [0xB3, 1, 2, 3, 4]);
         let p = Packet::new_checked(&b[..]).unwrap();
-        assert_eq!(Repr::parse(&p), Ok(Repr { seq: 0x0102_0304 }));
+        assert_eq!(Repr::parse(&p), Ok(data));
         assert_eq!(p.payload().len(), 2);
         assert_eq!(
             Packet::new_checked(&b[..4]).unwrap_err(),
             WireError::Truncated
+        );
+    }
+
+    #[test]
+    fn repair_header_bytes() {
+        let mut b = [0u8; 5];
+        let r = Repr {
+            seq: 7,
+            repair: true,
+        };
+        r.emit(&mut b);
+        assert_eq!(b, [0xB6, 0, 0, 0, 7]);
+        assert_eq!(Repr::parse(&Packet::new_checked(&b[..]).unwrap()), Ok(r));
+        b[0] = 0xB1;
+        assert_eq!(
+            Repr::parse(&Packet::new_checked(&b[..]).unwrap()),
+            Err(WireError::Invalid)
         );
     }
 

@@ -46,8 +46,8 @@
 //! 16..24:  channel set now in force (u64 bit mask)
 //! ```
 
-/// First byte of every message here.
-pub const TYPE_SESSION: u8 = 0xB4;
+use super::TYPE_SESSION;
+
 /// Version of these messages.
 pub const VERSION: u8 = 1;
 /// Kind byte of a hello.
@@ -100,7 +100,7 @@ pub struct EpochEnd {
     /// Channels of the new epoch.
     pub new_set: u64,
     /// Data packets sent in the old epoch.
-    pub seq: u64,
+    pub sent: u64,
     /// Final (round, deficit counter) per channel of the old set, increasing order.
     pub finals: Vec<(u64, i64)>,
 }
@@ -191,7 +191,7 @@ impl Msg {
                     new_epoch,
                     old_set,
                     new_set: u64_at(b, 24),
-                    seq: u64_at(b, 32),
+                    sent: u64_at(b, 32),
                     finals,
                 }))
             }
@@ -227,7 +227,7 @@ impl Msg {
                 v.extend_from_slice(&e.new_epoch.to_be_bytes());
                 v.extend_from_slice(&e.old_set.to_be_bytes());
                 v.extend_from_slice(&e.new_set.to_be_bytes());
-                v.extend_from_slice(&e.seq.to_be_bytes());
+                v.extend_from_slice(&e.sent.to_be_bytes());
                 for (round, dc) in &e.finals {
                     v.extend_from_slice(&round.to_be_bytes());
                     v.extend_from_slice(&dc.to_be_bytes());
@@ -274,7 +274,7 @@ mod tests {
             new_epoch: 5,
             old_set: 0b011,
             new_set: 0b001,
-            seq: 1000,
+            sent: 1000,
             finals: vec![(10, 1500), (11, -3i64 + 1503)],
         });
         let b = e.to_vec();
@@ -309,7 +309,7 @@ mod tests {
             new_epoch: 2,
             old_set: 0b11,
             new_set: 0b1,
-            seq: 0,
+            sent: 0,
             finals: vec![(0, 1), (0, 1)],
         })
         .to_vec();
@@ -322,7 +322,7 @@ mod tests {
             new_epoch: 2,
             old_set: 0b1,
             new_set: 0b1,
-            seq: 0,
+            sent: 0,
             finals: vec![(0, 1)],
         })
         .to_vec();

@@ -15,8 +15,8 @@
 //! |              dc (i64)             | 16..24   ... and deficit counter
 //! |                                   |
 //! +--------+--------+--------+--------+
-//! |              seq (u64)            | 24..32   sequence number of the next data
-//! |                                   |          packet (on any channel)
+//! |              sent (u64)           | 24..32   data packets sent, on all channels,
+//! |                                   |          before this trigger
 //! +--------+--------+--------+--------+
 //! |          channel count (u64)      | 32..40   data packets sent on this channel
 //! |                                   |          before this trigger
@@ -117,8 +117,8 @@ impl<T: AsRef<[u8]>> Packet<T> {
     pub fn dc(&self) -> i64 {
         read_u64(self.buffer.as_ref(), 16) as i64
     }
-    /// Sequence number of the next data packet.
-    pub fn seq(&self) -> u64 {
+    /// Data packets sent, on all channels, before this trigger.
+    pub fn sent(&self) -> u64 {
         read_u64(self.buffer.as_ref(), 24)
     }
     /// Data packets sent on this channel before the trigger.
@@ -146,8 +146,8 @@ pub struct Repr {
     pub epoch: u32,
     /// Implicit number of the next packet on this channel.
     pub position: Position,
-    /// Sequence number of the next data packet.
-    pub seq: u64,
+    /// Data packets sent, on all channels, before this trigger.
+    pub sent: u64,
     /// Data packets sent on this channel before the trigger.
     pub channel_count: u64,
     /// Running digest of this channel's data packets.
@@ -177,7 +177,7 @@ impl Repr {
                 round: p.round(),
                 dc: p.dc(),
             },
-            seq: p.seq(),
+            sent: p.sent(),
             channel_count: p.channel_count(),
             digest: p.digest(),
             batch: p.batch(),
@@ -198,7 +198,7 @@ impl Repr {
         buf[4..8].copy_from_slice(&self.epoch.to_be_bytes());
         buf[8..16].copy_from_slice(&self.position.round.to_be_bytes());
         buf[16..24].copy_from_slice(&self.position.dc.to_be_bytes());
-        buf[24..32].copy_from_slice(&self.seq.to_be_bytes());
+        buf[24..32].copy_from_slice(&self.sent.to_be_bytes());
         buf[32..40].copy_from_slice(&self.channel_count.to_be_bytes());
         buf[40..48].copy_from_slice(&self.digest.to_be_bytes());
         buf[48..52].copy_from_slice(&self.batch.to_be_bytes());
@@ -223,7 +223,7 @@ mod tests {
             next_stripe: 0,
             epoch: 0,
             position: Position { round: 3, dc: 700 },
-            seq: 200,
+            sent: 200,
             channel_count: 99,
             digest: 0x0102_0304_0506_0708,
             batch: 5,
@@ -233,7 +233,7 @@ mod tests {
             0xB2, 0x01, 0x01, 0x00, 0, 0, 0, 0, // type, version, channel 1, next 0, epoch
             0, 0, 0, 0, 0, 0, 0, 3, // round 3
             0, 0, 0, 0, 0, 0, 0x02, 0xBC, // dc 700
-            0, 0, 0, 0, 0, 0, 0, 200, // seq 200
+            0, 0, 0, 0, 0, 0, 0, 200, // sent 200
             0, 0, 0, 0, 0, 0, 0, 99, // channel count 99
             1, 2, 3, 4, 5, 6, 7, 8, // digest
             0, 0, 0, 5, // batch
