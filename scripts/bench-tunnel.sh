@@ -39,7 +39,7 @@ address = "10.78.0.$end/24"
 control = "$TMP/t$end.sock"
 log_interval = "0s"
 [session]
-key = "bench-tunnel key"
+key = "bench-tunnel key, 32 bytes or more"
 [[channel]]
 local = "10.203.0.$end:7000"
 remote = "10.203.0.$other:7000"
@@ -73,8 +73,8 @@ echo "braid forwarding cost over one unshaped veth pair ($(nproc) cores, ${DUR} 
 printf "%-8s %5s %12s %12s %10s %8s\n" path bytes "sent kpps" "recv kpps" "recv Gb/s" "loss %"
 for size in 1400 200; do
     run raw "$size" "$B bench udp-sink --bind 10.203.0.2:9000 --idle 1s" "$B bench udp-send --to 10.203.0.2:9000"
-    run session "$size" "$B bench sink --channel 10.203.0.2:7100,10.203.0.1:7100 --key k-bench-123 --idle 1s" \
-        "$B bench send --channel 10.203.0.1:7100,10.203.0.2:7100 --key k-bench-123"
+    run session "$size" "$B bench sink --channel 10.203.0.2:7100,10.203.0.1:7100 --key k-bench-123-a-key-of-32-bytes-or-more --idle 1s" \
+        "$B bench send --channel 10.203.0.1:7100,10.203.0.2:7100 --key k-bench-123-a-key-of-32-bytes-or-more"
     run tunnel "$size" "$B bench udp-sink --bind 10.78.0.2:9000 --idle 1s" "$B bench udp-send --to 10.78.0.2:9000"
 done
 echo

@@ -29,7 +29,7 @@ fn channels(local_base: u16, remote_base: u16) -> Vec<ChannelConfig> {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let key = "example pre-shared key";
+    let key = "example pre-shared key: use braid genkey for real ones";
     let mut a = Session::start(SessionConfig::new(channels(17000, 17100), key)).await?;
     let mut b = Session::start(SessionConfig::new(channels(17100, 17000), key)).await?;
     a.wait_for_peer(Duration::from_secs(5)).await?;

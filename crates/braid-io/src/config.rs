@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use braid_proto::config::{MarkerConfig, MarkerPosition, ReceiverConfig};
+use braid_proto::session::SecurityMode;
 use braid_proto::{Mode, SchedulerKind, StripeConfig};
 use serde::Deserialize;
 
@@ -62,8 +63,17 @@ pub struct SessionConfig {
     pub mode: Mode,
     /// Causal scheduler: srr, rr or grr.
     pub scheduler: SchedulerKind,
-    /// Pre-shared key for control-packet authentication.
+    /// Pre-shared key material (at least 32 bytes; may be empty when static keys are
+    /// set): authenticates the handshake.
     pub key: Vec<u8>,
+    /// Security mode: `encrypt` (default), `auth` or `none`.
+    pub security: SecurityMode,
+    /// Our static X25519 private key (WireGuard-style keys, with `peer_public_key`).
+    pub private_key: Option<[u8; 32]>,
+    /// The peer's static X25519 public key.
+    pub peer_public_key: Option<[u8; 32]>,
+    /// Fresh keys (a new handshake) this often.
+    pub rekey_after: Duration,
     /// Marker settings (periodic markers every K rounds, idle markers).
     pub markers: MarkerConfig,
     /// TRR: triggers every this many data packets.
@@ -91,6 +101,10 @@ impl SessionConfig {
             mode: Mode::Logical,
             scheduler: SchedulerKind::Srr,
             key: key.into(),
+            security: SecurityMode::Encrypt,
+            private_key: None,
+            peer_public_key: None,
+            rekey_after: Duration::from_secs(120),
             markers: MarkerConfig {
                 max_interval: Some(braid_proto::Duration::from_millis(5)),
                 ..MarkerConfig::default()
@@ -130,7 +144,13 @@ impl SessionConfig {
     /// The largest message [`crate::Session::send`] accepts: what remains of the
     /// smallest datagram after the mode's header and a possible one-byte escape.
     pub fn max_message(&self) -> usize {
-        (self.max_datagram().saturating_sub(self.data_overhead()) as usize).saturating_sub(1)
+        (self.max_inner().saturating_sub(self.data_overhead()) as usize).saturating_sub(1)
+    }
+
+    /// The largest datagram before the security envelope: what the striper may make.
+    pub fn max_inner(&self) -> u32 {
+        self.max_datagram()
+            .saturating_sub(self.security.data_overhead() as u32)
     }
 
     /// Check the configuration.
@@ -202,6 +222,10 @@ impl SessionConfig {
             mode: self.mode,
             scheduler: self.scheduler,
             key: self.key.clone(),
+            security: self.security,
+            private_key: self.private_key,
+            peer_public_key: self.peer_public_key,
+            rekey_after: braid_proto::Duration::from_micros(self.rekey_after.as_micros() as u64),
             markers: self.markers,
             trigger_every: self.trigger_every,
             receiver: self.receiver,
@@ -580,12 +604,12 @@ impl FileConfig {
                     None => None,
                     Some(a) => Some(parse_cidr(a).map_err(|r| err("tunnel.address", r))?),
                 };
-                let auto = cfg.max_datagram() - cfg.data_overhead();
+                let auto = cfg.max_inner() - cfg.data_overhead();
                 if let Some(m) = t.mtu {
                     if m > auto {
                         return Err(err(
                             "tunnel.mtu",
-                            format!("{m} does not fit the channels: at most {auto} (smallest channel mtu less IP/UDP headers and the mode's header)"),
+                            format!("{m} does not fit the channels: at most {auto} (smallest channel mtu less IP/UDP headers, the security envelope and the mode's header)"),
                         ));
                     }
                     if m < 576 {
@@ -650,8 +674,14 @@ remote = "127.0.0.1:7102"
         assert_eq!(c.session.heartbeat, Duration::from_millis(20));
         let t = c.tunnel.unwrap();
         assert_eq!(t.address, Some((Ipv4Addr::new(10, 77, 0, 1), 24)));
-        // SRR quanta proportional to weight, the smallest = max datagram (1500 - 28).
+        // SRR quanta proportional to weight, the smallest = the largest inner datagram:
+        // 1500 - 28 (IP and UDP) - 32 (the security envelope of the default `encrypt`).
         let sc = c.session.stripe_config(&[0, 1]);
+        assert_eq!(sc.weights, vec![2880, 1440]);
+        assert_eq!(sc.max_packet, 1440);
+        let mut none = c.session.clone();
+        none.security = SecurityMode::None;
+        let sc = none.stripe_config(&[0, 1]);
         assert_eq!(sc.weights, vec![2944, 1472]);
         assert_eq!(sc.max_packet, 1472);
     }

@@ -92,9 +92,12 @@ impl Relay {
                             ch.dropped.fetch_add(1, Ordering::Relaxed);
                             continue;
                         }
-                        // Control only: repairs (0xB6) are data behind a sequence
-                        // header, like 0xB3.
-                        if n > 0 && wire::is_authenticated_control(buf[0]) {
+                        // Sealed datagrams (any, in modes encrypt and auth), or bare
+                        // control; never bare data (repairs, 0xB6, are data).
+                        if n > 0
+                            && (wire::is_authenticated_control(buf[0])
+                                || matches!(buf[0], wire::TYPE_SEALED | wire::TYPE_SIGNED))
+                        {
                             *src.last_ctrl.lock().unwrap() = Some(buf[..n].to_vec());
                         }
                         let to = *dst.learned.lock().unwrap();
@@ -161,8 +164,9 @@ impl Relay {
         from.sock.send_to(bytes, addr).map(|_| ())
     }
 
-    /// The last control datagram (marker, trigger, session message or NAK: see
-    /// [`wire::is_authenticated_control`]) that end `from` sent on channel `c`.
+    /// The last sealed datagram, or bare control datagram (marker, trigger, session
+    /// message or NAK: see [`wire::is_authenticated_control`]), that end `from` sent
+    /// on channel `c`.
     pub fn last_control_from(&self, c: usize, from: Side) -> Option<Vec<u8>> {
         let ch = &self.chans[c];
         match from {

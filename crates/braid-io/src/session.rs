@@ -94,7 +94,8 @@ enum Cmd {
 ///     ChannelConfig::new("a", "127.0.0.1:7001".parse().unwrap(), "127.0.0.1:7101".parse().unwrap()),
 ///     ChannelConfig::new("b", "127.0.0.1:7002".parse().unwrap(), "127.0.0.1:7102".parse().unwrap()),
 /// ];
-/// let mut s = Session::start(SessionConfig::new(channels, "pre-shared key")).await?;
+/// let key = std::fs::read("braid.key").expect("32 random bytes or more");
+/// let mut s = Session::start(SessionConfig::new(channels, key)).await?;
 /// s.wait_for_peer(std::time::Duration::from_secs(5)).await?;
 /// s.send(bytes::Bytes::from_static(b"hello")).await?;
 /// while let Some(msg) = s.recv().await {
@@ -251,7 +252,7 @@ impl Session {
         let (peer_tx, peer_rx) = watch::channel(false);
         let sender = SessionSender {
             data: data_tx,
-            max_datagram: cfg.max_datagram() as usize,
+            max_datagram: cfg.max_inner() as usize,
             overhead: cfg.data_overhead() as usize,
         };
         let driver = Driver::new(cfg, socks, locals.clone(), deliver_tx, peer_tx)?;
@@ -366,21 +367,6 @@ async fn reader(channel: usize, sock: Arc<UdpSocket>, out: mpsc::Sender<(usize, 
     }
 }
 
-/// A fresh instance number: wall-clock microseconds << 12 | 12 random bits, so a
-/// restarted end has a larger one (see `braid_proto::session::auth`).
-fn new_instance() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    use std::time::{SystemTime, UNIX_EPOCH};
-    let us = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_micros() as u64)
-        .unwrap_or(0);
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(us);
-    h.write_u32(std::process::id());
-    (us << 12) | (h.finish() & 0xfff)
-}
-
 fn set_str(set: u64) -> String {
     format!("{:?}", members_of(set))
 }
@@ -408,7 +394,11 @@ impl Driver {
         deliver: mpsc::Sender<Bytes>,
         peer_seen: watch::Sender<bool>,
     ) -> Result<Driver, SessionError> {
-        let machine = machine::Session::new(cfg.session_config(), new_instance(), Instant::ZERO)
+        let mut seed = [0u8; 32];
+        getrandom::fill(&mut seed).map_err(|e| {
+            SessionError::Config(format!("no randomness from the operating system: {e}"))
+        })?;
+        let machine = machine::Session::new(cfg.session_config(), seed, Instant::ZERO)
             .map_err(|e| SessionError::Config(e.0))?;
         Ok(Driver {
             machine,
@@ -515,8 +505,9 @@ impl Driver {
             match e {
                 Event::PeerHeard => info!("peer heard"),
                 Event::PeerRestarted => {
-                    info!("peer restarted (new instance): both directions start over at epoch 0")
+                    info!("peer restarted (new run): both directions start over at epoch 0")
                 }
+                Event::Rekeyed => debug!("new session keys"),
                 Event::PeerSilent(d) => {
                     warn!("peer silent on every channel for {} ms", d.as_micros() / 1000)
                 }
@@ -593,6 +584,7 @@ impl Driver {
                 wait_timeouts: c.resequencer.wait_timeouts,
                 overflow_drops: c.resequencer.overflow_drops,
                 auth_failures: c.auth_failures,
+                unauthenticated: c.unauthenticated,
                 replays: c.replays,
                 malformed: c.malformed,
                 tx_bps: c.tx_bps,
@@ -620,7 +612,11 @@ impl Driver {
             deliver_drops: self.deliver_drops,
             stray_drops: s.stray_drops,
             auth_failures: channels.iter().map(|c| c.auth_failures).sum(),
+            unauthenticated: channels.iter().map(|c| c.unauthenticated).sum(),
             replays: channels.iter().map(|c| c.replays).sum(),
+            security: self.cfg.security.name().into(),
+            handshakes: s.handshakes.completed,
+            handshake_failures: s.handshakes.failed,
             malformed: channels.iter().map(|c| c.malformed).sum::<u64>(),
             resyncs: channels.iter().map(|c| c.resyncs).sum(),
             delivered_bps: s.delivered_bps,

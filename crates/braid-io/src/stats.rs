@@ -58,8 +58,12 @@ pub struct ChannelSnapshot {
     pub wait_timeouts: u64,
     /// Arrivals dropped because the receive buffer was full.
     pub overflow_drops: u64,
-    /// Control packets with a bad MAC (forged, corrupted, wrong key).
+    /// Sealed datagrams whose tag did not verify (forged, corrupted, wrong key).
     pub auth_failures: u64,
+    /// Datagrams dropped because they were not sealed where sealing is required, or
+    /// sealed with keys we do not have.
+    #[serde(default)]
+    pub unauthenticated: u64,
     /// Control packets replayed, reordered or reflected.
     pub replays: u64,
     /// Datagrams the core could not parse.
@@ -112,10 +116,22 @@ pub struct SessionStats {
     pub deliver_drops: u64,
     /// Data arriving on a channel outside the receive set.
     pub stray_drops: u64,
-    /// Control packets with a bad MAC, all channels.
+    /// Sealed datagrams with a bad tag, all channels.
     pub auth_failures: u64,
-    /// Replayed/reordered/reflected control packets, all channels.
+    /// Unsealed or unknown-key datagrams dropped, all channels.
+    #[serde(default)]
+    pub unauthenticated: u64,
+    /// Replayed sealed datagrams, all channels.
     pub replays: u64,
+    /// Security mode (`encrypt`, `auth`, `none`).
+    #[serde(default)]
+    pub security: String,
+    /// Handshakes completed (the first, re-keys, after peer restarts).
+    #[serde(default)]
+    pub handshakes: u64,
+    /// Handshake messages that failed (wrong key, corrupted, stray responses).
+    #[serde(default)]
+    pub handshake_failures: u64,
     /// Unparseable datagrams, all channels.
     pub malformed: u64,
     /// Resynchronizations, all channels.

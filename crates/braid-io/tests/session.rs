@@ -15,8 +15,8 @@ fn cfgs(relay: &Relay, n: usize, mode: Mode) -> (SessionConfig, SessionConfig) {
     let b: Vec<_> = (0..n)
         .map(|c| ChannelConfig::new(format!("c{c}"), any, relay.b_side(c)))
         .collect();
-    let mut ca = SessionConfig::new(a, "test key 123");
-    let mut cb = SessionConfig::new(b, "test key 123");
+    let mut ca = SessionConfig::new(a, "a braid-io test key of 32 bytes or more");
+    let mut cb = SessionConfig::new(b, "a braid-io test key of 32 bytes or more");
     for c in [&mut ca, &mut cb] {
         c.mode = mode;
         c.heartbeat = Duration::from_millis(20);
@@ -178,7 +178,8 @@ async fn forged_and_replayed_control_packets_are_dropped_and_counted() {
     let (relay, a, mut b) = pair(2, Mode::Logical).await;
     let first = stream(&a, &mut b, 0, 2_000).await;
     assert_eq!(first.len(), 2_000);
-    // A marker with a garbage trailer, and one with an absurd position.
+    // A bare marker with an absurd position and a garbage trailer (not sealed), and a
+    // recorded sealed datagram played again.
     let mut forged = vec![braid_proto::wire::TYPE_MARKER, 1, 0, 0, 0, 0, 0, 0];
     forged.extend_from_slice(&u64::MAX.to_be_bytes());
     forged.extend_from_slice(&1500i64.to_be_bytes());
@@ -199,7 +200,7 @@ async fn forged_and_replayed_control_packets_are_dropped_and_counted() {
         "not desynchronized"
     );
     let sb = b.stats().await.unwrap();
-    assert_eq!(sb.channels[0].auth_failures, 5, "{}", sb.table());
+    assert_eq!(sb.channels[0].unauthenticated, 5, "{}", sb.table());
     assert_eq!(sb.channels[0].replays, 5, "{}", sb.table());
     assert_eq!(sb.tx_epoch, 0);
 }
@@ -214,7 +215,7 @@ async fn bind_errors_name_the_channel_and_address() {
             addr,
             "127.0.0.1:9".parse().unwrap(),
         )],
-        "test key 123",
+        "a braid-io test key of 32 bytes or more",
     );
     let e = Session::start(cfg)
         .await
@@ -231,7 +232,7 @@ async fn bind_errors_name_the_channel_and_address() {
             "192.0.2.77:7000".parse().unwrap(),
             "127.0.0.1:9".parse().unwrap(),
         )],
-        "test key 123",
+        "a braid-io test key of 32 bytes or more",
     );
     let e = Session::start(cfg)
         .await

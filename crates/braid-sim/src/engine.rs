@@ -433,12 +433,17 @@ fn run_session(cfg: &RunConfig, sc: &session::Config) -> Result<RunResult, RunEr
     if matches!(cfg.traffic.arrivals, Arrivals::Backlogged) {
         return Err(RunError::SessionBacklogged);
     }
-    let new = |instance| {
-        Session::new(sc.clone(), instance, Instant::ZERO).map_err(|e| RunError::Session(e.0))
+    // Each end's randomness (ephemeral keys, run identifier) from the run's seed.
+    let new = |end: u8| {
+        let mut h = blake3::Hasher::new();
+        h.update(&cfg.seed.to_be_bytes());
+        h.update(&[end]);
+        Session::new(sc.clone(), *h.finalize().as_bytes(), Instant::ZERO)
+            .map_err(|e| RunError::Session(e.0))
     };
     let ends = SessionEnds::new(
-        new(1)?,
-        new(2)?,
+        new(b'a')?,
+        new(b'b')?,
         cfg.channels.iter().map(|c| c.delay).collect(),
         cfg.channels.iter().map(|c| c.down.clone()).collect(),
     );

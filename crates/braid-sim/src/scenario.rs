@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 
 use braid_proto::sched::baseline::BaselineKind;
 use braid_proto::sched::{grr_weights, srr_quanta};
+use braid_proto::session::SecurityMode;
 use braid_proto::{
     Duration, MarkerConfig, MarkerPosition, Mode, Policy, ReceiverConfig, SchedulerKind,
     StripeConfig,
@@ -1071,6 +1072,8 @@ fn session_variant(st: &Tab, sc: StripeConfig) -> Result<Variant, ScenarioError>
         "rejoin_after",
         "queue_packets",
         "key",
+        "security",
+        "rekey_after",
     ])?;
     let Policy::Causal(scheduler) = sc.policy else {
         return Err(st.cx.err(
@@ -1087,8 +1090,22 @@ fn session_variant(st: &Tab, sc: StripeConfig) -> Result<Variant, ScenarioError>
             weight,
         })
         .collect();
-    let key = st.str_opt("key")?.unwrap_or("simulated pre-shared key");
-    let mut cfg = braid_proto::session::Config::new(params, sc.max_packet, key.as_bytes().to_vec());
+    let key = st
+        .str_opt("key")?
+        .unwrap_or("a simulated pre-shared key of 32 bytes or more");
+    let security = match st.str_opt("security")? {
+        None => SecurityMode::Encrypt,
+        Some(s) => SecurityMode::from_name(s)
+            .ok_or_else(|| st.err("security", "expected \"encrypt\", \"auth\" or \"none\""))?,
+    };
+    // max_packet stays the largest packet the striper makes; sealed datagrams are the
+    // envelope's bytes larger on the channel.
+    let mut cfg = braid_proto::session::Config::new(
+        params,
+        sc.max_packet + security.data_overhead() as u32,
+        key.as_bytes().to_vec(),
+    );
+    cfg.security = security;
     cfg.mode = sc.mode;
     cfg.scheduler = scheduler;
     cfg.markers = sc.markers;
@@ -1098,6 +1115,7 @@ fn session_variant(st: &Tab, sc: StripeConfig) -> Result<Variant, ScenarioError>
         ("heartbeat", &mut cfg.heartbeat),
         ("dead_after", &mut cfg.dead_after),
         ("rejoin_after", &mut cfg.rejoin_after),
+        ("rekey_after", &mut cfg.rekey_after),
     ] {
         if let Some(v) = st.str_opt(k)? {
             let d = session_duration(v).map_err(|e| st.err(k, &e))?;

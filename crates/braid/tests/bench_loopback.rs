@@ -50,7 +50,7 @@ fn ends(n: usize) -> Ends {
         v.extend(
             [
                 "--key",
-                "integration test key",
+                "integration test key, 32 bytes or more",
                 "--heartbeat",
                 "20ms",
                 "--dead-after",

@@ -43,6 +43,7 @@ pub(super) struct ChanCounters {
     pub rx_hellos: u64,
     pub auth_failures: u64,
     pub replays: u64,
+    pub unauthenticated: u64,
     pub malformed: u64,
     pub last_tx_bytes: u64,
     pub last_rx_bytes: u64,
@@ -109,17 +110,21 @@ impl Session {
 
     pub(super) fn heartbeat(&mut self, now: Instant) {
         self.liveness(now);
-        let rx_mask = self.rx_mask();
-        for c in 0..self.n {
-            let m = Msg::Hello(Hello {
-                channel: c as u8,
-                channels: self.n as u8,
-                rx_mask,
-                tx_epoch: self.tx.epoch,
-                rx_epoch: self.rx.epoch,
-            });
-            self.send_ctrl(c, &m);
+        // A handshake when one is due (no keys yet, or time for fresh ones), on every
+        // channel: the first to get through wins.
+        if let Some(init) = self.crypto.initiation(now) {
+            for c in 0..self.n {
+                self.out.push_back(super::Transmit {
+                    channel: c,
+                    kind: super::DatagramKind::Control,
+                    bytes: init.clone(),
+                });
+            }
         }
+        if !self.crypto.ready() {
+            return;
+        }
+        self.send_hellos();
         if self.tx.switching.is_some() {
             self.send_end();
         } else {
@@ -136,6 +141,21 @@ impl Session {
             }
         }
         self.maybe_switch(now);
+    }
+
+    /// A hello on every configured channel (down ones too, so their return is seen).
+    pub(super) fn send_hellos(&mut self) {
+        let rx_mask = self.rx_mask();
+        for c in 0..self.n {
+            let m = Msg::Hello(Hello {
+                channel: c as u8,
+                channels: self.n as u8,
+                rx_mask,
+                tx_epoch: self.tx.epoch,
+                rx_epoch: self.rx.epoch,
+            });
+            self.send_ctrl(c, &m);
+        }
     }
 
     fn liveness(&mut self, now: Instant) {

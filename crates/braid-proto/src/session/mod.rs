@@ -3,7 +3,8 @@
 //! A [`Session`] owns one [`Striper`] (our transmit direction) and one [`Resequencer`]
 //! (our receive direction) over a fixed list of channels, and everything between them
 //! and the network: hellos and liveness, epoch changes (failover and rejoin), NAK
-//! routing, authentication of control packets, and the counters. It does no I/O and
+//! routing, the security layer (a Noise handshake, then every datagram sealed), and
+//! the counters. It does no I/O and
 //! reads no clock. The same machine runs on real sockets (`braid-io`) and in the
 //! simulator (`braid-sim`), so a failover seen on a real link can be replayed in
 //! virtual time.
@@ -30,7 +31,7 @@
 //!
 //! Every input takes `now`, an [`Instant`] from the driver's origin.
 
-pub mod auth;
+pub mod crypto;
 mod epoch;
 mod liveness;
 mod stats;
@@ -46,7 +47,8 @@ use crate::time::{Duration, Instant};
 use crate::wire::{self, session::Msg};
 use crate::{Resequencer, StripeConfig, Striper};
 
-use auth::{Auth, AuthError, TRAILER_LEN};
+use crypto::{Crypto, Established, Keys, Reject};
+pub use crypto::{HandshakeStats, SecurityMode, KEY_LEN};
 pub use liveness::LinkState;
 pub use stats::{ChannelInfo, SessionStats};
 
@@ -71,8 +73,17 @@ pub struct Config {
     pub mode: Mode,
     /// Causal scheduler.
     pub scheduler: SchedulerKind,
-    /// Pre-shared key for control-packet authentication.
+    /// Pre-shared key material (at least 32 bytes, or empty when static keys are
+    /// used); it authenticates the handshake.
     pub key: Vec<u8>,
+    /// What the security layer does to data (control is always sealed).
+    pub security: SecurityMode,
+    /// Our static X25519 private key (with `peer_public_key`: WireGuard-style keys).
+    pub private_key: Option<[u8; KEY_LEN]>,
+    /// The peer's static X25519 public key.
+    pub peer_public_key: Option<[u8; KEY_LEN]>,
+    /// A new handshake (fresh keys) this often.
+    pub rekey_after: Duration,
     /// Marker settings.
     pub markers: MarkerConfig,
     /// TRR: triggers every this many data packets.
@@ -100,6 +111,13 @@ impl std::fmt::Debug for Config {
                 "key",
                 &format_args!("<{} bytes, not shown>", self.key.len()),
             )
+            .field("security", &self.security)
+            .field(
+                "private_key",
+                &self.private_key.map(|_| format_args!("<not shown>")),
+            )
+            .field("peer_public_key", &self.peer_public_key)
+            .field("rekey_after", &self.rekey_after)
             .field("markers", &self.markers)
             .field("trigger_every", &self.trigger_every)
             .field("receiver", &self.receiver)
@@ -122,6 +140,10 @@ impl Config {
             mode: Mode::Logical,
             scheduler: SchedulerKind::Srr,
             key,
+            security: SecurityMode::Encrypt,
+            private_key: None,
+            peer_public_key: None,
+            rekey_after: Duration::from_secs(120),
             markers: MarkerConfig {
                 max_interval: Some(Duration::from_millis(5)),
                 ..MarkerConfig::default()
@@ -147,8 +169,16 @@ impl Config {
         if n > MAX_CHANNELS {
             return Err(format!("{n} channels configured; at most {MAX_CHANNELS}"));
         }
-        if self.key.is_empty() {
-            return Err("the pre-shared key is empty".into());
+        if !self.key.is_empty() && self.key.len() < KEY_LEN {
+            return Err(format!(
+                "the pre-shared key has {} bytes; at least {KEY_LEN} random bytes are needed \
+                 (`braid genkey` makes one)",
+                self.key.len()
+            ));
+        }
+        self.keys().check()?;
+        if self.rekey_after < Duration::from_secs(1) {
+            return Err("rekey_after must be at least 1 s".into());
         }
         for (i, c) in self.channels.iter().enumerate() {
             if c.weight == 0 {
@@ -182,10 +212,27 @@ impl Config {
         }
     }
 
+    /// The largest datagram the striper may make: `max_datagram` less the security
+    /// envelope.
+    pub fn max_inner(&self) -> u32 {
+        self.max_datagram
+            .saturating_sub(self.security.data_overhead() as u32)
+    }
+
+    /// The key material as the handshake uses it.
+    fn keys(&self) -> Keys {
+        Keys {
+            psk: (!self.key.is_empty())
+                .then(|| blake3::derive_key("braid 2026 session pre-shared key v1", &self.key)),
+            private: self.private_key,
+            peer_public: self.peer_public_key,
+        }
+    }
+
     /// The striper/resequencer configuration for an epoch over these channels (indices
     /// into [`Config::channels`], increasing).
     pub fn stripe_config(&self, members: &[usize]) -> StripeConfig {
-        let max_packet = self.max_datagram;
+        let max_packet = self.max_inner();
         let min_w = self
             .channels
             .iter()
@@ -251,10 +298,13 @@ pub struct Transmit {
 /// timestamps them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
-    /// The first authenticated packet from the peer.
+    /// The first handshake with the peer completed.
     PeerHeard,
-    /// The peer restarted (a new instance): both directions start over at epoch 0.
+    /// The peer restarted (a new run, recognised in a confirmed handshake): both
+    /// directions start over at epoch 0.
     PeerRestarted,
+    /// New keys (a re-key handshake with the same peer run).
+    Rekeyed,
     /// Nothing authenticated from the peer on any channel for this long.
     PeerSilent(Duration),
     /// The peer has a different number of channels configured; its hellos are ignored.
@@ -345,7 +395,7 @@ pub struct Session {
     cfg: Config,
     n: usize,
     all: u64,
-    auth: Auth,
+    crypto: Crypto,
     chans: Vec<liveness::Chan>,
     tx: epoch::Tx,
     rx: epoch::Rx,
@@ -359,10 +409,11 @@ pub struct Session {
 }
 
 impl Session {
-    /// A session end with this configuration. `instance` identifies this run of this
-    /// end to the peer (a restarted end must use a new one; see [`auth`]); `now` is the
+    /// A session end with this configuration. `seed` feeds every random choice
+    /// (ephemeral keys, the run identifier, key indices): 32 bytes from the operating
+    /// system on real sockets, from the scenario seed in the simulator. `now` is the
     /// driver's current time.
-    pub fn new(cfg: Config, instance: u64, now: Instant) -> Result<Session, ConfigError> {
+    pub fn new(cfg: Config, seed: [u8; 32], now: Instant) -> Result<Session, ConfigError> {
         cfg.validate().map_err(ConfigError)?;
         let n = cfg.channels.len();
         let all = if n == 64 { u64::MAX } else { bit(n) - 1 };
@@ -373,7 +424,8 @@ impl Session {
         Ok(Session {
             n,
             all,
-            auth: Auth::new(&cfg.key, n, instance),
+            crypto: Crypto::new(cfg.security, cfg.keys(), cfg.rekey_after, n, seed)
+                .map_err(ConfigError)?,
             chans: (0..n).map(|_| liveness::Chan::new(now)).collect(),
             tx: epoch::Tx::new(all, members, striper, n),
             rx: epoch::Rx::new(all, reseq, n),
@@ -393,12 +445,12 @@ impl Session {
         &self.cfg
     }
 
-    /// Our instance number.
-    pub fn instance(&self) -> u64 {
-        self.auth.instance()
+    /// Our run identifier (random; the peer recognises a restart by a new one).
+    pub fn run_id(&self) -> u64 {
+        self.crypto.run()
     }
 
-    /// Have we heard an authenticated packet from the peer?
+    /// Have we completed a handshake with the peer?
     pub fn peer_seen(&self) -> bool {
         self.peer.seen
     }
@@ -407,7 +459,7 @@ impl Session {
     /// not start with a byte `0xB0..=0xBF` (those need a one-byte escape in the
     /// header-free modes, so one byte less).
     pub fn max_packet(&self) -> usize {
-        (self.cfg.max_datagram - self.cfg.data_overhead()) as usize
+        (self.cfg.max_inner() - self.cfg.data_overhead()) as usize
     }
 
     /// A packet from the application. While an epoch switch waits for its ack, up to
@@ -416,7 +468,7 @@ impl Session {
     pub fn handle_packet(&mut self, now: Instant, p: Bytes) {
         self.counters.sent_packets += 1;
         self.counters.sent_bytes += p.len() as u64;
-        if self.tx.switching.is_some() {
+        if self.tx.switching.is_some() || !self.crypto.ready() {
             if self.tx.pending.len() < self.cfg.queue_packets {
                 self.tx.pending.push_back(p);
             } else {
@@ -442,51 +494,98 @@ impl Session {
             n.malformed += 1;
             return;
         };
-        if wire::is_authenticated_control(first) {
-            self.on_authenticated(now, c, first, d);
-        } else {
-            self.heard(c, now);
-            self.chans[c].n.rx_data += 1;
-            self.rx_core(c, d, now);
+        match first {
+            wire::TYPE_HS_INIT | wire::TYPE_HS_RESP => self.on_handshake(now, c, &d),
+            wire::TYPE_SEALED | wire::TYPE_SIGNED => match self.crypto.open(c, &d) {
+                Ok((inner, established)) => {
+                    if let Some(e) = established {
+                        self.on_established(now, e);
+                    }
+                    self.peer.last = Some(now);
+                    self.peer.silent_warned = false;
+                    self.heard(c, now);
+                    self.on_inner(now, c, inner);
+                }
+                Err(r) => {
+                    let n = &mut self.chans[c].n;
+                    match r {
+                        Reject::Unauthenticated => n.unauthenticated += 1,
+                        Reject::BadTag => n.auth_failures += 1,
+                        Reject::Replay => n.replays += 1,
+                        Reject::Malformed => n.malformed += 1,
+                    }
+                }
+            },
+            // Mode `none`: data travel bare. They go to the resequencer but do not count
+            // as hearing the peer (anyone can send them).
+            _ if self.crypto.mode == SecurityMode::None
+                && !wire::is_authenticated_control(first) =>
+            {
+                self.chans[c].n.rx_data += 1;
+                self.rx_core(c, d, now);
+            }
+            _ => self.chans[c].n.unauthenticated += 1,
         }
     }
 
-    fn on_authenticated(&mut self, now: Instant, c: usize, first: u8, d: Bytes) {
-        let opened = match self.auth.open(c, &d) {
-            Ok(o) => o,
-            Err(e) => {
-                let n = &mut self.chans[c].n;
-                match e {
-                    AuthError::BadTag | AuthError::Truncated => n.auth_failures += 1,
-                    AuthError::Replay | AuthError::Reflected => n.replays += 1,
-                }
-                return;
-            }
-        };
-        if opened.new_peer {
-            self.on_new_peer(now);
+    /// A handshake message: answer it on the channel it came on.
+    fn on_handshake(&mut self, now: Instant, c: usize, d: &Bytes) {
+        let (response, established) = self.crypto.on_handshake(now, d);
+        if let Some(r) = response {
+            self.out.push_back(Transmit {
+                channel: c,
+                kind: DatagramKind::Control,
+                bytes: r,
+            });
         }
-        self.peer.last = Some(now);
-        self.peer.silent_warned = false;
-        self.heard(c, now);
-        let pkt = d.slice(..opened.len);
-        match first {
-            wire::TYPE_SESSION => self.on_ctrl(c, &pkt, now),
-            wire::TYPE_NAK => {
+        if let Some(e) = established {
+            self.on_established(now, e);
+            // Hellos at once, sealed with the new keys: they confirm the handshake at
+            // the responder.
+            self.send_hellos();
+        }
+    }
+
+    fn on_established(&mut self, now: Instant, e: Established) {
+        if e.first || e.restart {
+            self.on_new_peer(now, e.restart);
+        } else {
+            self.events.push_back(Event::Rekeyed);
+        }
+        if self.tx.switching.is_none() {
+            while let Some(p) = self.tx.pending.pop_front() {
+                if self.tx.striper.handle_packet(now, p).is_err() {
+                    self.counters.queue_drops += 1;
+                }
+            }
+            self.take_transmits();
+        }
+    }
+
+    /// An authenticated datagram's contents.
+    fn on_inner(&mut self, now: Instant, c: usize, inner: Bytes) {
+        match inner.first().copied() {
+            Some(wire::TYPE_SESSION) => self.on_ctrl(c, &inner, now),
+            Some(wire::TYPE_NAK) => {
                 // The peer's receiver asks our striper for lost packets.
                 if self.tx.switching.is_none() {
-                    self.tx.striper.handle_nak(&pkt);
+                    self.tx.striper.handle_nak(&inner);
                     self.take_transmits();
                 }
             }
-            wire::TYPE_MARKER => {
+            Some(wire::TYPE_MARKER) => {
                 self.chans[c].n.rx_markers += 1;
-                self.rx_core(c, pkt, now)
+                self.rx_core(c, inner, now)
             }
-            _ => {
+            Some(wire::TYPE_TRIGGER) => {
                 self.chans[c].n.rx_triggers += 1;
-                self.rx_core(c, pkt, now)
+                self.rx_core(c, inner, now)
             }
+            Some(_) => {
+                self.chans[c].n.rx_data += 1;
+                self.rx_core(c, inner, now)
+            }
+            None => self.chans[c].n.malformed += 1,
         }
     }
 
@@ -541,49 +640,45 @@ impl Session {
         self.events.pop_front()
     }
 
-    fn send_ctrl(&mut self, c: usize, m: &Msg) {
-        let mut v = m.to_vec();
-        self.auth.seal(c, &mut v);
+    /// Put a datagram on channel `c` through the security layer: sealed, or bare for
+    /// data in mode `none`. Without keys yet, it is not sent (counted).
+    fn emit(&mut self, c: usize, kind: DatagramKind, inner: Bytes) {
+        let bytes = match (self.crypto.mode, kind) {
+            (SecurityMode::None, DatagramKind::Data | DatagramKind::Repair) => inner,
+            (mode, _) => match self.crypto.seal(c, &inner, mode != SecurityMode::Auth) {
+                Some(b) => b,
+                None => {
+                    self.counters.unsent += 1;
+                    return;
+                }
+            },
+        };
         self.out.push_back(Transmit {
             channel: c,
-            kind: DatagramKind::Control,
-            bytes: Bytes::from(v),
+            kind,
+            bytes,
         });
+    }
+
+    fn send_ctrl(&mut self, c: usize, m: &Msg) {
+        self.emit(c, DatagramKind::Control, Bytes::from(m.to_vec()));
     }
 
     fn take_transmits(&mut self) {
         while let Some(t) = self.tx.striper.poll_transmit() {
             let phys = self.tx.members[t.channel];
             let n = &mut self.chans[phys].n;
-            let (kind, bytes) = match t.kind {
-                // Repairs (seq mode) are data with a sequence header: no trailer.
-                TransmitKind::Data | TransmitKind::Repair => {
-                    n.tx_data += 1;
-                    let kind = if t.kind == TransmitKind::Data {
-                        DatagramKind::Data
-                    } else {
-                        DatagramKind::Repair
-                    };
-                    (kind, t.to_bytes())
-                }
-                TransmitKind::Marker | TransmitKind::Trigger => {
-                    if t.kind == TransmitKind::Marker {
-                        n.tx_markers += 1;
-                    } else {
-                        n.tx_triggers += 1;
-                    }
-                    let mut v = Vec::with_capacity(t.len() + TRAILER_LEN);
-                    v.extend_from_slice(t.header());
-                    v.extend_from_slice(&t.payload);
-                    self.auth.seal(phys, &mut v);
-                    (DatagramKind::Marker, Bytes::from(v))
-                }
+            let kind = match t.kind {
+                TransmitKind::Data => DatagramKind::Data,
+                TransmitKind::Repair => DatagramKind::Repair,
+                TransmitKind::Marker | TransmitKind::Trigger => DatagramKind::Marker,
             };
-            self.out.push_back(Transmit {
-                channel: phys,
-                kind,
-                bytes,
-            });
+            match t.kind {
+                TransmitKind::Data | TransmitKind::Repair => n.tx_data += 1,
+                TransmitKind::Marker => n.tx_markers += 1,
+                TransmitKind::Trigger => n.tx_triggers += 1,
+            }
+            self.emit(phys, kind, t.to_bytes());
         }
     }
 
@@ -595,16 +690,9 @@ impl Session {
         // channel that is not down, so the fastest one gets it there first.
         while let Some(nak) = self.rx.reseq.poll_nak() {
             for c in 0..self.n {
-                if self.chans[c].state == LinkState::Down {
-                    continue;
+                if self.chans[c].state != LinkState::Down {
+                    self.emit(c, DatagramKind::Control, nak.clone());
                 }
-                let mut v = nak.to_vec();
-                self.auth.seal(c, &mut v);
-                self.out.push_back(Transmit {
-                    channel: c,
-                    kind: DatagramKind::Control,
-                    bytes: Bytes::from(v),
-                });
             }
         }
     }
@@ -623,8 +711,8 @@ impl Session {
         }
     }
 
-    fn on_new_peer(&mut self, now: Instant) {
-        if self.peer.seen {
+    fn on_new_peer(&mut self, now: Instant, restart: bool) {
+        if restart {
             self.events.push_back(Event::PeerRestarted);
             self.reset_epochs(now);
         } else {

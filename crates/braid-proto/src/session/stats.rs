@@ -11,6 +11,8 @@ pub(super) struct Counters {
     pub sent_bytes: u64,
     pub queue_drops: u64,
     pub stray_drops: u64,
+    /// Datagrams not sent because there were no keys yet.
+    pub unsent: u64,
     pub delivered_bytes_last: u64,
     pub delivered_bps: f64,
 }
@@ -52,9 +54,12 @@ pub struct ChannelInfo {
     pub rx_triggers: u64,
     /// Hellos received and authenticated.
     pub rx_hellos: u64,
-    /// Control packets with a bad MAC.
+    /// Sealed datagrams whose tag did not verify (forged, corrupted, other keys).
     pub auth_failures: u64,
-    /// Control packets replayed, reordered or reflected.
+    /// Datagrams dropped because they were not sealed (where sealing is required) or
+    /// were sealed with keys we do not have.
+    pub unauthenticated: u64,
+    /// Sealed datagrams replayed (a counter already seen or too old).
     pub replays: u64,
     /// Datagrams that could not be parsed (session and resequencer).
     pub malformed: u64,
@@ -93,6 +98,10 @@ pub struct SessionStats {
     pub queue_drops: u64,
     /// Data arriving on a channel outside the receive set.
     pub stray_drops: u64,
+    /// Datagrams not sent because no handshake had completed yet.
+    pub unsent: u64,
+    /// Handshake counters.
+    pub handshakes: super::HandshakeStats,
     /// The resequencers' session counters, every epoch added (delivered, lost, NAKs …).
     pub receiver: Stats,
     /// Packets left undeliverable at epoch switches (also counted in `lost`).
@@ -142,6 +151,7 @@ impl Session {
                     rx_triggers: c.n.rx_triggers,
                     rx_hellos: c.n.rx_hellos,
                     auth_failures: c.n.auth_failures,
+                    unauthenticated: c.n.unauthenticated,
                     replays: c.n.replays,
                     malformed: c.n.malformed + r.malformed,
                     tx_bps: c.n.tx_bps,
@@ -163,6 +173,8 @@ impl Session {
             sent_bytes: self.counters.sent_bytes,
             queue_drops: self.counters.queue_drops,
             stray_drops: self.counters.stray_drops,
+            unsent: self.counters.unsent,
+            handshakes: self.crypto.stats.clone(),
             lost: receiver.lost + self.rx.switch_lost,
             switch_lost: self.rx.switch_lost,
             receiver,

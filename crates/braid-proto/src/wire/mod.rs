@@ -20,6 +20,10 @@
 //! | `0xB4` | session messages: hello, epoch end, epoch ack ([`session`]) |
 //! | `0xB5` | NAK: sequence numbers to repair ([`nak`]) |
 //! | `0xB6` | a repaired (retransmitted) data packet, sequence header ([`seq`]) |
+//! | `0xB8` | sealed datagram, encrypted ([`secure`]) |
+//! | `0xB9` | sealed datagram, authenticated, body in clear ([`secure`]) |
+//! | `0xBA` | handshake initiation ([`secure`]) |
+//! | `0xBB` | handshake response ([`secure`]) |
 //! | `0xBF` | escaped data: one byte to strip, then data that itself starts with `0xB_` |
 //! | other `0xB_` | reserved: counted as malformed |
 //!
@@ -28,6 +32,7 @@
 
 pub mod marker;
 pub mod nak;
+pub mod secure;
 pub mod seq;
 pub mod session;
 pub mod trigger;
@@ -46,18 +51,26 @@ pub const TYPE_MARKER: u8 = 0xB1;
 pub const TYPE_TRIGGER: u8 = 0xB2;
 /// First byte of a data packet behind a sequence header ([`seq`]).
 pub const TYPE_SEQ_DATA: u8 = 0xB3;
-/// First byte of a braid-io session message (hello, epoch end, epoch ack).
+/// First byte of a session message (hello, epoch end, epoch ack; [`session`]).
 pub const TYPE_SESSION: u8 = 0xB4;
 /// First byte of a NAK ([`nak`]).
 pub const TYPE_NAK: u8 = 0xB5;
 /// First byte of a repaired (retransmitted) data packet behind a sequence header
 /// ([`seq`]).
 pub const TYPE_REPAIR: u8 = 0xB6;
+/// First byte of a sealed, encrypted datagram ([`secure`]).
+pub const TYPE_SEALED: u8 = 0xB8;
+/// First byte of a sealed datagram whose body is in clear ([`secure`]).
+pub const TYPE_SIGNED: u8 = 0xB9;
+/// First byte of a handshake initiation ([`secure`]).
+pub const TYPE_HS_INIT: u8 = 0xBA;
+/// First byte of a handshake response ([`secure`]).
+pub const TYPE_HS_RESP: u8 = 0xBB;
 /// First byte of escaped data: strip it, the rest is data starting with `0xB_`.
 pub const TYPE_ESCAPE: u8 = 0xBF;
 
-/// True if a datagram with this first byte is a control packet that a driver
-/// authenticates (braid-io appends an authentication trailer): markers, triggers, session
+/// True if a datagram with this first byte is a control packet that must never travel
+/// bare, whatever the security mode (the session seals it): markers, triggers, session
 /// messages and NAKs. Data in every form (header-free, escaped, behind a sequence header,
 /// repaired) is not, and neither are reserved codepoints.
 #[inline]

@@ -132,7 +132,7 @@ pub fn run(a: Args) -> Result<()> {
     let rt = runtime()?;
     rt.block_on(async move {
         let s = &fc.session;
-        let mtu = t.mtu.unwrap_or(s.max_datagram() - s.data_overhead());
+        let mtu = t.mtu.unwrap_or(s.max_inner() - s.data_overhead());
         let tun = Tun::create(&t.name)?;
         tun.set_mtu(mtu)?;
         if let Some((addr, len)) = t.address {
