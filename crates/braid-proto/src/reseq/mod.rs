@@ -26,7 +26,7 @@ use std::collections::{BTreeMap, VecDeque};
 use bytes::Bytes;
 
 use crate::config::{ConfigError, Mode, Policy, StripeConfig};
-use crate::sched::Sched;
+use crate::sched::{Position, Sched};
 use crate::stats::Stats;
 use crate::time::{Duration, Instant};
 use crate::wire::{self, marker, seq, trigger, Kind};
@@ -266,6 +266,33 @@ impl Resequencer {
             self.ingest(now, channel, d);
         }
         self.release_held(now);
+    }
+
+    /// Nothing more comes on `channel` in this epoch: its next packet would have been
+    /// number `next` (round and deficit counter, as a marker says), and the sender had
+    /// sent `sent` data packets on all channels by then. The receiver then delivers what
+    /// it holds from the other channels in order instead of waiting for this one.
+    ///
+    /// This has exactly the effect of a marker `(next, sent)` arriving on `channel`
+    /// behind everything received on it so far (it is queued behind data the delay
+    /// equalizer still holds, and counted in `markers_received`), which is what it
+    /// stands for. Only modes `logical` and `seq` use markers: in the others, and when
+    /// `next.dc <= 0` (no valid position), this does nothing.
+    pub fn end_channel(&mut self, now: Instant, channel: usize, next: Position, sent: u64) {
+        if !matches!(self.mode, Mode::Logical | Mode::Seq) || next.dc <= 0 {
+            return;
+        }
+        let end = marker::Repr {
+            channel: channel as u8,
+            epoch: self.epoch,
+            position: next,
+            sent,
+            batch: 0,
+            credits: None,
+            quantum_change: None,
+        };
+        // Through the datagram path, so that it queues behind held data like a marker.
+        self.handle_datagram(now, channel, Bytes::from(end.to_vec()));
     }
 
     fn release_held(&mut self, now: Instant) {
