@@ -110,7 +110,7 @@ impl Buffered {
     }
 
     /// Deliver the data packet at the head of `channel`'s buffer.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn deliver_head(&mut self, channel: usize, sink: &mut Sink) {
         match self.bufs[channel].pop_front() {
             Some(Item::Data {
@@ -143,7 +143,7 @@ impl Logical {
                     b.deliver(c, payload, wire_len, sink);
                     continue;
                 }
-                Some(Item::Marker(_)) => unreachable!("expected() consumes head markers"),
+                Some(Item::Marker { .. }) => unreachable!("expected() consumes head markers"),
                 None => {}
             }
             b.note_blocked(c, now);

@@ -53,7 +53,10 @@ pub(crate) enum Item {
         /// The datagram carried a sequence header.
         sequenced: bool,
     },
-    Marker(marker::Repr),
+    /// What the engines use of a marker: the implicit number of the channel's next
+    /// packet, and the data packets sent before it. (Only this is kept, so that buffered
+    /// items stay small.)
+    Marker { position: Position, sent: u64 },
 }
 
 /// Where engines put packets for the application, and the counters they update.
@@ -151,7 +154,7 @@ impl Engine {
     }
 
     /// The per-packet path: dispatched statically, so each engine's `accept` inlines.
-    #[inline]
+    #[inline(always)]
     fn accept(&mut self, now: Instant, channel: usize, item: Item, sink: &mut Sink) {
         match self {
             Engine::None(e) => e.accept(now, channel, item, sink),
@@ -336,6 +339,7 @@ impl Resequencer {
     }
 
     /// Parse, validate and count a datagram, and hand it to the engine.
+    #[inline]
     fn ingest(&mut self, now: Instant, channel: usize, datagram: Bytes) {
         if channel >= self.sink.stats.channels.len() {
             self.sink.stats.malformed += 1;
@@ -354,7 +358,7 @@ impl Resequencer {
                         st.packets_received += 1;
                         st.bytes_received += u64::from(*wire_len);
                     }
-                    Item::Marker(_) => st.markers_received += 1,
+                    Item::Marker { .. } => st.markers_received += 1,
                 }
                 self.engine.accept(now, channel, item, &mut self.sink);
             }
@@ -375,6 +379,7 @@ impl Resequencer {
 
     /// What `datagram`, received on `channel`, is; `None` if it is malformed (or, like
     /// a NAK or a repair without repair configured, has no business here).
+    #[inline]
     fn parse(&self, channel: usize, datagram: Bytes) -> Option<Input> {
         let kind = wire::classify(&datagram).ok()?;
         let wire_len = datagram.len() as u32;
@@ -402,7 +407,11 @@ impl Resequencer {
             Kind::Marker => {
                 let p = marker::Packet::new_checked(&datagram[..]).ok()?;
                 let m = marker::Repr::parse(&p).ok()?;
-                (m.channel as usize == channel).then_some(Input::Item(Item::Marker(m)))
+                let item = Item::Marker {
+                    position: m.position,
+                    sent: m.sent,
+                };
+                (m.channel as usize == channel).then_some(Input::Item(item))
             }
             Kind::Trigger => {
                 let p = trigger::Packet::new_checked(&datagram[..]).ok()?;

@@ -195,8 +195,7 @@ impl Seq {
         for (i, q) in self.b.bufs.iter_mut().enumerate() {
             loop {
                 match q.front() {
-                    Some(Item::Marker(m)) => {
-                        let pos = m.position;
+                    Some(&Item::Marker { position: pos, .. }) => {
                         q.pop_front();
                         if self.b.follow.apply_marker(i, pos) {
                             stats.channels[i].resyncs += 1;
@@ -286,7 +285,7 @@ impl ModeEngine for Seq {
     fn accept(&mut self, now: Instant, channel: usize, item: Item, sink: &mut Sink) {
         self.b.heard(channel, now);
         match &item {
-            Item::Marker(m) => self.floor[channel] = self.floor[channel].max(m.sent),
+            Item::Marker { sent, .. } => self.floor[channel] = self.floor[channel].max(*sent),
             Item::Data { seq, .. } => {
                 let seq = *seq;
                 // Already delivered or skipped, or not after what this channel gave.
