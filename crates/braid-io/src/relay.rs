@@ -184,3 +184,33 @@ impl Drop for Relay {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn repairs_are_data_not_control() {
+        let relay = Relay::new(1).unwrap();
+        let a = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let b = UdpSocket::bind("127.0.0.1:0").unwrap();
+        b.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        relay.set_ends(0, a.local_addr().unwrap(), b.local_addr().unwrap());
+        let mut buf = [0u8; 64];
+        // A repair: sequence header 0xB6, then data. Forwarded, not kept as control.
+        let repair = [wire::TYPE_REPAIR, 0, 0, 0, 1, 0x45, 0];
+        a.send_to(&repair, relay.a_side(0)).unwrap();
+        let n = b.recv(&mut buf).unwrap();
+        assert_eq!(&buf[..n], &repair);
+        assert_eq!(relay.last_control_from(0, Side::A), None);
+        // A NAK is control (authenticated by braid-io): kept for replay tests.
+        let nak = [wire::TYPE_NAK, 1, 0, 1, 0, 0, 0, 0];
+        a.send_to(&nak, relay.a_side(0)).unwrap();
+        let n = b.recv(&mut buf).unwrap();
+        assert_eq!(&buf[..n], &nak);
+        assert_eq!(
+            relay.last_control_from(0, Side::A).as_deref(),
+            Some(&nak[..])
+        );
+    }
+}

@@ -2,6 +2,7 @@
 
 use braid_proto::harness::{payload, payload_id, Harness, Link};
 use braid_proto::sched::baseline::BaselineKind;
+use braid_proto::sched::Position;
 use braid_proto::*;
 use bytes::Bytes;
 
@@ -439,4 +440,139 @@ fn naks_for_another_epoch_are_ignored_and_counted() {
     };
     assert_eq!(s.handle_nak(&current.to_vec()), 1);
     assert_eq!(s.stats().stale_naks, 1);
+}
+
+/// What a driver does when it learns that channel 1 ends at `next` (`sent` packets).
+type EndAction = fn(&mut Resequencer, Instant, Position, u64);
+
+/// A run's deliveries (with their times) and the receiver's state (stats, buffered,
+/// timer) right after the end and after a final drain.
+type Trace = (Vec<(Instant, Bytes)>, Vec<(Stats, usize, Option<Instant>)>);
+
+/// 48 packets of 700 bytes, one every 200 µs, on two channels, a marker batch every
+/// round; channel 0 is 2 ms slower than channel 1 (so with equalization on, channel 1's
+/// datagrams are held), and channel 1 loses everything sent with the packets in `lost`
+/// (`30..34`: it comes back; `30..48`: it stays dark, as a channel that ends does). After
+/// packet 33 the receiver is told, by `end`, where channel 1's next packet is.
+fn channel_one_ends(cfg: &StripeConfig, lost: std::ops::Range<u64>, end: EndAction) -> Trace {
+    let mut s = Striper::new(cfg.clone()).unwrap();
+    // (arrival, order, channel and datagram, or None for the end)
+    type Event = (Instant, u64, Option<(usize, Bytes)>);
+    let mut events: Vec<Event> = Vec::new();
+    let mut order = 0;
+    let mut ending = None;
+    for i in 0..48u64 {
+        let now = Instant::from_micros(i * 200);
+        s.handle_packet(now, payload(i, 700)).unwrap();
+        while let Some(t) = s.poll_transmit() {
+            order += 1;
+            if t.channel == 1 && lost.contains(&i) {
+                continue;
+            }
+            let delay = Duration::from_micros(if t.channel == 0 { 2_000 } else { 0 });
+            events.push((now + delay, order, Some((t.channel, t.to_bytes()))));
+        }
+        if i == 33 {
+            order += 1;
+            events.push((now, order, None));
+            ending = Some((s.scheduler().unwrap().position(1), s.packets_sent()));
+        }
+    }
+    let (next, sent) = ending.unwrap();
+    events.sort_by_key(|(t, o, _)| (*t, *o));
+    let mut r = Resequencer::new(cfg).unwrap();
+    let (mut out, mut states) = (Vec::new(), Vec::new());
+    let mut last = Instant::ZERO;
+    for (at, _, ev) in events {
+        for _ in 0..100 {
+            match r.poll_timeout() {
+                Some(t) if t <= at => r.handle_timeout(t),
+                _ => break,
+            }
+        }
+        match ev {
+            Some((c, d)) => r.handle_datagram(at, c, d),
+            None => {
+                end(&mut r, at, next, sent);
+                states.push((r.stats().clone(), r.buffered(), r.poll_timeout()));
+            }
+        }
+        out.extend(std::iter::from_fn(|| r.poll_deliver()).map(|p| (at, p)));
+        last = at;
+    }
+    r.drain(last);
+    out.extend(std::iter::from_fn(|| r.poll_deliver()).map(|p| (last, p)));
+    states.push((r.stats().clone(), r.buffered(), r.poll_timeout()));
+    (out, states)
+}
+
+#[test]
+fn end_channel_equals_the_final_marker() {
+    let by_api: EndAction = |r, now, next, sent| r.end_channel(now, 1, next, sent);
+    let by_marker: EndAction = |r, now, next, sent| {
+        let m = wire::marker::Repr {
+            channel: 1,
+            epoch: 0,
+            position: next,
+            sent,
+            batch: 0,
+            credits: None,
+            quantum_change: None,
+        };
+        r.handle_datagram(now, 1, Bytes::from(m.to_vec()));
+    };
+    let nothing: EndAction = |_, _, _, _| {};
+    for mode in [Mode::Logical, Mode::Seq] {
+        for equalize in [false, true] {
+            let mut cfg = StripeConfig::srr(vec![1500, 1500], 1500);
+            cfg.mode = mode;
+            cfg.markers.every_rounds = 1;
+            cfg.receiver.equalize = equalize;
+            for lost in [30..34, 30..48] {
+                let what = format!("{mode:?}, equalize {equalize}, lost {lost:?}");
+                let api = channel_one_ends(&cfg, lost.clone(), by_api);
+                let marker = channel_one_ends(&cfg, lost.clone(), by_marker);
+                assert_eq!(api, marker, "{what}");
+                // The end is not a no-op: it changes what the receiver does.
+                assert_ne!(api, channel_one_ends(&cfg, lost, nothing), "{what}");
+            }
+        }
+    }
+}
+
+#[test]
+fn end_channel_is_a_no_op_without_markers_or_position() {
+    let mut cfg = StripeConfig::srr(vec![1500, 1500], 1500);
+    for mode in [Mode::None, Mode::Trr, Mode::Logical] {
+        cfg.mode = mode;
+        let mut s = Striper::new(cfg.clone()).unwrap();
+        let mut r = Resequencer::new(&cfg).unwrap();
+        for i in 0..20 {
+            s.handle_packet(Instant::ZERO, payload(i, 700)).unwrap();
+            while let Some(t) = s.poll_transmit() {
+                if t.channel == 0 {
+                    r.handle_datagram(Instant::ZERO, 0, t.to_bytes());
+                }
+            }
+        }
+        while r.poll_deliver().is_some() {}
+        let (next, sent) = (s.scheduler().unwrap().position(1), s.packets_sent());
+        let before = (r.stats().clone(), r.buffered(), r.poll_timeout());
+        let next = match mode {
+            // A position with no valid counter means nothing in any mode.
+            Mode::Logical => Position {
+                round: next.round,
+                dc: 0,
+            },
+            _ => next,
+        };
+        r.end_channel(Instant::from_micros(5_000), 1, next, sent);
+        assert!(r.poll_deliver().is_none(), "{mode:?}");
+        assert_eq!(r.stats().channels[1].markers_received, 0, "{mode:?}");
+        assert_eq!(
+            (r.stats().clone(), r.buffered(), r.poll_timeout()),
+            before,
+            "{mode:?}"
+        );
+    }
 }

@@ -29,14 +29,14 @@ use crate::time::{Duration, Instant};
 const STALE: Duration = Duration::from_secs(1);
 /// Batches kept while waiting for their other markers.
 const BATCHES: usize = 8;
-/// Samples older than this leave the minimum.
+/// Samples older than this no longer count towards the percentile.
 const WINDOW: Duration = Duration::from_secs(1);
 /// Most samples kept per channel.
 const SAMPLES: usize = 256;
 
 pub(crate) struct Equalizer {
-    /// Delay of each channel relative to the batch's earliest arrival, µs: the minimum
-    /// of the recent samples.
+    /// Delay of each channel relative to the batch's earliest arrival, µs: the 20th
+    /// percentile of the recent samples.
     offset: Vec<Option<f64>>,
     /// Recent samples per channel: when, and the relative delay in µs.
     samples: Vec<VecDeque<(Instant, f64)>>,

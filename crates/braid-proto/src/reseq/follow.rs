@@ -65,8 +65,7 @@ impl Follower {
                 Follower::Srr(s) => s.select(),
                 Follower::Random { rfq, g, .. } => rfq.channel_of(*g),
             };
-            while let Some(Item::Marker(m)) = bufs[c].front() {
-                let pos = m.position;
+            while let Some(&Item::Marker { position: pos, .. }) = bufs[c].front() {
                 bufs[c].pop_front();
                 if self.apply_marker(c, pos) {
                     stats.channels[c].resyncs += 1;

@@ -14,10 +14,11 @@
 //! trigger for `max_wait` while verified data waits is left out until its next trigger,
 //! and anything it then carries from before the delivered point is dropped.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 
 use bytes::Bytes;
 
+use super::{Item, ModeEngine, Sink};
 use crate::sched::{Position, Srr};
 use crate::stats::Stats;
 use crate::time::{Duration, Instant};
@@ -33,8 +34,6 @@ fn key(channel: usize, p: Position) -> Key {
 struct Chan {
     /// Numbering is known (a trigger was accepted and nothing dropped since).
     synced: bool,
-    /// Implicit number of the next packet on this channel.
-    pos: Position,
     /// Data packets the sender had sent on this channel at the last accepted trigger.
     count: u64,
     /// Running digest of this channel's packets, as of the last one received.
@@ -45,7 +44,11 @@ struct Chan {
     frontier: Option<Key>,
 }
 
+/// The `trr` mode's engine.
 pub(crate) struct Trr {
+    /// Per channel, the implicit number of the next packet ([`Srr::position`]), run
+    /// forward by the scheduler's own consume step. (Only the positions are used: the
+    /// pointer and the global round mean nothing here.)
     srr: Srr,
     chans: Vec<Chan>,
     ready: BTreeMap<Key, Bytes>,
@@ -54,22 +57,22 @@ pub(crate) struct Trr {
     last_arrival: Vec<Instant>,
     /// Most verified packets held back before the slowest channel is left out.
     ready_limit: usize,
+    /// Most unverified packets held per channel.
+    limit: usize,
+    /// How long verified data waits for a silent channel.
+    max_wait: Duration,
 }
 
 impl Trr {
-    pub(crate) fn new(srr: Srr, buffer_packets: usize) -> Trr {
+    pub(crate) fn new(srr: Srr, buffer_packets: usize, max_wait: Duration) -> Trr {
         let n = srr.channels();
         let chans = (0..srr.channels())
-            .map(|c| {
-                let pos = srr.position(c);
-                Chan {
-                    synced: true,
-                    pos,
-                    count: 0,
-                    digest: 0,
-                    tentative: Vec::new(),
-                    frontier: Some(key(c, pos)),
-                }
+            .map(|c| Chan {
+                synced: true,
+                count: 0,
+                digest: 0,
+                tentative: Vec::new(),
+                frontier: Some(key(c, srr.position(c))),
             })
             .collect();
         Trr {
@@ -80,31 +83,26 @@ impl Trr {
             stalled_since: None,
             last_arrival: vec![Instant::ZERO; n],
             ready_limit: buffer_packets.saturating_mul(n),
+            limit: buffer_packets,
+            max_wait,
         }
     }
 
-    pub(crate) fn buffered(&self) -> usize {
-        self.ready.len() + self.chans.iter().map(|c| c.tentative.len()).sum::<usize>()
-    }
-
-    pub(crate) fn on_data(
+    fn on_data(
         &mut self,
         now: Instant,
         channel: usize,
         payload: Bytes,
         wire_len: u32,
-        limit: usize,
         stats: &mut Stats,
     ) {
         self.last_arrival[channel] = now;
-        let cost = self.srr.cost_of(wire_len as usize);
-        let q = self.srr.quantum(channel);
         let ch = &mut self.chans[channel];
         if !ch.synced {
             stats.lost += 1;
             return;
         }
-        if ch.tentative.len() >= limit {
+        if ch.tentative.len() >= self.limit {
             // Cannot hold the segment: it can no longer be verified.
             stats.channels[channel].overflow_drops += 1;
             stats.lost += ch.tentative.len() as u64 + 1;
@@ -113,17 +111,12 @@ impl Trr {
             return;
         }
         ch.digest = trigger::fold(ch.digest, trigger::fingerprint(wire_len as usize, &payload));
-        ch.tentative.push((key(channel, ch.pos), payload));
+        ch.tentative
+            .push((key(channel, self.srr.position(channel)), payload));
         let hw = &mut stats.channels[channel].buffer_high_water;
         *hw = (*hw).max(ch.tentative.len() as u64);
-        ch.pos.dc -= cost;
-        if ch.pos.dc <= 0 {
-            ch.pos.round += 1;
-            ch.pos.dc += q;
-            if ch.pos.dc <= 0 {
-                ch.pos.dc = q;
-            }
-        }
+        let cost = self.srr.cost_of(wire_len as usize);
+        self.srr.consume(channel, cost);
         self.update_stall(now);
     }
 
@@ -132,14 +125,14 @@ impl Trr {
         now: Instant,
         channel: usize,
         t: &trigger::Repr,
-        out: &mut VecDeque<Bytes>,
-        stats: &mut Stats,
+        sink: &mut Sink,
     ) {
         self.last_arrival[channel] = now;
         let ch = &mut self.chans[channel];
+        let stats = &mut sink.stats;
         let received = ch.tentative.len() as u64;
         let verified = ch.synced
-            && ch.pos == t.position
+            && self.srr.position(channel) == t.position
             && ch.count + received == t.channel_count
             && ch.digest == t.digest;
         if verified {
@@ -155,20 +148,22 @@ impl Trr {
             stats.channels[channel].resyncs += 1;
         }
         ch.synced = true;
-        ch.pos = t.position;
         ch.count = t.channel_count;
         ch.digest = t.digest;
         ch.frontier = Some(key(channel, t.position));
-        self.release(out, stats);
+        self.srr.set_position(channel, t.position);
+        self.release(sink);
         // Memory bound: a channel that holds back too much verified data is left out.
-        while self.ready.len() > self.ready_limit && self.leave_out_slowest(stats).is_some() {
-            self.release(out, stats);
+        while self.ready.len() > self.ready_limit
+            && self.leave_out_slowest(&mut sink.stats).is_some()
+        {
+            self.release(sink);
         }
         self.update_stall(now);
     }
 
     /// Deliver every verified packet that no channel can still precede.
-    fn release(&mut self, out: &mut VecDeque<Bytes>, stats: &mut Stats) {
+    fn release(&mut self, sink: &mut Sink) {
         let bound = self.chans.iter().filter_map(|c| c.frontier).min();
         while let Some(entry) = self.ready.first_entry() {
             if bound.is_some_and(|b| *entry.key() >= b) {
@@ -176,13 +171,11 @@ impl Trr {
             }
             let (k, p) = entry.remove_entry();
             if self.last.is_some_and(|l| k <= l) {
-                stats.lost += 1;
+                sink.stats.lost += 1;
                 continue;
             }
             self.last = Some(k);
-            stats.delivered_packets += 1;
-            stats.delivered_bytes += p.len() as u64;
-            out.push_back(p);
+            sink.deliver(p);
         }
     }
 
@@ -204,26 +197,6 @@ impl Trr {
             .map(|(_, i)| i)
     }
 
-    /// Due when verified data has waited `max_wait` and the channel holding it back has
-    /// been silent for as long.
-    pub(crate) fn poll_timeout(&self, max_wait: Duration) -> Option<Instant> {
-        let since = self.stalled_since?;
-        let quiet = self.slowest().map_or(since, |i| self.last_arrival[i]);
-        Some(since.max(quiet) + max_wait)
-    }
-
-    /// Nothing more arrives: release every verified packet, drop unverified ones.
-    pub(crate) fn drain(&mut self, out: &mut VecDeque<Bytes>, stats: &mut Stats) {
-        for ch in &mut self.chans {
-            stats.lost += ch.tentative.len() as u64;
-            ch.tentative.clear();
-            ch.synced = false;
-            ch.frontier = None;
-        }
-        self.release(out, stats);
-        self.stalled_since = None;
-    }
-
     /// Stop waiting for the channel whose last trigger holds delivery back, until its
     /// next trigger. Returns the channel, or `None` if none is left to leave out.
     fn leave_out_slowest(&mut self, stats: &mut Stats) -> Option<usize> {
@@ -235,19 +208,51 @@ impl Trr {
         ch.frontier = None;
         Some(i)
     }
+}
+
+impl ModeEngine for Trr {
+    #[inline]
+    fn accept(&mut self, now: Instant, channel: usize, item: Item, sink: &mut Sink) {
+        // Markers have no use in TRR.
+        if let Item::Data {
+            payload, wire_len, ..
+        } = item
+        {
+            self.on_data(now, channel, payload, wire_len, &mut sink.stats);
+        }
+    }
+
+    /// Due when verified data has waited `max_wait` and the channel holding it back has
+    /// been silent for as long.
+    fn timeout(&self) -> Option<Instant> {
+        let since = self.stalled_since?;
+        let quiet = self.slowest().map_or(since, |i| self.last_arrival[i]);
+        Some(since.max(quiet) + self.max_wait)
+    }
 
     /// Verified data has waited too long: leave out the channel that holds it back.
-    pub(crate) fn handle_timeout(
-        &mut self,
-        now: Instant,
-        out: &mut VecDeque<Bytes>,
-        stats: &mut Stats,
-    ) {
-        if let Some(i) = self.leave_out_slowest(stats) {
-            stats.channels[i].wait_timeouts += 1;
+    fn handle_timeout(&mut self, now: Instant, sink: &mut Sink) {
+        if let Some(i) = self.leave_out_slowest(&mut sink.stats) {
+            sink.stats.channels[i].wait_timeouts += 1;
         }
-        self.release(out, stats);
+        self.release(sink);
         self.stalled_since = None;
         self.update_stall(now);
+    }
+
+    /// Nothing more arrives: release every verified packet, drop unverified ones.
+    fn drain(&mut self, _: Instant, sink: &mut Sink) {
+        for ch in &mut self.chans {
+            sink.stats.lost += ch.tentative.len() as u64;
+            ch.tentative.clear();
+            ch.synced = false;
+            ch.frontier = None;
+        }
+        self.release(sink);
+        self.stalled_since = None;
+    }
+
+    fn buffered(&self) -> usize {
+        self.ready.len() + self.chans.iter().map(|c| c.tentative.len()).sum::<usize>()
     }
 }

@@ -204,6 +204,41 @@ impl Striper {
 
     /// Stripe one packet from the application.
     pub fn handle_packet(&mut self, now: Instant, payload: Bytes) -> Result<(), SendError> {
+        let (header, header_len) = self.frame(&payload)?;
+        let wire_len = header_len + payload.len();
+        self.control_before();
+        let channel = match &mut self.chooser {
+            Chooser::Causal(s) => s.select(),
+            Chooser::Baseline(b) => b.select(&payload, &self.backlog),
+        };
+        let round_before = match &mut self.chooser {
+            Chooser::Causal(s) => {
+                let r = s.round();
+                s.on_sent(wire_len);
+                Some(r)
+            }
+            Chooser::Baseline(_) => None,
+        };
+        self.account_data(channel, wire_len, &payload);
+        self.out.push_back(Transmit {
+            channel,
+            kind: TransmitKind::Data,
+            header,
+            header_len: header_len as u8,
+            payload,
+        });
+        self.last_data = Some(now);
+        self.idle_flushed = false;
+        self.unmarked_since.get_or_insert(now);
+        if let Some(before) = round_before {
+            self.markers_after(before);
+        }
+        Ok(())
+    }
+
+    /// The header `payload` travels behind (a sequence header in `seq` mode, an escape
+    /// byte for data starting with `0xB_`, or nothing) and its length; checks the size.
+    fn frame(&self, payload: &[u8]) -> Result<([u8; wire::seq::HEADER_LEN], usize), SendError> {
         if payload.is_empty() {
             return Err(SendError::Empty);
         }
@@ -217,7 +252,7 @@ impl Striper {
                 .emit(&mut header);
                 wire::seq::HEADER_LEN
             }
-            _ if wire::needs_escape(&payload) => {
+            _ if wire::needs_escape(payload) => {
                 header[0] = wire::TYPE_ESCAPE;
                 1
             }
@@ -230,46 +265,58 @@ impl Striper {
                 max: self.cfg.max_packet,
             });
         }
+        Ok((header, header_len))
+    }
 
-        // Markers or triggers that belong before this packet.
+    /// Markers or triggers that belong before the next data packet.
+    fn control_before(&mut self) {
         if self.cfg.mode == Mode::Trr
             && self.sent > 0
             && self.sent.is_multiple_of(u64::from(self.cfg.trigger_every))
         {
             self.emit_triggers();
         }
-        if self.markers_on() && self.cfg.markers.every_rounds > 0 {
-            if let Chooser::Causal(s) = &self.chooser {
-                let at = match self.cfg.markers.position {
-                    MarkerPosition::Start => Some(0),
-                    MarkerPosition::Channel(c) => Some(c),
-                    MarkerPosition::End => None,
-                };
-                let round = s.round();
-                if let Some(at) = at {
-                    if s.pointer() == at
-                        && round.is_multiple_of(u64::from(self.cfg.markers.every_rounds))
-                        && self.last_marker_round != Some(round)
-                    {
-                        self.last_marker_round = Some(round);
-                        self.emit_markers();
-                    }
-                }
+        if !self.markers_on() || self.cfg.markers.every_rounds == 0 {
+            return;
+        }
+        let Chooser::Causal(s) = &self.chooser else {
+            return;
+        };
+        let at = match self.cfg.markers.position {
+            MarkerPosition::Start => 0,
+            MarkerPosition::Channel(c) => c,
+            MarkerPosition::End => return,
+        };
+        let round = s.round();
+        if s.pointer() == at
+            && round.is_multiple_of(u64::from(self.cfg.markers.every_rounds))
+            && self.last_marker_round != Some(round)
+        {
+            self.last_marker_round = Some(round);
+            self.emit_markers();
+        }
+    }
+
+    /// Markers at the end of a round: the packet just sent (in round `before`) ended it.
+    fn markers_after(&mut self, before: u64) {
+        if !self.markers_on()
+            || self.cfg.markers.every_rounds == 0
+            || self.cfg.markers.position != MarkerPosition::End
+        {
+            return;
+        }
+        if let Chooser::Causal(s) = &self.chooser {
+            let round = s.round();
+            if round != before && round.is_multiple_of(u64::from(self.cfg.markers.every_rounds)) {
+                self.last_marker_round = Some(round);
+                self.emit_markers();
             }
         }
+    }
 
-        let channel = match &mut self.chooser {
-            Chooser::Causal(s) => s.select(),
-            Chooser::Baseline(b) => b.select(&payload, &self.backlog),
-        };
-        let round_before = match &mut self.chooser {
-            Chooser::Causal(s) => {
-                let r = s.round();
-                s.on_sent(wire_len);
-                Some(r)
-            }
-            Chooser::Baseline(_) => None,
-        };
+    /// Count a data packet of `wire_len` bytes sent on `channel` (and keep it for
+    /// repair, fold it into the channel's TRR digest).
+    fn account_data(&mut self, channel: usize, wire_len: usize, payload: &Bytes) {
         if self.ring_limit > 0 {
             if self.sent_ring.len() == self.ring_limit {
                 self.sent_ring.pop_front();
@@ -283,35 +330,10 @@ impl Striper {
         if self.cfg.mode == Mode::Trr {
             self.digest[channel] = trigger::fold(
                 self.digest[channel],
-                trigger::fingerprint(wire_len, &payload),
+                trigger::fingerprint(wire_len, payload),
             );
         }
         self.sent += 1;
-        self.out.push_back(Transmit {
-            channel,
-            kind: TransmitKind::Data,
-            header,
-            header_len: header_len as u8,
-            payload,
-        });
-        self.last_data = Some(now);
-        self.idle_flushed = false;
-        self.unmarked_since.get_or_insert(now);
-
-        if self.markers_on()
-            && self.cfg.markers.every_rounds > 0
-            && self.cfg.markers.position == MarkerPosition::End
-        {
-            if let (Chooser::Causal(s), Some(before)) = (&self.chooser, round_before) {
-                let round = s.round();
-                if round != before && round.is_multiple_of(u64::from(self.cfg.markers.every_rounds))
-                {
-                    self.last_marker_round = Some(round);
-                    self.emit_markers();
-                }
-            }
-        }
-        Ok(())
     }
 
     /// A NAK arrived from the receiver (`seq` mode with repair): queue every named

@@ -31,8 +31,8 @@
 //! The digest lets the receiver tell a segment that lost one packet and had another
 //! duplicated (same count, same byte total) from an intact one. It is folded over the
 //! channel's data packets in order: `digest = mix(digest ^ fingerprint(packet))`, where
-//! the fingerprint mixes the packet's wire length with its first and last eight bytes
-//! and `mix` is the SplitMix64 finalizer (see [`fingerprint`] and [`fold`]).
+//! the fingerprint mixes the packet's wire length with its first sixteen and last eight
+//! payload bytes and `mix` is the SplitMix64 finalizer (see [`fingerprint`] and [`fold`]).
 
 use super::{read_u32, read_u64, WireError, TYPE_TRIGGER, VERSION};
 use crate::sched::Position;
