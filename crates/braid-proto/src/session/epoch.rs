@@ -14,9 +14,8 @@ use super::{bit, members_of, Event, Session};
 use crate::sched::Position;
 use crate::stats::{ChannelStats, Stats};
 use crate::time::Instant;
-use crate::wire::marker;
 use crate::wire::session::{EpochAck, EpochEnd, Msg};
-use crate::{Mode, Resequencer, Striper};
+use crate::{Resequencer, Striper};
 
 /// A transmit epoch switch waiting for its ack.
 pub(super) struct Switch {
@@ -304,7 +303,7 @@ impl Session {
     }
 
     /// Tell the resequencer that nothing more comes on old channel `c` in this epoch:
-    /// the old epoch's final marker position for it goes in behind its last data.
+    /// its next packet would have had the final position named in the epoch end.
     fn end_channel(&mut self, c: usize, now: Instant) {
         if self.rx.ended & bit(c) != 0 {
             return;
@@ -313,25 +312,11 @@ impl Session {
         let (Some(k), Some(p)) = (self.rx.index[c], &self.rx.pending) else {
             return;
         };
-        if !matches!(self.cfg.mode, Mode::Logical | Mode::Seq) {
-            return;
-        }
         let (round, dc) = p.finals[k];
-        if dc <= 0 {
-            return;
-        }
-        let m = marker::Repr {
-            channel: k as u8,
-            epoch: self.rx.epoch,
-            position: Position { round, dc },
-            sent: p.sent,
-            batch: 0,
-            credits: None,
-            quantum_change: None,
-        };
+        let sent = p.sent;
         self.rx
             .reseq
-            .handle_datagram(now, k, Bytes::from(m.to_vec()));
+            .end_channel(now, k, Position { round, dc }, sent);
         self.drain_deliver();
     }
 
