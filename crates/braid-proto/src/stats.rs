@@ -65,6 +65,13 @@ pub struct Stats {
     pub repaired: u64,
     /// NAKs the striper ignored because they were for another epoch.
     pub stale_naks: u64,
+    /// Sequenced packets dropped because their number was too far ahead of the expected
+    /// one to be genuine (forged, or from another run), or repairs of numbers that were
+    /// never NAKed.
+    pub out_of_window: u64,
+    /// Numbers named again in a NAK after they had been repaired once (not repaired
+    /// again).
+    pub repeat_naks: u64,
 }
 
 impl Stats {
@@ -137,6 +144,8 @@ impl AddAssign<&Stats> for Stats {
             naks_sent,
             repaired,
             stale_naks,
+            out_of_window,
+            repeat_naks,
         } = rhs;
         if self.channels.len() == channels.len() {
             for (a, b) in self.channels.iter_mut().zip(channels) {
@@ -153,6 +162,8 @@ impl AddAssign<&Stats> for Stats {
         self.naks_sent += naks_sent;
         self.repaired += repaired;
         self.stale_naks += stale_naks;
+        self.out_of_window += out_of_window;
+        self.repeat_naks += repeat_naks;
     }
 }
 
@@ -194,6 +205,8 @@ mod tests {
             naks_sent: k + 28,
             repaired: k + 29,
             stale_naks: k + 30,
+            out_of_window: k + 31,
+            repeat_naks: k + 32,
         }
     }
 
@@ -269,6 +282,8 @@ mod tests {
             naks_sent,
             repaired,
             stale_naks,
+            out_of_window,
+            repeat_naks,
         } = sum;
         let counters = [
             (delivered_packets, a.delivered_packets + b.delivered_packets),
@@ -281,6 +296,8 @@ mod tests {
             (naks_sent, a.naks_sent + b.naks_sent),
             (repaired, a.repaired + b.repaired),
             (stale_naks, a.stale_naks + b.stale_naks),
+            (out_of_window, a.out_of_window + b.out_of_window),
+            (repeat_naks, a.repeat_naks + b.repeat_naks),
         ];
         for (i, (got, want)) in counters.into_iter().enumerate() {
             assert_eq!(got, want, "session counter #{i}");

@@ -576,3 +576,54 @@ fn end_channel_is_a_no_op_without_markers_or_position() {
         );
     }
 }
+
+/// A sequenced data datagram (or a repair) carrying `payload(id)` under number `seq`.
+fn seq_datagram(seq: u32, id: u64, repair: bool) -> Bytes {
+    let mut h = [0u8; wire::seq::HEADER_LEN];
+    wire::seq::Repr { seq, repair }.emit(&mut h);
+    let mut v = h.to_vec();
+    v.extend_from_slice(&payload(id, 200));
+    Bytes::from(v)
+}
+
+#[test]
+fn seq_refuses_numbers_far_ahead_so_a_forgery_cannot_skip_the_stream() {
+    let mut cfg = StripeConfig::srr(vec![1500, 1500], 1500);
+    cfg.mode = Mode::Seq;
+    let mut s = Striper::new(cfg.clone()).unwrap();
+    let mut r = Resequencer::new(&cfg).unwrap();
+    let mut delivered = Vec::new();
+    for i in 0..200u64 {
+        // Before every genuine packet, forgeries far ahead on both channels.
+        for c in 0..2 {
+            r.handle_datagram(
+                Instant::ZERO,
+                c,
+                seq_datagram(0x4000_0000 + i as u32, 9_999, false),
+            );
+        }
+        s.handle_packet(Instant::ZERO, payload(i, 200)).unwrap();
+        while let Some(t) = s.poll_transmit() {
+            r.handle_datagram(Instant::ZERO, t.channel, t.to_bytes());
+        }
+        delivered.extend(std::iter::from_fn(|| r.poll_deliver()).map(|p| payload_id(&p)));
+    }
+    assert_eq!(delivered, (0..200).collect::<Vec<_>>());
+    assert_eq!(r.stats().out_of_window, 400);
+    assert_eq!(r.stats().lost, 0);
+}
+
+#[test]
+fn repairs_are_accepted_only_for_naked_numbers_and_made_once() {
+    let (mut s, mut r, nak) = lose_first_packet(0, 0);
+    // A "repair" of a number nobody asked for is refused.
+    r.handle_datagram(Instant::ZERO, 0, seq_datagram(4, 777, true));
+    assert_eq!(r.stats().out_of_window, 1);
+    // The NAK arrives on both channels: the packet is repaired once per channel, not
+    // once per channel per copy.
+    assert_eq!(s.handle_nak(&nak), 1);
+    assert_eq!(s.handle_nak(&nak), 0);
+    assert_eq!(s.stats().repeat_naks, 1);
+    let repairs = std::iter::from_fn(|| s.poll_transmit()).count();
+    assert_eq!(repairs, 2);
+}

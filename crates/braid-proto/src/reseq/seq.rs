@@ -56,12 +56,16 @@ pub(crate) struct Seq {
     floor: Vec<u64>,
     /// Loss repair by NAK, if configured.
     repair: Option<Repair>,
+    /// Sequence numbers this far or further ahead of `expected` are refused.
+    window: u64,
 }
 
 impl Seq {
     pub(crate) fn new(b: Buffered, repair_wait: Option<Duration>) -> Seq {
         let n = b.bufs.len();
+        let window = (2 * n * b.limit).max(1024) as u64;
         Seq {
+            window,
             b,
             expected: 0,
             floor: vec![0; n],
@@ -107,6 +111,11 @@ impl Seq {
             return;
         };
         let s = wire::seq::extend(wrapped, self.expected);
+        if s >= r.naked_until {
+            // Never asked for: a forgery (or another run's packet).
+            sink.stats.out_of_window += 1;
+            return;
+        }
         if s < self.expected || r.store.contains_key(&s) || r.store.len() >= self.b.limit {
             sink.stats.stale_dropped += 1;
             return;
@@ -288,6 +297,14 @@ impl ModeEngine for Seq {
             Item::Marker { sent, .. } => self.floor[channel] = self.floor[channel].max(*sent),
             Item::Data { seq, .. } => {
                 let seq = *seq;
+                // Too far ahead to be genuine: the sender cannot be more than what all
+                // the buffers hold (twice, for slack) ahead of what we deliver. A forged
+                // far-ahead number would otherwise make every channel look past the
+                // expected one and skip everything up to it.
+                if seq >= self.expected + self.window {
+                    sink.stats.out_of_window += 1;
+                    return;
+                }
                 // Already delivered or skipped, or not after what this channel gave.
                 let stale = seq < self.expected
                     || self.b.bufs[channel]

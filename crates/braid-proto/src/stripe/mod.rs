@@ -117,7 +117,7 @@ pub struct Striper {
     /// Markers/triggers sent together carry the same batch number.
     batch: u32,
     /// `seq` mode with repair: the last packets sent, oldest first, for NAKs.
-    sent_ring: VecDeque<(u64, Bytes)>,
+    sent_ring: VecDeque<(u64, Bytes, bool)>,
     ring_limit: usize,
     stats: Stats,
 }
@@ -321,7 +321,8 @@ impl Striper {
             if self.sent_ring.len() == self.ring_limit {
                 self.sent_ring.pop_front();
             }
-            self.sent_ring.push_back((self.sent, payload.clone()));
+            self.sent_ring
+                .push_back((self.sent, payload.clone(), false));
         }
         let st = &mut self.stats.channels[channel];
         st.bytes_sent += wire_len as u64;
@@ -337,7 +338,10 @@ impl Striper {
     }
 
     /// A NAK arrived from the receiver (`seq` mode with repair): queue every named
-    /// packet that is still kept, once on every channel. Returns how many packets were
+    /// packet that is still kept, once on every channel. Each packet is repaired at most
+    /// once (NAKs come on several channels; a number named again is counted in
+    /// `repeat_naks`), so one lost packet costs one repair per channel, whatever the
+    /// number of NAK copies. Returns how many packets were
     /// repaired; a NAK that does not parse, or names packets no longer kept, is ignored.
     /// So is a NAK for another epoch than [`Striper::epoch`] (its numbers count another
     /// epoch's packets); it is counted in `stale_naks`.
@@ -349,7 +353,7 @@ impl Striper {
             self.stats.stale_naks += 1;
             return 0;
         }
-        let Some(&(first, _)) = self.sent_ring.front() else {
+        let Some(&(first, _, _)) = self.sent_ring.front() else {
             return 0;
         };
         let mut repaired = 0;
@@ -357,10 +361,16 @@ impl Striper {
             let Some(i) = seq.checked_sub(first) else {
                 continue;
             };
-            let Some((s, payload)) = self.sent_ring.get(i as usize) else {
+            let Some((s, payload, done)) = self.sent_ring.get_mut(i as usize) else {
                 continue;
             };
             debug_assert_eq!(*s, seq);
+            if *done {
+                self.stats.repeat_naks += 1;
+                continue;
+            }
+            *done = true;
+            let payload = payload.clone();
             let mut header = [0u8; wire::seq::HEADER_LEN];
             wire::seq::Repr {
                 seq: seq as u32,
