@@ -9,6 +9,7 @@
 //! time, are in braid-proto. See `docs/tunnel.md` for the full design.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration as StdDuration;
 
@@ -82,7 +83,6 @@ pub enum SessionError {
 
 enum Cmd {
     Stats(oneshot::Sender<SessionStats>),
-    Close,
 }
 
 /// A striping session over a set of UDP channels.
@@ -110,7 +110,8 @@ enum Cmd {
 /// mode: lost packets are repaired after a NAK).
 pub struct Session {
     sender: SessionSender,
-    cmd: mpsc::UnboundedSender<Cmd>,
+    cmd: mpsc::Sender<Cmd>,
+    close: watch::Sender<bool>,
     rx: mpsc::Receiver<Bytes>,
     peer: watch::Receiver<bool>,
     task: Option<JoinHandle<()>>,
@@ -240,26 +241,46 @@ impl Session {
             .map(|(c, l)| format!("{l} -> {}", c.remote))
             .collect::<Vec<_>>()
             .join(", ");
-        let (net_tx, net_rx) = mpsc::channel(8192);
+        // One queue from the readers to the driver, but each channel may hold only its
+        // share of it, in packets and in bytes: flooding one port cannot starve the
+        // others, and memory stays bounded whatever arrives.
+        let n = socks.len();
+        let share = RX_QUEUE_PACKETS.div_ceil(n).max(64);
+        let (net_tx, net_rx) = mpsc::channel(share * n);
+        let max_datagram = cfg.max_datagram() as usize;
+        let budgets: Vec<Arc<Budget>> = (0..n).map(|_| Arc::new(Budget::default())).collect();
         let mut readers = Vec::new();
         for (i, s) in socks.iter().enumerate() {
-            readers.push(tokio::spawn(reader(i, s.clone(), net_tx.clone())));
+            let limits = Limits {
+                packets: share,
+                bytes: RX_QUEUE_BYTES / n,
+                datagram: max_datagram,
+            };
+            readers.push(tokio::spawn(reader(
+                i,
+                s.clone(),
+                net_tx.clone(),
+                budgets[i].clone(),
+                limits,
+            )));
         }
         drop(net_tx);
         let (data_tx, data_rx) = mpsc::channel(1024);
         let (deliver_tx, deliver_rx) = mpsc::channel(8192);
-        let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
+        let (cmd_tx, cmd_rx) = mpsc::channel(64);
+        let (close_tx, close_rx) = watch::channel(false);
         let (peer_tx, peer_rx) = watch::channel(false);
         let sender = SessionSender {
             data: data_tx,
             max_datagram: cfg.max_inner() as usize,
             overhead: cfg.data_overhead() as usize,
         };
-        let driver = Driver::new(cfg, socks, locals.clone(), deliver_tx, peer_tx)?;
-        let task = tokio::spawn(driver.run(net_rx, data_rx, cmd_rx, readers));
+        let driver = Driver::new(cfg, socks, locals.clone(), deliver_tx, peer_tx, budgets)?;
+        let task = tokio::spawn(driver.run(net_rx, data_rx, cmd_rx, close_rx, readers));
         Ok(Session {
             sender,
             cmd: cmd_tx,
+            close: close_tx,
             rx: deliver_rx,
             peer: peer_rx,
             task: Some(task),
@@ -306,6 +327,7 @@ impl Session {
         let (tx, rx) = oneshot::channel();
         self.cmd
             .send(Cmd::Stats(tx))
+            .await
             .map_err(|_| SessionError::Closed)?;
         rx.await.map_err(|_| SessionError::Closed)
     }
@@ -317,7 +339,7 @@ impl Session {
 
     /// Stop the driver and close the sockets.
     pub async fn close(mut self) {
-        let _ = self.cmd.send(Cmd::Close);
+        self.close.send_replace(true);
         if let Some(t) = self.task.take() {
             let _ = t.await;
         }
@@ -326,13 +348,13 @@ impl Session {
 
 impl Drop for Session {
     fn drop(&mut self) {
-        let _ = self.cmd.send(Cmd::Close);
+        self.close.send_replace(true);
     }
 }
 
 /// Reads a session's stats from another task.
 #[derive(Clone)]
-pub struct StatsHandle(mpsc::UnboundedSender<Cmd>);
+pub struct StatsHandle(mpsc::Sender<Cmd>);
 
 impl StatsHandle {
     /// A snapshot, or `Closed`.
@@ -340,16 +362,67 @@ impl StatsHandle {
         let (tx, rx) = oneshot::channel();
         self.0
             .send(Cmd::Stats(tx))
+            .await
             .map_err(|_| SessionError::Closed)?;
         rx.await.map_err(|_| SessionError::Closed)
     }
 }
 
-async fn reader(channel: usize, sock: Arc<UdpSocket>, out: mpsc::Sender<(usize, Bytes)>) {
-    let mut buf = vec![0u8; 65536];
+/// Datagrams queued from all readers to the driver, at most (shared out per channel).
+const RX_QUEUE_PACKETS: usize = 8192;
+/// Bytes queued from all readers to the driver, at most (shared out per channel).
+const RX_QUEUE_BYTES: usize = 8 << 20;
+
+/// What one channel's reader may have queued for the driver.
+#[derive(Clone, Copy)]
+struct Limits {
+    packets: usize,
+    bytes: usize,
+    /// Larger datagrams cannot be ours: dropped before they are copied.
+    datagram: usize,
+}
+
+/// One channel's share of the reader queue, and what did not fit.
+#[derive(Default)]
+struct Budget {
+    packets: AtomicUsize,
+    bytes: AtomicUsize,
+    /// Dropped because the channel's share was full (a flood, or a slow driver).
+    queue_drops: AtomicU64,
+    /// Dropped because larger than any channel carries.
+    oversize: AtomicU64,
+}
+
+impl Budget {
+    fn release(&self, len: usize) {
+        self.packets.fetch_sub(1, Ordering::Relaxed);
+        self.bytes.fetch_sub(len, Ordering::Relaxed);
+    }
+}
+
+async fn reader(
+    channel: usize,
+    sock: Arc<UdpSocket>,
+    out: mpsc::Sender<(usize, Bytes)>,
+    budget: Arc<Budget>,
+    limits: Limits,
+) {
+    // One byte more than the largest datagram: a longer one fills it and is dropped.
+    let mut buf = vec![0u8; limits.datagram + 1];
     loop {
         match sock.recv(&mut buf).await {
+            Ok(n) if n > limits.datagram => {
+                budget.oversize.fetch_add(1, Ordering::Relaxed);
+            }
             Ok(n) => {
+                let full = budget.packets.load(Ordering::Relaxed) >= limits.packets
+                    || budget.bytes.load(Ordering::Relaxed) + n > limits.bytes;
+                if full {
+                    budget.queue_drops.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+                budget.packets.fetch_add(1, Ordering::Relaxed);
+                budget.bytes.fetch_add(n, Ordering::Relaxed);
                 if out
                     .send((channel, Bytes::copy_from_slice(&buf[..n])))
                     .await
@@ -384,6 +457,8 @@ struct Driver {
     deliver_drops: u64,
     /// Per channel: sends the socket refused.
     tx_errors: Vec<u64>,
+    /// Per channel: the readers' queue shares.
+    budgets: Vec<Arc<Budget>>,
 }
 
 impl Driver {
@@ -393,6 +468,7 @@ impl Driver {
         locals: Vec<SocketAddr>,
         deliver: mpsc::Sender<Bytes>,
         peer_seen: watch::Sender<bool>,
+        budgets: Vec<Arc<Budget>>,
     ) -> Result<Driver, SessionError> {
         let mut seed = [0u8; 32];
         getrandom::fill(&mut seed).map_err(|e| {
@@ -409,6 +485,7 @@ impl Driver {
             deliver,
             peer_seen,
             deliver_drops: 0,
+            budgets,
             cfg,
         })
     }
@@ -421,7 +498,8 @@ impl Driver {
         mut self,
         mut net: mpsc::Receiver<(usize, Bytes)>,
         mut data: mpsc::Receiver<Bytes>,
-        mut cmd: mpsc::UnboundedReceiver<Cmd>,
+        mut cmd: mpsc::Receiver<Cmd>,
+        mut close: watch::Receiver<bool>,
         readers: Vec<JoinHandle<()>>,
     ) {
         let mut app_open = true;
@@ -431,18 +509,23 @@ impl Driver {
                 self.origin + StdDuration::from_micros(deadline.as_micros()),
             );
             tokio::select! {
+                _ = close.wait_for(|&c| c) => break,
                 c = cmd.recv() => match c {
                     Some(Cmd::Stats(reply)) => { let _ = reply.send(self.snapshot()); }
-                    Some(Cmd::Close) | None => break,
+                    None => break,
                 },
                 d = net.recv() => {
                     let Some((c, d)) = d else { break };
                     let now = self.now();
+                    self.budgets[c].release(d.len());
                     self.machine.handle_datagram(now, c, d);
                     // Take what else is already waiting, up to a batch.
                     for _ in 0..64 {
                         match net.try_recv() {
-                            Ok((c, d)) => self.machine.handle_datagram(now, c, d),
+                            Ok((c, d)) => {
+                                self.budgets[c].release(d.len());
+                                self.machine.handle_datagram(now, c, d);
+                            }
                             Err(_) => break,
                         }
                     }
@@ -574,6 +657,8 @@ impl Driver {
                 tx_markers: c.tx_markers,
                 tx_triggers: c.tx_triggers,
                 tx_errors: self.tx_errors[i],
+                rx_queue_drops: self.budgets[i].queue_drops.load(Ordering::Relaxed),
+                rx_oversize: self.budgets[i].oversize.load(Ordering::Relaxed),
                 rx_datagrams: c.rx_datagrams,
                 rx_bytes: c.rx_bytes,
                 rx_data_packets: c.rx_data_packets,

@@ -40,6 +40,13 @@ pub struct ChannelSnapshot {
     pub tx_triggers: u64,
     /// Send errors (e.g. unreachable).
     pub tx_errors: u64,
+    /// Datagrams dropped on arrival because this channel's share of the receive queue
+    /// was full (a flood on its port, or a driver that cannot keep up).
+    #[serde(default)]
+    pub rx_queue_drops: u64,
+    /// Datagrams dropped on arrival because they were larger than any channel carries.
+    #[serde(default)]
+    pub rx_oversize: u64,
     /// Datagrams received.
     pub rx_datagrams: u64,
     /// Bytes received (UDP payload).

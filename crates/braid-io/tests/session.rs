@@ -286,3 +286,42 @@ async fn prometheus_endpoint_serves_live_counters() {
     conn.read_to_string(&mut body).await.unwrap();
     assert!(body.starts_with("HTTP/1.1 404"), "{body}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flooded_port_does_not_starve_the_others_and_oversize_is_dropped_uncopied() {
+    let (relay, a, mut b) = pair(2, Mode::Logical).await;
+    let relay = std::sync::Arc::new(relay);
+    // Oversize datagrams towards B on channel 1: larger than any channel carries.
+    for _ in 0..10 {
+        relay.inject(1, Side::B, &[0x45; 3000]).unwrap();
+    }
+    // A flood of forged datagrams towards B on channel 0, from the relay's address (as
+    // a spoofer's would be), while A streams to B over both channels.
+    let flood = {
+        let relay = relay.clone();
+        std::thread::spawn(move || {
+            let junk = [0x45u8; 1400];
+            let mut sent = 0u64;
+            let t0 = std::time::Instant::now();
+            while t0.elapsed() < Duration::from_millis(1500) {
+                if relay.inject(0, Side::B, &junk).is_ok() {
+                    sent += 1;
+                }
+            }
+            sent
+        })
+    };
+    let got = stream_paced(&a, &mut b, 0, 3_000, 20).await;
+    let sent = flood.join().unwrap();
+    assert_eq!(got.len(), 3_000, "the genuine stream must get through");
+    assert!(got.windows(2).all(|w| w[1] == w[0] + 1));
+    let sb = b.stats().await.unwrap();
+    let c0 = &sb.channels[0];
+    let counted = c0.unauthenticated + c0.rx_queue_drops;
+    assert!(
+        counted > 0 && counted <= sent,
+        "{counted} of {sent} forged datagrams counted\n{}",
+        sb.table()
+    );
+    assert_eq!(sb.channels[1].rx_oversize, 10, "{}", sb.table());
+}
