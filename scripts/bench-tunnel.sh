@@ -3,7 +3,8 @@
 # two network namespaces, measured in the same run, at 1400- and 200-byte payloads:
 #   raw      one plain UDP socket per end (`braid bench udp-send` -> `udp-sink`)
 #   session  `braid bench send` -> `braid bench sink` over one braid channel (no TUN)
-#   tunnel   plain UDP through `braid tunnel` at both ends (TUN -> braid -> veth -> braid -> TUN)
+#   tun-MODE plain UDP through `braid tunnel` at both ends (TUN -> braid -> veth -> braid
+#            -> TUN), once per security mode: encrypt (the default), auth, none
 # Every sender is backlogged (as fast as it can); the receive rate is the figure.
 # Needs root. Usage: sudo scripts/bench-tunnel.sh [DURATION, default 4s]
 set -euo pipefail
@@ -30,21 +31,44 @@ ip link add bfa$$ netns "$N1" type veth peer name bfb$$ netns "$N2"
 ip -n "$N1" addr add 10.203.0.1/24 dev bfa$$; ip -n "$N2" addr add 10.203.0.2/24 dev bfb$$
 ip -n "$N1" link set dev bfa$$ up; ip -n "$N2" link set dev bfb$$ up
 
-for end in 1 2; do
-    other=$((3 - end))
-    cat > "$TMP/t$end.toml" <<CFG
+KEY=$("$B" genkey)
+KEYFILE=$TMP/bench.key
+(umask 077; "$B" genkey > "$KEYFILE")
+write_configs() { # security mode
+    for end in 1 2; do
+        other=$((3 - end))
+        cat > "$TMP/t$end.toml" <<CFG
 [tunnel]
 name = "bft$end"
 address = "10.78.0.$end/24"
 control = "$TMP/t$end.sock"
 log_interval = "0s"
 [session]
-key = "bench-tunnel key, 32 bytes or more"
+key = "$KEY"
+security = "$1"
 [[channel]]
 local = "10.203.0.$end:7000"
 remote = "10.203.0.$other:7000"
 CFG
-done
+    done
+}
+
+start_tunnels() {
+    TPIDS=()
+    ip netns exec "$N1" "$B" tunnel --config "$TMP/t1.toml" 2>"$TMP/t1.log" & TPIDS+=($!)
+    ip netns exec "$N2" "$B" tunnel --config "$TMP/t2.toml" 2>"$TMP/t2.log" & TPIDS+=($!)
+    PIDS+=("${TPIDS[@]}")
+    for i in $(seq 100); do
+        "$B" status --control "$TMP/t1.sock" --json 2>/dev/null | grep -q '"peer_seen": true' && return
+        sleep 0.1
+    done
+    echo "bench-tunnel.sh: the tunnels did not come up:" >&2; cat "$TMP/t1.log" >&2; exit 1
+}
+
+stop_tunnels() {
+    kill "${TPIDS[@]}" 2>/dev/null || true
+    wait "${TPIDS[@]}" 2>/dev/null || true
+}
 
 run() { # label size sink-cmd send-cmd
     local label=$1 size=$2
@@ -57,25 +81,25 @@ run() { # label size sink-cmd send-cmd
 import json, sys
 label, size, send, sink, results = sys.argv[1:]
 s, r = json.load(open(send)), json.load(open(sink))
-print(f"{label:<8} {size:>5} {s['offered_pps']/1e3:12.1f} {r['pps']/1e3:12.1f} {r['goodput_bps']/1e9:10.3f} {r['loss_ratio']*100:8.2f}")
+print(f"{label:<12} {size:>5} {s['offered_pps']/1e3:12.1f} {r['pps']/1e3:12.1f} {r['goodput_bps']/1e9:10.3f} {r['loss_ratio']*100:8.2f}")
 open(results, "a").write(f"{label} {size} {r['pps']} {r['goodput_bps']}\n")
 PY
 }
 
-ip netns exec "$N1" "$B" tunnel --config "$TMP/t1.toml" 2>"$TMP/t1.log" & PIDS+=($!)
-ip netns exec "$N2" "$B" tunnel --config "$TMP/t2.toml" 2>"$TMP/t2.log" & PIDS+=($!)
-for i in $(seq 100); do
-    "$B" status --control "$TMP/t1.sock" --json 2>/dev/null | grep -q '"peer_seen": true' && break
-    sleep 0.1
-done
-
 echo "braid forwarding cost over one unshaped veth pair ($(nproc) cores, ${DUR} per run, backlogged senders)"
-printf "%-8s %5s %12s %12s %10s %8s\n" path bytes "sent kpps" "recv kpps" "recv Gb/s" "loss %"
+printf "%-12s %5s %12s %12s %10s %8s\n" path bytes "sent kpps" "recv kpps" "recv Gb/s" "loss %"
 for size in 1400 200; do
     run raw "$size" "$B bench udp-sink --bind 10.203.0.2:9000 --idle 1s" "$B bench udp-send --to 10.203.0.2:9000"
-    run session "$size" "$B bench sink --channel 10.203.0.2:7100,10.203.0.1:7100 --key k-bench-123-a-key-of-32-bytes-or-more --idle 1s" \
-        "$B bench send --channel 10.203.0.1:7100,10.203.0.2:7100 --key k-bench-123-a-key-of-32-bytes-or-more"
-    run tunnel "$size" "$B bench udp-sink --bind 10.78.0.2:9000 --idle 1s" "$B bench udp-send --to 10.78.0.2:9000"
+    run session "$size" "$B bench sink --channel 10.203.0.2:7100,10.203.0.1:7100 --key-file $KEYFILE --idle 1s" \
+        "$B bench send --channel 10.203.0.1:7100,10.203.0.2:7100 --key-file $KEYFILE"
+done
+for mode in encrypt auth none; do
+    write_configs "$mode"
+    start_tunnels
+    for size in 1400 200; do
+        run "tun-$mode" "$size" "$B bench udp-sink --bind 10.78.0.2:9000 --idle 1s" "$B bench udp-send --to 10.78.0.2:9000"
+    done
+    stop_tunnels
 done
 echo
 echo "ratio of received packet rate to raw UDP at the same size:"
@@ -85,5 +109,5 @@ rows = [l.split() for l in open(sys.argv[1])]
 raw = {r[1]: float(r[2]) for r in rows if r[0] == "raw"}
 for r in rows:
     if r[0] != "raw":
-        print(f"  {r[0]:<8} {r[1]:>5} B: {float(r[2]) / raw[r[1]]:.2f} x raw")
+        print(f"  {r[0]:<12} {r[1]:>5} B: {float(r[2]) / raw[r[1]]:.2f} x raw")
 PY

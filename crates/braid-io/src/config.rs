@@ -13,6 +13,8 @@ use serde::Deserialize;
 
 use braid_proto::config::MAX_CHANNELS;
 
+use crate::keys;
+
 /// One channel: a UDP socket bound to `local`, aimed at the peer's `remote`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ChannelConfig {
@@ -54,8 +56,8 @@ impl ChannelConfig {
 }
 
 /// Everything one end of a session needs. Both ends must agree on the channel order,
-/// the weights, the scheduler, the mode and the key.
-#[derive(Clone, Debug, PartialEq)]
+/// the weights, the scheduler, the mode and the key. Its `Debug` shows no key.
+#[derive(Clone, PartialEq)]
 pub struct SessionConfig {
     /// The channels, in the same order at both ends.
     pub channels: Vec<ChannelConfig>,
@@ -90,6 +92,17 @@ pub struct SessionConfig {
     pub queue_packets: usize,
     /// SO_RCVBUF / SO_SNDBUF per channel socket, in bytes (0: kernel default).
     pub socket_buffer: usize,
+}
+
+impl std::fmt::Debug for SessionConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Everything but the secrets, through the core's own redacting Debug.
+        f.debug_struct("SessionConfig")
+            .field("channels", &self.channels)
+            .field("session", &self.session_config())
+            .field("socket_buffer", &self.socket_buffer)
+            .finish()
+    }
 }
 
 impl SessionConfig {
@@ -162,9 +175,6 @@ impl SessionConfig {
         if n > MAX_CHANNELS {
             return Err(format!("{n} channels configured; at most {MAX_CHANNELS}"));
         }
-        if self.key.is_empty() {
-            return Err("the pre-shared key is empty".into());
-        }
         for (i, c) in self.channels.iter().enumerate() {
             if c.weight == 0 {
                 return Err(format!(
@@ -202,9 +212,8 @@ impl SessionConfig {
                 self.dead_after, self.heartbeat
             ));
         }
-        self.stripe_config(&(0..n).collect::<Vec<_>>())
-            .validate()
-            .map_err(|e| e.to_string())
+        // Keys, timers and the striping configuration: the session machine's rules.
+        self.session_config().validate()
     }
 
     /// The session machine's configuration (everything but addresses and sockets).
@@ -307,6 +316,10 @@ struct RawSession {
     scheduler: Option<String>,
     key: Option<String>,
     key_file: Option<String>,
+    security: Option<String>,
+    private_key_file: Option<String>,
+    peer_public_key: Option<String>,
+    rekey_after: Option<String>,
     heartbeat: Option<String>,
     dead_after: Option<String>,
     rejoin_after: Option<String>,
@@ -458,38 +471,68 @@ impl FileConfig {
                 mtu,
             });
         }
+        let file_path = |f: &str| match dir {
+            Some(d) if Path::new(f).is_relative() => d.join(f),
+            _ => PathBuf::from(f),
+        };
         let key = match (&s.key, &s.key_file) {
             (Some(_), Some(_)) => {
-                return Err(err("session.key_file", "give either key or key_file, not both".into()))
-            }
-            (Some(k), None) => k.as_bytes().to_vec(),
-            (None, Some(f)) => {
-                let p = match dir {
-                    Some(d) if Path::new(f).is_relative() => d.join(f),
-                    _ => PathBuf::from(f),
-                };
-                let v = std::fs::read(&p)
-                    .map_err(|e| err("session.key_file", format!("cannot read {}: {e}", p.display())))?;
-                let t = String::from_utf8_lossy(&v).trim().as_bytes().to_vec();
-                if t.is_empty() {
-                    return Err(err("session.key_file", format!("{} is empty", p.display())));
-                }
-                t
-            }
-            (None, None) => {
                 return Err(err(
-                    "session.key",
-                    "missing: a pre-shared key (key = \"...\" or key_file = \"...\") is required to authenticate control packets".into(),
+                    "session.key_file",
+                    "give either key or key_file, not both".into(),
                 ))
             }
+            (Some(k), None) => keys::decode(k)
+                .map_err(|e| err("session.key", e.to_string()))?
+                .to_vec(),
+            (None, Some(f)) => keys::read_file(&file_path(f))
+                .map_err(|e| err("session.key_file", e.to_string()))?
+                .to_vec(),
+            (None, None) => Vec::new(),
         };
-        if key.len() < 8 {
-            return Err(err(
-                "session.key",
-                "too short: use at least 8 characters".into(),
-            ));
+        let private_key = match &s.private_key_file {
+            Some(f) => Some(
+                keys::read_file(&file_path(f))
+                    .map_err(|e| err("session.private_key_file", e.to_string()))?,
+            ),
+            None => None,
+        };
+        let peer_public_key = match &s.peer_public_key {
+            Some(k) => {
+                Some(keys::decode(k).map_err(|e| err("session.peer_public_key", e.to_string()))?)
+            }
+            None => None,
+        };
+        match (key.is_empty(), private_key.is_some(), peer_public_key.is_some()) {
+            (true, false, false) => {
+                return Err(err(
+                    "session.key",
+                    "missing: a pre-shared key (key_file = \"braid.key\", made with `braid genkey > braid.key`), or static keys (private_key_file and peer_public_key), authenticates the handshake".into(),
+                ))
+            }
+            (_, true, false) => {
+                return Err(err("session.peer_public_key", "missing: private_key_file is set, so the peer's public key (`braid pubkey < its private key`) is needed too".into()))
+            }
+            (_, false, true) => {
+                return Err(err("session.private_key_file", "missing: peer_public_key is set, so our own private key is needed too".into()))
+            }
+            _ => {}
         }
         let mut cfg = SessionConfig::new(channels, key);
+        cfg.private_key = private_key;
+        cfg.peer_public_key = peer_public_key;
+        if let Some(m) = &s.security {
+            cfg.security = SecurityMode::from_name(m).ok_or_else(|| {
+                err(
+                    "session.security",
+                    format!("unknown security mode '{m}' (encrypt, auth, none)"),
+                )
+            })?;
+        }
+        cfg.rekey_after = dur("session.rekey_after", &s.rekey_after, cfg.rekey_after)?;
+        if cfg.rekey_after < Duration::from_secs(1) {
+            return Err(err("session.rekey_after", "must be at least 1s".into()));
+        }
         if let Some(m) = &s.mode {
             cfg.mode = Mode::from_name(m).ok_or_else(|| {
                 err(
@@ -654,7 +697,7 @@ address = "10.77.0.1/24"
 
 [session]
 mode = "logical"
-key = "correct horse battery"
+key = "0X9vg6gGoIsuUnuVh9Q41C0d5zENqadrCWYNpq6589U="
 heartbeat = "20ms"
 
 [[channel]]
@@ -687,6 +730,66 @@ remote = "127.0.0.1:7102"
     }
 
     #[test]
+    fn keys_must_be_random_32_bytes_and_files_private() {
+        let with = |line: &str| {
+            GOOD.replace(
+                "key = \"0X9vg6gGoIsuUnuVh9Q41C0d5zENqadrCWYNpq6589U=\"",
+                line,
+            )
+        };
+        for bad in [
+            "key = \"correct horse battery\"",
+            "key = \"change me: a long shared secret, 32+ bytes\"",
+            "key = \"c2hvcnQ=\"",
+        ] {
+            let e = FileConfig::parse("t.toml", &with(bad), None)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("session.key") && e.contains("braid genkey"),
+                "{bad}: {e}"
+            );
+        }
+        let e = FileConfig::parse("t.toml", &with(""), None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("session.key") && e.contains("missing"), "{e}");
+        // A key file readable by others is refused; made private, it is read as bytes.
+        let dir = std::env::temp_dir().join(format!("braid-cfg-keys-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("braid.key");
+        std::fs::write(&f, "AyHDMTOweHmwGSs7vubt5lmmRKjx62UXkWxeQzJRXms=\n").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let text = with("key_file = \"braid.key\"");
+        let e = FileConfig::parse("t.toml", &text, Some(&dir))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("chmod 600"), "{e}");
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let c = FileConfig::parse("t.toml", &text, Some(&dir)).unwrap();
+        assert_eq!(c.session.key.len(), 32);
+        // Static keys, and the security mode.
+        std::fs::write(&f, "1TmZIScY3/OtqxxyGcnv8N4FGBZHviUHPzrxwu6fHx4=").unwrap();
+        let text = with(
+            "private_key_file = \"braid.key\"\npeer_public_key = \"f1njdwrpfIzRyXbWUPz15DmEK5AHdvKw7LmAZC4M6Rw=\"\nsecurity = \"auth\"\nrekey_after = \"30s\"",
+        );
+        let c = FileConfig::parse("t.toml", &text, Some(&dir)).unwrap();
+        assert!(c.session.key.is_empty() && c.session.private_key.is_some());
+        assert_eq!(c.session.security, SecurityMode::Auth);
+        assert_eq!(c.session.rekey_after, Duration::from_secs(30));
+        let half = with("private_key_file = \"braid.key\"");
+        let e = FileConfig::parse("t.toml", &half, Some(&dir))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("peer_public_key"), "{e}");
+        // Debug never shows key material.
+        let dbg = format!("{:?}", c.session);
+        assert!(!dbg.contains("1TmZ") && !dbg.contains("[214"), "{dbg}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn errors_name_file_key_and_reason() {
         let bad = GOOD.replace("weight = 2", "weight = 0");
         let e = FileConfig::parse("t.toml", &bad, None)
@@ -706,7 +809,7 @@ remote = "127.0.0.1:7102"
             .unwrap_err()
             .to_string();
         assert!(e.contains("session.mode"), "{e}");
-        let bad = GOOD.replace("key = \"correct horse battery\"", "");
+        let bad = GOOD.replace("key = \"0X9vg6gGoIsuUnuVh9Q41C0d5zENqadrCWYNpq6589U=\"", "");
         let e = FileConfig::parse("t.toml", &bad, None)
             .unwrap_err()
             .to_string();

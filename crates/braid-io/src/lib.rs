@@ -25,6 +25,7 @@
 #![warn(missing_docs)]
 
 pub mod config;
+pub mod keys;
 pub mod observe;
 pub mod relay;
 pub mod session;

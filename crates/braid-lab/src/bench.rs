@@ -379,7 +379,7 @@ fn tunnel_config(opt: &BenchOptions, mode: &str, end_a: bool) -> String {
     };
     let mut s = format!(
         "[tunnel]\nname = \"brl-tun\"\naddress = \"{addr}\"\ncontrol = \"{}/tun-{sock}.sock\"\nlog_interval = \"0s\"\n\n\
-         [session]\nmode = \"{mode}\"\nscheduler = \"srr\"\nkey = \"braid lab bench key, 32 bytes or more\"\n\n",
+         [session]\nmode = \"{mode}\"\nscheduler = \"srr\"\nkey = \"f1njdwrpfIzRyXbWUPz15DmEK5AHdvKw7LmAZC4M6Rw=\"\n\n",
         topo::state_dir().display()
     );
     for (i, l) in opt.links.iter().enumerate() {

@@ -34,6 +34,12 @@ enum Command {
     Bench(cmd::bench::Args),
     /// Show the live state and counters of a running tunnel or bench.
     Status(cmd::status::Args),
+    /// Print a new key (32 random bytes, base64): a pre-shared key for `key_file`, or a
+    /// private key for `private_key_file`. Store it with `chmod 600`.
+    Genkey(cmd::keys::GenArgs),
+    /// Read a private key on standard input and print its public key (for the peer's
+    /// `peer_public_key`).
+    Pubkey(cmd::keys::PubArgs),
     /// The namespace testbed: links shaped with tbf plus braid's user-space link
     /// emulator for delay, jitter and loss (needs root).
     Lab(cmd::lab::Args),
@@ -47,6 +53,8 @@ fn main() -> std::process::ExitCode {
         Command::Tunnel(a) => cmd::tunnel::run(a),
         Command::Bench(a) => cmd::bench::run(a),
         Command::Status(a) => cmd::status::run(a),
+        Command::Genkey(a) => cmd::keys::genkey(a),
+        Command::Pubkey(a) => cmd::keys::pubkey(a),
         Command::Lab(a) => cmd::lab::run(a),
     };
     match result {

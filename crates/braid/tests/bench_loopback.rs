@@ -25,6 +25,17 @@ fn ports(n: usize) -> Vec<u16> {
         .collect()
 }
 
+/// A private key file (made with `braid genkey`), shared by both ends of a test.
+fn key_file() -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let p = tmp("key");
+    let out = Command::new(BIN).arg("genkey").output().unwrap();
+    assert!(out.status.success());
+    std::fs::write(&p, &out.stdout).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+    p
+}
+
 struct Ends {
     relay: Relay,
     a_args: Vec<String>,
@@ -46,11 +57,12 @@ fn ends(n: usize) -> Ends {
         a_args.extend(["--channel".into(), format!("{la},{}", relay.a_side(c))]);
         b_args.extend(["--channel".into(), format!("{lb},{}", relay.b_side(c))]);
     }
+    let key = key_file();
     for v in [&mut a_args, &mut b_args] {
         v.extend(
             [
-                "--key",
-                "integration test key, 32 bytes or more",
+                "--key-file",
+                key.to_str().unwrap(),
                 "--heartbeat",
                 "20ms",
                 "--dead-after",
@@ -246,7 +258,7 @@ fn silent_peer_and_bad_config_errors_are_clear() {
     let cfg = tmp("bad.toml");
     std::fs::write(
         &cfg,
-        "[session]\nkey = \"0123456789\"\ndead_after = \"10ms\"\n[[channel]]\nlocal = \"127.0.0.1:1\"\nremote = \"127.0.0.1:2\"\n",
+        "[session]\nkey = \"0X9vg6gGoIsuUnuVh9Q41C0d5zENqadrCWYNpq6589U=\"\ndead_after = \"10ms\"\n[[channel]]\nlocal = \"127.0.0.1:1\"\nremote = \"127.0.0.1:2\"\n",
     )
     .unwrap();
     let out = Command::new(BIN)

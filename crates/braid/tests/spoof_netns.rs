@@ -174,7 +174,7 @@ fn run_mode(mode: &str) {
     sh(&["ip", "-n", &nb, "link", "set", "dev", &vb, "up"]);
     let cfg = |addr: &str, ctl: &Path, l: &str, r: &str| {
         format!(
-            "[tunnel]\nname = \"braids\"\naddress = \"{addr}\"\ncontrol = \"{}\"\n\n[session]\nmode = \"{mode}\"\nkey = \"spoof test key, 32 bytes or more...\"\nheartbeat = \"20ms\"\ndead_after = \"200ms\"\n\n[[channel]]\nname = \"v0\"\nlocal = \"{l}\"\nremote = \"{r}\"\n",
+            "[tunnel]\nname = \"braids\"\naddress = \"{addr}\"\ncontrol = \"{}\"\n\n[session]\nmode = \"{mode}\"\nkey = \"1TmZIScY3/OtqxxyGcnv8N4FGBZHviUHPzrxwu6fHx4=\"\nheartbeat = \"20ms\"\ndead_after = \"200ms\"\n\n[[channel]]\nname = \"v0\"\nlocal = \"{l}\"\nremote = \"{r}\"\n",
             ctl.display()
         )
     };

@@ -71,7 +71,7 @@ impl Drop for Lab {
 
 fn config(tun_addr: &str, ctl: &Path, chans: &[(String, String)]) -> String {
     let mut s = format!(
-        "[tunnel]\nname = \"braidt\"\naddress = \"{tun_addr}\"\ncontrol = \"{}\"\nlog_interval = \"1s\"\n\n[session]\nmode = \"logical\"\nkey = \"netns test key, 32 bytes or more...\"\nheartbeat = \"20ms\"\ndead_after = \"200ms\"\n",
+        "[tunnel]\nname = \"braidt\"\naddress = \"{tun_addr}\"\ncontrol = \"{}\"\nlog_interval = \"1s\"\n\n[session]\nmode = \"logical\"\nkey = \"AyHDMTOweHmwGSs7vubt5lmmRKjx62UXkWxeQzJRXms=\"\nheartbeat = \"20ms\"\ndead_after = \"200ms\"\n",
         ctl.display()
     );
     for (i, (l, r)) in chans.iter().enumerate() {

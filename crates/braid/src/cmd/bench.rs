@@ -56,9 +56,11 @@ struct SessionArgs {
     /// A channel as LOCAL_ADDR,REMOTE_ADDR (repeat for each channel, same order at both ends).
     #[arg(long = "channel", value_name = "LOCAL,REMOTE")]
     channels: Vec<String>,
-    /// Pre-shared key (when not using --config).
-    #[arg(long)]
-    key: Option<String>,
+    /// File with the pre-shared key (when not using --config): 32 random bytes, base64
+    /// or raw, not readable by others (`braid genkey > k && chmod 600 k`). A file, not
+    /// the key itself, so the key does not show in the process list.
+    #[arg(long, value_name = "FILE")]
+    key_file: Option<PathBuf>,
     /// Receiver mode: logical, seq, trr or none.
     #[arg(long)]
     mode: Option<String>,
@@ -198,10 +200,11 @@ fn session_config(a: &SessionArgs) -> Result<SessionConfig> {
                     .map_err(|_| anyhow!("--channel '{c}': '{r}' is not an IP:PORT address"))?;
                 chans.push(ChannelConfig::new(format!("ch{i}"), local, remote));
             }
-            let key = a.key.clone().ok_or_else(|| {
-                anyhow!("--key is required with --channel (both ends use the same key)")
+            let file = a.key_file.as_ref().ok_or_else(|| {
+                anyhow!("--key-file is required with --channel (both ends use the same key)")
             })?;
-            SessionConfig::new(chans, key)
+            let key = braid_io::keys::read_file(file).context("--key-file")?;
+            SessionConfig::new(chans, key.to_vec())
         }
     };
     if let Some(m) = &a.mode {

@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod bench;
+pub mod keys;
 pub mod lab;
 pub mod schedule;
 pub mod sim;

@@ -1,0 +1,37 @@
+//! `braid genkey` and `braid pubkey`: key material for `braid tunnel`.
+
+use std::io::{Read, Write};
+
+use anyhow::{Context, Result};
+use braid_io::keys;
+
+/// Arguments of `braid genkey`.
+#[derive(clap::Args, Debug)]
+pub struct GenArgs {}
+
+/// Arguments of `braid pubkey`.
+#[derive(clap::Args, Debug)]
+pub struct PubArgs {}
+
+/// Print 32 fresh random bytes as base64: a pre-shared key or a private key.
+pub fn genkey(_: GenArgs) -> Result<()> {
+    let k = keys::generate().context("no randomness from the operating system")?;
+    writeln!(std::io::stdout(), "{}", keys::encode(&k))?;
+    Ok(())
+}
+
+/// Read a private key (base64) on standard input, print its public key.
+pub fn pubkey(_: PubArgs) -> Result<()> {
+    let mut text = String::new();
+    std::io::stdin()
+        .take(4096)
+        .read_to_string(&mut text)
+        .context("reading the private key from standard input")?;
+    let private = keys::decode(&text).context("standard input")?;
+    writeln!(
+        std::io::stdout(),
+        "{}",
+        keys::encode(&keys::public_key(&private))
+    )?;
+    Ok(())
+}
