@@ -750,7 +750,11 @@ mod tests {
 
     fn handshake(a: &mut Crypto, b: &mut Crypto, now: Instant) {
         let init = a.initiation(now).unwrap();
+        // The sizes docs/wire.md gives.
+        let ik = a.keys.private.is_some();
+        assert_eq!(init.len(), if ik { 112 } else { 64 });
         let (resp, e) = b.on_handshake(now, &init);
+        assert_eq!(resp.as_ref().unwrap().len(), 68);
         assert!(e.is_none());
         let (none, e) = a.on_handshake(now, &resp.unwrap());
         assert!(none.is_none());
