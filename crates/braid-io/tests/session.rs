@@ -325,3 +325,44 @@ async fn a_flooded_port_does_not_starve_the_others_and_oversize_is_dropped_uncop
     );
     assert_eq!(sb.channels[1].rx_oversize, 10, "{}", sb.table());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_peer_reconnects_within_a_second() {
+    let (relay, a, b) = pair(2, Mode::Seq).await;
+    let mut b = b;
+    let first = stream(&a, &mut b, 0, 500).await;
+    assert_eq!(first.len(), 500);
+    // B restarts: a new process would pick new random keys and a new run identifier,
+    // and its clock says nothing to A.
+    let (_, cb) = cfgs(&relay, 2, Mode::Seq);
+    b.close().await;
+    let t0 = std::time::Instant::now();
+    let mut b = Session::start(cb).await.unwrap();
+    for c in 0..2 {
+        relay.set_ends(c, a.local_addrs()[c], b.local_addrs()[c]);
+    }
+    b.wait_for_peer(Duration::from_secs(5)).await.unwrap();
+    // A carries on at once: the first message that arrives after the restart.
+    let tx = a.sender();
+    let mut i = 1_000_000u64;
+    let got = loop {
+        tx.send(msg(i, 200)).await.unwrap();
+        i += 1;
+        if let Ok(Some(m)) = tokio::time::timeout(Duration::from_millis(5), b.recv()).await {
+            break m;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(3),
+            "no delivery after the restart"
+        );
+    };
+    let took = t0.elapsed();
+    assert!(id(&got) >= 1_000_000);
+    eprintln!("restarted peer: first delivery {took:?} after the restart");
+    assert!(took < Duration::from_secs(1), "reconnected after {took:?}");
+    let after = stream(&a, &mut b, 2_000_000, 1_000).await;
+    assert_eq!(after.len(), 1_000);
+    assert!(after.windows(2).all(|w| w[1] == w[0] + 1));
+    let sa = a.stats().await.unwrap();
+    assert!(sa.handshakes >= 2, "{}", sa.table());
+}
