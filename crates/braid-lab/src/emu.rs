@@ -52,19 +52,8 @@ impl EmuStats {
     }
 }
 
-/// Deterministic per-link random numbers (SplitMix64).
-struct Rng(u64);
-
-impl Rng {
-    fn next_f64(&mut self) -> f64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        (z >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
+/// Deterministic per-link random numbers: braid's one SplitMix64.
+type Rng = braid_proto::rng::SplitMix64;
 
 /// The loss process of one direction.
 struct LossState {
@@ -139,7 +128,7 @@ impl Emulator {
                 bad: false,
             },
             filter,
-            rng: Rng(seed),
+            rng: Rng::new(seed),
             queue: VecDeque::with_capacity(4096),
             // Far more than any tbf queue in front of or behind it: the emulator adds
             // delay, it must not be the bottleneck.
@@ -268,7 +257,7 @@ mod tests {
             },
             bad: false,
         };
-        let mut rng = Rng(42);
+        let mut rng = Rng::new(42);
         let n = 200_000;
         let lost = (0..n).filter(|_| st.lose(&mut rng)).count();
         let rate = lost as f64 / n as f64;

@@ -53,23 +53,25 @@ struct LinkState {
     last_arrival: Instant,
 }
 
-/// Deterministic generator (SplitMix64 stream).
+/// Deterministic generator: braid's one SplitMix64 ([`crate::rng`]).
 #[derive(Clone, Debug)]
-pub struct Rng(u64);
+pub struct Rng(crate::rng::SplitMix64);
 
 impl Rng {
-    /// A generator from a seed.
+    /// A generator from a seed (the stream that starts at state `seed + GAMMA`, as
+    /// this harness always drew).
     pub fn new(seed: u64) -> Rng {
-        Rng(seed)
+        Rng(crate::rng::SplitMix64::new(
+            seed.wrapping_add(crate::rng::GAMMA),
+        ))
     }
     /// Next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        crate::sched::random::splitmix64(self.0)
+        self.0.next_u64()
     }
     /// Uniform in `[0, 1)`.
     pub fn next_f64(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+        self.0.next_f64()
     }
 }
 

@@ -21,6 +21,7 @@
 pub mod config;
 pub mod harness;
 pub mod reseq;
+pub mod rng;
 pub mod sched;
 pub mod session;
 pub mod stats;

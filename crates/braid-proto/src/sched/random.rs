@@ -14,14 +14,7 @@ pub struct RandomFq {
     index: u64,
 }
 
-/// SplitMix64 finalizer: a good 64-bit mix of `x`.
-#[inline]
-pub(crate) fn splitmix64(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^ (x >> 31)
-}
+use crate::rng::splitmix64;
 
 impl RandomFq {
     /// A fresh scheduler over channels with these weights (0 counts as 1).

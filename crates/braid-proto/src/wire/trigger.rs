@@ -50,7 +50,7 @@ pub fn fingerprint(wire_len: usize, payload: &[u8]) -> u64 {
         a[..b.len()].copy_from_slice(b);
         u64::from_be_bytes(a)
     }
-    let mix = crate::sched::random::splitmix64;
+    let mix = crate::rng::splitmix64;
     let n = payload.len();
     let h0 = word(&payload[..n.min(8)]);
     let h1 = word(&payload[n.min(8)..n.min(16)]);
@@ -61,7 +61,7 @@ pub fn fingerprint(wire_len: usize, payload: &[u8]) -> u64 {
 /// Fold one packet's fingerprint into a channel's running digest.
 #[inline]
 pub fn fold(digest: u64, fingerprint: u64) -> u64 {
-    crate::sched::random::splitmix64(digest ^ fingerprint)
+    crate::rng::splitmix64(digest ^ fingerprint)
 }
 
 /// A zero-copy view of a trigger.
