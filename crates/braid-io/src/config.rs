@@ -6,8 +6,9 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use braid_proto::config::{MarkerConfig, MarkerPosition, ReceiverConfig};
+use braid_proto::config::{MarkerConfig, ReceiverConfig};
 use braid_proto::session::SecurityMode;
+use braid_proto::units::{parse_duration, parse_marker_position, parse_mode, parse_scheduler};
 use braid_proto::{Mode, SchedulerKind, StripeConfig};
 use serde::Deserialize;
 
@@ -347,30 +348,6 @@ struct RawChannel {
     mtu: Option<u32>,
 }
 
-/// Parse a duration such as `50ms`, `1.5s`, `250us`, `2m`.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .ok_or_else(|| format!("'{s}' has no unit (use us, ms, s or m)"))?;
-    let (num, unit) = s.split_at(split);
-    let v: f64 = num
-        .parse()
-        .map_err(|_| format!("'{s}' does not start with a number"))?;
-    let mult = match unit.trim() {
-        "us" => 1e-6,
-        "ms" => 1e-3,
-        "s" => 1.0,
-        "m" => 60.0,
-        u => return Err(format!("unknown unit '{u}' in '{s}' (use us, ms, s or m)")),
-    };
-    let secs = v * mult;
-    if !secs.is_finite() || secs < 0.0 {
-        return Err(format!("'{s}' is not a valid duration"));
-    }
-    Ok(Duration::from_secs_f64(secs))
-}
-
 /// Parse `A.B.C.D/len`.
 pub fn parse_cidr(s: &str) -> Result<(Ipv4Addr, u8), String> {
     let (a, l) = s
@@ -385,16 +362,6 @@ pub fn parse_cidr(s: &str) -> Result<(Ipv4Addr, u8), String> {
         .filter(|&n| n <= 32)
         .ok_or_else(|| format!("'{l}' is not a prefix length 0..=32"))?;
     Ok((addr, len))
-}
-
-/// Parse a scheduler name.
-pub fn parse_scheduler(s: &str) -> Option<SchedulerKind> {
-    match s {
-        "srr" => Some(SchedulerKind::Srr),
-        "rr" => Some(SchedulerKind::Rr),
-        "grr" => Some(SchedulerKind::Grr),
-        _ => None,
-    }
 }
 
 impl FileConfig {
@@ -427,7 +394,7 @@ impl FileConfig {
             |key: &str, v: &Option<String>, d: Duration| -> Result<Duration, ConfigFileError> {
                 match v {
                     None => Ok(d),
-                    Some(v) => parse_duration(v).map_err(|r| err(key, r)),
+                    Some(v) => parse_duration(v).map_err(|r| err(key, r.to_string())),
                 }
             };
         if raw.channel.is_empty() {
@@ -534,20 +501,12 @@ impl FileConfig {
             return Err(err("session.rekey_after", "must be at least 1s".into()));
         }
         if let Some(m) = &s.mode {
-            cfg.mode = Mode::from_name(m).ok_or_else(|| {
-                err(
-                    "session.mode",
-                    format!("unknown mode '{m}' (logical, seq, trr, none)"),
-                )
-            })?;
+            cfg.mode = parse_mode(m).map_err(|e| err("session.mode", e.to_string()))?;
         }
         if let Some(m) = &s.scheduler {
-            cfg.scheduler = parse_scheduler(m).ok_or_else(|| {
-                err(
-                    "session.scheduler",
-                    format!("unknown scheduler '{m}' (srr, rr, grr)"),
-                )
-            })?;
+            // `random` draws from seed 0 at both ends, so the receiver can follow it.
+            cfg.scheduler =
+                parse_scheduler(m).map_err(|e| err("session.scheduler", e.to_string()))?;
         }
         cfg.heartbeat = dur("session.heartbeat", &s.heartbeat, cfg.heartbeat)?;
         cfg.dead_after = dur("session.dead_after", &s.dead_after, cfg.dead_after)?;
@@ -568,22 +527,11 @@ impl FileConfig {
             cfg.markers.every_rounds = k;
         }
         if let Some(p) = &s.marker_position {
-            cfg.markers.position = match p.as_str() {
-                "start" => MarkerPosition::Start,
-                "end" => MarkerPosition::End,
-                other => match other.parse::<usize>() {
-                    Ok(c) if c < cfg.channels.len() => MarkerPosition::Channel(c),
-                    _ => {
-                        return Err(err(
-                            "session.marker_position",
-                            format!("'{other}' is not start, end or a channel index"),
-                        ))
-                    }
-                },
-            };
+            cfg.markers.position = parse_marker_position(p, cfg.channels.len())
+                .map_err(|e| err("session.marker_position", e.to_string()))?;
         }
         if let Some(v) = &s.marker_idle {
-            let d = parse_duration(v).map_err(|r| err("session.marker_idle", r))?;
+            let d = parse_duration(v).map_err(|r| err("session.marker_idle", r.to_string()))?;
             cfg.markers.idle = if d.is_zero() {
                 None
             } else {
@@ -591,7 +539,7 @@ impl FileConfig {
             };
         }
         if let Some(v) = &s.marker_interval {
-            let d = parse_duration(v).map_err(|r| err("session.marker_interval", r))?;
+            let d = parse_duration(v).map_err(|r| err("session.marker_interval", r.to_string()))?;
             cfg.markers.max_interval = if d.is_zero() {
                 None
             } else {
@@ -602,7 +550,7 @@ impl FileConfig {
             cfg.receiver.equalize = e;
         }
         if let Some(v) = &s.repair {
-            let d = parse_duration(v).map_err(|r| err("session.repair", r))?;
+            let d = parse_duration(v).map_err(|r| err("session.repair", r.to_string()))?;
             cfg.receiver.repair = if d.is_zero() {
                 None
             } else {
@@ -616,7 +564,7 @@ impl FileConfig {
             cfg.trigger_every = t;
         }
         if let Some(v) = &s.max_wait {
-            let d = parse_duration(v).map_err(|r| err("session.max_wait", r))?;
+            let d = parse_duration(v).map_err(|r| err("session.max_wait", r.to_string()))?;
             cfg.receiver.max_wait = braid_proto::Duration::from_micros(d.as_micros() as u64);
         }
         if let Some(b) = s.buffer_packets {
@@ -689,6 +637,7 @@ impl FileConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use braid_proto::config::MarkerPosition;
 
     const GOOD: &str = r#"
 [tunnel]
@@ -832,10 +781,30 @@ remote = "127.0.0.1:7102"
     }
 
     #[test]
-    fn durations() {
-        assert_eq!(parse_duration("250us"), Ok(Duration::from_micros(250)));
-        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
-        assert!(parse_duration("5").is_err());
-        assert!(parse_duration("ms").is_err());
+    fn shared_spellings_work_here_too() {
+        // The units module's spellings: `random`, `brr`, `channel:N`, `h`.
+        let c = FileConfig::parse(
+            "t.toml",
+            &GOOD.replace(
+                "heartbeat = \"20ms\"",
+                "heartbeat = \"20ms\"\nscheduler = \"random\"\nmarker_position = \"channel:1\"\nrekey_after = \"1h\"",
+            ),
+            None,
+        )
+        .unwrap();
+        assert_eq!(c.session.scheduler, SchedulerKind::Random { seed: 0 });
+        assert_eq!(c.session.markers.position, MarkerPosition::Channel(1));
+        assert_eq!(c.session.rekey_after, Duration::from_secs(3600));
+        let c = FileConfig::parse(
+            "t.toml",
+            &GOOD.replace(
+                "mode = \"logical\"",
+                "mode = \"logical\"\nscheduler = \"brr\"\nmarker_position = \"1\"",
+            ),
+            None,
+        )
+        .unwrap();
+        assert_eq!(c.session.scheduler, SchedulerKind::Rr);
+        assert_eq!(c.session.markers.position, MarkerPosition::Channel(1));
     }
 }

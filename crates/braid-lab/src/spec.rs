@@ -72,41 +72,19 @@ fn err(spec: &str, reason: impl Into<String>) -> SpecError {
     }
 }
 
-fn split_num(s: &str) -> (&str, &str) {
-    let i = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    (&s[..i], &s[i..])
+/// A link rate: braid's rate spelling ([`braid_proto::units::parse_rate`]), at least
+/// 8 kbit/s (tbf's practical floor).
+fn parse_rate(s: &str) -> Option<u64> {
+    braid_proto::units::parse_rate(s)
+        .ok()
+        .filter(|&r| r >= 8000)
 }
 
-/// Parse a rate such as `100mbit`.
-pub fn parse_rate(s: &str) -> Option<u64> {
-    let (n, unit) = split_num(s.trim());
-    let n: f64 = n.parse().ok()?;
-    let mul = match unit.to_ascii_lowercase().as_str() {
-        "bit" | "bps" => 1.0,
-        "kbit" | "kbps" => 1e3,
-        "mbit" | "mbps" => 1e6,
-        "gbit" | "gbps" => 1e9,
-        _ => return None,
-    };
-    let v = n * mul;
-    (v >= 8000.0 && v.is_finite()).then_some(v as u64)
-}
-
-/// Parse a duration such as `5ms`, `250us`, `1s`.
-pub fn parse_duration(s: &str) -> Option<Duration> {
-    let (n, unit) = split_num(s.trim());
-    let n: f64 = n.parse().ok()?;
-    let us = match unit {
-        "us" => n,
-        "ms" => n * 1e3,
-        "s" => n * 1e6,
-        _ => return None,
-    };
-    (0.0..1e10)
-        .contains(&us)
-        .then(|| Duration::from_micros(us as u64))
+/// A delay or jitter: braid's duration spelling, below 10 000 s.
+fn parse_duration(s: &str) -> Option<Duration> {
+    braid_proto::units::parse_duration(s)
+        .ok()
+        .filter(|d| d.as_secs() < 10_000)
 }
 
 fn parse_percent(s: &str) -> Option<f64> {

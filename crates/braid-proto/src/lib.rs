@@ -27,6 +27,7 @@ pub mod session;
 pub mod stats;
 pub mod stripe;
 pub mod time;
+pub mod units;
 pub mod wire;
 
 pub use config::{

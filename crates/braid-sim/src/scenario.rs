@@ -9,13 +9,10 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use braid_proto::sched::baseline::BaselineKind;
 use braid_proto::sched::{grr_weights, srr_quanta};
 use braid_proto::session::SecurityMode;
-use braid_proto::{
-    Duration, MarkerConfig, MarkerPosition, Mode, Policy, ReceiverConfig, SchedulerKind,
-    StripeConfig,
-};
+use braid_proto::units;
+use braid_proto::{Duration, MarkerConfig, Mode, Policy, ReceiverConfig, StripeConfig};
 use toml::{Table, Value};
 
 use crate::engine::{RunConfig, Variant, MIN_PACKET};
@@ -591,7 +588,7 @@ struct RunHead {
     set: Vec<(String, Value)>,
 }
 
-const SCHEDULERS: &str = "srr, rr, grr, random, sqf, hash, sum";
+const SCHEDULERS: &str = "srr, rr, grr, random, sqf, hash, sum (rr is also spelled brr)";
 
 fn parse_run_head(r: &Tab) -> Result<RunHead, ScenarioError> {
     r.check_keys(&["label", "scheduler", "receiver", "weights", "set"])?;
@@ -601,7 +598,7 @@ fn parse_run_head(r: &Tab) -> Result<RunHead, ScenarioError> {
             &format!("missing; expected one of {SCHEDULERS}"),
         )
     })?;
-    if !SCHEDULERS.split(", ").any(|s| s == scheduler) {
+    if scheduler != "sum" && units::parse_policy(scheduler).is_err() {
         return Err(r.err(
             "scheduler",
             &format!("unknown scheduler \"{scheduler}\"; expected one of {SCHEDULERS}"),
@@ -927,15 +924,7 @@ fn build_job(
         if quantum < max_packet {
             return Err(t.err("srr.quantum_bytes", &format!("expected a whole number of bytes >= max_packet ({max_packet}), found {quantum}")));
         }
-        let policy = match rh.scheduler.as_str() {
-            "srr" => Policy::Causal(SchedulerKind::Srr),
-            "rr" => Policy::Causal(SchedulerKind::Rr),
-            "grr" => Policy::Causal(SchedulerKind::Grr),
-            "random" => Policy::Causal(SchedulerKind::Random { seed: 0 }),
-            "sqf" => Policy::Baseline(BaselineKind::ShortestQueue),
-            "hash" => Policy::Baseline(BaselineKind::Hash),
-            _ => unreachable!("validated"),
-        };
+        let policy = units::parse_policy(&rh.scheduler).expect("validated");
         let weights = match &rh.weights {
             Some(w) => {
                 if w.len() != channels.len() {
@@ -967,8 +956,16 @@ fn build_job(
                 "a whole number of rounds >= 0 (0: no periodic markers)",
             )?;
             if let Some(p) = m.str_opt("position")? {
-                markers.position =
-                    parse_position(p, channels.len()).map_err(|e| m.err("position", &e))?;
+                markers.position = units::parse_marker_position(p, channels.len())
+                    .map_err(|_| {
+                        m.err(
+                            "position",
+                            &format!(
+                                "expected \"start\", \"end\" or \"channel:N\" with N below {}, found \"{p}\"",
+                                channels.len()
+                            ),
+                        )
+                    })?;
             }
             let idle = m.f64_or(
                 "idle_ms",
@@ -1118,8 +1115,7 @@ fn session_variant(st: &Tab, sc: StripeConfig) -> Result<Variant, ScenarioError>
         ("rekey_after", &mut cfg.rekey_after),
     ] {
         if let Some(v) = st.str_opt(k)? {
-            let d = session_duration(v).map_err(|e| st.err(k, &e))?;
-            *slot = Duration::from_micros(d);
+            *slot = units::parse_duration_us(v).map_err(|e| st.err(k, &e.to_string()))?;
         }
     }
     cfg.queue_packets = st.u32_in(
@@ -1131,57 +1127,6 @@ fn session_variant(st: &Tab, sc: StripeConfig) -> Result<Variant, ScenarioError>
     )? as usize;
     cfg.validate().map_err(|e| st.cx.err(Some("session"), &e))?;
     Ok(Variant::Session(Box::new(cfg)))
-}
-
-/// A duration in the tunnel configuration's spelling (`50ms`, `1.5s`, `250us`, `2m`),
-/// in microseconds.
-fn session_duration(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .ok_or_else(|| format!("'{s}' has no unit (use us, ms, s or m)"))?;
-    let (num, unit) = s.split_at(split);
-    let v: f64 = num
-        .parse()
-        .map_err(|_| format!("'{s}' is not a number followed by a unit"))?;
-    let scale = match unit {
-        "us" => 1.0,
-        "ms" => 1e3,
-        "s" => 1e6,
-        "m" => 60e6,
-        _ => {
-            return Err(format!(
-                "unknown unit '{unit}' in '{s}' (use us, ms, s or m)"
-            ))
-        }
-    };
-    let us = v * scale;
-    if !us.is_finite() || us > 1e15 {
-        return Err(format!("'{s}' is out of range"));
-    }
-    Ok(us.round() as u64)
-}
-
-fn parse_position(p: &str, n: usize) -> Result<MarkerPosition, String> {
-    match p {
-        "start" => Ok(MarkerPosition::Start),
-        "end" => Ok(MarkerPosition::End),
-        _ => {
-            let c = p
-                .strip_prefix("channel:")
-                .and_then(|x| x.trim().parse::<usize>().ok())
-                .ok_or_else(|| {
-                    format!("expected \"start\", \"end\" or \"channel:N\", found \"{p}\"")
-                })?;
-            if c >= n {
-                return Err(format!(
-                    "\"{p}\": channel {c} does not exist (channels are 0..{})",
-                    n - 1
-                ));
-            }
-            Ok(MarkerPosition::Channel(c))
-        }
-    }
 }
 
 fn ms(x: f64) -> Nanos {

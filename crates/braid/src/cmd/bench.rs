@@ -15,7 +15,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{anyhow, bail, Context, Result};
 use braid_io::{ChannelConfig, FileConfig, Session, SessionConfig, SessionStats};
-use braid_proto::Mode;
+use braid_proto::units;
 use bytes::Bytes;
 use serde::Serialize;
 use tokio::net::UdpSocket;
@@ -208,12 +208,10 @@ fn session_config(a: &SessionArgs) -> Result<SessionConfig> {
         }
     };
     if let Some(m) = &a.mode {
-        cfg.mode = Mode::from_name(m)
-            .ok_or_else(|| anyhow!("--mode: unknown mode '{m}' (logical, seq, trr, none)"))?;
+        cfg.mode = units::parse_mode(m).context("--mode")?;
     }
     if let Some(s) = &a.scheduler {
-        cfg.scheduler = braid_io::config::parse_scheduler(s)
-            .ok_or_else(|| anyhow!("--scheduler: unknown scheduler '{s}' (srr, rr, grr)"))?;
+        cfg.scheduler = units::parse_scheduler(s).context("--scheduler")?;
     }
     if let Some(w) = &a.weights {
         let ws: Vec<u32> = w
@@ -236,12 +234,10 @@ fn session_config(a: &SessionArgs) -> Result<SessionConfig> {
         }
     }
     if let Some(h) = &a.heartbeat {
-        cfg.heartbeat =
-            braid_io::config::parse_duration(h).map_err(|e| anyhow!("--heartbeat: {e}"))?;
+        cfg.heartbeat = units::parse_duration(h).context("--heartbeat")?;
     }
     if let Some(d) = &a.dead_after {
-        cfg.dead_after =
-            braid_io::config::parse_duration(d).map_err(|e| anyhow!("--dead-after: {e}"))?;
+        cfg.dead_after = units::parse_duration(d).context("--dead-after")?;
     }
     cfg.validate()
         .map_err(|e| anyhow!("session configuration: {e}"))?;
@@ -255,21 +251,9 @@ fn wall_ns() -> u64 {
         .unwrap_or(0)
 }
 
+/// A `--rate` in bit/s (braid's one rate parser: `50M`, `100mbit`, ...).
 fn parse_rate(s: &str) -> Result<f64> {
-    let s = s.trim();
-    let (num, mult) = match s.chars().last() {
-        Some('k' | 'K') => (&s[..s.len() - 1], 1e3),
-        Some('m' | 'M') => (&s[..s.len() - 1], 1e6),
-        Some('g' | 'G') => (&s[..s.len() - 1], 1e9),
-        _ => (s, 1.0),
-    };
-    let v: f64 = num
-        .parse()
-        .map_err(|_| anyhow!("--rate: '{s}' is not a rate like 50M"))?;
-    if v <= 0.0 {
-        bail!("--rate: must be above zero");
-    }
-    Ok(v * mult)
+    Ok(units::parse_rate(s).context("--rate")? as f64)
 }
 
 /// The traffic pattern, resolved.
@@ -300,9 +284,7 @@ impl Pattern {
             }
         }
         let duration = match (&t.duration, t.count) {
-            (Some(d), _) => {
-                Some(braid_io::config::parse_duration(d).map_err(|e| anyhow!("--duration: {e}"))?)
-            }
+            (Some(d), _) => Some(units::parse_duration(d).context("--duration")?),
             (None, None) => Some(Duration::from_secs(5)),
             (None, Some(_)) => None,
         };
@@ -657,7 +639,7 @@ fn stop_after(s: &str) -> Result<Duration> {
 
 async fn sink(a: SinkArgs) -> Result<()> {
     let (mut session, _ctl) = start_session(&a.s).await?;
-    let idle = braid_io::config::parse_duration(&a.idle).map_err(|e| anyhow!("--idle: {e}"))?;
+    let idle = units::parse_duration(&a.idle).context("--idle")?;
     let deadline = tokio::time::Instant::now() + stop_after(&a.max_duration)?;
     let timeout = parse_timeout(&a.s.peer_timeout, "--peer-timeout")?
         .unwrap_or(Duration::from_secs(u64::MAX / 4));
@@ -739,7 +721,7 @@ async fn udp_sink(a: UdpSinkArgs) -> Result<()> {
             .with_context(|| format!("cannot bind {}", a.bind))?;
         UdpSocket::from_std(s.into())?
     };
-    let idle = braid_io::config::parse_duration(&a.idle).map_err(|e| anyhow!("--idle: {e}"))?;
+    let idle = units::parse_duration(&a.idle).context("--idle")?;
     let deadline = tokio::time::Instant::now() + stop_after(&a.max_duration)?;
     let mut acc = Acc::default();
     let mut buf = vec![0u8; 65536];

@@ -119,14 +119,15 @@ pub fn run(a: Args) -> Result<()> {
             seed,
         } => {
             let specs = LinkSpec::parse_list(&links).context("--links")?;
-            let duration = braid_lab::spec::parse_duration(&duration)
+            let duration = braid_proto::units::parse_duration(&duration)
+                .ok()
                 .filter(|d| d.as_secs() >= 1)
                 .with_context(|| {
                     format!("--duration '{duration}': expected e.g. 10s (at least 1s)")
                 })?;
             let modes: Vec<String> = modes.split(',').map(|m| m.trim().to_string()).collect();
             for m in &modes {
-                if !["logical", "seq", "trr", "none"].contains(&m.as_str()) {
+                if braid_proto::units::parse_mode(m).is_err() {
                     bail!("--modes: unknown mode '{m}' (logical, seq, trr, none)");
                 }
             }

@@ -2,7 +2,6 @@
 //! numbers (round, deficit counter) the receiver will reproduce.
 
 use anyhow::{bail, Context, Result};
-use braid_proto::sched::baseline::BaselineKind;
 use braid_proto::{Mode, Policy, SchedulerKind, StripeConfig, Striper, TransmitKind};
 use bytes::Bytes;
 
@@ -47,16 +46,11 @@ pub fn run(a: Args) -> Result<()> {
     if sizes.contains(&0) {
         bail!("--sizes: packet sizes must be at least 1 byte");
     }
-    let policy = match a.scheduler.as_str() {
-        "srr" => Policy::Causal(SchedulerKind::Srr),
-        "rr" => Policy::Causal(SchedulerKind::Rr),
-        "grr" => Policy::Causal(SchedulerKind::Grr),
-        "random" => Policy::Causal(SchedulerKind::Random { seed: a.seed }),
-        "sqf" => Policy::Baseline(BaselineKind::ShortestQueue),
-        "hash" => Policy::Baseline(BaselineKind::Hash),
-        other => {
-            bail!("--scheduler: unknown scheduler '{other}' (srr, rr, grr, random, sqf, hash)")
+    let policy = match braid_proto::units::parse_policy(&a.scheduler).context("--scheduler")? {
+        Policy::Causal(SchedulerKind::Random { .. }) => {
+            Policy::Causal(SchedulerKind::Random { seed: a.seed })
         }
+        p => p,
     };
     let mut cfg = StripeConfig::srr(weights, a.max_packet);
     cfg.policy = policy;

@@ -114,7 +114,7 @@ pub(crate) fn spawn_summary(stats: StatsHandle, every: Duration) {
 }
 
 pub(crate) fn parse_timeout(s: &str, what: &str) -> Result<Option<Duration>> {
-    let d = braid_io::config::parse_duration(s).map_err(|e| anyhow!("{what}: {e}"))?;
+    let d = braid_proto::units::parse_duration(s).map_err(|e| anyhow!("{what}: {e}"))?;
     Ok(if d.is_zero() { None } else { Some(d) })
 }
 
