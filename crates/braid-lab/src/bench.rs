@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::spec::LinkSpec;
+use crate::tools;
 use crate::topo::{self, client_addr, server_addr, LabError, NS_CLIENT, NS_SERVER};
 
 /// What to measure.
@@ -252,22 +253,12 @@ fn start_server(ns: &str, prefix: &[&str], port: u16) -> Result<(), LabError> {
 
 /// Run the whole bench. `progress` receives one line per step.
 pub fn run(opt: &BenchOptions, mut progress: impl FnMut(&str)) -> Result<BenchResult, LabError> {
-    for t in ["iperf3"].iter().chain(if opt.mptcp {
-        ["mptcpize"].iter()
-    } else {
-        [].iter()
-    }) {
-        let found = Command::new("sh")
-            .args(["-c", &format!("command -v {t}")])
-            .output()
-            .map(|o| o.status.success())
-            .unwrap_or(false);
-        if !found {
-            return Err(LabError::Command {
-                cmd: t.to_string(),
-                reason: format!("{t} is not installed (Debian: apt-get install {t})"),
-            });
-        }
+    let mut need = [tools::LAB_UP, tools::LAB_BENCH].concat();
+    if opt.mptcp {
+        need.push(tools::MPTCPIZE);
+    }
+    if let Some(why) = tools::missing(&need) {
+        return Err(LabError::MissingTools(why));
     }
     let _ = topo::down();
     topo::up(&opt.links, &opt.exe, opt.seed)?;

@@ -63,6 +63,9 @@ pub enum LabError {
     /// Not root.
     #[error("the lab needs root (CAP_NET_ADMIN) to create network namespaces; run as root")]
     NotRoot,
+    /// Outside programs are missing.
+    #[error("{0}")]
+    MissingTools(String),
     /// The lab is already up.
     #[error("a lab is already up (namespace {0} exists); run `braid lab down` first")]
     AlreadyUp(String),
@@ -130,6 +133,9 @@ fn is_root() -> bool {
 pub fn up(links: &[LinkSpec], exe: &Path, seed: u64) -> Result<(), LabError> {
     if !is_root() {
         return Err(LabError::NotRoot);
+    }
+    if let Some(why) = crate::tools::missing(crate::tools::LAB_UP) {
+        return Err(LabError::MissingTools(why));
     }
     if let Some(n) = existing_namespaces().first() {
         return Err(LabError::AlreadyUp(n.clone()));

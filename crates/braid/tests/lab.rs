@@ -3,6 +3,8 @@
 
 use std::process::Command;
 
+mod common;
+
 fn braid(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_braid"))
         .args(args)
@@ -10,23 +12,18 @@ fn braid(args: &[&str]) -> std::process::Output {
         .expect("run braid")
 }
 
-fn have(tool: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {tool}")])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false)
-}
-
 fn skip_reason() -> Option<String> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         return Some("not root: network namespaces need CAP_NET_ADMIN".into());
     }
-    for t in ["ip", "tc", "ping", "iperf3"] {
-        if !have(t) {
-            return Some(format!("{t} is not installed (.ci/run installs it)"));
-        }
+    if let Some(why) = common::missing_tool(&[
+        ("ip", "iproute2"),
+        ("tc", "iproute2"),
+        ("ping", "iputils-ping"),
+        ("iperf3", "iperf3"),
+    ]) {
+        return Some(why);
     }
     if !std::path::Path::new("/dev/net/tun").exists() {
         return Some("/dev/net/tun is missing".into());
@@ -78,7 +75,7 @@ impl Drop for Down {
 #[test]
 fn lab_links_have_their_rate_delay_and_loss() {
     if let Some(why) = skip_reason() {
-        eprintln!("SKIPPED lab_links_have_their_rate_delay_and_loss: {why}");
+        common::skip("lab_links_have_their_rate_delay_and_loss", &why);
         return;
     }
     let _ = braid(&["lab", "down"]);

@@ -14,20 +14,18 @@ use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_braid");
 
+mod common;
+
 fn skip_reason() -> Option<String> {
-    let uid = Command::new("id").arg("-u").output().ok()?;
-    if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
         return Some("needs root (network namespaces, a TUN device, raw sockets)".into());
     }
     if !Path::new("/dev/net/tun").exists() {
         return Some("/dev/net/tun does not exist".into());
     }
-    if Command::new("ip")
-        .args(["netns", "list"])
-        .output()
-        .map_or(true, |o| !o.status.success())
-    {
-        return Some("`ip netns` is not available (install iproute2)".into());
+    if let Some(why) = common::missing_tool(&[("ip", "iproute2")]) {
+        return Some(why);
     }
     if Command::new("python3")
         .arg("-c")
@@ -264,7 +262,10 @@ fn run_mode(mode: &str) {
 #[test]
 fn spoofed_channel_datagrams_never_reach_the_tun_in_any_mode() {
     if let Some(why) = skip_reason() {
-        eprintln!("SKIPPED spoofed_channel_datagrams_never_reach_the_tun_in_any_mode: {why}");
+        common::skip(
+            "spoofed_channel_datagrams_never_reach_the_tun_in_any_mode",
+            &why,
+        );
         return;
     }
     for mode in ["logical", "seq", "trr"] {

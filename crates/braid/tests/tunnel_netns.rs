@@ -10,20 +10,18 @@ use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_braid");
 
+mod common;
+
 fn skip_reason() -> Option<String> {
-    let uid = Command::new("id").arg("-u").output().ok()?;
-    if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
         return Some("needs root (network namespaces and a TUN device)".into());
     }
     if !Path::new("/dev/net/tun").exists() {
         return Some("/dev/net/tun does not exist".into());
     }
-    if Command::new("ip")
-        .args(["netns", "list"])
-        .output()
-        .map_or(true, |o| !o.status.success())
-    {
-        return Some("`ip netns` is not available (install iproute2)".into());
+    if let Some(why) = common::missing_tool(&[("ip", "iproute2")]) {
+        return Some(why);
     }
     if Command::new("python3")
         .arg("-c")
@@ -119,7 +117,7 @@ print(len(data), hashlib.sha256(data).hexdigest())
 #[test]
 fn tunnel_carries_tcp_between_namespaces() {
     if let Some(why) = skip_reason() {
-        eprintln!("SKIPPED tunnel_carries_tcp_between_namespaces: {why}");
+        common::skip("tunnel_carries_tcp_between_namespaces", &why);
         return;
     }
     let id = std::process::id() % 100_000;
