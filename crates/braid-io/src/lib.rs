@@ -31,6 +31,7 @@ pub mod relay;
 pub mod session;
 pub mod stats;
 pub mod tun;
+pub mod tunnel;
 
 pub use config::{ChannelConfig, ConfigFileError, FileConfig, SessionConfig, TunnelConfig};
 pub use session::{Session, SessionError, SessionSender, StatsHandle};

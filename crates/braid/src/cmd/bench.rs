@@ -21,9 +21,7 @@ use serde::Serialize;
 use tokio::net::UdpSocket;
 use tracing::info;
 
-use super::tunnel::{
-    init_tracing, observers, parse_timeout, runtime, shutdown_signal, spawn_summary,
-};
+use super::tunnel::{init_tracing, parse_timeout, runtime, shutdown_signal};
 
 const TYPE_DATA: u8 = 1;
 const TYPE_END: u8 = 2;
@@ -393,10 +391,12 @@ async fn start_session(
 ) -> Result<(Session, Option<braid_io::observe::ControlServer>)> {
     let cfg = session_config(a)?;
     let session = Session::start(cfg).await?;
-    let ctl = observers(a.control.as_deref(), a.metrics, session.stats_handle()).await?;
-    if let Some(every) = parse_timeout(&a.log_interval, "--log-interval")? {
-        spawn_summary(session.stats_handle(), every);
-    }
+    let observers = braid_io::tunnel::Observers {
+        control: a.control.clone(),
+        metrics: a.metrics,
+        log_interval: parse_timeout(&a.log_interval, "--log-interval")?.unwrap_or_default(),
+    };
+    let ctl = braid_io::tunnel::start_observers(&observers, session.stats_handle()).await?;
     Ok((session, ctl))
 }
 

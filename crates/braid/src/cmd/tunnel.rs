@@ -4,15 +4,11 @@
 //! TUN device. See docs/tunnel.md.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
-use braid_io::observe::{serve_control, serve_metrics, ControlServer};
-use braid_io::tun::Tun;
-use braid_io::{FileConfig, Session, SessionError, StatsHandle};
-use bytes::Bytes;
-use tracing::{debug, error, info, warn};
+use braid_io::{tunnel, FileConfig};
 
 /// Arguments of `braid tunnel`.
 #[derive(clap::Args, Debug)]
@@ -67,52 +63,6 @@ pub(crate) async fn shutdown_signal() -> &'static str {
     }
 }
 
-/// Start the optional control socket and metrics endpoint.
-pub(crate) async fn observers(
-    control: Option<&Path>,
-    metrics: Option<SocketAddr>,
-    stats: StatsHandle,
-) -> Result<Option<ControlServer>> {
-    let ctl = match control {
-        Some(p) => {
-            let s = serve_control(p, stats.clone())
-                .with_context(|| format!("control socket {}", p.display()))?;
-            info!(
-                "control socket at {} (braid status --control {})",
-                p.display(),
-                p.display()
-            );
-            Some(s)
-        }
-        None => None,
-    };
-    if let Some(addr) = metrics {
-        let (local, _task) = serve_metrics(addr, stats)
-            .await
-            .with_context(|| format!("metrics endpoint: cannot listen on {addr}"))?;
-        info!("Prometheus metrics at http://{local}/metrics");
-    }
-    Ok(ctl)
-}
-
-/// Log a one-line summary every `every` (never if zero).
-pub(crate) fn spawn_summary(stats: StatsHandle, every: Duration) {
-    if every.is_zero() {
-        return;
-    }
-    tokio::spawn(async move {
-        let mut t = tokio::time::interval(every);
-        t.tick().await;
-        loop {
-            t.tick().await;
-            match stats.get().await {
-                Ok(s) => info!("{}", s.log_line()),
-                Err(_) => return,
-            }
-        }
-    });
-}
-
 pub(crate) fn parse_timeout(s: &str, what: &str) -> Result<Option<Duration>> {
     let d = braid_proto::units::parse_duration(s).map_err(|e| anyhow!("{what}: {e}"))?;
     Ok(if d.is_zero() { None } else { Some(d) })
@@ -129,95 +79,17 @@ pub fn run(a: Args) -> Result<()> {
         );
     };
     let peer_timeout = parse_timeout(&a.peer_timeout, "--peer-timeout")?;
-    let rt = runtime()?;
-    rt.block_on(async move {
-        let s = &fc.session;
-        let mtu = t.mtu.unwrap_or(s.max_inner() - s.data_overhead());
-        let tun = Tun::create(&t.name)?;
-        tun.set_mtu(mtu)?;
-        if let Some((addr, len)) = t.address {
-            tun.set_ipv4(addr, len)?;
-        }
-        tun.up()?;
-        info!(
-            "TUN {} up, mtu {mtu}, mode {}, {} channels",
-            tun.name(),
-            s.mode.name(),
-            s.channels.len()
-        );
-        let mut session = Session::start(fc.session.clone()).await?;
-        let stats = session.stats_handle();
-        let control = a
-            .control
-            .clone()
-            .or(t.control.clone())
-            .unwrap_or_else(|| PathBuf::from(format!("/run/braid/{}.sock", tun.name())));
-        let _ctl = observers(Some(&control), a.metrics.or(t.metrics), stats.clone()).await?;
-        spawn_summary(stats.clone(), t.log_interval);
-
-        info!("waiting for the peer...");
-        let wait = async {
-            match peer_timeout {
-                Some(d) => session.wait_for_peer(d).await,
-                None => {
-                    session
-                        .wait_for_peer(Duration::from_secs(u64::MAX / 4))
-                        .await
-                }
-            }
-        };
-        tokio::select! {
-            r = wait => r?,
-            sig = shutdown_signal() => {
-                info!("{sig}: shutting down before the peer answered");
-                return Ok(());
-            }
-        }
-        info!("peer answered; forwarding");
-
-        let tun = std::sync::Arc::new(tun);
-        let sender = session.sender();
-        let reader = {
-            let tun = tun.clone();
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 65536];
-                loop {
-                    let n = match tun.recv(&mut buf).await {
-                        Ok(n) => n,
-                        Err(e) => {
-                            error!("reading the TUN device: {e}");
-                            return;
-                        }
-                    };
-                    match sender.send(Bytes::copy_from_slice(&buf[..n])).await {
-                        Ok(()) => {}
-                        Err(SessionError::Closed) => return,
-                        Err(e) => debug!("packet not sent: {e}"),
-                    }
-                }
-            })
-        };
-        let sig_fut = shutdown_signal();
-        tokio::pin!(sig_fut);
-        let sig = loop {
-            tokio::select! {
-                m = session.recv() => match m {
-                    Some(p) => {
-                        if let Err(e) = tun.send(&p).await {
-                            warn!("writing {} bytes to the TUN device: {e}", p.len());
-                        }
-                    }
-                    None => break "session end",
-                },
-                sig = &mut sig_fut => break sig,
-            }
-        };
-        info!("{sig}: shutting down");
-        reader.abort();
-        if let Ok(s) = session.stats().await {
-            info!("final: {}", s.log_line());
-        }
-        session.close().await;
-        Ok::<(), anyhow::Error>(())
-    })
+    let observers = tunnel::Observers {
+        control: Some(tunnel::control_path(a.control.as_deref(), &t)),
+        metrics: a.metrics.or(t.metrics),
+        log_interval: t.log_interval,
+    };
+    runtime()?.block_on(tunnel::run(
+        &t,
+        fc.session,
+        observers,
+        peer_timeout,
+        shutdown_signal(),
+    ))?;
+    Ok(())
 }

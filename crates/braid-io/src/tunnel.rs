@@ -1,0 +1,268 @@
+//! The strIPe virtual interface (seed 000 §6.1): a TUN device below IP whose packets are
+//! striped over a [`Session`]'s channels, and the peer's packets written back to it.
+//! `braid tunnel` is this plus argument parsing.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tracing::{debug, error, info, warn};
+
+use crate::config::{SessionConfig, TunnelConfig};
+use crate::observe::{serve_control, serve_metrics, ControlServer};
+use crate::session::{Session, SessionError, StatsHandle};
+use crate::tun::{Tun, TunError};
+
+/// Why a tunnel could not start or had to stop.
+#[derive(Debug, thiserror::Error)]
+pub enum TunnelError {
+    /// The TUN device.
+    #[error(transparent)]
+    Tun(#[from] TunError),
+    /// The session.
+    #[error(transparent)]
+    Session(#[from] SessionError),
+    /// The control socket or metrics endpoint.
+    #[error("{what}: {err}")]
+    Observer {
+        /// Which, and where.
+        what: String,
+        /// The error.
+        err: std::io::Error,
+    },
+    /// Reading the TUN device failed: the tunnel would be receive-only, so it stops.
+    #[error("reading the TUN device {device} failed: {err}; the tunnel stops rather than run receive-only")]
+    TunRead {
+        /// The device.
+        device: String,
+        /// The error.
+        err: std::io::Error,
+    },
+}
+
+/// Where to publish the tunnel's state.
+#[derive(Debug, Clone, Default)]
+pub struct Observers {
+    /// Unix socket for `braid status`.
+    pub control: Option<PathBuf>,
+    /// Prometheus endpoint.
+    pub metrics: Option<SocketAddr>,
+    /// A one-line summary in the log this often (zero: never).
+    pub log_interval: Duration,
+}
+
+/// Start the control socket and metrics endpoint, and the periodic summary. The control
+/// socket lives as long as the returned value.
+pub async fn start_observers(
+    o: &Observers,
+    stats: StatsHandle,
+) -> Result<Option<ControlServer>, TunnelError> {
+    let ctl = match &o.control {
+        Some(p) => {
+            let s = serve_control(p, stats.clone()).map_err(|err| TunnelError::Observer {
+                what: format!("control socket {}", p.display()),
+                err,
+            })?;
+            info!(
+                "control socket at {} (braid status --control {})",
+                p.display(),
+                p.display()
+            );
+            Some(s)
+        }
+        None => None,
+    };
+    if let Some(addr) = o.metrics {
+        let (local, _task) =
+            serve_metrics(addr, stats.clone())
+                .await
+                .map_err(|err| TunnelError::Observer {
+                    what: format!("metrics endpoint: cannot listen on {addr}"),
+                    err,
+                })?;
+        info!("Prometheus metrics at http://{local}/metrics");
+    }
+    spawn_summary(stats, o.log_interval);
+    Ok(ctl)
+}
+
+/// Log a one-line summary every `every` (never if zero).
+fn spawn_summary(stats: StatsHandle, every: Duration) {
+    if every.is_zero() {
+        return;
+    }
+    tokio::spawn(async move {
+        let mut t = tokio::time::interval(every);
+        t.tick().await;
+        loop {
+            t.tick().await;
+            match stats.get().await {
+                Ok(s) => info!("{}", s.log_line()),
+                Err(_) => return,
+            }
+        }
+    });
+}
+
+/// At most one warning per `every` for a repeated failure; counts the rest.
+struct Throttle {
+    every: Duration,
+    last: Option<Instant>,
+    suppressed: u64,
+}
+
+impl Throttle {
+    fn new(every: Duration) -> Throttle {
+        Throttle {
+            every,
+            last: None,
+            suppressed: 0,
+        }
+    }
+
+    /// `Some(n)`: warn now, `n` similar events were not logged since the last warning.
+    fn allow(&mut self) -> Option<u64> {
+        let now = Instant::now();
+        if self.last.is_some_and(|l| now - l < self.every) {
+            self.suppressed += 1;
+            return None;
+        }
+        self.last = Some(now);
+        Some(std::mem::take(&mut self.suppressed))
+    }
+}
+
+/// Create and configure the TUN device for this session.
+pub fn open_tun(t: &TunnelConfig, s: &SessionConfig) -> Result<Tun, TunnelError> {
+    let mtu = t.mtu.unwrap_or(s.max_inner() - s.data_overhead());
+    let tun = Tun::create(&t.name)?;
+    tun.set_mtu(mtu)?;
+    if let Some((addr, len)) = t.address {
+        tun.set_ipv4(addr, len)?;
+    }
+    tun.up()?;
+    info!(
+        "TUN {} up, mtu {mtu}, mode {}, security {}, {} channels",
+        tun.name(),
+        s.mode.name(),
+        s.security.name(),
+        s.channels.len()
+    );
+    Ok(tun)
+}
+
+/// The default control socket of a TUN device.
+pub fn default_control(device: &str) -> PathBuf {
+    PathBuf::from(format!("/run/braid/{device}.sock"))
+}
+
+/// Run a tunnel until `shutdown` resolves (it names the reason, e.g. a signal) or the
+/// TUN device fails. `peer_timeout`: give up if the peer has not answered by then.
+pub async fn run(
+    t: &TunnelConfig,
+    s: SessionConfig,
+    observers: Observers,
+    peer_timeout: Option<Duration>,
+    shutdown: impl std::future::Future<Output = &'static str>,
+) -> Result<(), TunnelError> {
+    let tun = open_tun(t, &s)?;
+    let mut session = Session::start(s).await?;
+    let stats = session.stats_handle();
+    let _ctl = start_observers(&observers, stats).await?;
+    tokio::pin!(shutdown);
+    info!("waiting for the peer...");
+    let wait = session.wait_for_peer(peer_timeout.unwrap_or(Duration::from_secs(u64::MAX / 4)));
+    tokio::select! {
+        r = wait => r?,
+        why = &mut shutdown => {
+            info!("{why}: shutting down before the peer answered");
+            return Ok(());
+        }
+    }
+    info!("peer answered; forwarding");
+    let result = forward(Arc::new(tun), &mut session, shutdown).await;
+    if let Ok(st) = session.stats().await {
+        info!("final: {}", st.log_line());
+    }
+    session.close().await;
+    result
+}
+
+/// TUN → session and session → TUN until shutdown, the session's end, or a TUN read
+/// error (returned: a tunnel that cannot read its device would silently go
+/// receive-only).
+async fn forward(
+    tun: Arc<Tun>,
+    session: &mut Session,
+    shutdown: std::pin::Pin<&mut impl std::future::Future<Output = &'static str>>,
+) -> Result<(), TunnelError> {
+    let sender = session.sender();
+    let mut reader = {
+        let tun = tun.clone();
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 65536];
+            loop {
+                let n = tun.recv(&mut buf).await?;
+                match sender.send(Bytes::copy_from_slice(&buf[..n])).await {
+                    Ok(()) => {}
+                    Err(SessionError::Closed) => return Ok(()),
+                    Err(e) => debug!("packet not sent: {e}"),
+                }
+            }
+        })
+    };
+    let mut write_errors = Throttle::new(Duration::from_secs(5));
+    let mut shutdown = shutdown;
+    let outcome = loop {
+        tokio::select! {
+            m = session.recv() => match m {
+                Some(p) => {
+                    if let Err(e) = tun.send(&p).await {
+                        if let Some(more) = write_errors.allow() {
+                            warn!("writing {} bytes to the TUN device: {e} ({more} more write errors not shown)", p.len());
+                        }
+                    }
+                }
+                None => break Ok("session end"),
+            },
+            r = &mut reader => {
+                let err = match r {
+                    Ok(Err(e)) => e,
+                    Ok(Ok(())) => break Ok("session closed"),
+                    Err(join) => std::io::Error::other(join.to_string()),
+                };
+                error!("reading the TUN device {}: {err}", tun.name());
+                break Err(TunnelError::TunRead { device: tun.name().to_string(), err });
+            }
+            why = &mut shutdown => break Ok(why),
+        }
+    };
+    reader.abort();
+    let why = outcome?;
+    info!("{why}: shutting down");
+    Ok(())
+}
+
+/// The control socket to use: the flag, else the configuration, else the default.
+pub fn control_path(flag: Option<&Path>, t: &TunnelConfig) -> PathBuf {
+    flag.map(Path::to_path_buf)
+        .or(t.control.clone())
+        .unwrap_or_else(|| default_control(&t.name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn throttle_lets_one_through_per_period_and_counts_the_rest() {
+        let mut t = Throttle::new(Duration::from_secs(3600));
+        assert_eq!(t.allow(), Some(0));
+        assert_eq!(t.allow(), None);
+        assert_eq!(t.allow(), None);
+        t.last = Some(Instant::now() - Duration::from_secs(7200));
+        assert_eq!(t.allow(), Some(2));
+    }
+}
