@@ -30,6 +30,7 @@ pub mod observe;
 pub mod relay;
 pub mod session;
 pub mod stats;
+pub mod traffic;
 pub mod tun;
 pub mod tunnel;
 

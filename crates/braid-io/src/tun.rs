@@ -1,7 +1,10 @@
-//! A Linux TUN device (layer 3, no packet-information header) through plain ioctls.
+//! A Linux TUN device (layer 3, no packet-information header) through plain ioctls:
+//! the one TUN module of braid.
 //!
-//! Reads and writes are non-blocking and driven by tokio's [`AsyncFd`]. Creating the
-//! device needs CAP_NET_ADMIN; the errors say so.
+//! [`TunDevice`] is the open, non-blocking device with plain `recv`/`send` (the lab's
+//! link emulator polls it itself); [`Tun`] drives one with tokio's [`AsyncFd`] and adds
+//! the interface settings (MTU, address, up) `braid tunnel` needs. Creating a device
+//! needs CAP_NET_ADMIN; the errors say so.
 
 use std::io;
 use std::net::Ipv4Addr;
@@ -42,9 +45,22 @@ pub enum TunError {
     },
 }
 
-/// An open TUN device.
+/// An open TUN device, non-blocking, without an event loop.
+#[derive(Debug)]
+pub struct TunDevice {
+    fd: OwnedFd,
+    name: String,
+}
+
+impl AsRawFd for TunDevice {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
+/// An open TUN device driven by tokio.
 pub struct Tun {
-    fd: AsyncFd<OwnedFd>,
+    fd: AsyncFd<TunDevice>,
     name: String,
 }
 
@@ -70,10 +86,16 @@ fn sockaddr_in(a: Ipv4Addr) -> libc::sockaddr {
     unsafe { std::mem::transmute::<libc::sockaddr_in, libc::sockaddr>(sin) }
 }
 
-impl Tun {
-    /// Create (or attach to) the TUN device `name`. Must be called inside a tokio
-    /// runtime.
-    pub fn create(name: &str) -> Result<Tun, TunError> {
+impl TunDevice {
+    /// Create (or attach to) the TUN device `name` (1 to 15 bytes), non-blocking.
+    pub fn open(name: &str) -> Result<TunDevice, TunError> {
+        if name.is_empty() || name.len() >= libc::IFNAMSIZ {
+            return Err(TunError::Setup {
+                name: name.into(),
+                what: "the name must be 1 to 15 bytes",
+                error: io::Error::from(io::ErrorKind::InvalidInput),
+            });
+        }
         let path = b"/dev/net/tun\0";
         // SAFETY: a valid NUL-terminated path.
         let raw = unsafe {
@@ -117,13 +139,53 @@ impl Tun {
             .take_while(|&&c| c != 0)
             .map(|&c| c as u8 as char)
             .collect();
-        // SAFETY: the OwnedFd stays open and owned by the AsyncFd for its lifetime.
-        let fd = unsafe { AsyncFd::register(fd) }.map_err(|e| TunError::Setup {
-            name: name.into(),
+        Ok(TunDevice { fd, name: actual })
+    }
+
+    /// The device name the kernel gave.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Read one IP packet; `WouldBlock` when none is waiting.
+    pub fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
+        // SAFETY: buf is valid for buf.len() bytes.
+        byte_count(unsafe {
+            libc::read(
+                self.fd.as_raw_fd(),
+                buf.as_mut_ptr() as *mut libc::c_void,
+                buf.len(),
+            )
+        })
+    }
+
+    /// Write one IP packet; `WouldBlock` when the device queue is full.
+    pub fn send(&self, pkt: &[u8]) -> io::Result<usize> {
+        // SAFETY: pkt is valid for pkt.len() bytes.
+        byte_count(unsafe {
+            libc::write(
+                self.fd.as_raw_fd(),
+                pkt.as_ptr() as *const libc::c_void,
+                pkt.len(),
+            )
+        })
+    }
+}
+
+impl Tun {
+    /// Create (or attach to) the TUN device `name`. Must be called inside a tokio
+    /// runtime.
+    pub fn create(name: &str) -> Result<Tun, TunError> {
+        let dev = TunDevice::open(name)?;
+        let name = dev.name.clone();
+        // SAFETY: the TunDevice owns its descriptor and keeps it open for as long as
+        // the AsyncFd holds it.
+        let fd = unsafe { AsyncFd::register(dev) }.map_err(|e| TunError::Setup {
+            name: name.clone(),
             what: "registering with the event loop",
             error: io::Error::from(e),
         })?;
-        Ok(Tun { fd, name: actual })
+        Ok(Tun { fd, name })
     }
 
     /// The device name the kernel gave.
@@ -204,16 +266,7 @@ impl Tun {
     pub async fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
         loop {
             let mut g = self.fd.readable().await?;
-            let r = g.try_io(|fd| {
-                // SAFETY: buf is valid for buf.len() bytes.
-                byte_count(unsafe {
-                    libc::read(
-                        fd.as_raw_fd(),
-                        buf.as_mut_ptr() as *mut libc::c_void,
-                        buf.len(),
-                    )
-                })
-            });
+            let r = g.try_io(|dev| dev.get_ref().recv(buf));
             if let Ok(r) = r {
                 return r;
             }
@@ -224,16 +277,7 @@ impl Tun {
     pub async fn send(&self, pkt: &[u8]) -> io::Result<usize> {
         loop {
             let mut g = self.fd.writable().await?;
-            let r = g.try_io(|fd| {
-                // SAFETY: pkt is valid for pkt.len() bytes.
-                byte_count(unsafe {
-                    libc::write(
-                        fd.as_raw_fd(),
-                        pkt.as_ptr() as *const libc::c_void,
-                        pkt.len(),
-                    )
-                })
-            });
+            let r = g.try_io(|dev| dev.get_ref().send(pkt));
             if let Ok(r) = r {
                 return r;
             }

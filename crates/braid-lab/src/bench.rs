@@ -17,6 +17,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use braid_io::traffic::{SendReport, SinkReport};
+
 use crate::spec::LinkSpec;
 use crate::tools;
 use crate::topo::{self, client_addr, server_addr, LabError, NS_CLIENT, NS_SERVER};
@@ -531,13 +533,20 @@ fn tunnel_run(
             "--json",
         ],
     );
-    let sent: Value =
-        serde_json::from_str(&output(send, "braid bench udp-send")?).unwrap_or(Value::Null);
+    // The sender and sink run in other namespaces, so in their own processes; their
+    // reports are braid-io's own types, read back whole.
+    let sent: SendReport =
+        serde_json::from_str(&output(send, "braid bench udp-send")?).map_err(|e| {
+            LabError::Command {
+                cmd: "braid bench udp-send".into(),
+                reason: format!("unreadable report: {e}"),
+            }
+        })?;
     let out = sink.wait_with_output().map_err(|e| LabError::Command {
         cmd: "braid bench udp-sink".into(),
         reason: e.to_string(),
     })?;
-    let got: Value = serde_json::from_slice(&out.stdout).map_err(|e| LabError::Command {
+    let got: SinkReport = serde_json::from_slice(&out.stdout).map_err(|e| LabError::Command {
         cmd: "braid bench udp-sink".into(),
         reason: format!("{e}: {}", String::from_utf8_lossy(&out.stderr)),
     })?;
@@ -559,10 +568,10 @@ fn tunnel_run(
     drop(tunnels);
     Ok(ModeResult {
         tcp_bps,
-        udp_out_of_order: got["out_of_order"].as_u64().unwrap_or(0),
-        udp_loss: got["loss_ratio"].as_f64().unwrap_or(0.0),
-        udp_goodput_bps: got["goodput_bps"].as_f64().unwrap_or(0.0),
-        udp_offered_bps: sent["offered_bps"].as_f64().unwrap_or(0.0),
+        udp_out_of_order: got.out_of_order,
+        udp_loss: got.loss_ratio,
+        udp_goodput_bps: got.goodput_bps,
+        udp_offered_bps: sent.offered_bps,
         tunnel_status,
     })
 }

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::spec::{LinkSpec, Loss};
-use crate::tun::Tun;
+use braid_io::tun::TunDevice as Tun;
 
 /// Counters of one emulated link.
 #[derive(Clone, Debug, Default, PartialEq)]

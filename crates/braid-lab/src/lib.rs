@@ -20,4 +20,3 @@ pub mod emu;
 pub mod spec;
 pub mod tools;
 pub mod topo;
-pub mod tun;

@@ -4,10 +4,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
+use braid_io::tun::TunDevice;
 use braid_lab::emu::{Emulator, LossFilter};
 use braid_lab::spec::LinkSpec;
 use braid_lab::topo;
-use braid_lab::tun::Tun;
 use clap::Subcommand;
 
 /// Arguments of `braid lab`.
@@ -194,7 +194,7 @@ fn emulate(links: &str, seed: u64, dir: &std::path::Path) -> Result<()> {
     install_stop_handler(stop.clone());
     let mut threads = Vec::new();
     for (i, l) in links.into_iter().enumerate() {
-        let tun = Tun::open(&format!("t{i}"))?;
+        let tun = TunDevice::open(&format!("t{i}"))?;
         let filter = LossFilter {
             forward_src: ([10, 201, 0, 0], 16),
         };
