@@ -781,6 +781,32 @@ remote = "127.0.0.1:7102"
     }
 
     #[test]
+    fn shipped_examples_load_with_a_key_file_beside_them() {
+        use std::os::unix::fs::PermissionsExt;
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+        let dir = std::env::temp_dir().join(format!("braid-examples-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let key = dir.join("braid.key");
+        std::fs::write(&key, crate::keys::encode(&crate::keys::generate().unwrap())).unwrap();
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+        for f in ["tunnel-a.toml", "tunnel-b.toml"] {
+            std::fs::copy(src.join(f), dir.join(f)).unwrap();
+            let c = FileConfig::load(&dir.join(f)).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(c.session.scheduler, SchedulerKind::Srr, "{f}");
+            assert_eq!(c.session.markers.position, MarkerPosition::End, "{f}");
+            assert_eq!(c.session.heartbeat, Duration::from_millis(50), "{f}");
+            assert_eq!(c.session.security, SecurityMode::Encrypt, "{f}");
+            assert_eq!(c.session.key.len(), 32, "{f}");
+            assert_eq!(
+                c.tunnel.map(|t| t.log_interval),
+                Some(Duration::from_secs(10)),
+                "{f}"
+            );
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn shared_spellings_work_here_too() {
         // The units module's spellings: `random`, `brr`, `channel:N`, `h`.
         let c = FileConfig::parse(

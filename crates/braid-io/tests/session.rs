@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use braid_io::relay::{Relay, Side};
 use braid_io::{ChannelConfig, Session, SessionConfig};
-use braid_proto::Mode;
+use braid_proto::{Mode, SchedulerKind};
 use bytes::Bytes;
 
 fn cfgs(relay: &Relay, n: usize, mode: Mode) -> (SessionConfig, SessionConfig) {
@@ -28,8 +28,14 @@ fn cfgs(relay: &Relay, n: usize, mode: Mode) -> (SessionConfig, SessionConfig) {
 }
 
 async fn pair(n: usize, mode: Mode) -> (Relay, Session, Session) {
+    pair_with(n, mode, SchedulerKind::Srr).await
+}
+
+async fn pair_with(n: usize, mode: Mode, scheduler: SchedulerKind) -> (Relay, Session, Session) {
     let relay = Relay::new(n).unwrap();
-    let (ca, cb) = cfgs(&relay, n, mode);
+    let (mut ca, mut cb) = cfgs(&relay, n, mode);
+    ca.scheduler = scheduler;
+    cb.scheduler = scheduler;
     let mut a = Session::start(ca).await.unwrap();
     let mut b = Session::start(cb).await.unwrap();
     for c in 0..n {
@@ -365,4 +371,41 @@ async fn a_restarted_peer_reconnects_within_a_second() {
     assert!(after.windows(2).all(|w| w[1] == w[0] + 1));
     let sa = a.stats().await.unwrap();
     assert!(sa.handshakes >= 2, "{}", sa.table());
+}
+
+/// The random scheduler works in a session: both ends draw from the same seed (0, as
+/// the configuration file gives it), in every epoch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_scheduler_delivers_in_order_and_survives_an_epoch_switch() {
+    let random = SchedulerKind::Random { seed: 0 };
+    for mode in [Mode::Logical, Mode::Seq] {
+        let (relay, a, mut b) = pair_with(3, mode, random).await;
+        let got = stream(&a, &mut b, 0, 6_000).await;
+        assert_eq!(got.len(), 6_000, "{mode:?}: all delivered");
+        assert!(
+            got.windows(2).all(|w| w[1] == w[0] + 1),
+            "{mode:?}: in order"
+        );
+        let sb = b.stats().await.unwrap();
+        for c in &sb.channels {
+            assert!(c.rx_data_packets > 1_000, "{mode:?}: {c:?}");
+        }
+        // Losing a channel starts a new epoch over the other two.
+        relay.silence(1, true);
+        let during = stream_paced(&a, &mut b, 6_000, 4_000, 20).await;
+        assert!(
+            during.windows(2).all(|w| w[1] > w[0]),
+            "{mode:?}: strictly increasing"
+        );
+        let sa = a.stats().await.unwrap();
+        assert!(sa.tx_epoch >= 1, "{mode:?}: {}", sa.table());
+        assert!(
+            (9_000..10_000).all(|t| during.contains(&t)),
+            "{mode:?}: the tail after the switch arrived: {} of 4000\n{}",
+            during.len(),
+            b.stats().await.unwrap().table()
+        );
+        a.close().await;
+        b.close().await;
+    }
 }

@@ -244,6 +244,55 @@ fn wait_readable(fd: i32, timeout: Duration) -> io::Result<()> {
     Ok(())
 }
 
+/// Run one emulator per link on the TUN devices `t0`, `t1`, ... until SIGTERM or
+/// SIGINT (this is `braid lab emulate`, started by `lab up` in the router namespace);
+/// each writes its counters to `dir/emu-I.json` as it goes.
+pub fn run_links(links: &[LinkSpec], seed: u64, dir: &std::path::Path) -> Result<(), String> {
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    install_stop_handler(stop.clone());
+    let mut threads = Vec::new();
+    for (i, l) in links.iter().enumerate() {
+        let tun = Tun::open(&format!("t{i}")).map_err(|e| e.to_string())?;
+        let filter = LossFilter {
+            forward_src: ([10, 201, 0, 0], 16),
+        };
+        let mut emu = Emulator::new(tun, l, Some(filter), seed.wrapping_add(i as u64));
+        let stop = stop.clone();
+        let path = dir.join(format!("emu-{i}.json"));
+        threads.push(std::thread::spawn(move || {
+            emu.run(&stop, |s| {
+                let _ = std::fs::write(&path, s.to_json());
+            })
+        }));
+    }
+    let mut failed = None;
+    for (i, t) in threads.into_iter().enumerate() {
+        match t.join() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => failed = Some(format!("link {i}: {e}")),
+            Err(_) => failed = Some(format!("link {i}: emulator thread panicked")),
+        }
+    }
+    failed.map_or(Ok(()), Err)
+}
+
+static STOP: std::sync::OnceLock<std::sync::Arc<AtomicBool>> = std::sync::OnceLock::new();
+
+extern "C" fn on_signal(_: libc::c_int) {
+    if let Some(s) = STOP.get() {
+        s.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+fn install_stop_handler(stop: std::sync::Arc<AtomicBool>) {
+    let _ = STOP.set(stop);
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    unsafe {
+        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,11 +1,6 @@
 //! `braid lab`: the namespace testbed with braid's own link emulator.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-
 use anyhow::{bail, Context, Result};
-use braid_io::tun::TunDevice;
-use braid_lab::emu::{Emulator, LossFilter};
 use braid_lab::spec::LinkSpec;
 use braid_lab::topo;
 use clap::Subcommand;
@@ -190,50 +185,6 @@ pub fn run(a: Args) -> Result<()> {
 
 fn emulate(links: &str, seed: u64, dir: &std::path::Path) -> Result<()> {
     let links = LinkSpec::parse_list(links).context("--links")?;
-    let stop = Arc::new(AtomicBool::new(false));
-    install_stop_handler(stop.clone());
-    let mut threads = Vec::new();
-    for (i, l) in links.into_iter().enumerate() {
-        let tun = TunDevice::open(&format!("t{i}"))?;
-        let filter = LossFilter {
-            forward_src: ([10, 201, 0, 0], 16),
-        };
-        let mut emu = Emulator::new(tun, &l, Some(filter), seed.wrapping_add(i as u64));
-        let stop = stop.clone();
-        let path = dir.join(format!("emu-{i}.json"));
-        threads.push(std::thread::spawn(move || {
-            emu.run(&stop, |s| {
-                let _ = std::fs::write(&path, s.to_json());
-            })
-        }));
-    }
-    let mut failed = None;
-    for (i, t) in threads.into_iter().enumerate() {
-        match t.join() {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => failed = Some(format!("link {i}: {e}")),
-            Err(_) => failed = Some(format!("link {i}: emulator thread panicked")),
-        }
-    }
-    if let Some(f) = failed {
-        bail!(f);
-    }
+    braid_lab::emu::run_links(&links, seed, dir).map_err(anyhow::Error::msg)?;
     Ok(())
-}
-
-static STOP: std::sync::OnceLock<Arc<AtomicBool>> = std::sync::OnceLock::new();
-
-extern "C" fn on_signal(_: libc::c_int) {
-    if let Some(s) = STOP.get() {
-        s.store(true, Ordering::Relaxed);
-    }
-}
-
-fn install_stop_handler(stop: Arc<AtomicBool>) {
-    let _ = STOP.set(stop);
-    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-    unsafe {
-        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
-        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
-    }
 }
