@@ -245,187 +245,177 @@ impl SessionStats {
         s
     }
 
-    /// Prometheus text exposition format (version 0.0.4).
+    /// The Prometheus text format, built with the `prometheus-client` crate from the
+    /// serialized snapshot, so every numeric field is exported without a list to keep in
+    /// step: session fields as `braid_FIELD`, per-channel fields as
+    /// `braid_channel_FIELD{channel="I",name="NAME"}`, counters with `_total`; plus
+    /// `braid_channel_up` (1 while the channel's state is `up`). See `docs/tunnel.md`.
     pub fn prometheus(&self) -> String {
-        let mut s = String::new();
-        let mut g = |name: &str, help: &str, kind: &str, v: f64| {
-            let _ = writeln!(
-                s,
-                "# HELP braid_{name} {help}\n# TYPE braid_{name} {kind}\nbraid_{name} {v}"
-            );
+        use prometheus_client::encoding::text::encode;
+        use prometheus_client::metrics::counter::Counter;
+        use prometheus_client::metrics::family::Family;
+        use prometheus_client::metrics::gauge::Gauge;
+        use prometheus_client::registry::Registry;
+        use std::sync::atomic::AtomicU64;
+
+        type Labels = Vec<(String, String)>;
+        let mut reg = Registry::with_prefix("braid");
+        let Ok(serde_json::Value::Object(top)) = serde_json::to_value(self) else {
+            return String::new();
         };
-        g(
-            "uptime_seconds",
-            "Seconds since the session started.",
-            "gauge",
-            self.uptime_s,
-        );
-        g(
-            "peer_seen",
-            "1 once the peer has been heard.",
-            "gauge",
-            self.peer_seen as u8 as f64,
-        );
-        g("tx_epoch", "Transmit epoch.", "gauge", self.tx_epoch as f64);
-        g("rx_epoch", "Receive epoch.", "gauge", self.rx_epoch as f64);
-        g(
-            "epoch_changes_total",
-            "Epoch switches as sender.",
-            "counter",
-            self.tx_epoch_changes as f64,
-        );
-        g(
-            "sent_packets_total",
-            "Messages accepted from the application.",
-            "counter",
-            self.sent_packets as f64,
-        );
-        g(
-            "sent_bytes_total",
-            "Bytes accepted from the application.",
-            "counter",
-            self.sent_bytes as f64,
-        );
-        g(
-            "delivered_packets_total",
-            "Messages delivered in order.",
-            "counter",
-            self.delivered_packets as f64,
-        );
-        g(
-            "delivered_bytes_total",
-            "Bytes delivered in order.",
-            "counter",
-            self.delivered_bytes as f64,
-        );
-        g(
-            "out_of_order_total",
-            "Out-of-order deliveries seen (seq mode).",
-            "counter",
-            self.out_of_order as f64,
-        );
-        g(
-            "lost_total",
-            "Packets declared lost.",
-            "counter",
-            self.lost as f64,
-        );
-        g(
-            "queue_drops_total",
-            "Messages dropped while a switch was pending.",
-            "counter",
-            self.queue_drops as f64,
-        );
-        g(
-            "deliver_drops_total",
-            "Messages dropped: application too slow.",
-            "counter",
-            self.deliver_drops as f64,
-        );
-        type Metric = (
-            &'static str,
-            &'static str,
-            &'static str,
-            fn(&ChannelSnapshot) -> f64,
-        );
-        let per: [Metric; 14] = [
-            (
-                "channel_up",
-                "1 if the peer is heard on the channel.",
-                "gauge",
-                |c| (c.state == "up") as u8 as f64,
-            ),
-            (
-                "channel_in_tx_set",
-                "1 if the channel is in the transmit set.",
-                "gauge",
-                |c| c.in_tx_set as u8 as f64,
-            ),
-            (
-                "channel_state_changes_total",
-                "Up/down transitions.",
-                "counter",
-                |c| c.state_changes as f64,
-            ),
-            (
-                "channel_tx_bytes_total",
-                "UDP payload bytes sent.",
-                "counter",
-                |c| c.tx_bytes as f64,
-            ),
-            (
-                "channel_rx_bytes_total",
-                "UDP payload bytes received.",
-                "counter",
-                |c| c.rx_bytes as f64,
-            ),
-            (
-                "channel_tx_packets_total",
-                "Data packets sent.",
-                "counter",
-                |c| c.tx_data_packets as f64,
-            ),
-            (
-                "channel_rx_packets_total",
-                "Data packets received.",
-                "counter",
-                |c| c.rx_data_packets as f64,
-            ),
-            (
-                "channel_tx_markers_total",
-                "Markers and triggers sent.",
-                "counter",
-                |c| (c.tx_markers + c.tx_triggers) as f64,
-            ),
-            (
-                "channel_rx_markers_total",
-                "Markers and triggers received.",
-                "counter",
-                |c| (c.rx_markers + c.rx_triggers) as f64,
-            ),
-            (
-                "channel_resyncs_total",
-                "Marker resynchronizations.",
-                "counter",
-                |c| c.resyncs as f64,
-            ),
-            (
-                "channel_wait_timeouts_total",
-                "Receiver gave up waiting on the channel.",
-                "counter",
-                |c| c.wait_timeouts as f64,
-            ),
-            (
-                "channel_auth_failures_total",
-                "Control packets with a bad MAC.",
-                "counter",
-                |c| c.auth_failures as f64,
-            ),
-            (
-                "channel_replays_total",
-                "Replayed or reordered control packets.",
-                "counter",
-                |c| c.replays as f64,
-            ),
-            (
-                "channel_rx_bits_per_second",
-                "Receive rate over the last second.",
-                "gauge",
-                |c| c.rx_bps,
-            ),
-        ];
-        for (name, help, kind, f) in per {
-            let _ = writeln!(s, "# HELP braid_{name} {help}\n# TYPE braid_{name} {kind}");
-            for c in &self.channels {
-                let _ = writeln!(
-                    s,
-                    "braid_{name}{{channel=\"{}\",name=\"{}\"}} {}",
-                    c.index,
-                    c.name.replace(['"', '\\', '\n'], "_"),
-                    f(c)
+        for (k, v) in &top {
+            let Some(x) = metric_value(v) else { continue };
+            let help = format!("SessionStats.{k}");
+            if is_gauge(k) {
+                let g = Gauge::<f64, AtomicU64>::default();
+                g.set(x);
+                reg.register(k.as_str(), help, g);
+            } else {
+                let c = Counter::<u64>::default();
+                c.inc_by(x as u64);
+                reg.register(k.as_str(), help, c);
+            }
+        }
+        let chans: Vec<serde_json::Map<String, serde_json::Value>> = self
+            .channels
+            .iter()
+            .filter_map(|c| match serde_json::to_value(c) {
+                Ok(serde_json::Value::Object(m)) => Some(m),
+                _ => None,
+            })
+            .collect();
+        let labels = |c: &ChannelSnapshot| -> Labels {
+            vec![
+                ("channel".into(), c.index.to_string()),
+                ("name".into(), c.name.clone()),
+            ]
+        };
+        let up = Family::<Labels, Gauge<f64, AtomicU64>>::default();
+        for c in &self.channels {
+            up.get_or_create(&labels(c))
+                .set(f64::from(u8::from(c.state == "up")));
+        }
+        reg.register("channel_up", "1 while the peer is heard on the channel", up);
+        let Some(first) = chans.first() else {
+            return render(&reg, encode);
+        };
+        for k in first.keys() {
+            if k == "index" || metric_value(&first[k]).is_none() {
+                continue;
+            }
+            let help = format!("ChannelSnapshot.{k}");
+            let name = format!("channel_{k}");
+            if is_gauge(k) {
+                let fam = Family::<Labels, Gauge<f64, AtomicU64>>::default();
+                for (c, m) in self.channels.iter().zip(&chans) {
+                    fam.get_or_create(&labels(c))
+                        .set(m.get(k).and_then(metric_value).unwrap_or(0.0));
+                }
+                reg.register(name, help, fam);
+            } else {
+                let fam = Family::<Labels, Counter<u64>>::default();
+                for (c, m) in self.channels.iter().zip(&chans) {
+                    fam.get_or_create(&labels(c))
+                        .inc_by(m.get(k).and_then(metric_value).unwrap_or(0.0) as u64);
+                }
+                reg.register(name, help, fam);
+            }
+        }
+        render(&reg, encode)
+    }
+}
+
+/// A JSON value as a metric: numbers, and booleans as 0/1.
+fn metric_value(v: &serde_json::Value) -> Option<f64> {
+    match v {
+        serde_json::Value::Number(n) => n.as_f64(),
+        serde_json::Value::Bool(b) => Some(f64::from(u8::from(*b))),
+        _ => None,
+    }
+}
+
+/// Fields that go up and down (everything else counts up since start).
+fn is_gauge(field: &str) -> bool {
+    field.ends_with("_s")
+        || field.ends_with("_bps")
+        || field.ends_with("_epoch")
+        || matches!(
+            field,
+            "peer_seen" | "switching" | "peer_hears_us" | "in_tx_set" | "in_rx_set"
+        )
+}
+
+fn render(
+    reg: &prometheus_client::registry::Registry,
+    encode: fn(&mut String, &prometheus_client::registry::Registry) -> Result<(), std::fmt::Error>,
+) -> String {
+    let mut out = String::new();
+    let _ = encode(&mut out, reg);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every numeric or boolean field, set to a distinct non-zero value through serde
+    /// (so a new field is covered without editing this test).
+    fn filled<T: Serialize + serde::de::DeserializeOwned>(v: &T, base: u64) -> T {
+        let mut j = serde_json::to_value(v).unwrap();
+        let mut k = base;
+        if let serde_json::Value::Object(m) = &mut j {
+            for (_, x) in m.iter_mut() {
+                k += 1;
+                match x {
+                    serde_json::Value::Number(_) => *x = serde_json::json!(k),
+                    serde_json::Value::Bool(_) => *x = serde_json::json!(true),
+                    _ => {}
+                }
+            }
+        }
+        serde_json::from_value(j).unwrap()
+    }
+
+    #[test]
+    fn every_numeric_field_is_exported_to_prometheus() {
+        let mut s = filled(&SessionStats::default(), 100);
+        let mut c = filled(&ChannelSnapshot::default(), 1000);
+        c.index = 2;
+        c.name = "wan".into();
+        c.state = "up".into();
+        s.channels = vec![c];
+        let text = s.prometheus();
+        let top = serde_json::to_value(&s).unwrap();
+        for (k, v) in top.as_object().unwrap() {
+            if v.is_number() || v.is_boolean() {
+                let want = format!("braid_{k}");
+                assert!(
+                    text.lines().any(|l| l.starts_with(&want)),
+                    "{k} missing:\n{text}"
                 );
             }
         }
-        s
+        let ch = serde_json::to_value(&s.channels[0]).unwrap();
+        for (k, v) in ch.as_object().unwrap() {
+            if (v.is_number() || v.is_boolean()) && k != "index" {
+                let want = format!("braid_channel_{k}");
+                assert!(
+                    text.lines()
+                        .any(|l| l.starts_with(&want) && l.contains("channel=\"2\",name=\"wan\"")),
+                    "channel {k} missing:\n{text}"
+                );
+            }
+        }
+        // Names a dashboard may rely on.
+        for name in [
+            "braid_naks_sent_total",
+            "braid_repaired_total",
+            "braid_delivered_packets_total",
+            "braid_tx_epoch ",
+            "braid_channel_up{",
+            "braid_channel_rx_queue_drops_total{",
+        ] {
+            assert!(text.contains(name), "{name} missing:\n{text}");
+        }
     }
 }
