@@ -17,6 +17,9 @@ use tracing::debug;
 use crate::session::StatsHandle;
 use crate::stats::SessionStats;
 
+/// The longest control request line, in bytes.
+const MAX_REQUEST: u64 = 256;
+
 /// A running control socket; the socket file is removed when this is dropped.
 pub struct ControlServer {
     path: PathBuf,
@@ -57,12 +60,19 @@ pub fn serve_control(path: &Path, stats: StatsHandle) -> io::Result<ControlServe
             tokio::spawn(async move {
                 let (r, mut w) = conn.into_split();
                 let mut line = String::new();
+                // One short command line: anything longer is not a command, and must not
+                // grow memory.
                 let read = tokio::time::timeout(
                     Duration::from_secs(2),
-                    BufReader::new(r).read_line(&mut line),
+                    BufReader::new(r.take(MAX_REQUEST)).read_line(&mut line),
                 )
                 .await;
-                if read.is_err() {
+                if !matches!(read, Ok(Ok(n)) if n > 0 && (line.ends_with('\n') || (n as u64) < MAX_REQUEST))
+                {
+                    let _ = w
+                        .write_all(b"{\"error\":\"request too long or incomplete\"}")
+                        .await;
+                    let _ = w.shutdown().await;
                     return;
                 }
                 let reply = match line.trim() {

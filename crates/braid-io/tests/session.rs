@@ -409,3 +409,27 @@ async fn random_scheduler_delivers_in_order_and_survives_an_epoch_switch() {
         b.close().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_socket_requests_are_capped() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (_relay, a, _b) = pair(1, Mode::Logical).await;
+    let path = std::env::temp_dir().join(format!("braid-ctl-cap-{}.sock", std::process::id()));
+    let _ctl = braid_io::observe::serve_control(&path, a.stats_handle()).unwrap();
+    // A line as long as the limit without its newline is refused with an error.
+    let mut c = tokio::net::UnixStream::connect(&path).await.unwrap();
+    c.write_all(&[b'x'; 256]).await.unwrap();
+    let mut reply = String::new();
+    tokio::time::timeout(Duration::from_secs(3), c.read_to_string(&mut reply))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(reply.contains("too long"), "{reply}");
+    // Megabytes without a newline are cut off the same way, without being buffered.
+    let mut c = tokio::net::UnixStream::connect(&path).await.unwrap();
+    let _ = tokio::time::timeout(Duration::from_secs(3), c.write_all(&vec![b'x'; 4 << 20])).await;
+    drop(c);
+    // The socket still answers a real request.
+    let s = braid_io::observe::query_control(&path).await.unwrap();
+    assert!(s.peer_seen);
+}
