@@ -125,6 +125,41 @@ impl Follower {
         }
     }
 
+    /// Every empty channel is presumed lost up to where data waits (the receiver is
+    /// draining, or a full buffer forced progress): move the empty channels, and the
+    /// global position, straight to the lowest position that holds data. Giving them up
+    /// one round at a time would cost one loop per round, and a marker that names a round
+    /// far ahead (forged, or after a long outage) would stall the receiver for as long.
+    pub(crate) fn skip_empty_to_data(&mut self, bufs: &[VecDeque<Item>]) {
+        let has_data = |c: &usize| !bufs[*c].is_empty();
+        let n = bufs.len();
+        match self {
+            Follower::Srr(s) => {
+                let Some(min) = (0..n).filter(has_data).map(|c| s.position(c).round).min() else {
+                    return;
+                };
+                for e in (0..n).filter(|c| bufs[*c].is_empty()) {
+                    if s.position(e).round < min {
+                        let dc = s.quantum(e);
+                        s.set_position(e, Position { round: min, dc });
+                    }
+                }
+                if s.round() < min {
+                    s.jump_to_round(min);
+                }
+            }
+            Follower::Random { g, next, .. } => {
+                let Some(min) = (0..n).filter(has_data).map(|c| next[c]).min() else {
+                    return;
+                };
+                for e in (0..n).filter(|c| bufs[*c].is_empty()) {
+                    next[e] = next[e].max(min);
+                }
+                *g = (*g).max(min);
+            }
+        }
+    }
+
     /// Give up on the packet expected on `channel` (it is presumed lost): end the
     /// visit and move on.
     pub(crate) fn give_up(&mut self, channel: usize) {

@@ -151,6 +151,7 @@ impl Logical {
             if b.any_full() {
                 sink.stats.channels[c].wait_timeouts += 1;
                 b.follow.give_up(c);
+                b.follow.skip_empty_to_data(&b.bufs);
                 continue;
             }
             return;
@@ -213,6 +214,7 @@ impl ModeEngine for Logical {
             }
             if let Some((c, _)) = self.b.blocked.take() {
                 self.b.follow.give_up(c);
+                self.b.follow.skip_empty_to_data(&self.b.bufs);
             }
         }
         self.b.blocked = None;

@@ -621,6 +621,20 @@ impl Session {
         }
     }
 
+    /// Packets held in the session's receive buffers and its switch queue: what it
+    /// holds in memory for the peer's traffic and the application's.
+    pub fn buffered(&self) -> usize {
+        self.rx.reseq.buffered() + self.tx.pending.len()
+    }
+
+    /// Fuzzing only: seal `inner` for channel `c` with our current keys, as if we had
+    /// sent it (the peer will take it as authentic). `None` without keys.
+    #[cfg(feature = "fuzz")]
+    pub fn seal_for_fuzzing(&mut self, c: usize, inner: &[u8]) -> Option<Bytes> {
+        let encrypt = self.crypto.mode != SecurityMode::Auth;
+        self.crypto.seal(c.min(self.n - 1), inner, encrypt)
+    }
+
     /// The next datagram to send.
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
         let t = self.out.pop_front()?;
