@@ -674,6 +674,11 @@ impl Driver {
                 malformed: c.malformed,
                 tx_bps: c.tx_bps,
                 rx_bps: c.rx_bps,
+                rx_feedback: c.rx_feedback,
+                srtt_ms: c.estimate.srtt.map_or(-1.0, |d| d.as_secs_f64() * 1e3),
+                rtt_min_ms: c.estimate.rtt_min.map_or(-1.0, |d| d.as_secs_f64() * 1e3),
+                delivery_bps: c.estimate.delivery_bps.unwrap_or(-1.0),
+                loss_ratio: c.estimate.loss.unwrap_or(-1.0),
             })
             .collect();
         SessionStats {

@@ -79,6 +79,18 @@ pub struct ChannelSnapshot {
     pub tx_bps: f64,
     /// Receive rate over the last second, bit/s.
     pub rx_bps: f64,
+    /// Feedback reports received from the peer on this channel.
+    pub rx_feedback: u64,
+    /// Smoothed round-trip time from the peer's feedback, ms (-1: not known yet).
+    pub srtt_ms: f64,
+    /// Smallest recent round trip, ms (-1: not known yet).
+    pub rtt_min_ms: f64,
+    /// Rate at which the peer received on this channel, from its feedback, bit/s
+    /// (-1: not known yet).
+    pub delivery_bps: f64,
+    /// Share of our datagrams the peer found missing on this channel, recent reports
+    /// (-1: not known yet).
+    pub loss_ratio: f64,
 }
 
 /// A snapshot of a whole session.
@@ -161,6 +173,15 @@ fn si(v: f64) -> String {
     }
 }
 
+/// A value that is -1 while not known: `-` then, else `v * scale` with `prec` decimals.
+fn known(v: f64, scale: f64, prec: usize) -> String {
+    if v < 0.0 {
+        "-".into()
+    } else {
+        format!("{:.prec$}", v * scale)
+    }
+}
+
 impl SessionStats {
     /// A multi-line human-readable table.
     pub fn table(&self) -> String {
@@ -187,9 +208,9 @@ impl SessionStats {
         );
         let _ = writeln!(
             s,
-            "{:<3} {:<8} {:<5} {:>8} {:<4} {:<5} {:>10} {:>10} {:>9} {:>9} {:>7} {:>7} {:>7} {:>6} {:>6}",
+            "{:<3} {:<8} {:<5} {:>8} {:<4} {:<5} {:>10} {:>10} {:>9} {:>9} {:>7} {:>6} {:>7} {:>7} {:>7} {:>6} {:>6}",
             "ch", "name", "state", "since", "peer", "sets", "tx pkts", "rx pkts", "tx bit/s", "rx bit/s",
-            "mk tx", "mk rx", "resync", "auth", "replay"
+            "rtt ms", "loss%", "mk tx", "mk rx", "resync", "auth", "replay"
         );
         for c in &self.channels {
             let sets = format!(
@@ -199,7 +220,7 @@ impl SessionStats {
             );
             let _ = writeln!(
                 s,
-                "{:<3} {:<8} {:<5} {:>7.1}s {:<4} {:<5} {:>10} {:>10} {:>9} {:>9} {:>7} {:>7} {:>7} {:>6} {:>6}",
+                "{:<3} {:<8} {:<5} {:>7.1}s {:<4} {:<5} {:>10} {:>10} {:>9} {:>9} {:>7} {:>6} {:>7} {:>7} {:>7} {:>6} {:>6}",
                 c.index,
                 c.name,
                 c.state,
@@ -210,6 +231,8 @@ impl SessionStats {
                 c.rx_data_packets,
                 si(c.tx_bps),
                 si(c.rx_bps),
+                known(c.srtt_ms, 1.0, 1),
+                known(c.loss_ratio, 100.0, 2),
                 c.tx_markers + c.tx_triggers,
                 c.rx_markers + c.rx_triggers,
                 c.resyncs,
@@ -337,6 +360,8 @@ fn metric_value(v: &serde_json::Value) -> Option<f64> {
 /// Fields that go up and down (everything else counts up since start).
 fn is_gauge(field: &str) -> bool {
     field.ends_with("_s")
+        || field.ends_with("_ms")
+        || field.ends_with("_ratio")
         || field.ends_with("_bps")
         || field.ends_with("_epoch")
         || matches!(

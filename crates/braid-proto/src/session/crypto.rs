@@ -237,7 +237,14 @@ impl Window {
         self.bits[w] & b == 0
     }
 
-    fn mark(&mut self, c: u64) {
+    /// Accept `c`. Returns how the number of missing counters below the top changed:
+    /// the counters `c` skipped over, or -1 when it fills one that was missing.
+    fn mark(&mut self, c: u64) -> i64 {
+        let gap = if c >= self.top {
+            (c - self.top).min(i64::MAX as u64) as i64
+        } else {
+            -1
+        };
         if c >= self.top {
             if c - self.top >= REPLAY_WINDOW {
                 self.bits = [0; (REPLAY_WINDOW / 64) as usize];
@@ -251,6 +258,7 @@ impl Window {
         }
         let (w, b) = Self::slot(c);
         self.bits[w] |= b;
+        gap
     }
 }
 
@@ -369,6 +377,9 @@ pub(crate) struct Crypto {
     older: std::collections::VecDeque<Keypair>,
     peer_run: Option<u64>,
     pub stats: HandshakeStats,
+    /// Per channel: sealing counters missing below the highest accepted (every key so
+    /// far), less those that arrived late. The channels are FIFO, so this counts loss.
+    missing: Vec<u64>,
 }
 
 impl Crypto {
@@ -399,7 +410,13 @@ impl Crypto {
             older: std::collections::VecDeque::new(),
             peer_run: None,
             stats: HandshakeStats::default(),
+            missing: vec![0; channels],
         })
+    }
+
+    /// Datagrams missing on channel `c` (see the `missing` field).
+    pub fn missing(&self, c: usize) -> u64 {
+        self.missing.get(c).copied().unwrap_or(0)
     }
 
     /// Do we have keys to send with?
@@ -698,7 +715,8 @@ impl Crypto {
                 .map_err(|_| Reject::BadTag)?;
             d.slice(HEADER_LEN..body_end)
         };
-        k.windows[c].mark(h.counter);
+        let gap = k.windows[c].mark(h.counter);
+        self.missing[c] = self.missing[c].saturating_add_signed(gap);
         let established = match slot {
             Slot::Pending(i) => {
                 let p = self.pending.remove(i);

@@ -3,7 +3,7 @@
 
 use super::{bit, Event, Session};
 use crate::time::Instant;
-use crate::wire::session::{Hello, Msg};
+use crate::wire::session::{Feedback, Hello, Msg};
 
 /// Do we hear the peer on a channel?
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -41,6 +41,7 @@ pub(super) struct ChanCounters {
     pub rx_markers: u64,
     pub rx_triggers: u64,
     pub rx_hellos: u64,
+    pub rx_feedback: u64,
     pub auth_failures: u64,
     pub replays: u64,
     pub unauthenticated: u64,
@@ -59,6 +60,10 @@ pub(super) struct Chan {
     pub run_start: Option<Instant>,
     pub peer_hears_us: bool,
     pub n: ChanCounters,
+    /// What we received on it, for our feedback to the peer.
+    pub fb_rx: super::feedback::RxCounts,
+    /// What the peer's feedback tells us of it.
+    pub fb_tx: super::feedback::Estimator,
 }
 
 impl Chan {
@@ -71,6 +76,8 @@ impl Chan {
             run_start: None,
             peer_hears_us: false,
             n: ChanCounters::default(),
+            fb_rx: Default::default(),
+            fb_tx: Default::default(),
         }
     }
 }
@@ -125,6 +132,7 @@ impl Session {
             return;
         }
         self.send_hellos();
+        self.send_feedback(now);
         if self.tx.switching.is_some() {
             self.send_end();
         } else {
@@ -156,6 +164,23 @@ impl Session {
             });
             self.send_ctrl(c, &m);
         }
+    }
+
+    /// On every channel, what we received on it (see [`super::feedback`]).
+    fn send_feedback(&mut self, now: Instant) {
+        for c in 0..self.n {
+            let f = self.chans[c]
+                .fb_rx
+                .report(c as u8, now, self.crypto.missing(c));
+            self.send_ctrl(c, &Msg::Feedback(f));
+        }
+    }
+
+    /// The peer's feedback on channel `c`.
+    pub(super) fn on_feedback(&mut self, c: usize, f: Feedback, now: Instant) {
+        self.chans[c].n.rx_feedback += 1;
+        self.chans[c].fb_rx.peer_ts = Some((f.timestamp, now));
+        self.chans[c].fb_tx.on_report(now, &f);
     }
 
     fn liveness(&mut self, now: Instant) {

@@ -33,6 +33,7 @@
 
 pub mod crypto;
 mod epoch;
+pub mod feedback;
 mod liveness;
 mod stats;
 
@@ -504,6 +505,7 @@ impl Session {
                     self.peer.last = Some(now);
                     self.peer.silent_warned = false;
                     self.heard(c, now);
+                    self.chans[c].fb_rx.accepted(d.len());
                     self.on_inner(now, c, inner);
                 }
                 Err(r) => {
@@ -522,6 +524,7 @@ impl Session {
                 && !wire::is_authenticated_control(first) =>
             {
                 self.chans[c].n.rx_data += 1;
+                self.chans[c].fb_rx.accepted(d.len());
                 self.rx_core(c, d, now);
             }
             _ => self.chans[c].n.unauthenticated += 1,
@@ -749,12 +752,7 @@ impl Session {
             self.chans[c].n.malformed += 1;
             return;
         };
-        let sent_on = match &m {
-            Msg::Hello(h) => h.channel,
-            Msg::End(e) => e.channel,
-            Msg::Ack(a) => a.channel,
-        } as usize;
-        if sent_on != c {
+        if m.channel() as usize != c {
             self.chans[c].n.malformed += 1;
             return;
         }
@@ -762,6 +760,7 @@ impl Session {
             Msg::Hello(h) => self.on_hello(c, h, now),
             Msg::End(e) => self.rx_on_end(c, e, now),
             Msg::Ack(a) => self.tx_on_ack(a, now),
+            Msg::Feedback(f) => self.on_feedback(c, f, now),
         }
     }
 }

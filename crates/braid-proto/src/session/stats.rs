@@ -54,6 +54,10 @@ pub struct ChannelInfo {
     pub rx_triggers: u64,
     /// Hellos received and authenticated.
     pub rx_hellos: u64,
+    /// Feedback reports received and authenticated.
+    pub rx_feedback: u64,
+    /// What the peer's feedback says of the channel: round trip, delivery rate, loss.
+    pub estimate: super::feedback::Estimate,
     /// Sealed datagrams whose tag did not verify (forged, corrupted, other keys).
     pub auth_failures: u64,
     /// Datagrams dropped because they were not sealed (where sealing is required) or
@@ -150,6 +154,8 @@ impl Session {
                     rx_markers: c.n.rx_markers,
                     rx_triggers: c.n.rx_triggers,
                     rx_hellos: c.n.rx_hellos,
+                    rx_feedback: c.n.rx_feedback,
+                    estimate: c.fb_tx.estimate(),
                     auth_failures: c.n.auth_failures,
                     unauthenticated: c.n.unauthenticated,
                     replays: c.n.replays,

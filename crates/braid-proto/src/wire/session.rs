@@ -46,6 +46,23 @@
 //! 16..24:  channel set now in force (u64 bit mask)
 //! ```
 
+//!
+//! **Feedback** (kind 4, 40 bytes), sent by each end on every channel every heartbeat:
+//! what it received on that channel, and a timestamp echo for the round-trip time.
+//!
+//! ```text
+//!  4..8:   timestamp (u32): the sender's clock in microseconds, wrapping
+//!  8..12:  echo (u32): the latest timestamp heard from the peer on this channel
+//! 12..16:  echo delay (u32): microseconds between hearing it and sending this
+//! 16..24:  authenticated datagrams received on this channel, this run (u64)
+//! 24..32:  their bytes (u64)
+//! 32..40:  datagrams the receiver found missing on this channel (u64): gaps in the
+//!          channel's sealing counter, less those that turned up late
+//! ```
+//!
+//! The counts are cumulative, so a lost feedback message costs one sample, nothing
+//! else. An echo of 0 with delay 0 means "nothing heard yet".
+
 use super::TYPE_SESSION;
 
 /// Version of these messages.
@@ -56,6 +73,8 @@ pub const KIND_HELLO: u8 = 1;
 pub const KIND_END: u8 = 2;
 /// Kind byte of an epoch ack.
 pub const KIND_ACK: u8 = 3;
+/// Kind byte of a feedback report.
+pub const KIND_FEEDBACK: u8 = 4;
 
 /// Why a session message could not be parsed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -116,6 +135,25 @@ pub struct EpochAck {
     pub set: u64,
 }
 
+/// What one end received on one channel (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Feedback {
+    /// Channel it was sent on (and reports on).
+    pub channel: u8,
+    /// The sender's clock, microseconds, wrapping.
+    pub timestamp: u32,
+    /// The latest `timestamp` heard from the peer on this channel.
+    pub echo: u32,
+    /// Microseconds between hearing `echo` and sending this.
+    pub echo_delay: u32,
+    /// Authenticated datagrams received on the channel (cumulative).
+    pub rx_datagrams: u64,
+    /// Their bytes (cumulative).
+    pub rx_bytes: u64,
+    /// Datagrams found missing on the channel (cumulative).
+    pub missing: u64,
+}
+
 /// Any session message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Msg {
@@ -125,6 +163,8 @@ pub enum Msg {
     End(EpochEnd),
     /// Epoch ack.
     Ack(EpochAck),
+    /// Per-channel feedback.
+    Feedback(Feedback),
 }
 
 fn u32_at(b: &[u8], at: usize) -> u32 {
@@ -136,6 +176,7 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
 
 const HELLO_LEN: usize = 24;
 const ACK_LEN: usize = 24;
+const FEEDBACK_LEN: usize = 40;
 const END_FIXED: usize = 40;
 const END_ENTRY: usize = 16;
 
@@ -205,7 +246,31 @@ impl Msg {
                     set: u64_at(b, 16),
                 }))
             }
+            KIND_FEEDBACK => {
+                if b.len() != FEEDBACK_LEN {
+                    return Err(CtrlError::Length);
+                }
+                Ok(Msg::Feedback(Feedback {
+                    channel,
+                    timestamp: u32_at(b, 4),
+                    echo: u32_at(b, 8),
+                    echo_delay: u32_at(b, 12),
+                    rx_datagrams: u64_at(b, 16),
+                    rx_bytes: u64_at(b, 24),
+                    missing: u64_at(b, 32),
+                }))
+            }
             _ => Err(CtrlError::Unknown),
+        }
+    }
+
+    /// The channel the message says it was sent on.
+    pub fn channel(&self) -> u8 {
+        match self {
+            Msg::Hello(h) => h.channel,
+            Msg::End(e) => e.channel,
+            Msg::Ack(a) => a.channel,
+            Msg::Feedback(f) => f.channel,
         }
     }
 
@@ -239,6 +304,15 @@ impl Msg {
                 v.extend_from_slice(&a.epoch.to_be_bytes());
                 v.extend_from_slice(&[0; 4]);
                 v.extend_from_slice(&a.set.to_be_bytes());
+            }
+            Msg::Feedback(f) => {
+                v.extend_from_slice(&[TYPE_SESSION, VERSION, KIND_FEEDBACK, f.channel]);
+                v.extend_from_slice(&f.timestamp.to_be_bytes());
+                v.extend_from_slice(&f.echo.to_be_bytes());
+                v.extend_from_slice(&f.echo_delay.to_be_bytes());
+                v.extend_from_slice(&f.rx_datagrams.to_be_bytes());
+                v.extend_from_slice(&f.rx_bytes.to_be_bytes());
+                v.extend_from_slice(&f.missing.to_be_bytes());
             }
         }
         v
@@ -294,6 +368,35 @@ mod tests {
             [0xB4, 1, 3, 1, 0, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 6]
         );
         assert_eq!(Msg::parse(&b), Ok(a));
+    }
+
+    #[test]
+    fn feedback_bytes() {
+        let f = Msg::Feedback(Feedback {
+            channel: 1,
+            timestamp: 0x0102_0304,
+            echo: 0x0506_0708,
+            echo_delay: 250,
+            rx_datagrams: 9,
+            rx_bytes: 0x0A0B,
+            missing: 2,
+        });
+        let b = f.to_vec();
+        assert_eq!(b.len(), 40);
+        assert_eq!(
+            &b[..16],
+            &[0xB4, 1, 4, 1, 1, 2, 3, 4, 5, 6, 7, 8, 0, 0, 0, 250]
+        );
+        assert_eq!(&b[16..24], &9u64.to_be_bytes());
+        assert_eq!(&b[24..32], &[0, 0, 0, 0, 0, 0, 0x0A, 0x0B]);
+        assert_eq!(&b[32..40], &2u64.to_be_bytes());
+        assert_eq!(Msg::parse(&b), Ok(f));
+        for n in 0..b.len() {
+            assert!(Msg::parse(&b[..n]).is_err());
+        }
+        let mut long = b.clone();
+        long.push(0);
+        assert_eq!(Msg::parse(&long), Err(CtrlError::Length));
     }
 
     #[test]

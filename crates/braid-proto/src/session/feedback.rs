@@ -1,0 +1,250 @@
+//! Per-channel feedback: what each end received on each channel, reported back every
+//! heartbeat ([`wire::session::Feedback`]), and the sender's estimates made from those
+//! reports: round-trip time (smoothed and minimum), delivery rate and loss.
+//!
+//! The receiver's side ([`RxCounts`]) counts authenticated datagrams and bytes per
+//! channel, and the datagrams missing from the channel's sealing counter (each channel
+//! is FIFO and every sealed datagram takes the next counter, so a gap is a loss unless
+//! the datagram turns up late, which undoes it). The sender's side ([`Estimator`]) turns
+//! consecutive reports into samples: the receiver's timestamps give the interval over
+//! which bytes arrived, so the delivery rate does not depend on how the reports travel
+//! back; the timestamp echo gives the round trip without synchronised clocks.
+//!
+//! In security mode `none` data datagrams are not sealed, so only control datagrams
+//! carry counters: the loss estimate then rests on far fewer datagrams (hellos, markers).
+//!
+//! These estimates are what adaptive weights and per-channel pacing (the congestion
+//! issue) are built on; today they are reported in the session's statistics.
+
+use std::collections::VecDeque;
+
+use crate::time::{Duration, Instant};
+use crate::wire::session::Feedback;
+
+/// Round-trip samples kept for the minimum (about 3 s at the default 50 ms heartbeat).
+const RTT_WINDOW: usize = 64;
+/// Reports over which the delivery rate is averaged (about 400 ms at 50 ms).
+const RATE_WINDOW: usize = 8;
+/// Reports over which the loss ratio is counted (about 1.6 s at 50 ms).
+const LOSS_WINDOW: usize = 32;
+
+/// The receiver's counts for one channel, reported in its feedback.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct RxCounts {
+    /// Authenticated datagrams received (bare data too in mode `none`).
+    pub datagrams: u64,
+    /// Their bytes.
+    pub bytes: u64,
+    /// The latest peer timestamp heard on the channel, and when.
+    pub peer_ts: Option<(u32, Instant)>,
+}
+
+impl RxCounts {
+    /// A datagram of `len` bytes was accepted.
+    pub fn accepted(&mut self, len: usize) {
+        self.datagrams += 1;
+        self.bytes += len as u64;
+    }
+
+    /// The report to send at `now` on `channel`; `missing` is the security layer's
+    /// count of counters missing on it.
+    pub fn report(&self, channel: u8, now: Instant, missing: u64) -> Feedback {
+        let (echo, echo_delay) = match self.peer_ts {
+            Some((ts, at)) => (ts, clamp_u32(now.saturating_since(at).as_micros())),
+            None => (0, 0),
+        };
+        Feedback {
+            channel,
+            timestamp: timestamp(now),
+            echo,
+            echo_delay,
+            rx_datagrams: self.datagrams,
+            rx_bytes: self.bytes,
+            missing,
+        }
+    }
+}
+
+/// Our clock as carried in feedback: microseconds, wrapping at 2^32 (71 minutes). Zero
+/// is skipped so that an echo of 0 always means "nothing heard".
+pub(crate) fn timestamp(now: Instant) -> u32 {
+    (now.as_micros() as u32).max(1)
+}
+
+fn clamp_u32(v: u64) -> u32 {
+    v.min(u64::from(u32::MAX)) as u32
+}
+
+/// One interval between two consecutive reports.
+#[derive(Clone, Copy, Debug)]
+struct Interval {
+    /// Receiver-clock microseconds it covers.
+    us: u64,
+    bytes: u64,
+    datagrams: u64,
+    missing: u64,
+}
+
+/// What the sender knows of one channel, from the peer's reports.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Estimator {
+    srtt: Option<Duration>,
+    rtts: VecDeque<Duration>,
+    last: Option<Feedback>,
+    intervals: VecDeque<Interval>,
+    /// Reports accepted.
+    pub reports: u64,
+    /// Reports ignored: counts that went backwards (a restarted peer) or a timestamp
+    /// that did not move.
+    pub stale: u64,
+}
+
+/// The estimates for one channel, as reported in statistics.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Estimate {
+    /// Smoothed round-trip time (RFC 6298's 1/8 gain).
+    pub srtt: Option<Duration>,
+    /// Smallest round trip among the last samples.
+    pub rtt_min: Option<Duration>,
+    /// Bytes the peer received on the channel per second, averaged over the last
+    /// reports, in bit/s.
+    pub delivery_bps: Option<f64>,
+    /// Fraction of datagrams missing over the last reports.
+    pub loss: Option<f64>,
+}
+
+impl Estimator {
+    /// A report from the peer arrived at `now`.
+    pub fn on_report(&mut self, now: Instant, f: &Feedback) {
+        if f.echo != 0 {
+            // Our timestamp came back: the round trip less the time the peer held it.
+            let ours = timestamp(now);
+            let rtt = u64::from(ours.wrapping_sub(f.echo).wrapping_sub(f.echo_delay));
+            // A wrapped (negative) result means a bogus echo: skip it.
+            if rtt < u64::from(u32::MAX / 2) {
+                self.rtt_sample(Duration::from_micros(rtt));
+            }
+        }
+        if let Some(prev) = self.last {
+            let us = u64::from(f.timestamp.wrapping_sub(prev.timestamp));
+            let back = f.rx_datagrams < prev.rx_datagrams
+                || f.rx_bytes < prev.rx_bytes
+                || f.missing < prev.missing;
+            if back || us == 0 || us >= u64::from(u32::MAX / 2) {
+                self.stale += 1;
+                self.intervals.clear();
+            } else {
+                push_bounded(
+                    &mut self.intervals,
+                    Interval {
+                        us,
+                        bytes: f.rx_bytes - prev.rx_bytes,
+                        datagrams: f.rx_datagrams - prev.rx_datagrams,
+                        missing: f.missing - prev.missing,
+                    },
+                    LOSS_WINDOW,
+                );
+            }
+        }
+        self.reports += 1;
+        self.last = Some(*f);
+    }
+
+    fn rtt_sample(&mut self, rtt: Duration) {
+        self.srtt = Some(match self.srtt {
+            None => rtt,
+            Some(s) => Duration::from_micros((7 * s.as_micros() + rtt.as_micros()) / 8),
+        });
+        push_bounded(&mut self.rtts, rtt, RTT_WINDOW);
+    }
+
+    /// The current estimates.
+    pub fn estimate(&self) -> Estimate {
+        let recent = self.intervals.iter().rev().take(RATE_WINDOW);
+        let (us, bytes) = recent.fold((0u64, 0u64), |(u, b), i| (u + i.us, b + i.bytes));
+        let (got, missing) = self
+            .intervals
+            .iter()
+            .fold((0u64, 0u64), |(g, m), i| (g + i.datagrams, m + i.missing));
+        Estimate {
+            srtt: self.srtt,
+            rtt_min: self.rtts.iter().min().copied(),
+            delivery_bps: (us > 0).then(|| bytes as f64 * 8e6 / us as f64),
+            loss: (got + missing > 0).then(|| missing as f64 / (got + missing) as f64),
+        }
+    }
+}
+
+fn push_bounded<T>(q: &mut VecDeque<T>, v: T, max: usize) {
+    if q.len() == max {
+        q.pop_front();
+    }
+    q.push_back(v);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(ms: u64) -> Instant {
+        Instant::from_micros(ms * 1000)
+    }
+
+    #[test]
+    fn echo_gives_the_round_trip_less_the_peers_hold() {
+        // The peer heard our timestamp of t=100 ms at its t=130 ms and reports at 140.
+        let rx = RxCounts {
+            peer_ts: Some((timestamp(at(100)), at(130))),
+            ..Default::default()
+        };
+        let f = rx.report(0, at(140), 0);
+        assert_eq!(f.echo_delay, 10_000);
+        let mut e = Estimator::default();
+        // Back with us at t=160: 60 ms elapsed, 10 of them at the peer.
+        e.on_report(at(160), &f);
+        assert_eq!(e.estimate().srtt, Some(Duration::from_millis(50)));
+        assert_eq!(e.estimate().rtt_min, Some(Duration::from_millis(50)));
+    }
+
+    #[test]
+    fn rate_and_loss_come_from_count_differences() {
+        let mut e = Estimator::default();
+        let report = |ts_ms: u64, n: u64, missing: u64| Feedback {
+            channel: 0,
+            timestamp: timestamp(at(ts_ms)),
+            echo: 0,
+            echo_delay: 0,
+            rx_datagrams: n,
+            rx_bytes: n * 1000,
+            missing,
+        };
+        e.on_report(at(0), &report(10, 100, 0));
+        assert_eq!(e.estimate().delivery_bps, None, "one report is no interval");
+        // 50 ms later the peer had 450 more datagrams (450 kB: 72 Mbit/s) and 50 missing.
+        e.on_report(at(50), &report(60, 550, 50));
+        let est = e.estimate();
+        assert!((est.delivery_bps.unwrap() - 72e6).abs() < 1.0);
+        assert!((est.loss.unwrap() - 0.1).abs() < 1e-9);
+        // A restarted peer's counts go back: the interval is dropped, not negative.
+        e.on_report(at(100), &report(110, 3, 0));
+        assert_eq!(e.stale, 1);
+        assert_eq!(e.estimate().delivery_bps, None);
+    }
+
+    #[test]
+    fn bogus_echo_is_ignored() {
+        let mut e = Estimator::default();
+        let f = Feedback {
+            channel: 0,
+            timestamp: 5,
+            // An echo from our future.
+            echo: timestamp(at(500)),
+            echo_delay: 0,
+            rx_datagrams: 0,
+            rx_bytes: 0,
+            missing: 0,
+        };
+        e.on_report(at(100), &f);
+        assert_eq!(e.estimate().srtt, None);
+    }
+}
