@@ -10,6 +10,8 @@
 //! * [`sched`]: causal schedulers (SRR, RR, GRR, randomized) and non-causal baselines;
 //! * [`stripe`]: the sender, [`Striper`];
 //! * [`reseq`]: the receiver, [`Resequencer`], in modes `none`, `logical`, `seq`, `trr`;
+//! * [`errctl`]: application-oriented error control with a loss tolerance (W, E, B),
+//!   SNAK and PACK (seed 002);
 //! * [`wire`]: every packet format;
 //! * [`harness`]: an in-memory sender–channels–receiver loop in virtual time, for tests.
 //!
@@ -19,6 +21,7 @@
 #![warn(missing_docs)]
 
 pub mod config;
+pub mod errctl;
 pub mod harness;
 pub mod reseq;
 pub mod rng;

@@ -24,12 +24,19 @@
 //! | `0xB9` | sealed datagram, authenticated, body in clear ([`secure`]) |
 //! | `0xBA` | handshake initiation ([`secure`]) |
 //! | `0xBB` | handshake response ([`secure`]) |
+//! | `0xBC` | error control: data, keep-alive, end of stream ([`errctl`]) |
+//! | `0xBD` | error control: SNAK, packets to send again ([`errctl`]) |
+//! | `0xBE` | error control: PACK, segments accepted ([`errctl`]) |
 //! | `0xBF` | escaped data: one byte to strip, then data that itself starts with `0xB_` |
 //! | other `0xB_` | reserved: counted as malformed |
+//!
+//! The error-control types travel end to end between [`crate::errctl`] endpoints, not
+//! through the resequencer: [`classify`] reports them as reserved.
 //!
 //! Arbitrary application messages (not IP) that happen to start with `0xB_` are sent
 //! with the one-byte `0xBF` escape, so any byte string can be striped.
 
+pub mod errctl;
 pub mod marker;
 pub mod nak;
 pub mod secure;
@@ -66,6 +73,13 @@ pub const TYPE_SIGNED: u8 = 0xB9;
 pub const TYPE_HS_INIT: u8 = 0xBA;
 /// First byte of a handshake response ([`secure`]).
 pub const TYPE_HS_RESP: u8 = 0xBB;
+/// First byte of an error-control data, keep-alive or end-of-stream packet
+/// ([`errctl`]).
+pub const TYPE_ERRCTL_DATA: u8 = 0xBC;
+/// First byte of an error-control SNAK ([`errctl`]).
+pub const TYPE_SNAK: u8 = 0xBD;
+/// First byte of an error-control PACK ([`errctl`]).
+pub const TYPE_PACK: u8 = 0xBE;
 /// First byte of escaped data: strip it, the rest is data starting with `0xB_`.
 pub const TYPE_ESCAPE: u8 = 0xBF;
 
@@ -192,6 +206,13 @@ mod tests {
             (TYPE_SESSION, 0xB4),
             (TYPE_NAK, 0xB5),
             (TYPE_REPAIR, 0xB6),
+            (TYPE_SEALED, 0xB8),
+            (TYPE_SIGNED, 0xB9),
+            (TYPE_HS_INIT, 0xBA),
+            (TYPE_HS_RESP, 0xBB),
+            (TYPE_ERRCTL_DATA, 0xBC),
+            (TYPE_SNAK, 0xBD),
+            (TYPE_PACK, 0xBE),
             (TYPE_ESCAPE, 0xBF),
         ];
         for (t, b) in all {

@@ -1,0 +1,322 @@
+//! Property tests of the error-control engine (seed 002): a sender and a receiver joined
+//! by one lossy FIFO link in virtual time, data one way, SNAKs and PACKs the other.
+
+use std::collections::VecDeque;
+
+use braid_proto::errctl::{exceeds, Config, Receiver, Segment, Sender, Slot, Stats, Tolerance};
+use braid_proto::rng::SplitMix64;
+use braid_proto::wire::errctl::{PackRepr, SnakRepr};
+use braid_proto::{Duration, Instant};
+use bytes::Bytes;
+use proptest::prelude::*;
+
+/// The link: one packet every `tx_us`, `delay_us` one way, independent losses.
+struct Net {
+    tx_us: u64,
+    delay_us: u64,
+    loss: f64,
+    back_loss: f64,
+}
+
+struct Outcome {
+    segments: Vec<Segment>,
+    sent: Stats,
+    recv: Stats,
+    finished: bool,
+}
+
+fn payload(i: u64) -> Bytes {
+    Bytes::from(i.to_be_bytes().to_vec())
+}
+
+/// Run `n` packets through; stop when every segment is delivered and the sender is
+/// idle, or at `limit_us`.
+fn run(cfg: &Config, net: &Net, n: u64, seed: u64, limit_us: u64) -> Outcome {
+    let mut rng = SplitMix64::new(seed);
+    let mut draw = move || (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+    let mut tx = Sender::new(cfg.clone());
+    let mut rx = Receiver::new(cfg.clone());
+    let mut fwd: VecDeque<(u64, Bytes)> = VecDeque::new();
+    let mut back: VecDeque<(u64, Bytes)> = VecDeque::new();
+    let mut segments = Vec::new();
+    let (mut now, mut offered, mut tx_free) = (0u64, 0u64, 0u64);
+    let mut blocked = false;
+    loop {
+        let t = Instant::from_micros(now);
+        while offered < n && tx.can_accept() {
+            tx.handle_packet(t, payload(offered)).unwrap();
+            offered += 1;
+            blocked = false;
+        }
+        if offered == n {
+            tx.finish(t);
+        }
+        while fwd.front().is_some_and(|x| x.0 <= now) {
+            let (_, d) = fwd.pop_front().unwrap();
+            rx.handle_datagram(t, &d);
+        }
+        while back.front().is_some_and(|x| x.0 <= now) {
+            let (_, d) = back.pop_front().unwrap();
+            tx.handle_datagram(t, &d);
+            blocked = false;
+        }
+        if tx.poll_timeout().is_some_and(|x| x <= t) {
+            tx.handle_timeout(t);
+            blocked = false;
+        }
+        if rx.poll_timeout().is_some_and(|x| x <= t) {
+            rx.handle_timeout(t);
+        }
+        while let Some(c) = rx.poll_transmit() {
+            if draw() >= net.back_loss {
+                back.push_back((now + net.delay_us, c));
+            }
+        }
+        while let Some(s) = rx.poll_deliver() {
+            segments.push(s);
+        }
+        if now >= tx_free && !blocked {
+            match tx.poll_transmit(t) {
+                Some(d) => {
+                    tx_free = now + net.tx_us;
+                    if draw() >= net.loss {
+                        fwd.push_back((tx_free + net.delay_us, d));
+                    }
+                }
+                None => blocked = true,
+            }
+        }
+        let delivered: u64 = segments
+            .iter()
+            .map(|s: &Segment| s.packets.len() as u64)
+            .sum();
+        if (delivered == n && tx.is_idle()) || now >= limit_us {
+            break;
+        }
+        let next = [
+            fwd.front().map(|x| x.0),
+            back.front().map(|x| x.0),
+            tx.poll_timeout().map(|x| x.as_micros().max(tx_free)),
+            rx.poll_timeout().map(|x| x.as_micros()),
+            (!blocked).then_some(tx_free),
+            (offered < n && tx.can_accept()).then_some(now),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
+        let Some(next) = next else { break };
+        now = next.max(now + 1);
+    }
+    let delivered: u64 = segments.iter().map(|s| s.packets.len() as u64).sum();
+    Outcome {
+        finished: delivered == n && tx.is_idle(),
+        segments,
+        sent: tx.stats().clone(),
+        recv: rx.stats().clone(),
+    }
+}
+
+fn config(t: Tolerance, window: u32, deadline_ms: u64) -> Config {
+    let mut c = Config::new(t, Duration::from_micros(2 * 1000 + 200));
+    c.window = window;
+    c.deadline = Duration::from_millis(deadline_ms);
+    c
+}
+
+fn net(loss: f64, back_loss: f64) -> Net {
+    Net {
+        tx_us: 100,
+        delay_us: 1000,
+        loss,
+        back_loss,
+    }
+}
+
+fn slots(s: &Segment) -> Vec<Slot> {
+    s.packets
+        .iter()
+        .map(|p| {
+            if p.is_some() {
+                Slot::Present
+            } else {
+                Slot::Missing
+            }
+        })
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// (W, 0, 0) with any loss below 100 % both ways and a long deadline: everything
+    /// arrives, exactly once, in order.
+    #[test]
+    fn full_recovery_delivers_everything_in_order(
+        w in 1u16..12, window in 1u32..6, n in 1u64..150,
+        loss in 0.0f64..0.7, back_loss in 0.0f64..0.7, seed in any::<u64>(),
+    ) {
+        let cfg = config(Tolerance::reliable(w), window, 3_600_000);
+        let out = run(&cfg, &net(loss, back_loss), n, seed, 3_000_000_000);
+        prop_assert!(out.finished, "did not finish: {:?} {:?}", out.sent, out.recv);
+        let mut expect = 0u64;
+        for (k, s) in out.segments.iter().enumerate() {
+            prop_assert_eq!(s.number, k as u64);
+            prop_assert!(!s.forced && !s.violated);
+            for p in &s.packets {
+                prop_assert_eq!(p.as_ref(), Some(&payload(expect)));
+                expect += 1;
+            }
+        }
+        prop_assert_eq!(expect, n);
+        prop_assert_eq!(out.recv.violations, 0);
+        prop_assert_eq!(out.recv.packets_tolerated, 0);
+        if loss == 0.0 {
+            prop_assert_eq!(out.sent.retransmissions, 0);
+        }
+    }
+
+    /// (W, E, B): no delivered segment breaks the tolerance unless the deadline forced
+    /// it, and every such segment is counted.
+    #[test]
+    fn tolerance_holds_unless_forced(
+        w in 1u16..24, e in 0u16..6, b in 0u16..4, window in 1u32..5, n in 1u64..200,
+        loss in 0.0f64..0.6, back_loss in 0.0f64..0.5, deadline_ms in 3u64..40,
+        seed in any::<u64>(),
+    ) {
+        let t = Tolerance { w, e, b };
+        let cfg = config(t, window, deadline_ms);
+        let out = run(&cfg, &net(loss, back_loss), n, seed, 600_000_000);
+        prop_assert!(out.finished, "did not finish: {:?} {:?}", out.sent, out.recv);
+        let (mut forced, mut violated) = (0, 0);
+        let mut total = 0u64;
+        for (k, s) in out.segments.iter().enumerate() {
+            prop_assert_eq!(s.number, k as u64);
+            let broken = exceeds(t, &slots(s));
+            prop_assert_eq!(broken, s.violated);
+            prop_assert!(!broken || s.forced, "segment {} breaks {:?} unforced", k, t);
+            forced += u64::from(s.forced);
+            violated += u64::from(s.violated);
+            for (j, p) in s.packets.iter().enumerate() {
+                if let Some(p) = p {
+                    prop_assert_eq!(p, &payload(total + j as u64));
+                }
+            }
+            total += s.packets.len() as u64;
+        }
+        prop_assert_eq!(total, n);
+        prop_assert_eq!(out.recv.segments_forced, forced);
+        prop_assert_eq!(out.recv.violations, violated);
+    }
+
+    /// Garbage and forged SNAKs and PACKs never panic the sender, and each is counted
+    /// exactly once (accepted, stale or rejected).
+    #[test]
+    fn garbage_control_is_counted(
+        junk in proptest::collection::vec(
+            prop_oneof![
+                proptest::collection::vec(any::<u8>(), 0..40),
+                (any::<u32>(), 0u32..8, proptest::collection::vec((0u16..20, 0u16..20), 1..6))
+                    .prop_map(|(c, s, r)| SnakRepr { cum_ack: c % 8, segment: s, ranges: r }.to_vec()),
+                (0u32..8, 0u32..8).prop_map(|(c, s)| PackRepr { cum_ack: c, segment: s }.to_vec()),
+            ],
+            1..40),
+        sent in 0u64..40,
+    ) {
+        let cfg = config(Tolerance { w: 8, e: 1, b: 1 }, 4, 1000);
+        let mut tx = Sender::new(cfg.clone());
+        let mut rx = Receiver::new(cfg);
+        let mut t = 0u64;
+        for i in 0..sent {
+            if tx.can_accept() {
+                tx.handle_packet(Instant::from_micros(t), payload(i)).unwrap();
+            }
+        }
+        for d in &junk {
+            t += 10_000;
+            let now = Instant::from_micros(t);
+            while let Some(p) = tx.poll_transmit(now) {
+                rx.handle_datagram(now, &p);
+            }
+            let before = tx.stats().clone();
+            tx.handle_datagram(now, d);
+            let a = tx.stats();
+            let counted = (a.snaks_received - before.snaks_received)
+                + (a.snaks_rejected - before.snaks_rejected)
+                + (a.snaks_stale - before.snaks_stale)
+                + (a.packs_received - before.packs_received)
+                + (a.packs_rejected - before.packs_rejected);
+            prop_assert_eq!(counted, 1);
+            // The receiver takes the same bytes without panicking; anything not an
+            // error-control data packet is counted as malformed.
+            let rb = rx.stats().clone();
+            rx.handle_datagram(now, d);
+            if d.first() != Some(&0xBC) {
+                prop_assert_eq!(rx.stats().malformed, rb.malformed + 1);
+            }
+        }
+    }
+}
+
+/// A SNAK naming packets not yet sent, reversed ranges, overlapping ranges, or a
+/// segment beyond what was sent is rejected; a well-formed one is accepted and repaired.
+#[test]
+fn snak_validation() {
+    let cfg = config(Tolerance::reliable(8), 4, 1000);
+    let mut tx = Sender::new(cfg);
+    let t0 = Instant::ZERO;
+    for i in 0..12 {
+        tx.handle_packet(t0, payload(i)).unwrap();
+    }
+    for _ in 0..10 {
+        tx.poll_transmit(t0).unwrap(); // segment 0 whole, segment 1 packets 0 and 1
+    }
+    let later = Instant::from_micros(1_000_000);
+    let snak = |segment, ranges: Vec<(u16, u16)>| {
+        SnakRepr {
+            cum_ack: 0,
+            segment,
+            ranges,
+        }
+        .to_vec()
+    };
+    for bad in [
+        snak(1, vec![(0, 2)]),         // packet 2 of segment 1 not yet sent
+        snak(0, vec![(3, 1)]),         // reversed
+        snak(0, vec![(1, 3), (3, 4)]), // overlapping
+        snak(0, vec![(4, 5), (1, 2)]), // not ascending
+        snak(2, vec![(0, 0)]),         // segment not yet sent
+        snak(9, vec![(0, 0)]),         // beyond the window
+        snak(0, vec![(0, 8)]),         // beyond the segment
+    ] {
+        tx.handle_datagram(later, &bad);
+    }
+    assert_eq!(tx.stats().snaks_rejected, 7);
+    assert_eq!(tx.stats().snaks_received, 0);
+    tx.handle_datagram(later, &snak(0, vec![(1, 2), (5, 5)]));
+    assert_eq!(tx.stats().snaks_received, 1);
+    // The repairs go first (lower segment), then segment 1 continues.
+    let mut order = Vec::new();
+    while let Some(d) = tx.poll_transmit(later) {
+        let p = braid_proto::wire::errctl::DataPacket::new_checked(&d[..]).unwrap();
+        let r = braid_proto::wire::errctl::DataRepr::parse(&p).unwrap();
+        order.push((r.segment, r.index, r.kind));
+    }
+    use braid_proto::wire::errctl::DataKind::{Data, KeepAlive};
+    assert_eq!(
+        order,
+        vec![
+            (0, 1, Data),
+            (0, 2, Data),
+            (0, 5, Data),
+            (1, 2, Data),
+            (1, 3, Data),
+            (1, 3, KeepAlive)
+        ]
+    );
+    assert_eq!(tx.stats().retransmissions, 3);
+    assert_eq!(tx.stats().packets_sent, 12);
+    // A request arriving less than one round trip after the repair is premature.
+    tx.handle_datagram(later, &snak(0, vec![(1, 1)]));
+    assert_eq!(tx.stats().premature_requests, 1);
+    assert!(tx.poll_transmit(later).is_none());
+}
