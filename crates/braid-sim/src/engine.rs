@@ -58,6 +58,9 @@ pub enum Variant {
     /// datagrams cross the simulated channels; the receiver's (hellos, acks, markers,
     /// NAKs) come back over each channel with its delay, lost while it is down.
     Session(Box<session::Config>),
+    /// Seed 002's error control over one channel ([`crate::errctl`]): a window-limited
+    /// sender with (W, E, B) segments, SNAKs and PACKs out of band.
+    ErrCtl(Box<crate::errctl::ErrCtlSpec>),
 }
 
 /// Everything one simulation run needs.
@@ -162,6 +165,8 @@ pub struct RunResult {
     pub events: u64,
     /// Session runs only: failover and rejoin times, duplicates.
     pub session: Option<SessionResult>,
+    /// Error-control runs only: efficiency, segment delays, repairs.
+    pub errctl: Option<crate::errctl::ErrCtlResult>,
 }
 
 /// What a session run measures beyond the striping figures.
@@ -224,6 +229,9 @@ pub enum RunError {
          would be held for the whole of each epoch switch"
     )]
     SessionBacklogged,
+    /// The error-control run cannot be carried out.
+    #[error("[errctl]: {0}")]
+    ErrCtl(String),
     /// A packet size below the simulator's minimum.
     #[error("packet size {0} bytes is below the simulator's minimum of {MIN_PACKET} bytes")]
     PacketTooSmall(u32),
@@ -345,6 +353,7 @@ pub fn run(cfg: &RunConfig) -> Result<RunResult, RunError> {
     match &cfg.variant {
         Variant::Striped(sc) => run_striped(cfg, sc),
         Variant::Session(sess) => run_session(cfg, sess),
+        Variant::ErrCtl(spec) => crate::errctl::run(cfg, spec),
         Variant::SumOfSingles => {
             let mut total: Option<RunResult> = None;
             for (i, ch) in cfg.channels.iter().enumerate() {
@@ -1011,6 +1020,7 @@ impl Sim {
             channels,
             events: self.events,
             session,
+            errctl: None,
         }
     }
 }

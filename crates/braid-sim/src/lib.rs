@@ -9,6 +9,7 @@
 //!   (backlogged, constant rate, Poisson, trace replay; fixed, alternating, uniform,
 //!   bimodal and Internet-mix sizes);
 //! * [`engine`]: the event loop for one run;
+//! * [`errctl`]: seed 002's error control over one channel (`[errctl]` runs);
 //! * [`scenario`]: TOML scenario files with runs and sweeps;
 //! * [`report`]: JSON and table output;
 //! * [`plot`]: SVG and PNG plots.
@@ -20,6 +21,7 @@
 
 mod ends;
 pub mod engine;
+pub mod errctl;
 pub mod metrics;
 pub mod model;
 pub mod plot;

@@ -91,6 +91,11 @@ pub struct RunReport {
     /// episode, `duplicates`, `epoch_changes`.
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub session: Option<engine::SessionResult>,
+    /// Error-control runs only (`[errctl]`): `tolerance` [W, E, B], `window`,
+    /// `throughput_efficiency`, `max_delay_ms`, `mean_delay_ms`, the §5.2 analysis,
+    /// `violations`, `retransmissions`, `snaks`, `packs` and more.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub errctl: Option<crate::errctl::ErrCtlResult>,
 }
 
 impl RunReport {
@@ -108,6 +113,7 @@ impl RunReport {
             "latency_max_ms" => self.latency_ms.max,
             "marker_overhead" => self.marker_overhead,
             "resync_max_s" => self.resync_s.iter().copied().fold(0.0, f64::max),
+            "throughput_efficiency" => self.errctl.as_ref()?.throughput_efficiency,
             _ => return None,
         })
     }
@@ -146,6 +152,7 @@ fn to_report(job: &Job, r: RunResult) -> RunReport {
         receiver_timeouts: r.wait_timeouts,
         events: r.events,
         session: r.session,
+        errctl: r.errctl,
     }
 }
 

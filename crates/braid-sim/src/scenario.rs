@@ -57,6 +57,7 @@ pub const PLOT_METRICS: &[&str] = &[
     "latency_max_ms",
     "marker_overhead",
     "resync_max_s",
+    "throughput_efficiency",
 ];
 
 /// Plot settings.
@@ -153,6 +154,7 @@ pub fn parse(text: &str, file: &str, dir: &Path, stem: &str) -> Result<Scenario,
         "receiver",
         "srr",
         "session",
+        "errctl",
         "run",
         "sweep",
         "plot",
@@ -1036,9 +1038,16 @@ fn build_job(
                 ),
             )
         })?;
-        match t.table("session")? {
-            Some(st) => session_variant(&st, sc)?,
-            None => Variant::Striped(sc),
+        match (t.table("session")?, t.table("errctl")?) {
+            (Some(_), Some(_)) => {
+                return Err(t.err(
+                    "errctl",
+                    "a run is either a [session] run or an [errctl] run, not both",
+                ))
+            }
+            (Some(st), None) => session_variant(&st, sc)?,
+            (None, Some(et)) => errctl_variant(&et, &channels, &traffic)?,
+            (None, None) => Variant::Striped(sc),
         }
     };
     Ok(Job {
@@ -1127,6 +1136,96 @@ fn session_variant(st: &Tab, sc: StripeConfig) -> Result<Variant, ScenarioError>
     )? as usize;
     cfg.validate().map_err(|e| st.cx.err(Some("session"), &e))?;
     Ok(Variant::Session(Box::new(cfg)))
+}
+
+/// `[errctl]`: seed 002's error control over the one channel (see
+/// [`crate::errctl`]). Durations in ms; the round trip defaults to twice the channel's
+/// delay plus three packet times (the paper's t_a), the other timers to
+/// [`braid_proto::errctl::Config::new`]'s fractions of it.
+fn errctl_variant(
+    et: &Tab,
+    channels: &[ChannelSpec],
+    traffic: &TrafficSpec,
+) -> Result<Variant, ScenarioError> {
+    use braid_proto::errctl::{Config, Tolerance};
+    et.check_keys(&[
+        "tolerance",
+        "window",
+        "rtt_ms",
+        "loss_timer_ms",
+        "ack_interval_ms",
+        "keepalive_ms",
+        "deadline_ms",
+        "reorder",
+    ])?;
+    if channels.len() != 1 {
+        return Err(et.err("tolerance", "an [errctl] run needs exactly one [[channel]]"));
+    }
+    let (smin, smax) = traffic.sizes.range();
+    let header = braid_proto::wire::errctl::DATA_HEADER_LEN as u32;
+    if smin != smax || smin <= header || !matches!(traffic.arrivals, Arrivals::Backlogged) {
+        return Err(et.err(
+            "tolerance",
+            &format!("an [errctl] run needs a backlogged source of one fixed packet size above {header} bytes (the error-control header)"),
+        ));
+    }
+    let tol = et
+        .num_list("tolerance", "[W, E, B], whole numbers with 1 <= W <= 65535")?
+        .unwrap_or_else(|| vec![256.0, 0.0, 0.0]);
+    let ok = tol.len() == 3
+        && tol
+            .iter()
+            .all(|x| x.fract() == 0.0 && (0.0..=65535.0).contains(x));
+    if !ok || tol[0] < 1.0 {
+        return Err(et.err(
+            "tolerance",
+            "expected [W, E, B], whole numbers with 1 <= W <= 65535 and E, B <= 65535",
+        ));
+    }
+    let t = Tolerance {
+        w: tol[0] as u16,
+        e: tol[1] as u16,
+        b: tol[2] as u16,
+    };
+    let ch = &channels[0];
+    let t_p = f64::from(smax) * 8e9 / ch.rate_bps;
+    let rtt_default = (2 * ch.delay) as f64 + 3.0 * t_p;
+    let dur = |k: &str, default_ns: f64| -> Result<braid_proto::Duration, ScenarioError> {
+        let v = et.f64_or(
+            k,
+            default_ns / 1e6,
+            "a number of milliseconds > 0",
+            pos_time_ms,
+        )?;
+        Ok(braid_proto::Duration::from_micros(
+            (v * 1000.0).round().max(1.0) as u64,
+        ))
+    };
+    let rtt = dur("rtt_ms", rtt_default)?;
+    let mut cfg = Config::new(t, rtt);
+    cfg.window = et.u32_in(
+        "window",
+        Some(4),
+        1,
+        braid_proto::errctl::MAX_WINDOW,
+        "a whole number of segments from 1 to 65536",
+    )?;
+    cfg.loss_timer = dur("loss_timer_ms", cfg.loss_timer.as_micros() as f64 * 1e3)?;
+    cfg.ack_interval = dur("ack_interval_ms", cfg.ack_interval.as_micros() as f64 * 1e3)?;
+    cfg.keepalive = dur("keepalive_ms", cfg.keepalive.as_micros() as f64 * 1e3)?;
+    cfg.deadline = dur("deadline_ms", cfg.deadline.as_micros() as f64 * 1e3)?;
+    cfg.reorder = et.u32_in(
+        "reorder",
+        Some(0),
+        0,
+        u32::MAX,
+        "a whole number of shipments >= 0",
+    )?;
+    cfg.validate().map_err(|e| et.err("tolerance", &e))?;
+    Ok(Variant::ErrCtl(Box::new(crate::errctl::ErrCtlSpec {
+        config: cfg,
+        packet_bytes: smax,
+    })))
 }
 
 fn ms(x: f64) -> Nanos {

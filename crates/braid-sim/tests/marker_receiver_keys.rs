@@ -28,7 +28,9 @@ fn run(sc: &Scenario) -> Report {
 fn stripe(sc: &Scenario, job: usize) -> &StripeConfig {
     match &sc.jobs[job].config.variant {
         Variant::Striped(c) => c,
-        Variant::SumOfSingles | Variant::Session(_) => panic!("job {job} is not a striped run"),
+        Variant::SumOfSingles | Variant::Session(_) | Variant::ErrCtl(_) => {
+            panic!("job {job} is not a striped run")
+        }
     }
 }
 
