@@ -294,6 +294,9 @@ pub enum ConfigError {
     /// Receiver buffer of zero packets.
     #[error("receiver buffer must hold at least 1 packet per channel")]
     ZeroBuffer,
+    /// New quanta (adaptive weights) that cannot be used.
+    #[error("adaptive weights: {0}")]
+    Quanta(String),
 }
 
 #[cfg(test)]

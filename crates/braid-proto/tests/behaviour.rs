@@ -674,3 +674,37 @@ fn a_marker_far_ahead_costs_no_spin_in_forced_progress_or_drain() {
         assert_eq!(r.buffered(), 0);
     }
 }
+
+/// The same window for a marker's count of packets sent: markers on every channel
+/// claiming a count far ahead would otherwise put every channel past numbers it never
+/// carried and skip the stream (found by the `reseq` fuzz target as an overflow).
+#[test]
+fn seq_refuses_markers_whose_count_is_far_ahead() {
+    let mut cfg = StripeConfig::srr(vec![1500, 1500], 1500);
+    cfg.mode = Mode::Seq;
+    let mut s = Striper::new(cfg.clone()).unwrap();
+    let mut r = Resequencer::new(&cfg).unwrap();
+    let mut delivered = Vec::new();
+    for i in 0..200u64 {
+        for c in 0..2u8 {
+            let forged = wire::marker::Repr {
+                channel: c,
+                epoch: 0,
+                position: sched::Position { round: i, dc: 1500 },
+                sent: if i == 7 { u64::MAX / 2 } else { 1 << 40 },
+                batch: 0,
+                credits: None,
+                quantum_change: None,
+            };
+            r.handle_datagram(Instant::ZERO, c as usize, Bytes::from(forged.to_vec()));
+        }
+        s.handle_packet(Instant::ZERO, payload(i, 200)).unwrap();
+        while let Some(t) = s.poll_transmit() {
+            r.handle_datagram(Instant::ZERO, t.channel, t.to_bytes());
+        }
+        delivered.extend(std::iter::from_fn(|| r.poll_deliver()).map(|p| payload_id(&p)));
+    }
+    assert_eq!(delivered, (0..200).collect::<Vec<_>>());
+    assert_eq!(r.stats().out_of_window, 400);
+    assert_eq!(r.stats().lost, 0);
+}

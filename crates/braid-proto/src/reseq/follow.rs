@@ -38,12 +38,22 @@ impl Follower {
         }
     }
 
-    /// Adopt a marker's number for `channel`. Returns true if it changed our state.
-    pub(crate) fn apply_marker(&mut self, channel: usize, pos: Position) -> bool {
+    /// Adopt a marker's number for `channel`, and its quantum if it announces one (the
+    /// sender adds it from the next end of a visit on; so do we). Returns true if the
+    /// position changed.
+    pub(crate) fn apply_marker(
+        &mut self,
+        channel: usize,
+        pos: Position,
+        quantum: Option<u32>,
+    ) -> bool {
         match self {
             Follower::Srr(s) => {
                 let changed = s.position(channel) != pos;
                 s.set_position(channel, pos);
+                if let Some(q) = quantum {
+                    s.set_quantum(channel, q);
+                }
                 changed
             }
             Follower::Random { next, .. } => {
@@ -65,9 +75,14 @@ impl Follower {
                 Follower::Srr(s) => s.select(),
                 Follower::Random { rfq, g, .. } => rfq.channel_of(*g),
             };
-            while let Some(&Item::Marker { position: pos, .. }) = bufs[c].front() {
+            while let Some(&Item::Marker {
+                position: pos,
+                quantum,
+                ..
+            }) = bufs[c].front()
+            {
                 bufs[c].pop_front();
-                if self.apply_marker(c, pos) {
+                if self.apply_marker(c, pos, quantum) {
                     stats.channels[c].resyncs += 1;
                 }
             }

@@ -56,7 +56,12 @@ pub(crate) enum Item {
     /// What the engines use of a marker: the implicit number of the channel's next
     /// packet, and the data packets sent before it. (Only this is kept, so that buffered
     /// items stay small.)
-    Marker { position: Position, sent: u64 },
+    Marker {
+        position: Position,
+        sent: u64,
+        /// The channel's quantum from here on (adaptive weights), if announced.
+        quantum: Option<u32>,
+    },
 }
 
 /// Where engines put packets for the application, and the counters they update.
@@ -410,6 +415,7 @@ impl Resequencer {
                 let item = Item::Marker {
                     position: m.position,
                     sent: m.sent,
+                    quantum: m.quantum_change.map(|(q, _)| q),
                 };
                 (m.channel as usize == channel).then_some(Input::Item(item))
             }

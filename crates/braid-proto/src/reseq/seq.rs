@@ -204,9 +204,13 @@ impl Seq {
         for (i, q) in self.b.bufs.iter_mut().enumerate() {
             loop {
                 match q.front() {
-                    Some(&Item::Marker { position: pos, .. }) => {
+                    Some(&Item::Marker {
+                        position: pos,
+                        quantum,
+                        ..
+                    }) => {
                         q.pop_front();
-                        if self.b.follow.apply_marker(i, pos) {
+                        if self.b.follow.apply_marker(i, pos, quantum) {
                             stats.channels[i].resyncs += 1;
                         }
                     }
@@ -294,14 +298,23 @@ impl ModeEngine for Seq {
     fn accept(&mut self, now: Instant, channel: usize, item: Item, sink: &mut Sink) {
         self.b.heard(channel, now);
         match &item {
-            Item::Marker { sent, .. } => self.floor[channel] = self.floor[channel].max(*sent),
+            Item::Marker { sent, .. } => {
+                // The same window for the count a marker carries: a far-ahead count
+                // would put the channel past numbers it never carried, and markers on
+                // every channel would skip the stream there.
+                if *sent > self.expected.saturating_add(self.window) {
+                    sink.stats.out_of_window += 1;
+                    return;
+                }
+                self.floor[channel] = self.floor[channel].max(*sent)
+            }
             Item::Data { seq, .. } => {
                 let seq = *seq;
                 // Too far ahead to be genuine: the sender cannot be more than what all
                 // the buffers hold (twice, for slack) ahead of what we deliver. A forged
                 // far-ahead number would otherwise make every channel look past the
                 // expected one and skip everything up to it.
-                if seq >= self.expected + self.window {
+                if seq >= self.expected.saturating_add(self.window) {
                     sink.stats.out_of_window += 1;
                     return;
                 }

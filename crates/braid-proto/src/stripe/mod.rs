@@ -119,6 +119,11 @@ pub struct Striper {
     /// `seq` mode with repair: the last packets sent, oldest first, for NAKs.
     sent_ring: VecDeque<(u64, Bytes, bool)>,
     ring_limit: usize,
+    /// Adaptive weights: quanta waiting for the next marker batch.
+    pending_quanta: Option<Vec<u32>>,
+    /// Once the quanta have changed, every marker carries its channel's quantum.
+    announce_quanta: bool,
+    quanta_changes: u64,
     stats: Stats,
 }
 
@@ -150,9 +155,84 @@ impl Striper {
             } else {
                 0
             },
+            pending_quanta: None,
+            announce_quanta: false,
+            quanta_changes: 0,
             stats: Stats::new(n),
             cfg,
         })
+    }
+
+    /// Change the SRR quanta (adaptive weights), one per channel, each at least
+    /// `max_packet`. The change takes effect at the next marker batch: every channel's
+    /// marker then carries its new quantum (and so does every later marker, so a lost
+    /// one is made good by the next), and each channel's quantum is added with the new
+    /// value from the first end of a visit after its marker. The receiver reads the
+    /// marker before any data sent after it (channels are FIFO), so its simulation of
+    /// the sender stays exact. In mode `none` nobody simulates the sender and the change
+    /// is immediate.
+    ///
+    /// Only SRR with `logical`, `seq` or `none`: TRR triggers carry no quantum, and
+    /// RR, GRR and random do not weigh by bytes.
+    pub fn set_quanta(&mut self, quanta: &[u32]) -> Result<(), ConfigError> {
+        if self.cfg.policy != Policy::Causal(crate::sched::SchedulerKind::Srr) {
+            return Err(ConfigError::Quanta("they need the srr scheduler".into()));
+        }
+        if self.cfg.mode == Mode::Trr {
+            return Err(ConfigError::Quanta(
+                "not available in trr mode (triggers carry no quantum)".into(),
+            ));
+        }
+        if quanta.len() != self.cfg.channels() {
+            return Err(ConfigError::Quanta(format!(
+                "{} quanta for {} channels",
+                quanta.len(),
+                self.cfg.channels()
+            )));
+        }
+        if let Some((c, q)) = quanta
+            .iter()
+            .enumerate()
+            .find(|(_, &q)| q < self.cfg.max_packet)
+        {
+            return Err(ConfigError::Quanta(format!(
+                "quantum {q} of channel {c} is below max_packet {}",
+                self.cfg.max_packet
+            )));
+        }
+        self.pending_quanta = Some(quanta.to_vec());
+        if !self.markers_on() {
+            self.apply_quanta();
+        }
+        Ok(())
+    }
+
+    /// Times new quanta took effect.
+    pub fn quanta_changes(&self) -> u64 {
+        self.quanta_changes
+    }
+
+    /// The quanta in force (SRR), or `None` for other schedulers.
+    pub fn quanta(&self) -> Option<Vec<u32>> {
+        match &self.chooser {
+            Chooser::Causal(Sched::Srr(s)) => {
+                Some((0..s.channels()).map(|c| s.quantum(c) as u32).collect())
+            }
+            _ => None,
+        }
+    }
+
+    fn apply_quanta(&mut self) {
+        let (Some(q), Chooser::Causal(Sched::Srr(s))) =
+            (self.pending_quanta.take(), &mut self.chooser)
+        else {
+            return;
+        };
+        for (c, &q) in q.iter().enumerate() {
+            s.set_quantum(c, q);
+        }
+        self.announce_quanta = true;
+        self.quanta_changes += 1;
     }
 
     /// The configuration.
@@ -447,20 +527,28 @@ impl Striper {
     }
 
     fn emit_markers(&mut self) {
+        self.apply_quanta();
         let Chooser::Causal(s) = &self.chooser else {
             return;
         };
         self.unmarked_since = None;
         self.batch = self.batch.wrapping_add(1);
         for c in 0..self.cfg.channels() {
+            let position = s.position(c);
+            let quantum_change = match s {
+                Sched::Srr(srr) if self.announce_quanta => {
+                    Some((srr.quantum(c) as u32, position.round))
+                }
+                _ => None,
+            };
             let repr = marker::Repr {
                 channel: c as u8,
                 epoch: self.epoch,
-                position: s.position(c),
+                position,
                 sent: self.sent,
                 batch: self.batch,
                 credits: None,
-                quantum_change: None,
+                quantum_change,
             };
             self.stats.channels[c].markers_sent += 1;
             self.out.push_back(Transmit {
