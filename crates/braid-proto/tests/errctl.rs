@@ -16,13 +16,25 @@ struct Net {
     delay_us: u64,
     loss: f64,
     back_loss: f64,
+    /// Drop every end-of-stream packet sent before this time.
+    drop_end_until_us: u64,
 }
 
 struct Outcome {
     segments: Vec<Segment>,
     sent: Stats,
     recv: Stats,
+    /// Everything delivered, the receiver knows the stream is complete and the sender
+    /// has its acknowledgement of the end.
     finished: bool,
+}
+
+fn is_end(d: &[u8]) -> bool {
+    use braid_proto::wire::errctl::{DataKind, DataPacket, DataRepr};
+    DataPacket::new_checked(d)
+        .ok()
+        .and_then(|p| DataRepr::parse(&p).ok())
+        .is_some_and(|r| r.kind == DataKind::End)
 }
 
 fn payload(i: u64) -> Bytes {
@@ -79,7 +91,8 @@ fn run(cfg: &Config, net: &Net, n: u64, seed: u64, limit_us: u64) -> Outcome {
             match tx.poll_transmit(t) {
                 Some(d) => {
                     tx_free = now + net.tx_us;
-                    if draw() >= net.loss {
+                    let end_dropped = now < net.drop_end_until_us && is_end(&d);
+                    if draw() >= net.loss && !end_dropped {
                         fwd.push_back((tx_free + net.delay_us, d));
                     }
                 }
@@ -90,7 +103,8 @@ fn run(cfg: &Config, net: &Net, n: u64, seed: u64, limit_us: u64) -> Outcome {
             .iter()
             .map(|s: &Segment| s.packets.len() as u64)
             .sum();
-        if (delivered == n && tx.is_idle()) || now >= limit_us {
+        let done = delivered == n && tx.is_done() && rx.is_complete();
+        if done || now >= limit_us {
             break;
         }
         let next = [
@@ -109,7 +123,7 @@ fn run(cfg: &Config, net: &Net, n: u64, seed: u64, limit_us: u64) -> Outcome {
     }
     let delivered: u64 = segments.iter().map(|s| s.packets.len() as u64).sum();
     Outcome {
-        finished: delivered == n && tx.is_idle(),
+        finished: delivered == n && tx.is_done() && rx.is_complete(),
         segments,
         sent: tx.stats().clone(),
         recv: rx.stats().clone(),
@@ -129,6 +143,7 @@ fn net(loss: f64, back_loss: f64) -> Net {
         delay_us: 1000,
         loss,
         back_loss,
+        drop_end_until_us: 0,
     }
 }
 
@@ -170,8 +185,10 @@ proptest! {
         prop_assert_eq!(expect, n);
         prop_assert_eq!(out.recv.violations, 0);
         prop_assert_eq!(out.recv.packets_tolerated, 0);
+        prop_assert!(out.recv.packets_repaired <= out.sent.retransmissions);
         if loss == 0.0 {
             prop_assert_eq!(out.sent.retransmissions, 0);
+            prop_assert_eq!(out.recv.packets_repaired, 0);
         }
     }
 
@@ -319,4 +336,48 @@ fn snak_validation() {
     tx.handle_datagram(later, &snak(0, vec![(1, 1)]));
     assert_eq!(tx.stats().premature_requests, 1);
     assert!(tx.poll_transmit(later).is_none());
+}
+
+/// The end of stream is acknowledged even when every end-of-stream packet sent in the
+/// first 50 ms is lost, whatever the length of the last segment, for an empty stream
+/// too: the receiver learns that the stream is complete and the sender that it knows.
+#[test]
+fn end_of_stream_survives_losing_every_end_packet() {
+    for n in [0u64, 1, 7, 8, 16, 17, 64] {
+        let cfg = config(Tolerance::reliable(8), 4, 1000);
+        let mut lossy = net(0.0, 0.0);
+        lossy.drop_end_until_us = 50_000;
+        let out = run(&cfg, &lossy, n, 7, 10_000_000);
+        assert!(out.finished, "n = {n}: {:?} {:?}", out.sent, out.recv);
+        let delivered: usize = out.segments.iter().map(|s| s.packets.len()).sum();
+        assert_eq!(delivered as u64, n);
+        assert!(out.recv.end_acks_sent >= 1, "n = {n}");
+        // End packets kept coming after the 50 ms: more than one was sent.
+        assert!(out.sent.keepalives_sent >= 2, "n = {n}: {:?}", out.sent);
+    }
+}
+
+/// Without the end acknowledgement the sender is never done: with every end packet
+/// lost it keeps sending them (and is idle, every segment acknowledged, but not done).
+#[test]
+fn sender_is_not_done_without_the_end_acknowledgement() {
+    let cfg = config(Tolerance::reliable(8), 4, 1000);
+    let mut lossy = net(0.0, 0.0);
+    lossy.drop_end_until_us = u64::MAX;
+    let out = run(&cfg, &lossy, 16, 1, 2_000_000);
+    assert!(!out.finished);
+    assert_eq!(out.segments.len(), 2);
+    assert_eq!(out.recv.end_acks_sent, 0);
+    // One end packet per keep-alive period (1.1 ms) for about two seconds.
+    assert!(out.sent.keepalives_sent > 1000, "{:?}", out.sent);
+}
+
+/// A SNAK's packets are counted as repaired when they arrive.
+#[test]
+fn repairs_are_counted_at_the_receiver() {
+    let cfg = config(Tolerance::reliable(16), 4, 100_000);
+    let out = run(&cfg, &net(0.2, 0.0), 400, 3, 60_000_000);
+    assert!(out.finished);
+    assert!(out.recv.packets_repaired > 40, "{:?}", out.recv);
+    assert!(out.recv.packets_repaired <= out.sent.retransmissions);
 }

@@ -16,6 +16,13 @@
 //! the tail. A segment not accepted within the **deadline** is given up: delivered with
 //! its holes, counted, and a violation counted if the holes break the tolerance.
 //!
+//! The end of stream is acknowledged: end-of-stream packets repeat every keep-alive
+//! period until the receiver, once it has every segment, answers with a PACK whose
+//! cumulative acknowledgement and segment are both one past the last segment (no PACK
+//! for an accepted segment has that shape); it answers every later end-of-stream packet
+//! the same way. Then [`Receiver::is_complete`] and [`Sender::is_done`] hold, even if
+//! every segment was acknowledged before any end-of-stream packet got through.
+//!
 //! Both ends are sans-IO like the rest of the crate: `handle_*` for input (with `now`),
 //! `poll_*` for output. Call order for a driver:
 //!

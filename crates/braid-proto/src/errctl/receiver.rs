@@ -37,6 +37,8 @@ struct RxSeg {
     forced: bool,
     /// Requests outstanding; the next SNAK may go at this time.
     snak_next: Option<Instant>,
+    /// Packets named in a SNAK sent for this segment.
+    requested: Vec<bool>,
 }
 
 /// The receiver of an error-controlled stream.
@@ -125,6 +127,11 @@ impl Receiver {
             self.stats.malformed += 1;
             return;
         }
+        let was_complete = self.is_complete();
+        if r.kind == DataKind::End && self.end_behind(r.segment) {
+            self.ack_end();
+            return;
+        }
         let seg = extend(r.segment, self.next);
         let ship = extend(r.shipment, self.expected_ship);
         if seg >= self.next + u64::from(self.cfg.window) || self.end.is_some_and(|e| seg >= e) {
@@ -156,6 +163,36 @@ impl Receiver {
             self.check_one(now, seg);
         }
         self.deliver_in_order();
+        // Acknowledge the end when the stream becomes complete, and again for every
+        // end-of-stream packet after that (the acknowledgement may have been lost).
+        if self.is_complete() && (!was_complete || r.kind == DataKind::End) {
+            self.ack_end();
+        }
+    }
+
+    /// An end-of-stream packet naming the last packet of segment `wrapped`, a segment
+    /// already delivered (or, for an empty stream, segment −1): the stream ends at L.
+    fn end_behind(&mut self, wrapped: u32) -> bool {
+        let end = extend(wrapped.wrapping_add(1), self.next);
+        if end > self.next {
+            return false;
+        }
+        self.end.get_or_insert(end);
+        true
+    }
+
+    /// The end acknowledgement: a PACK whose cumulative acknowledgement and segment are
+    /// both one past the last segment (no PACK for an accepted segment looks like it).
+    fn ack_end(&mut self) {
+        let Some(end) = self.end.filter(|_| self.is_complete()) else {
+            return;
+        };
+        self.stats.end_acks_sent += 1;
+        let pack = PackRepr {
+            cum_ack: end as u32,
+            segment: end as u32,
+        };
+        self.push_out(pack.to_vec());
     }
 
     /// Create the segments up to `seg`; mark the ones below it fully known and `seg`
@@ -174,6 +211,7 @@ impl Receiver {
                 accepted: None,
                 forced: false,
                 snak_next: None,
+                requested: vec![false; w],
             });
         }
         let at = (seg - self.next) as usize;
@@ -199,6 +237,9 @@ impl Receiver {
         }
         s.slots[idx] = Slot::Present;
         s.data[idx] = Some(Bytes::copy_from_slice(payload));
+        if s.requested[idx] {
+            self.stats.packets_repaired += 1;
+        }
     }
 
     /// The stream ends with packet `len - 1` of segment `seg`.
@@ -263,6 +304,9 @@ impl Receiver {
         s.snak_next = Some(now + self.cfg.ack_interval);
         let mut ranges = req;
         ranges.truncate(MAX_RANGES);
+        for &(a, z) in &ranges {
+            s.requested[usize::from(a)..=usize::from(z)].fill(true);
+        }
         self.stats.snaks_sent += 1;
         let snak = SnakRepr {
             cum_ack: self.next as u32,
@@ -332,6 +376,7 @@ impl Receiver {
     /// Timers: the loss timer (check every open segment), SNAK repeats, deadlines
     /// (give up a segment known to be sent in full), the periodic PACK.
     pub fn handle_timeout(&mut self, now: Instant) {
+        let was_complete = self.is_complete();
         if self.loss_timer.is_some_and(|t| now >= t) {
             self.loss_timer = None;
             self.stats.loss_timeouts += 1;
@@ -369,6 +414,9 @@ impl Receiver {
             }
         }
         self.deliver_in_order();
+        if !was_complete && self.is_complete() {
+            self.ack_end();
+        }
     }
 
     fn give_up(&mut self, now: Instant, i: usize) {

@@ -56,6 +56,10 @@ pub struct Sender {
     data_since_ctx: bool,
     last_ctx: Option<Instant>,
     finished: bool,
+    /// One past the last segment of the stream, once [`Sender::finish`] was called.
+    end_seg: Option<u64>,
+    /// The receiver acknowledged the end of the stream (it has every segment).
+    end_acked: bool,
     stats: Stats,
 }
 
@@ -72,6 +76,8 @@ impl Sender {
             data_since_ctx: false,
             last_ctx: None,
             finished: false,
+            end_seg: None,
+            end_acked: false,
             stats: Stats::default(),
         }
     }
@@ -97,9 +103,22 @@ impl Sender {
                 || self.segs.len() < self.cfg.window as usize)
     }
 
-    /// Nothing left to send or to have acknowledged.
+    /// Nothing left to send or to have acknowledged (the end of stream aside: see
+    /// [`Sender::is_done`]).
     pub fn is_idle(&self) -> bool {
         self.segs.is_empty()
+    }
+
+    /// The stream is finished and the receiver has acknowledged all of it, its end
+    /// included: it knows the stream is complete. Until then end-of-stream packets
+    /// repeat every keep-alive period, even with every segment acknowledged.
+    pub fn is_done(&self) -> bool {
+        self.finished && self.end_acked && self.segs.is_empty()
+    }
+
+    /// Something still needs an acknowledgement: a segment, or the end of stream.
+    fn awaiting_ack(&self) -> bool {
+        !self.segs.is_empty() || (self.finished && !self.end_acked)
     }
 
     /// Queue one application packet; it becomes packet `k` of the open segment.
@@ -135,7 +154,11 @@ impl Sender {
     /// End of stream: the open segment is closed short, and end-of-stream packets
     /// replace keep-alives.
     pub fn finish(&mut self, _now: Instant) {
+        if self.finished {
+            return;
+        }
         self.finished = true;
+        self.end_seg = Some(self.end());
         if let Some(s) = self.segs.back_mut() {
             s.closed = true;
         }
@@ -170,11 +193,18 @@ impl Sender {
             return Some(self.frame(DataKind::Data, number, idx, &payload));
         }
         if self.context_due(now) {
-            let (number, idx) = self.last_new?;
+            let end = self.finished && self.all_sent();
+            // An empty stream's end names the packet before segment 0: the last one of
+            // segment -1 (wrapped), so the receiver's end is 0.
+            let (number, idx) = match self.last_new {
+                Some(x) => x,
+                None if end => (u64::MAX, self.cfg.tolerance.w - 1),
+                None => return None,
+            };
             self.data_since_ctx = false;
             self.last_ctx = Some(now);
             self.stats.keepalives_sent += 1;
-            let kind = if self.finished && self.all_sent() {
+            let kind = if end {
                 DataKind::End
             } else {
                 DataKind::KeepAlive
@@ -190,13 +220,16 @@ impl Sender {
             .all(|s| s.done || (s.closed && s.extent == s.packets.len()))
     }
 
-    /// A keep-alive is due: the queue is empty, something is unacknowledged, and data
-    /// went out since the last one or a keep-alive period has passed.
+    /// A keep-alive is due: the queue is empty, something is unacknowledged (the end of
+    /// a finished stream included), and data went out since the last one or a
+    /// keep-alive period has passed.
     fn context_due(&self, now: Instant) -> bool {
-        self.xmtq.is_empty()
-            && self.last_new.is_some()
-            && !self.segs.is_empty()
+        self.context_armed()
             && (self.data_since_ctx || self.last_ctx.is_none_or(|t| now >= t + self.cfg.keepalive))
+    }
+
+    fn context_armed(&self) -> bool {
+        self.xmtq.is_empty() && (self.last_new.is_some() || self.finished) && self.awaiting_ack()
     }
 
     fn frame(&mut self, kind: DataKind, number: u64, idx: u16, payload: &[u8]) -> Bytes {
@@ -217,7 +250,7 @@ impl Sender {
     /// When [`Sender::handle_timeout`] (and then [`Sender::poll_transmit`]) should run
     /// next: a keep-alive or a segment's deadline.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let ka = if self.xmtq.is_empty() && self.last_new.is_some() && !self.segs.is_empty() {
+        let ka = if self.context_armed() {
             match self.last_ctx {
                 Some(t) if !self.data_since_ctx => Some(t + self.cfg.keepalive),
                 _ => Some(Instant::ZERO),
@@ -296,6 +329,14 @@ impl Sender {
     fn handle_pack(&mut self, p: &PackRepr) {
         let cum = extend(p.cum_ack, self.base);
         let seg = extend(p.segment, self.base);
+        // The end acknowledgement: cumulative ack and segment both one past the last
+        // segment (a PACK for a segment that exists always names one below `cum`).
+        if self.end_seg.is_some_and(|e| cum == e && seg == e) {
+            self.stats.packs_received += 1;
+            self.end_acked = true;
+            self.release_below(cum);
+            return;
+        }
         let cum_ok = cum <= self.base || self.fully_sent(cum - 1);
         let seg_ok = seg < self.base || self.fully_sent(seg);
         if !cum_ok || !seg_ok || seg >= self.end().max(cum) {

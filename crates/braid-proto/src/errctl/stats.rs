@@ -45,6 +45,11 @@ pub struct Stats {
     pub packs_sent: u64,
     /// Receiver: control datagrams dropped because the driver did not poll them.
     pub control_dropped: u64,
+    /// Receiver: end-of-stream acknowledgements sent (see [`super::Sender::is_done`]).
+    pub end_acks_sent: u64,
+    /// Receiver: packets that arrived after a SNAK had requested them (losses repaired,
+    /// or late arrivals taken for losses).
+    pub packets_repaired: u64,
     /// Receiver: segments delivered to the application.
     pub segments_delivered: u64,
     /// Receiver: packets lost but accepted within the tolerance.
@@ -82,6 +87,8 @@ impl AddAssign<&Stats> for Stats {
             snaks_sent,
             packs_sent,
             control_dropped,
+            end_acks_sent,
+            packets_repaired,
             segments_delivered,
             packets_tolerated,
             packets_given_up,
@@ -107,6 +114,8 @@ impl AddAssign<&Stats> for Stats {
         self.snaks_sent += snaks_sent;
         self.packs_sent += packs_sent;
         self.control_dropped += control_dropped;
+        self.end_acks_sent += end_acks_sent;
+        self.packets_repaired += packets_repaired;
         self.segments_delivered += segments_delivered;
         self.packets_tolerated += packets_tolerated;
         self.packets_given_up += packets_given_up;
