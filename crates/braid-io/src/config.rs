@@ -93,6 +93,8 @@ pub struct SessionConfig {
     pub queue_packets: usize,
     /// SO_RCVBUF / SO_SNDBUF per channel socket, in bytes (0: kernel default).
     pub socket_buffer: usize,
+    /// Adaptive weights (see `braid_proto::session::Config::adaptive`); on by default.
+    pub adaptive: bool,
 }
 
 impl std::fmt::Debug for SessionConfig {
@@ -133,6 +135,7 @@ impl SessionConfig {
             rejoin_after: Duration::from_millis(150),
             queue_packets: 4096,
             socket_buffer: 4 << 20,
+            adaptive: true,
         }
     }
 
@@ -243,6 +246,7 @@ impl SessionConfig {
             dead_after: braid_proto::Duration::from_micros(self.dead_after.as_micros() as u64),
             rejoin_after: braid_proto::Duration::from_micros(self.rejoin_after.as_micros() as u64),
             queue_packets: self.queue_packets,
+            adaptive: self.adaptive,
         }
     }
 
@@ -329,6 +333,7 @@ struct RawSession {
     marker_idle: Option<String>,
     marker_interval: Option<String>,
     equalize: Option<bool>,
+    adaptive: Option<bool>,
     repair: Option<String>,
     trigger_every: Option<u32>,
     max_wait: Option<String>,
@@ -548,6 +553,9 @@ impl FileConfig {
         }
         if let Some(e) = s.equalize {
             cfg.receiver.equalize = e;
+        }
+        if let Some(a) = s.adaptive {
+            cfg.adaptive = a;
         }
         if let Some(v) = &s.repair {
             let d = parse_duration(v).map_err(|r| err("session.repair", r.to_string()))?;

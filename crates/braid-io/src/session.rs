@@ -679,6 +679,7 @@ impl Driver {
                 rtt_min_ms: c.estimate.rtt_min.map_or(-1.0, |d| d.as_secs_f64() * 1e3),
                 delivery_bps: c.estimate.delivery_bps.unwrap_or(-1.0),
                 loss_ratio: c.estimate.loss.unwrap_or(-1.0),
+                quantum: u64::from(c.quantum),
             })
             .collect();
         SessionStats {
@@ -710,6 +711,7 @@ impl Driver {
             malformed: channels.iter().map(|c| c.malformed).sum::<u64>(),
             resyncs: channels.iter().map(|c| c.resyncs).sum(),
             delivered_bps: s.delivered_bps,
+            quanta_changes: s.quanta_changes,
             channels,
         }
     }

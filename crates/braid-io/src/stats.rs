@@ -91,6 +91,8 @@ pub struct ChannelSnapshot {
     /// Share of our datagrams the peer found missing on this channel, recent reports
     /// (-1: not known yet).
     pub loss_ratio: f64,
+    /// SRR quantum in bytes: adapted to what the channel delivers, or as configured.
+    pub quantum: u64,
 }
 
 /// A snapshot of a whole session.
@@ -157,6 +159,8 @@ pub struct SessionStats {
     pub resyncs: u64,
     /// Delivery rate over the last second, bit/s.
     pub delivered_bps: f64,
+    /// Times adaptive weights changed the quanta.
+    pub quanta_changes: u64,
     /// Per channel.
     pub channels: Vec<ChannelSnapshot>,
 }
@@ -366,7 +370,7 @@ fn is_gauge(field: &str) -> bool {
         || field.ends_with("_epoch")
         || matches!(
             field,
-            "peer_seen" | "switching" | "peer_hears_us" | "in_tx_set" | "in_rx_set"
+            "peer_seen" | "switching" | "peer_hears_us" | "in_tx_set" | "in_rx_set" | "quantum"
         )
 }
 

@@ -121,6 +121,7 @@ impl SessionEnds {
 
     pub fn result(&self) -> SessionResult {
         let ms = |a: Nanos, b: Option<Nanos>| b.map(|b| (b.saturating_sub(a)) as f64 / 1e6);
+        let st = self.a.stats(Instant::ZERO);
         SessionResult {
             failover_ms: self
                 .episodes
@@ -133,7 +134,9 @@ impl SessionEnds {
                 .map(|e| ms(e.end, e.rejoin_at))
                 .collect(),
             duplicates: self.duplicates,
-            epoch_changes: self.a.stats(Instant::ZERO).tx_epoch_changes,
+            epoch_changes: st.tx_epoch_changes,
+            quanta_changes: st.quanta_changes,
+            final_quanta: st.channels.iter().map(|c| c.quantum).collect(),
         }
     }
 

@@ -183,6 +183,10 @@ pub struct SessionResult {
     pub duplicates: u64,
     /// Epoch switches completed by the sender.
     pub epoch_changes: u64,
+    /// Times adaptive weights changed the sender's quanta.
+    pub quanta_changes: u64,
+    /// The sender's quantum per channel at the end (bytes).
+    pub final_quanta: Vec<u32>,
 }
 
 impl RunResult {

@@ -88,7 +88,7 @@ pub struct RunReport {
     /// Simulation events processed.
     pub events: u64,
     /// Session runs only (`[session]`): `failover_ms`, `rejoin_ms` per link-down
-    /// episode, `duplicates`, `epoch_changes`.
+    /// episode, `duplicates`, `epoch_changes`, `quanta_changes`, `final_quanta`.
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub session: Option<engine::SessionResult>,
     /// Error-control runs only (`[errctl]`): `tolerance` [W, E, B], `window`,

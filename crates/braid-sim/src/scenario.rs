@@ -1080,6 +1080,7 @@ fn session_variant(st: &Tab, sc: StripeConfig) -> Result<Variant, ScenarioError>
         "key",
         "security",
         "rekey_after",
+        "adaptive",
     ])?;
     let Policy::Causal(scheduler) = sc.policy else {
         return Err(st.cx.err(
@@ -1134,6 +1135,7 @@ fn session_variant(st: &Tab, sc: StripeConfig) -> Result<Variant, ScenarioError>
         1 << 24,
         "a whole number of packets from 1 to 16777216",
     )? as usize;
+    cfg.adaptive = st.bool_or("adaptive", cfg.adaptive)?;
     cfg.validate().map_err(|e| st.cx.err(Some("session"), &e))?;
     Ok(Variant::Session(Box::new(cfg)))
 }

@@ -129,3 +129,50 @@ scheduler = "srr"
     let e = run_scenario(&sc, 1, 1, &|_, _| {}).unwrap_err().to_string();
     assert!(e.contains("timed traffic"), "{e}");
 }
+
+/// Adaptive weights: with the weights the wrong way round, the static bond carries
+/// about half the stream and loses the rest on the overloaded link; the adaptive one
+/// finds the right quanta from the peer's feedback within a second and carries nearly
+/// what the right static weights carry.
+#[test]
+fn adaptive_weights_recover_from_weights_the_wrong_way_round() {
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios/adaptive/wrong-weights.toml");
+    let sc = scenario::load(&path).unwrap_or_else(|e| panic!("{e}"));
+    let r = run(&sc, 1);
+    let by = |label: &str| {
+        r.runs
+            .iter()
+            .find(|x| x.label == label)
+            .unwrap_or_else(|| panic!("no run {label}"))
+    };
+    let right = by("right weights, static");
+    let wrong = by("static logical");
+    assert_eq!(right.packets_lost, 0);
+    assert!(
+        wrong.packets_lost * 3 > wrong.packets_sent,
+        "{}",
+        wrong.packets_lost
+    );
+    for label in ["adaptive logical", "adaptive seq"] {
+        let a = by(label);
+        let s = a.session.as_ref().unwrap();
+        assert!(s.quanta_changes >= 1, "{label}");
+        // The slow link ends with the smallest quantum, the fast one with the largest.
+        let q = &s.final_quanta;
+        assert!(q[0] > q[1] && q[1] > q[2], "{label}: {q:?}");
+        // Loss only while it converged: at most a second of the 62 Mbit/s excess.
+        let excess_per_s = (62e6 / 8.0 / 1200.0) as u64;
+        assert!(
+            a.packets_lost < excess_per_s,
+            "{label}: lost {}",
+            a.packets_lost
+        );
+        assert!(
+            a.goodput_bps > 0.95 * right.goodput_bps,
+            "{label}: {} vs {}",
+            a.goodput_bps,
+            right.goodput_bps
+        );
+    }
+}

@@ -127,6 +127,7 @@ impl Session {
         self.tx.set = self.all;
         self.tx.members = members;
         self.tx.switching = None;
+        self.reapply_quanta();
         self.rx.account();
         self.rx.reseq = Resequencer::new(&sc).expect("validated");
         self.rx.epoch = 0;
@@ -240,6 +241,7 @@ impl Session {
         self.tx.epoch = new_epoch;
         self.tx.set = a.set;
         self.tx.members = members;
+        self.reapply_quanta();
         self.tx.switching = None;
         self.tx.changes += 1;
         self.events.push_back(Event::TxEpoch {

@@ -180,7 +180,8 @@ impl Session {
     pub(super) fn on_feedback(&mut self, c: usize, f: Feedback, now: Instant) {
         self.chans[c].n.rx_feedback += 1;
         self.chans[c].fb_rx.peer_ts = Some((f.timestamp, now));
-        self.chans[c].fb_tx.on_report(now, &f);
+        let sent = self.chans[c].n.tx_bytes;
+        self.chans[c].fb_tx.on_report(now, &f, sent);
     }
 
     fn liveness(&mut self, now: Instant) {

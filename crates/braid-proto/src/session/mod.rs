@@ -31,6 +31,7 @@
 //!
 //! Every input takes `now`, an [`Instant`] from the driver's origin.
 
+mod adapt;
 pub mod crypto;
 mod epoch;
 pub mod feedback;
@@ -99,6 +100,10 @@ pub struct Config {
     pub rejoin_after: Duration,
     /// Application packets held while an epoch switch waits for its ack.
     pub queue_packets: usize,
+    /// Adaptive weights: the SRR quanta follow what the peer's feedback says each
+    /// channel delivers (`session::adapt`); the configured weights are the start. Only
+    /// with the srr scheduler in `logical`, `seq` or `none` mode; otherwise ignored.
+    pub adaptive: bool,
 }
 
 impl std::fmt::Debug for Config {
@@ -126,6 +131,7 @@ impl std::fmt::Debug for Config {
             .field("dead_after", &self.dead_after)
             .field("rejoin_after", &self.rejoin_after)
             .field("queue_packets", &self.queue_packets)
+            .field("adaptive", &self.adaptive)
             .finish()
     }
 }
@@ -158,7 +164,13 @@ impl Config {
             dead_after: Duration::from_millis(300),
             rejoin_after: Duration::from_millis(150),
             queue_packets: 4096,
+            adaptive: true,
         }
+    }
+
+    /// Whether weights adapt with this configuration (see [`Config::adaptive`]).
+    pub fn adapts(&self) -> bool {
+        self.adaptive && self.scheduler == SchedulerKind::Srr && self.mode != Mode::Trr
     }
 
     /// Check the configuration; the message names what is wrong.
@@ -405,6 +417,7 @@ pub struct Session {
     deliver: VecDeque<Bytes>,
     events: VecDeque<Event>,
     counters: stats::Counters,
+    adapt: Option<adapt::Adapt>,
     next_hello: Instant,
     next_rate: Instant,
 }
@@ -435,6 +448,9 @@ impl Session {
             deliver: VecDeque::new(),
             events: VecDeque::new(),
             counters: stats::Counters::default(),
+            adapt: cfg
+                .adapts()
+                .then(|| adapt::Adapt::new(sc.weights.clone(), now)),
             next_hello: now,
             next_rate: now + Duration::from_secs(1),
             cfg,
@@ -595,6 +611,9 @@ impl Session {
     /// When [`Session::handle_timeout`] wants to be called.
     pub fn poll_timeout(&self) -> Instant {
         let mut d = self.next_hello.min(self.next_rate);
+        if let Some(a) = &self.adapt {
+            d = d.min(a.next);
+        }
         if self.tx.switching.is_none() {
             if let Some(t) = self.tx.striper.poll_timeout() {
                 d = d.min(t);
@@ -621,6 +640,35 @@ impl Session {
         if now >= self.next_rate {
             self.next_rate = now + Duration::from_secs(1);
             self.rates();
+        }
+        if self.adapt.as_ref().is_some_and(|a| now >= a.next) {
+            self.adapt_weights(now);
+        }
+    }
+
+    /// One step of the weight controller (`session::adapt`).
+    fn adapt_weights(&mut self, now: Instant) {
+        let Some(a) = &mut self.adapt else {
+            return;
+        };
+        let est: Vec<_> = self.chans.iter().map(|c| c.fb_tx.estimate()).collect();
+        let max_packet = self.tx.striper.config().max_packet;
+        if let Some(q) = a.step(now, &self.tx.members, &est, max_packet) {
+            if self.tx.switching.is_none() {
+                // Refused only if the quanta do not fit the striper: then keep the old.
+                let _ = self.tx.striper.set_quanta(&q);
+            }
+        }
+    }
+
+    /// A new striper (new epoch): it starts from the configured weights, as the peer's
+    /// new resequencer does; the adapted quanta follow at its first marker batch.
+    fn reapply_quanta(&mut self) {
+        if let Some(a) = &self.adapt {
+            let q = a.of(&self.tx.members);
+            if self.tx.striper.quanta().as_ref() != Some(&q) {
+                let _ = self.tx.striper.set_quanta(&q);
+            }
         }
     }
 

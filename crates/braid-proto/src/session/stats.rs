@@ -58,6 +58,8 @@ pub struct ChannelInfo {
     pub rx_feedback: u64,
     /// What the peer's feedback says of the channel: round trip, delivery rate, loss.
     pub estimate: super::feedback::Estimate,
+    /// Its SRR quantum in bytes (adapted, or as configured).
+    pub quantum: u32,
     /// Sealed datagrams whose tag did not verify (forged, corrupted, other keys).
     pub auth_failures: u64,
     /// Datagrams dropped because they were not sealed (where sealing is required) or
@@ -114,6 +116,8 @@ pub struct SessionStats {
     pub lost: u64,
     /// Delivery rate over the last whole second, bit/s.
     pub delivered_bps: f64,
+    /// Times adaptive weights changed the quanta.
+    pub quanta_changes: u64,
     /// Per channel.
     pub channels: Vec<ChannelInfo>,
 }
@@ -156,6 +160,10 @@ impl Session {
                     rx_hellos: c.n.rx_hellos,
                     rx_feedback: c.n.rx_feedback,
                     estimate: c.fb_tx.estimate(),
+                    quantum: match &self.adapt {
+                        Some(a) => a.quanta[i],
+                        None => self.cfg.stripe_config(&[i]).weights[0],
+                    },
                     auth_failures: c.n.auth_failures,
                     unauthenticated: c.n.unauthenticated,
                     replays: c.n.replays,
@@ -185,6 +193,7 @@ impl Session {
             switch_lost: self.rx.switch_lost,
             receiver,
             delivered_bps: self.counters.delivered_bps,
+            quanta_changes: self.adapt.as_ref().map_or(0, |a| a.changes),
             channels,
         }
     }
