@@ -11,6 +11,7 @@
 //! * [`stripe`]: the sender, [`Striper`];
 //! * [`reseq`]: the receiver, [`Resequencer`], in modes `none`, `logical`, `seq`, `trr`;
 //! * [`wire`]: every packet format;
+//! * [`credit`]: credit-based flow control, N23 / CUP / adaptive pools (seed 004);
 //! * [`harness`]: an in-memory sender–channels–receiver loop in virtual time, for tests.
 //!
 //! The papers this implements are seed 000 (SRR, logical reception, markers) and seed
@@ -19,6 +20,7 @@
 #![warn(missing_docs)]
 
 pub mod config;
+pub mod credit;
 pub mod harness;
 pub mod reseq;
 pub mod rng;

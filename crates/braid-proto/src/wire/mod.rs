@@ -24,12 +24,14 @@
 //! | `0xB9` | sealed datagram, authenticated, body in clear ([`secure`]) |
 //! | `0xBA` | handshake initiation ([`secure`]) |
 //! | `0xBB` | handshake response ([`secure`]) |
+//! | `0xBE` | credit and credit check, seed 004 ([`credit`]) |
 //! | `0xBF` | escaped data: one byte to strip, then data that itself starts with `0xB_` |
 //! | other `0xB_` | reserved: counted as malformed |
 //!
 //! Arbitrary application messages (not IP) that happen to start with `0xB_` are sent
 //! with the one-byte `0xBF` escape, so any byte string can be striped.
 
+pub mod credit;
 pub mod marker;
 pub mod nak;
 pub mod secure;
@@ -66,6 +68,9 @@ pub const TYPE_SIGNED: u8 = 0xB9;
 pub const TYPE_HS_INIT: u8 = 0xBA;
 /// First byte of a handshake response ([`secure`]).
 pub const TYPE_HS_RESP: u8 = 0xBB;
+/// First byte of a credit or credit check ([`credit`], seed 004). The highest free
+/// codepoint, so `0xBC`–`0xBD` stay free together for the error-control messages.
+pub const TYPE_CREDIT: u8 = 0xBE;
 /// First byte of escaped data: strip it, the rest is data starting with `0xB_`.
 pub const TYPE_ESCAPE: u8 = 0xBF;
 
@@ -192,6 +197,7 @@ mod tests {
             (TYPE_SESSION, 0xB4),
             (TYPE_NAK, 0xB5),
             (TYPE_REPAIR, 0xB6),
+            (TYPE_CREDIT, 0xBE),
             (TYPE_ESCAPE, 0xBF),
         ];
         for (t, b) in all {
