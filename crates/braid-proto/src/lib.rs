@@ -13,6 +13,7 @@
 //! * [`errctl`]: application-oriented error control with a loss tolerance (W, E, B),
 //!   SNAK and PACK (seed 002);
 //! * [`wire`]: every packet format;
+//! * [`credit`]: credit-based flow control, N23 / CUP / adaptive pools (seed 004);
 //! * [`harness`]: an in-memory sender–channels–receiver loop in virtual time, for tests.
 //!
 //! The papers this implements are seed 000 (SRR, logical reception, markers) and seed
@@ -21,6 +22,7 @@
 #![warn(missing_docs)]
 
 pub mod config;
+pub mod credit;
 pub mod errctl;
 pub mod harness;
 pub mod reseq;

@@ -12,13 +12,15 @@
 //! * [`errctl`]: seed 002's error control over one channel (`[errctl]` runs);
 //! * [`scenario`]: TOML scenario files with runs and sweeps;
 //! * [`report`]: JSON and table output;
-//! * [`plot`]: SVG and PNG plots.
+//! * [`plot`]: SVG and PNG plots;
+//! * [`credit`]: credit-based flow control on a slotted link (seed 004).
 //!
 //! One seed drives every random process; the same seed and scenario give the same
 //! results bit for bit.
 
 #![warn(missing_docs)]
 
+pub mod credit;
 mod ends;
 pub mod engine;
 pub mod errctl;

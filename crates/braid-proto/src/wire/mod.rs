@@ -20,6 +20,7 @@
 //! | `0xB4` | session messages: hello, epoch end, epoch ack ([`session`]) |
 //! | `0xB5` | NAK: sequence numbers to repair ([`nak`]) |
 //! | `0xB6` | a repaired (retransmitted) data packet, sequence header ([`seq`]) |
+//! | `0xB7` | credit and credit check, seed 004 ([`credit`]) |
 //! | `0xB8` | sealed datagram, encrypted ([`secure`]) |
 //! | `0xB9` | sealed datagram, authenticated, body in clear ([`secure`]) |
 //! | `0xBA` | handshake initiation ([`secure`]) |
@@ -36,6 +37,7 @@
 //! Arbitrary application messages (not IP) that happen to start with `0xB_` are sent
 //! with the one-byte `0xBF` escape, so any byte string can be striped.
 
+pub mod credit;
 pub mod errctl;
 pub mod marker;
 pub mod nak;
@@ -73,6 +75,8 @@ pub const TYPE_SIGNED: u8 = 0xB9;
 pub const TYPE_HS_INIT: u8 = 0xBA;
 /// First byte of a handshake response ([`secure`]).
 pub const TYPE_HS_RESP: u8 = 0xBB;
+/// First byte of a credit or credit check ([`credit`], seed 004).
+pub const TYPE_CREDIT: u8 = 0xB7;
 /// First byte of an error-control data, keep-alive or end-of-stream packet
 /// ([`errctl`]).
 pub const TYPE_ERRCTL_DATA: u8 = 0xBC;
@@ -206,6 +210,7 @@ mod tests {
             (TYPE_SESSION, 0xB4),
             (TYPE_NAK, 0xB5),
             (TYPE_REPAIR, 0xB6),
+            (TYPE_CREDIT, 0xB7),
             (TYPE_SEALED, 0xB8),
             (TYPE_SIGNED, 0xB9),
             (TYPE_HS_INIT, 0xBA),

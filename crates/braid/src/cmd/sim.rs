@@ -38,6 +38,19 @@ pub fn run(a: Args) -> Result<()> {
             )
         })?),
     };
+    if braid_sim::credit::is_credit_file(&a.file) {
+        let sc = braid_sim::credit::load(&a.file)?;
+        let rep = braid_sim::credit::run_scenario(&sc, a.seed.unwrap_or(sc.seed));
+        print!(
+            "{}",
+            if a.json {
+                rep.to_json() + "\n"
+            } else {
+                rep.to_table()
+            }
+        );
+        return Ok(());
+    }
     let sc = scenario::load(&a.file)?;
     if a.plot.is_some() && sc.plot.x.is_none() {
         bail!(
