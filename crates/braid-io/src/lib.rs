@@ -31,6 +31,7 @@ pub mod relay;
 pub mod session;
 pub mod stats;
 pub mod traffic;
+pub mod transfer;
 pub mod tun;
 pub mod tunnel;
 

@@ -37,8 +37,10 @@ struct RxSeg {
     forced: bool,
     /// Requests outstanding; the next SNAK may go at this time.
     snak_next: Option<Instant>,
-    /// Packets named in a SNAK sent for this segment.
-    requested: Vec<bool>,
+    /// Per packet, the shipment number expected when a SNAK first named it
+    /// (`u64::MAX`: never named): a copy shipped from then on is a repair, an older one
+    /// a late original.
+    requested: Vec<u64>,
 }
 
 /// The receiver of an error-controlled stream.
@@ -152,7 +154,7 @@ impl Receiver {
         // Everything below `seg` was sent in full, `seg` up to this index.
         self.learn(now, seg, usize::from(r.index) + 1);
         match r.kind {
-            DataKind::Data => self.store(seg, usize::from(r.index), p.payload()),
+            DataKind::Data => self.store(seg, usize::from(r.index), ship, p.payload()),
             DataKind::End => self.set_end(seg, usize::from(r.index) + 1),
             DataKind::KeepAlive => {}
         }
@@ -211,7 +213,7 @@ impl Receiver {
                 accepted: None,
                 forced: false,
                 snak_next: None,
-                requested: vec![false; w],
+                requested: vec![u64::MAX; w],
             });
         }
         let at = (seg - self.next) as usize;
@@ -222,7 +224,7 @@ impl Receiver {
         s.known = s.known.max(known.min(s.slots.len()));
     }
 
-    fn store(&mut self, seg: u64, idx: usize, payload: &[u8]) {
+    fn store(&mut self, seg: u64, idx: usize, ship: u64, payload: &[u8]) {
         self.stats.packets_received += 1;
         let Some(s) = seg
             .checked_sub(self.next)
@@ -237,8 +239,10 @@ impl Receiver {
         }
         s.slots[idx] = Slot::Present;
         s.data[idx] = Some(Bytes::copy_from_slice(payload));
-        if s.requested[idx] {
+        if ship >= s.requested[idx] {
             self.stats.packets_repaired += 1;
+        } else if s.requested[idx] != u64::MAX {
+            self.stats.late_after_request += 1;
         }
     }
 
@@ -304,8 +308,11 @@ impl Receiver {
         s.snak_next = Some(now + self.cfg.ack_interval);
         let mut ranges = req;
         ranges.truncate(MAX_RANGES);
+        let shipped = self.expected_ship;
         for &(a, z) in &ranges {
-            s.requested[usize::from(a)..=usize::from(z)].fill(true);
+            for r in &mut s.requested[usize::from(a)..=usize::from(z)] {
+                *r = (*r).min(shipped);
+            }
         }
         self.stats.snaks_sent += 1;
         let snak = SnakRepr {

@@ -47,9 +47,12 @@ pub struct Stats {
     pub control_dropped: u64,
     /// Receiver: end-of-stream acknowledgements sent (see [`super::Sender::is_done`]).
     pub end_acks_sent: u64,
-    /// Receiver: packets that arrived after a SNAK had requested them (losses repaired,
-    /// or late arrivals taken for losses).
+    /// Receiver: losses repaired: packets a SNAK requested that arrived in a copy
+    /// shipped after the request.
     pub packets_repaired: u64,
+    /// Receiver: packets a SNAK requested whose original copy arrived late (reordered,
+    /// not lost).
+    pub late_after_request: u64,
     /// Receiver: segments delivered to the application.
     pub segments_delivered: u64,
     /// Receiver: packets lost but accepted within the tolerance.
@@ -89,6 +92,7 @@ impl AddAssign<&Stats> for Stats {
             control_dropped,
             end_acks_sent,
             packets_repaired,
+            late_after_request,
             segments_delivered,
             packets_tolerated,
             packets_given_up,
@@ -116,6 +120,7 @@ impl AddAssign<&Stats> for Stats {
         self.control_dropped += control_dropped;
         self.end_acks_sent += end_acks_sent;
         self.packets_repaired += packets_repaired;
+        self.late_after_request += late_after_request;
         self.segments_delivered += segments_delivered;
         self.packets_tolerated += packets_tolerated;
         self.packets_given_up += packets_given_up;
