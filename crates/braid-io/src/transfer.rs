@@ -98,7 +98,7 @@ impl Default for TransferConfig {
             rtt: StdDuration::from_millis(50),
             chunk: 0,
             peer_timeout: Some(StdDuration::from_secs(30)),
-            linger: StdDuration::from_millis(500),
+            linger: StdDuration::from_millis(200),
         }
     }
 }
@@ -875,6 +875,33 @@ fn recv_summary<W>(rx: &Rx<W>, t: Tolerance, deadline: Duration) -> RecvSummary 
         deadline_ms: (deadline < us(NO_DEADLINE)).then(|| deadline.as_micros() as f64 / 1e3),
         errctl: s,
     }
+}
+
+/// The input of a transfer: the file at `path`, or standard input for `-`.
+pub async fn open_input(path: &str) -> Result<Box<dyn AsyncRead + Unpin + Send>, TransferError> {
+    if path == "-" {
+        return Ok(Box::new(tokio::io::stdin()));
+    }
+    let bad = |e: std::io::Error| TransferError::Config(format!("cannot open input '{path}': {e}"));
+    let f = tokio::fs::File::open(path).await.map_err(bad)?;
+    if f.metadata().await.map_err(bad)?.is_dir() {
+        return Err(TransferError::Config(format!(
+            "input '{path}' is a directory"
+        )));
+    }
+    Ok(Box::new(f))
+}
+
+/// The output of a transfer: the file at `path` (created or truncated), or standard
+/// output for `-`.
+pub async fn open_output(path: &str) -> Result<Box<dyn AsyncWrite + Unpin + Send>, TransferError> {
+    if path == "-" {
+        return Ok(Box::new(tokio::io::stdout()));
+    }
+    let f = tokio::fs::File::create(path)
+        .await
+        .map_err(|e| TransferError::Config(format!("cannot create output '{path}': {e}")))?;
+    Ok(Box::new(f))
 }
 
 /// Session options as a command line gives them: a config file, or channels as

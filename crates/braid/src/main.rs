@@ -32,6 +32,10 @@ enum Command {
     /// Traffic generator and sink over braid channels (no TUN, no privileges), and a raw
     /// UDP baseline: goodput, loss, out-of-order, latency.
     Bench(cmd::bench::Args),
+    /// Send a file or stdin over braid channels with a loss tolerance and deadline.
+    Send(cmd::transfer::SendArgs),
+    /// Receive what `braid send` sends into a file or stdout; a summary on stderr.
+    Recv(cmd::transfer::RecvArgs),
     /// Show the live state and counters of a running tunnel or bench.
     Status(cmd::status::Args),
     /// Print a new key (32 random bytes, base64): a pre-shared key for `key_file`, or a
@@ -52,6 +56,8 @@ fn main() -> std::process::ExitCode {
         Command::Sim(a) => cmd::sim::run(a),
         Command::Tunnel(a) => cmd::tunnel::run(a),
         Command::Bench(a) => cmd::bench::run(a),
+        Command::Send(a) => cmd::transfer::send(a),
+        Command::Recv(a) => cmd::transfer::recv(a),
         Command::Status(a) => cmd::status::run(a),
         Command::Genkey(a) => cmd::keys::genkey(a),
         Command::Pubkey(a) => cmd::keys::pubkey(a),

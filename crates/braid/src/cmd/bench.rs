@@ -7,9 +7,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, Context, Result};
 use braid_io::traffic::{self, Pattern, SendReport, SinkReport};
-use braid_io::{ChannelConfig, FileConfig, Session, SessionConfig};
+use braid_io::{Session, SessionConfig};
 use braid_proto::units;
 use tracing::info;
 
@@ -34,49 +34,50 @@ enum Role {
     UdpSink(UdpSinkArgs),
 }
 
+/// Session options shared by `braid bench`, `braid send` and `braid recv`.
 #[derive(clap::Args, Debug)]
-struct SessionArgs {
+pub(crate) struct SessionArgs {
     /// Configuration file with [session] and [[channel]] (a [tunnel] section is ignored).
     #[arg(long)]
-    config: Option<PathBuf>,
+    pub(crate) config: Option<PathBuf>,
     /// A channel as LOCAL_ADDR,REMOTE_ADDR (repeat for each channel, same order at both ends).
     #[arg(long = "channel", value_name = "LOCAL,REMOTE")]
-    channels: Vec<String>,
+    pub(crate) channels: Vec<String>,
     /// File with the pre-shared key (when not using --config): 32 random bytes, base64
     /// or raw, not readable by others (`braid genkey > k && chmod 600 k`). A file, not
     /// the key itself, so the key does not show in the process list.
     #[arg(long, value_name = "FILE")]
-    key_file: Option<PathBuf>,
+    pub(crate) key_file: Option<PathBuf>,
     /// Receiver mode: logical, seq, trr or none.
     #[arg(long)]
-    mode: Option<String>,
+    pub(crate) mode: Option<String>,
     /// Scheduler: srr, rr or grr.
     #[arg(long)]
-    scheduler: Option<String>,
+    pub(crate) scheduler: Option<String>,
     /// Channel weights, comma-separated (relative capacities).
     #[arg(long)]
-    weights: Option<String>,
+    pub(crate) weights: Option<String>,
     /// Heartbeat interval (e.g. 50ms).
     #[arg(long)]
-    heartbeat: Option<String>,
+    pub(crate) heartbeat: Option<String>,
     /// Declare a channel down after this long without traffic (e.g. 300ms).
     #[arg(long)]
-    dead_after: Option<String>,
+    pub(crate) dead_after: Option<String>,
     /// Control socket for `braid status`.
     #[arg(long)]
-    control: Option<PathBuf>,
+    pub(crate) control: Option<PathBuf>,
     /// Serve Prometheus metrics at http://ADDR/metrics.
     #[arg(long)]
-    metrics: Option<SocketAddr>,
+    pub(crate) metrics: Option<SocketAddr>,
     /// Give up if the peer has not answered within this time.
     #[arg(long, default_value = "10s")]
-    peer_timeout: String,
+    pub(crate) peer_timeout: String,
     /// Log a one-line summary this often (0s: never).
     #[arg(long, default_value = "0s")]
-    log_interval: String,
+    pub(crate) log_interval: String,
     /// Print the report as JSON.
     #[arg(long)]
-    json: bool,
+    pub(crate) json: bool,
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -164,70 +165,17 @@ pub fn run(a: Args) -> Result<()> {
 }
 
 fn session_config(a: &SessionArgs) -> Result<SessionConfig> {
-    let mut cfg = match (&a.config, a.channels.is_empty()) {
-        (Some(_), false) => bail!("give either --config or --channel, not both"),
-        (Some(p), true) => FileConfig::load(p)?.session,
-        (None, true) => {
-            bail!("no channels: give --config FILE or --channel LOCAL,REMOTE (one per channel)")
-        }
-        (None, false) => {
-            let mut chans = Vec::new();
-            for (i, c) in a.channels.iter().enumerate() {
-                let (l, r) = c
-                    .split_once(',')
-                    .ok_or_else(|| anyhow!("--channel '{c}': expected LOCAL,REMOTE"))?;
-                let local = l
-                    .trim()
-                    .parse()
-                    .map_err(|_| anyhow!("--channel '{c}': '{l}' is not an IP:PORT address"))?;
-                let remote = r
-                    .trim()
-                    .parse()
-                    .map_err(|_| anyhow!("--channel '{c}': '{r}' is not an IP:PORT address"))?;
-                chans.push(ChannelConfig::new(format!("ch{i}"), local, remote));
-            }
-            let file = a.key_file.as_ref().ok_or_else(|| {
-                anyhow!("--key-file is required with --channel (both ends use the same key)")
-            })?;
-            let key = braid_io::keys::read_file(file).context("--key-file")?;
-            SessionConfig::new(chans, key.to_vec())
-        }
+    let o = braid_io::transfer::SessionOptions {
+        config: a.config.clone(),
+        channels: a.channels.clone(),
+        key_file: a.key_file.clone(),
+        mode: a.mode.clone(),
+        scheduler: a.scheduler.clone(),
+        weights: a.weights.clone(),
+        heartbeat: a.heartbeat.clone(),
+        dead_after: a.dead_after.clone(),
     };
-    if let Some(m) = &a.mode {
-        cfg.mode = units::parse_mode(m).context("--mode")?;
-    }
-    if let Some(s) = &a.scheduler {
-        cfg.scheduler = units::parse_scheduler(s).context("--scheduler")?;
-    }
-    if let Some(w) = &a.weights {
-        let ws: Vec<u32> = w
-            .split(',')
-            .map(|x| {
-                x.trim()
-                    .parse::<u32>()
-                    .map_err(|_| anyhow!("--weights: '{x}' is not a whole number"))
-            })
-            .collect::<Result<_>>()?;
-        if ws.len() != cfg.channels.len() {
-            bail!(
-                "--weights: {} weights for {} channels",
-                ws.len(),
-                cfg.channels.len()
-            );
-        }
-        for (c, w) in cfg.channels.iter_mut().zip(ws) {
-            c.weight = w;
-        }
-    }
-    if let Some(h) = &a.heartbeat {
-        cfg.heartbeat = units::parse_duration(h).context("--heartbeat")?;
-    }
-    if let Some(d) = &a.dead_after {
-        cfg.dead_after = units::parse_duration(d).context("--dead-after")?;
-    }
-    cfg.validate()
-        .map_err(|e| anyhow!("session configuration: {e}"))?;
-    Ok(cfg)
+    o.session_config().map_err(|e| anyhow!(e))
 }
 
 impl Traffic {
@@ -277,7 +225,7 @@ fn print_sink(r: &SinkReport, json: bool) {
     }
 }
 
-async fn start_session(
+pub(crate) async fn start_session(
     a: &SessionArgs,
 ) -> Result<(Session, Option<braid_io::observe::ControlServer>, Duration)> {
     let cfg = session_config(a)?;

@@ -6,4 +6,5 @@ pub mod lab;
 pub mod schedule;
 pub mod sim;
 pub mod status;
+pub mod transfer;
 pub mod tunnel;

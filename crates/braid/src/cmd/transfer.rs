@@ -1,0 +1,154 @@
+//! `braid send` and `braid recv`: a file or a live stream over the bond with a chosen
+//! loss tolerance and deadline (seed 002's error control). The transfer itself is
+//! `braid_io::transfer`; this parses arguments, opens the input and output, shows
+//! progress and prints the summary (always on stderr: stdout may carry the data).
+
+use std::io::IsTerminal;
+use std::time::Duration;
+
+use anyhow::{anyhow, Context, Result};
+use braid_io::transfer::{self, Progress, TransferConfig};
+use braid_proto::units;
+use serde::Serialize;
+use tokio::sync::watch;
+
+use super::bench::{start_session, SessionArgs};
+use super::tunnel::{init_tracing, parse_timeout, runtime, shutdown_signal};
+
+/// Arguments of `braid send`.
+#[derive(clap::Args, Debug)]
+pub struct SendArgs {
+    #[command(flatten)]
+    s: SessionArgs,
+    /// The file to send, or - for standard input.
+    input: String,
+    /// Loss tolerance W,E,B: segments of W packets, at most E lost per segment, at most B
+    /// in a row (64,0,0: full reliability). The receiver uses the sender's.
+    #[arg(long, default_value = "64,0,0")]
+    tolerance: String,
+    /// Give up repairing a segment this long after it started (e.g. 2s; default: never).
+    #[arg(long)]
+    deadline: Option<String>,
+    /// Round-trip estimate: repair requests younger than this are ignored.
+    #[arg(long, default_value = "50ms")]
+    rtt: String,
+    /// Segments in flight (default: about 4096 packets' worth).
+    #[arg(long)]
+    window: Option<u32>,
+    /// Data bytes per packet (default: as many as the channels carry).
+    #[arg(long)]
+    chunk: Option<usize>,
+    /// Show a progress line even when stderr is not a terminal.
+    #[arg(long)]
+    progress: bool,
+}
+
+/// Arguments of `braid recv`.
+#[derive(clap::Args, Debug)]
+pub struct RecvArgs {
+    #[command(flatten)]
+    s: SessionArgs,
+    /// Where to write the stream, or - for standard output.
+    output: String,
+    /// Show a progress line even when stderr is not a terminal.
+    #[arg(long)]
+    progress: bool,
+}
+
+fn transfer_config(a: &SessionArgs) -> Result<TransferConfig> {
+    Ok(TransferConfig {
+        peer_timeout: parse_timeout(&a.peer_timeout, "--peer-timeout")?,
+        ..TransferConfig::default()
+    })
+}
+
+fn send_config(a: &SendArgs) -> Result<TransferConfig> {
+    let mut c = transfer_config(&a.s)?;
+    c.tolerance =
+        transfer::parse_tolerance(&a.tolerance).map_err(|e| anyhow!("--tolerance: {e}"))?;
+    c.deadline = match &a.deadline {
+        Some(d) => Some(units::parse_duration(d).context("--deadline")?),
+        None => None,
+    };
+    c.rtt = units::parse_duration(&a.rtt).context("--rtt")?;
+    c.window = a.window.unwrap_or(0);
+    c.chunk = a.chunk.unwrap_or(0);
+    c.errctl()?;
+    Ok(c)
+}
+
+/// A task that redraws the progress line on stderr, when wanted.
+fn progress_line(
+    forced: bool,
+) -> (
+    Option<watch::Sender<Progress>>,
+    Option<tokio::task::JoinHandle<()>>,
+) {
+    if !forced && !std::io::stderr().is_terminal() {
+        return (None, None);
+    }
+    let (tx, mut rx) = watch::channel(Progress::default());
+    let task = tokio::spawn(async move {
+        while rx.changed().await.is_ok() {
+            let line = rx.borrow_and_update().line();
+            eprint!("\r{line}   ");
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        eprintln!();
+    });
+    (Some(tx), Some(task))
+}
+
+fn print_summary<T: Serialize>(s: &T, text: String, json: bool) {
+    if json {
+        eprintln!("{}", serde_json::to_string(s).unwrap_or_default());
+    } else {
+        eprint!("{text}");
+    }
+}
+
+/// Run `braid send`.
+pub fn send(a: SendArgs) -> Result<()> {
+    init_tracing();
+    let cfg = send_config(&a)?;
+    runtime()?.block_on(async move {
+        let input = transfer::open_input(&a.input).await?;
+        let (mut session, _ctl, _) = start_session(&a.s).await?;
+        let (tx, task) = progress_line(a.progress);
+        let r = tokio::select! {
+            r = transfer::send(&mut session, input, &cfg, tx.as_ref()) => r,
+            sig = shutdown_signal() => return Err(anyhow!("{sig}: transfer interrupted")),
+        };
+        drop(tx);
+        if let Some(t) = task {
+            let _ = t.await;
+        }
+        let r = r?;
+        session.close().await;
+        print_summary(&r, r.text(), a.s.json);
+        Ok(())
+    })
+}
+
+/// Run `braid recv`.
+pub fn recv(a: RecvArgs) -> Result<()> {
+    init_tracing();
+    let cfg = transfer_config(&a.s)?;
+    runtime()?.block_on(async move {
+        let output = transfer::open_output(&a.output).await?;
+        let (mut session, _ctl, _) = start_session(&a.s).await?;
+        let (tx, task) = progress_line(a.progress);
+        let r = tokio::select! {
+            r = transfer::recv(&mut session, output, &cfg, tx.as_ref()) => r,
+            sig = shutdown_signal() => return Err(anyhow!("{sig}: transfer interrupted")),
+        };
+        drop(tx);
+        if let Some(t) = task {
+            let _ = t.await;
+        }
+        let r = r?;
+        session.close().await;
+        print_summary(&r, r.text(), a.s.json);
+        Ok(())
+    })
+}
