@@ -110,7 +110,7 @@ impl Follower {
                 }
                 Follower::Random { g, next, .. } => {
                     if next[c] > *g {
-                        *g += 1;
+                        *g = g.saturating_add(1);
                         skips += 1;
                         if skips > n {
                             let min = next.iter().copied().min().unwrap_or(*g);
@@ -134,8 +134,8 @@ impl Follower {
                 s.consume(channel, cost);
             }
             Follower::Random { g, next, .. } => {
-                next[channel] = *g + 1;
-                *g += 1;
+                next[channel] = g.saturating_add(1);
+                *g = g.saturating_add(1);
             }
         }
     }
@@ -185,7 +185,7 @@ impl Follower {
                 s.set_position(
                     channel,
                     Position {
-                        round: r + 1,
+                        round: r.saturating_add(1),
                         dc: q,
                     },
                 );
@@ -194,8 +194,8 @@ impl Follower {
                 }
             }
             Follower::Random { g, next, .. } => {
-                next[channel] = *g + 1;
-                *g += 1;
+                next[channel] = g.saturating_add(1);
+                *g = g.saturating_add(1);
             }
         }
     }

@@ -96,7 +96,7 @@ impl Srr {
         let p = &mut self.next[channel];
         p.dc -= cost;
         if p.dc <= 0 {
-            p.round += 1;
+            p.round = p.round.saturating_add(1);
             p.dc += self.quanta[channel];
             // A channel's counter may stay non-positive only if a packet was larger than
             // its quantum (configs forbid it); keep the invariant dc > 0 anyway.
@@ -118,7 +118,7 @@ impl Srr {
         self.cur += 1;
         if self.cur == self.quanta.len() {
             self.cur = 0;
-            self.round += 1;
+            self.round = self.round.saturating_add(1);
         }
     }
 
