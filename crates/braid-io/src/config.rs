@@ -93,7 +93,7 @@ pub struct SessionConfig {
     pub queue_packets: usize,
     /// SO_RCVBUF / SO_SNDBUF per channel socket, in bytes (0: kernel default).
     pub socket_buffer: usize,
-    /// Adaptive weights (see `braid_proto::session::Config::adaptive`); on by default.
+    /// Adaptive weights (see `braid_proto::session::Config::adaptive`); off by default.
     pub adaptive: bool,
 }
 
@@ -135,7 +135,7 @@ impl SessionConfig {
             rejoin_after: Duration::from_millis(150),
             queue_packets: 4096,
             socket_buffer: 4 << 20,
-            adaptive: true,
+            adaptive: false,
         }
     }
 

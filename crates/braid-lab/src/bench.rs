@@ -34,6 +34,10 @@ pub struct BenchOptions {
     pub modes: Vec<String>,
     /// Measure MPTCP too.
     pub mptcp: bool,
+    /// The tunnel's channel weights (default: each link's rate in Mbit/s).
+    pub weights: Option<Vec<u32>>,
+    /// Adaptive weights in the tunnel (`session.adaptive`).
+    pub adaptive: bool,
     /// The `braid` binary.
     pub exe: PathBuf,
     /// Emulator seed.
@@ -372,8 +376,9 @@ fn tunnel_config(opt: &BenchOptions, mode: &str, end_a: bool) -> String {
     };
     let mut s = format!(
         "[tunnel]\nname = \"brl-tun\"\naddress = \"{addr}\"\ncontrol = \"{}/tun-{sock}.sock\"\nlog_interval = \"0s\"\n\n\
-         [session]\nmode = \"{mode}\"\nscheduler = \"srr\"\nkey = \"f1njdwrpfIzRyXbWUPz15DmEK5AHdvKw7LmAZC4M6Rw=\"\n\n",
-        topo::state_dir().display()
+         [session]\nmode = \"{mode}\"\nscheduler = \"srr\"\nadaptive = {}\nkey = \"f1njdwrpfIzRyXbWUPz15DmEK5AHdvKw7LmAZC4M6Rw=\"\n\n",
+        topo::state_dir().display(),
+        opt.adaptive
     );
     for (i, l) in opt.links.iter().enumerate() {
         let (local, remote) = if end_a {
@@ -382,7 +387,10 @@ fn tunnel_config(opt: &BenchOptions, mode: &str, end_a: bool) -> String {
             (server_addr(i), client_addr(i))
         };
         let port = 7100 + i;
-        let weight = (l.rate_bps / 1_000_000).max(1);
+        let weight = match &opt.weights {
+            Some(w) => u64::from(w[i]),
+            None => (l.rate_bps / 1_000_000).max(1),
+        };
         s += &format!(
             "[[channel]]\nname = \"link{i}\"\nlocal = \"{local}:{port}\"\nremote = \"{remote}:{port}\"\nweight = {weight}\nmtu = 1500\n\n"
         );

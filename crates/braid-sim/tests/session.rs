@@ -176,3 +176,32 @@ fn adaptive_weights_recover_from_weights_the_wrong_way_round() {
         );
     }
 }
+
+/// Adaptive weights must not take a failover for congestion: what an outage lost and
+/// the silence of a dead channel are not the channel's capacity. The link-down scenario
+/// with adaptive weights keeps its quanta and fails over and rejoins as without.
+#[test]
+fn adaptive_weights_do_not_react_to_a_failover() {
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios/failover/link-down.toml");
+    let text = std::fs::read_to_string(path).unwrap();
+    let adaptive = text
+        .replace(
+            "receiver = \"logical\"",
+            "receiver = \"logical\"\nset = { \"session.adaptive\" = true }",
+        )
+        .replace(
+            "receiver = \"seq\"",
+            "receiver = \"seq\"\nset = { \"session.adaptive\" = true }",
+        );
+    assert_ne!(adaptive, text);
+    let with = run(&parse(&adaptive), 1);
+    let without = run(&link_down(), 1);
+    for (a, b) in with.runs.iter().zip(&without.runs) {
+        let (sa, sb) = (a.session.as_ref().unwrap(), b.session.as_ref().unwrap());
+        assert_eq!(sa.quanta_changes, 0, "{}", a.label);
+        assert_eq!(sa.failover_ms, sb.failover_ms, "{}", a.label);
+        assert_eq!(sa.rejoin_ms, sb.rejoin_ms, "{}", a.label);
+        assert_eq!(a.packets_lost, b.packets_lost, "{}", a.label);
+    }
+}

@@ -5,11 +5,11 @@
 //! sees the effect of the last), the controller looks at the per-channel estimates from
 //! the peer's feedback ([`super::feedback`]):
 //!
-//! * a channel is **congested** when it delivers less than 85 % of what we send on it,
-//!   or its smoothed round trip stands above its minimum by more than a quarter of the
-//!   minimum and at least 5 ms: either way it is given more than it carries. A few
-//!   percent of random loss is not congestion: that is for the bond to repair, not to
-//!   steer around;
+//! * a channel is **congested** when it loses more than 5 % of its datagrams over the
+//!   last reports (its bottleneck queue overflows), or its smoothed round trip stands
+//!   above its minimum by more than a quarter of the minimum and at least 5 ms (a queue
+//!   builds): either way it is given more than it carries. A few percent of random loss
+//!   is not congestion: that is for the bond to repair, not to steer around;
 //! * when no channel is congested, the weights are left alone (the bond carries what it
 //!   is given: nothing to correct, and no reason to churn);
 //! * when some are, every channel in the transmit set gets a target rate: a congested
@@ -60,6 +60,7 @@ impl Adapt {
         members: &[usize],
         est: &[Estimate],
         max_packet: u32,
+        stale_after: Duration,
     ) -> Option<Vec<u32>> {
         let slowest = members
             .iter()
@@ -67,7 +68,18 @@ impl Adapt {
             .max()
             .unwrap_or(Duration::ZERO);
         self.next = now + MIN_INTERVAL.max(slowest + slowest);
-        let targets = targets(members, est)?;
+        // A member that stopped reporting (failing, about to be declared down) shows a
+        // shortfall that is no congestion: change nothing until the set is settled.
+        let fresh = |c: &usize| {
+            est[*c]
+                .reported_at
+                .is_some_and(|t| now.saturating_since(t) <= stale_after)
+        };
+        if !members.iter().all(fresh) {
+            return None;
+        }
+        let cong: Vec<bool> = members.iter().map(|&c| congested(&est[c])).collect();
+        let targets = targets(members, est, &cong)?;
         let top = targets.iter().copied().fold(0.0, f64::max);
         if top <= 0.0 {
             return None;
@@ -102,16 +114,25 @@ impl Adapt {
     }
 }
 
-/// Is this channel given more than it carries? Either it delivers clearly less than we
-/// send on it (the excess queues or is dropped at its bottleneck: this also catches a
-/// queue that was full from the start, which the round trip cannot show), or a queue
-/// stands at its bottleneck (the round trip is above its recent minimum).
+/// Is this channel given more than it carries? Either it loses more than random loss
+/// would (its bottleneck queue overflows: this also catches a queue that was full from
+/// the start, which the round trip cannot show), or a queue stands at its bottleneck
+/// (the round trip is above its recent minimum). A channel's history starts over when
+/// it goes down and when it comes back, so an outage is not taken for congestion.
 pub(crate) fn congested(e: &Estimate) -> bool {
-    if let (Some(d), Some(s)) = (e.delivery_bps, e.send_bps) {
-        if s > 100e3 && d < SHORTFALL * s {
-            return true;
-        }
-    }
+    shortfall(e) || standing_queue(e)
+}
+
+/// Does it lose more than a random-loss link would? The loss ratio comes from gaps in
+/// the channel's sealing counters, so it needs no alignment of what was sent with what
+/// arrived. (A comparison of the delivery rate with the send rate, tried first, took
+/// the lag of a channel that starts carrying data for a shortfall.)
+fn shortfall(e: &Estimate) -> bool {
+    e.loss.is_some_and(|l| l > MAX_RANDOM_LOSS)
+}
+
+/// Is its round trip above its recent minimum by a quarter and 5 ms?
+fn standing_queue(e: &Estimate) -> bool {
     match (e.srtt, e.rtt_min) {
         (Some(s), Some(m)) => {
             let standing = s.as_micros().saturating_sub(m.as_micros());
@@ -121,25 +142,23 @@ pub(crate) fn congested(e: &Estimate) -> bool {
     }
 }
 
-/// A channel that delivers less than this share of what we send on it is congested
-/// (random loss of a few percent is not).
-const SHORTFALL: f64 = 0.85;
+/// A channel that loses more than this share of its datagrams is given more than it
+/// carries (a drop-tail queue overflowing); random loss of a few percent is not taken
+/// for that.
+const MAX_RANDOM_LOSS: f64 = 0.05;
 
 /// Target rates of the members, or `None` when nothing is to be corrected (no channel
 /// congested) or a member has no estimate yet.
-fn targets(members: &[usize], est: &[Estimate]) -> Option<Vec<f64>> {
-    if !members.iter().any(|&c| congested(&est[c])) {
+fn targets(members: &[usize], est: &[Estimate], cong: &[bool]) -> Option<Vec<f64>> {
+    if !cong.iter().any(|&x| x) {
         return None;
     }
     members
         .iter()
-        .map(|&c| {
+        .zip(cong)
+        .map(|(&c, &congested)| {
             let rate = est[c].delivery_bps?;
-            Some(if congested(&est[c]) {
-                rate * 0.9
-            } else {
-                rate * 1.25
-            })
+            Some(if congested { rate * 0.9 } else { rate * 1.25 })
         })
         .collect()
 }
@@ -155,6 +174,7 @@ mod tests {
             delivery_bps: Some(rate_mbps * 1e6),
             loss: Some(0.0),
             send_bps: None,
+            reported_at: Some(Instant::ZERO),
         }
     }
 
@@ -165,7 +185,7 @@ mod tests {
         // 40 Mbit/s each without one.
         let e = [est(40.0, 10, 10), est(40.0, 40, 40), est(20.0, 150, 60)];
         let q = a
-            .step(Instant::ZERO, &[0, 1, 2], &e, 1500)
+            .step(Instant::ZERO, &[0, 1, 2], &e, 1500, SECOND)
             .expect("a change");
         // Targets 50, 50, 18 Mbit/s: the smallest quantum is channel 2's.
         assert_eq!(q[2], 1500);
@@ -173,28 +193,42 @@ mod tests {
         assert_eq!(q[0], (1500.0 * 50.0 / 18.0_f64).round() as u32);
         assert_eq!(a.changes, 1);
         // The same again moves nothing.
-        assert_eq!(a.step(Instant::ZERO, &[0, 1, 2], &e, 1500), None);
+        assert_eq!(a.step(Instant::ZERO, &[0, 1, 2], &e, 1500, SECOND), None);
     }
 
     #[test]
     fn nothing_congested_leaves_the_weights_alone() {
         let mut a = Adapt::new(vec![1500, 3000], Instant::ZERO);
         let e = [est(10.0, 10, 10), est(1.0, 50, 45)];
-        assert_eq!(a.step(Instant::ZERO, &[0, 1], &e, 1500), None);
+        assert_eq!(a.step(Instant::ZERO, &[0, 1], &e, 1500, SECOND), None);
         // Loss is not congestion.
         let mut lossy = e;
         lossy[1].loss = Some(0.05);
-        assert_eq!(a.step(Instant::ZERO, &[0, 1], &lossy, 1500), None);
+        assert_eq!(a.step(Instant::ZERO, &[0, 1], &lossy, 1500, SECOND), None);
     }
 
     #[test]
     fn the_ratio_is_capped_and_the_interval_follows_the_round_trip() {
         let mut a = Adapt::new(vec![1500, 1500], Instant::ZERO);
         let e = [est(1000.0, 10, 10), est(0.001, 400, 100)];
-        let q = a.step(Instant::ZERO, &[0, 1], &e, 1500).unwrap();
+        let q = a.step(Instant::ZERO, &[0, 1], &e, 1500, SECOND).unwrap();
         assert_eq!(q, vec![(1500.0 * MAX_RATIO) as u32, 1500]);
         assert_eq!(a.next, Instant::ZERO + Duration::from_millis(800));
     }
+
+    #[test]
+    fn a_channel_that_stopped_reporting_freezes_the_weights() {
+        let mut a = Adapt::new(vec![1500, 1500], Instant::ZERO);
+        let mut e = [est(40.0, 10, 10), est(20.0, 150, 60)];
+        let later = Instant::ZERO + Duration::from_secs(2);
+        e[0].reported_at = Some(later);
+        // Channel 1 looks congested, but its last report is 2 s old.
+        assert_eq!(a.step(later, &[0, 1], &e, 1500, SECOND), None);
+        e[1].reported_at = Some(later);
+        assert!(a.step(later, &[0, 1], &e, 1500, SECOND).is_some());
+    }
+
+    const SECOND: Duration = Duration::from_secs(1);
 
     #[test]
     fn congestion_needs_a_standing_queue_of_5_ms_and_a_quarter() {
@@ -203,12 +237,13 @@ mod tests {
         assert!(congested(&est(1.0, 16, 10)));
         assert!(congested(&est(1.0, 126, 100)));
         assert!(!congested(&Estimate::default()));
-        // Given 80 Mbit/s, it carries 20: congested whatever the round trip says.
+        // Given 80 Mbit/s, it carries 20 and drops the rest: congested whatever the
+        // round trip says.
         let mut full = est(20.0, 100, 100);
-        full.send_bps = Some(80e6);
+        full.loss = Some(0.75);
         assert!(congested(&full));
         // 3 % random loss is not congestion.
-        full.send_bps = Some(20.6e6);
+        full.loss = Some(0.03);
         assert!(!congested(&full));
     }
 }

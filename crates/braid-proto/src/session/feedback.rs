@@ -25,8 +25,13 @@ use crate::wire::session::Feedback;
 const RTT_WINDOW: usize = 64;
 /// Reports over which the delivery rate is averaged (about 400 ms at 50 ms).
 const RATE_WINDOW: usize = 8;
-/// Reports over which the loss ratio is counted (about 1.6 s at 50 ms).
-const LOSS_WINDOW: usize = 32;
+/// Rates are given only from this many intervals on: right after a channel starts
+/// carrying data, what arrives lags what is sent by the one-way delay, a large share of
+/// one short interval.
+const MIN_INTERVALS: usize = 4;
+/// Reports over which the loss ratio is counted (about 400 ms at 50 ms: recent enough
+/// for the weight controller to see the effect of its last step).
+const LOSS_WINDOW: usize = 8;
 
 /// The receiver's counts for one channel, reported in its feedback.
 #[derive(Clone, Debug, Default)]
@@ -94,6 +99,7 @@ pub(crate) struct Estimator {
     intervals: VecDeque<Interval>,
     /// Our own bytes sent on the channel when each of the last reports arrived.
     sent: VecDeque<(Instant, u64)>,
+    last_at: Option<Instant>,
     /// Reports accepted.
     pub reports: u64,
     /// Reports ignored: counts that went backwards (a restarted peer) or a timestamp
@@ -117,6 +123,9 @@ pub struct Estimate {
     /// compared with `delivery_bps`, it tells whether the channel carries what it is
     /// given.
     pub send_bps: Option<f64>,
+    /// When the last report arrived: estimates of a channel that stopped reporting
+    /// (down, or cut) are stale.
+    pub reported_at: Option<Instant>,
 }
 
 impl Estimator {
@@ -124,6 +133,7 @@ impl Estimator {
     /// channel so far.
     pub fn on_report(&mut self, now: Instant, f: &Feedback, tx_bytes: u64) {
         push_bounded(&mut self.sent, (now, tx_bytes), RATE_WINDOW + 1);
+        self.last_at = Some(now);
         if f.echo != 0 {
             // Our timestamp came back: the round trip less the time the peer held it.
             let ours = timestamp(now);
@@ -175,16 +185,18 @@ impl Estimator {
             .iter()
             .fold((0u64, 0u64), |(g, m), i| (g + i.datagrams, m + i.missing));
         let send_bps = match (self.sent.front(), self.sent.back()) {
-            (Some(&(t0, b0)), Some(&(t1, b1))) if t1 > t0 => {
+            (Some(&(t0, b0)), Some(&(t1, b1))) if t1 > t0 && self.sent.len() > MIN_INTERVALS => {
                 Some(b1.saturating_sub(b0) as f64 * 8e6 / (t1 - t0).as_micros() as f64)
             }
             _ => None,
         };
         Estimate {
             send_bps,
+            reported_at: self.last_at,
             srtt: self.srtt,
             rtt_min: self.rtts.iter().min().copied(),
-            delivery_bps: (us > 0).then(|| bytes as f64 * 8e6 / us as f64),
+            delivery_bps: (us > 0 && self.intervals.len() >= MIN_INTERVALS)
+                .then(|| bytes as f64 * 8e6 / us as f64),
             loss: (got + missing > 0).then(|| missing as f64 / (got + missing) as f64),
         }
     }
@@ -235,15 +247,22 @@ mod tests {
         };
         e.on_report(at(0), &report(10, 100, 0), 0);
         assert_eq!(e.estimate().delivery_bps, None, "one report is no interval");
-        // 50 ms later the peer had 450 more datagrams (450 kB: 72 Mbit/s) and 50 missing.
-        e.on_report(at(50), &report(60, 550, 50), 600_000);
+        // Every 50 ms the peer has 450 more datagrams (450 kB: 72 Mbit/s) and 50 more
+        // missing; we sent 600 kB each time (96 Mbit/s).
+        for k in 1..=MIN_INTERVALS as u64 {
+            assert_eq!(e.estimate().delivery_bps, None, "too few intervals");
+            e.on_report(
+                at(50 * k),
+                &report(10 + 50 * k, 100 + 450 * k, 50 * k),
+                600_000 * k,
+            );
+        }
         let est = e.estimate();
         assert!((est.delivery_bps.unwrap() - 72e6).abs() < 1.0);
         assert!((est.loss.unwrap() - 0.1).abs() < 1e-9);
-        // We sent 600 kB in those 50 ms: 96 Mbit/s.
         assert!((est.send_bps.unwrap() - 96e6).abs() < 1.0);
         // A restarted peer's counts go back: the interval is dropped, not negative.
-        e.on_report(at(100), &report(110, 3, 0), 600_000);
+        e.on_report(at(1000), &report(1010, 3, 0), 600_000);
         assert_eq!(e.stale, 1);
         assert_eq!(e.estimate().delivery_bps, None);
     }

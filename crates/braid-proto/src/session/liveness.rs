@@ -197,6 +197,9 @@ impl Session {
                         c.since = now;
                         c.changes += 1;
                         c.run_start = None;
+                        // What it reported before it failed says nothing of it when it
+                        // returns (and its last interval spans the outage).
+                        c.fb_tx = Default::default();
                         self.events
                             .push_back(Event::ChannelDown { channel: i, silent });
                     }
@@ -207,6 +210,9 @@ impl Session {
                             c.state = LinkState::Up;
                             c.since = now;
                             c.changes += 1;
+                            // And again now that it is back: the first reports after the
+                            // outage count what the outage lost.
+                            c.fb_tx = Default::default();
                             self.events.push_back(Event::ChannelUp { channel: i });
                         }
                     }

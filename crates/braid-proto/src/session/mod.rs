@@ -103,6 +103,8 @@ pub struct Config {
     /// Adaptive weights: the SRR quanta follow what the peer's feedback says each
     /// channel delivers (`session::adapt`); the configured weights are the start. Only
     /// with the srr scheduler in `logical`, `seq` or `none` mode; otherwise ignored.
+    /// Off by default (it costs TCP throughput when the configured weights are right;
+    /// `docs/lab.md`).
     pub adaptive: bool,
 }
 
@@ -164,7 +166,7 @@ impl Config {
             dead_after: Duration::from_millis(300),
             rejoin_after: Duration::from_millis(150),
             queue_packets: 4096,
-            adaptive: true,
+            adaptive: false,
         }
     }
 
@@ -653,7 +655,8 @@ impl Session {
         };
         let est: Vec<_> = self.chans.iter().map(|c| c.fb_tx.estimate()).collect();
         let max_packet = self.tx.striper.config().max_packet;
-        if let Some(q) = a.step(now, &self.tx.members, &est, max_packet) {
+        let stale_after = self.cfg.heartbeat + self.cfg.heartbeat + self.cfg.heartbeat;
+        if let Some(q) = a.step(now, &self.tx.members, &est, max_packet, stale_after) {
             if self.tx.switching.is_none() {
                 // Refused only if the quanta do not fit the striper: then keep the old.
                 let _ = self.tx.striper.set_quanta(&q);

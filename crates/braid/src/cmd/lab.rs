@@ -45,6 +45,14 @@ enum LabCommand {
         /// Skip the MPTCP measurement.
         #[arg(long)]
         no_mptcp: bool,
+        /// The tunnel's channel weights, comma-separated, one per link (default: each
+        /// link's rate in Mbit/s). With adaptive weights they are only the start.
+        #[arg(long, value_name = "W1,W2,...")]
+        weights: Option<String>,
+        /// Adaptive weights in the tunnel (`adaptive = true`; off by default, as in the
+        /// tunnel).
+        #[arg(long)]
+        adaptive: bool,
         /// Print one JSON object instead of the table.
         #[arg(long)]
         json: bool,
@@ -109,11 +117,27 @@ pub fn run(a: Args) -> Result<()> {
             duration,
             modes,
             no_mptcp,
+            weights,
+            adaptive,
             json,
             plot,
             seed,
         } => {
             let specs = LinkSpec::parse_list(&links).context("--links")?;
+            let weights = match weights {
+                None => None,
+                Some(w) => {
+                    let ws = w
+                        .split(',')
+                        .map(|x| x.trim().parse::<u32>().ok().filter(|&v| v >= 1))
+                        .collect::<Option<Vec<u32>>>()
+                        .with_context(|| format!("--weights '{w}': whole numbers >= 1"))?;
+                    if ws.len() != specs.len() {
+                        bail!("--weights: {} weights for {} links", ws.len(), specs.len());
+                    }
+                    Some(ws)
+                }
+            };
             let duration = braid_proto::units::parse_duration(&duration)
                 .ok()
                 .filter(|d| d.as_secs() >= 1)
@@ -136,6 +160,8 @@ pub fn run(a: Args) -> Result<()> {
                 duration,
                 modes,
                 mptcp: !no_mptcp,
+                weights,
+                adaptive,
                 exe: std::env::current_exe().context("locating the braid binary")?,
                 seed,
             };
