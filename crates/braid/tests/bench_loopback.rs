@@ -26,9 +26,14 @@ fn ports(n: usize) -> Vec<u16> {
 }
 
 /// A private key file (made with `braid genkey`), shared by both ends of a test.
+/// A fresh key file for one pair of ends. Each call gets its own file: the tests run in
+/// parallel threads of one process, and a shared path let one test overwrite the key
+/// between the two ends of another (their handshake then never completed).
 fn key_file() -> PathBuf {
     use std::os::unix::fs::PermissionsExt;
-    let p = tmp("key");
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let p = tmp(&format!("key-{}", NEXT.fetch_add(1, Ordering::Relaxed)));
     let out = Command::new(BIN).arg("genkey").output().unwrap();
     assert!(out.status.success());
     std::fs::write(&p, &out.stdout).unwrap();
