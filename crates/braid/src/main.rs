@@ -9,8 +9,10 @@ use clap::{Parser, Subcommand};
 /// braid stripes one packet stream over several FIFO channels (links, UDP paths,
 /// tunnels) and puts it back together in order at the receiver, at the sum of the
 /// channels' speeds. It implements Surplus Round Robin with logical reception and
-/// marker resynchronization (Adiseshu, Parulkar, Varghese, SIGCOMM '96) and
-/// trigger-based SRR (Schrøder, Stormark, Koch).
+/// marker resynchronization (Adiseshu, Parulkar, Varghese, SIGCOMM '96),
+/// trigger-based SRR (Schrøder, Stormark, Koch), application-oriented error control
+/// with a loss tolerance for `send`/`recv` (Gong, Parulkar), and seals every datagram
+/// (Noise handshake, ChaCha20-Poly1305) by default. Docs: README.md and docs/.
 #[derive(Parser, Debug)]
 #[command(name = "braid", version, propagate_version = true)]
 struct Cli {
