@@ -55,6 +55,18 @@ fn config(kind: SchedulerKind, n: usize, quanta: &[u32], mode: Mode) -> StripeCo
     cfg
 }
 
+/// Packet `i` of `sizes` bytes every 50 us; before packet `i`, the quanta of every
+/// `changes` entry `(i, quanta)` (one per channel, the first ones used).
+fn send_sizes(h: &mut Harness, sizes: &[usize], changes: &[(usize, Vec<u32>)]) {
+    let n = h.striper.config().channels();
+    for (i, &len) in sizes.iter().enumerate() {
+        for (_, q) in changes.iter().filter(|(at, _)| *at == i) {
+            h.striper.set_quanta(&q[..n]).unwrap();
+        }
+        h.send_at(Instant::from_micros(i as u64 * 50), payload(i as u64, len));
+    }
+}
+
 fn ids(h: &Harness) -> Vec<u64> {
     h.delivered.iter().map(|(_, p)| payload_id(p)).collect()
 }
@@ -109,9 +121,7 @@ proptest! {
             p => p,
         };
         let mut h = Harness::new(cfg, make_links(&spec), 1).unwrap();
-        for (i, &len) in sizes.iter().enumerate() {
-            h.send_at(Instant::from_micros(i as u64 * 50), payload(i as u64, len));
-        }
+        send_sizes(&mut h, &sizes, &[]);
         h.drive();
         prop_assert_eq!(ids(&h), (0..sizes.len() as u64).collect::<Vec<_>>());
     }
@@ -143,9 +153,7 @@ proptest! {
             link.loss_window = Some((Instant::ZERO, loss_end));
         }
         let mut h = Harness::new(cfg, l, seed).unwrap();
-        for (i, &len) in sizes.iter().enumerate() {
-            h.send_at(Instant::from_micros(i as u64 * 50), payload(i as u64, len));
-        }
+        send_sizes(&mut h, &sizes, &[]);
         h.drive();
         // The first marker sent on each channel after the loss window.
         let mut resync_seq = 0u64;
@@ -184,12 +192,7 @@ proptest! {
             p => p,
         };
         let mut h = Harness::new(cfg, make_links(&spec), 1).unwrap();
-        for (i, &len) in sizes.iter().enumerate() {
-            for (_, q) in changes.iter().filter(|(at, _)| *at == i) {
-                h.striper.set_quanta(&q[..n]).unwrap();
-            }
-            h.send_at(Instant::from_micros(i as u64 * 50), payload(i as u64, len));
-        }
+        send_sizes(&mut h, &sizes, &changes);
         h.drive();
         prop_assert_eq!(ids(&h), (0..sizes.len() as u64).collect::<Vec<_>>());
     }
@@ -218,12 +221,7 @@ proptest! {
             link.duplicate = dup;
         }
         let mut h = Harness::new(cfg, l, seed).unwrap();
-        for (i, &len) in sizes.iter().enumerate() {
-            for (_, q) in changes.iter().filter(|(at, _)| *at == i) {
-                h.striper.set_quanta(&q[..n]).unwrap();
-            }
-            h.send_at(Instant::from_micros(i as u64 * 50), payload(i as u64, len));
-        }
+        send_sizes(&mut h, &sizes, &changes);
         h.drive();
         let got = ids(&h);
         prop_assert!(got.windows(2).all(|w| w[1] > w[0]), "out of order or twice: {:?}", got);
@@ -253,9 +251,7 @@ proptest! {
             link.duplicate = dup;
         }
         let mut h = Harness::new(cfg, l, seed).unwrap();
-        for (i, &len) in sizes.iter().enumerate() {
-            h.send_at(Instant::from_micros(i as u64 * 50), payload(i as u64, len));
-        }
+        send_sizes(&mut h, &sizes, &[]);
         h.drive();
         let got = ids(&h);
         prop_assert!(got.windows(2).all(|w| w[0] < w[1]), "not strictly increasing");
@@ -287,9 +283,7 @@ proptest! {
         }
         let lossless = loss == 0.0 && dup == 0.0;
         let mut h = Harness::new(cfg, l, seed).unwrap();
-        for (i, &len) in sizes.iter().enumerate() {
-            h.send_at(Instant::from_micros(i as u64 * 50), payload(i as u64, len));
-        }
+        send_sizes(&mut h, &sizes, &[]);
         h.drive();
         let got = ids(&h);
         prop_assert!(got.windows(2).all(|w| w[0] < w[1]), "out of order");
@@ -348,9 +342,7 @@ proptest! {
             link.duplicate = dup;
         }
         let mut h = Harness::new(cfg, l, seed).unwrap();
-        for (i, &len) in sizes.iter().enumerate() {
-            h.send_at(Instant::from_micros(i as u64 * 50), payload(i as u64, len));
-        }
+        send_sizes(&mut h, &sizes, &[]);
         // Heartbeats after the data, as a driver sends them: they tell the receiver
         // that a lost last packet is missing.
         let end = sizes.len() as u64 * 50;

@@ -1,45 +1,14 @@
 //! Two `braid bench` processes on loopback, three channels through a relay that can
 //! silence a channel: delivery, order and stats; failover reported by `braid status`.
 
-use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use braid_io::relay::Relay;
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_braid");
-
-fn tmp(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("braid-test-{}-{name}", std::process::id()))
-}
-
-/// Free UDP ports on 127.0.0.1 (bound and released; good enough on loopback).
-fn ports(n: usize) -> Vec<u16> {
-    let socks: Vec<_> = (0..n)
-        .map(|_| std::net::UdpSocket::bind("127.0.0.1:0").unwrap())
-        .collect();
-    socks
-        .iter()
-        .map(|s| s.local_addr().unwrap().port())
-        .collect()
-}
-
-/// A private key file (made with `braid genkey`), shared by both ends of a test.
-/// A fresh key file for one pair of ends. Each call gets its own file: the tests run in
-/// parallel threads of one process, and a shared path let one test overwrite the key
-/// between the two ends of another (their handshake then never completed).
-fn key_file() -> PathBuf {
-    use std::os::unix::fs::PermissionsExt;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    let p = tmp(&format!("key-{}", NEXT.fetch_add(1, Ordering::Relaxed)));
-    let out = Command::new(BIN).arg("genkey").output().unwrap();
-    assert!(out.status.success());
-    std::fs::write(&p, &out.stdout).unwrap();
-    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
-    p
-}
+mod loopback;
+use loopback::{tmp, BIN};
 
 struct Ends {
     relay: Relay,
@@ -47,34 +16,11 @@ struct Ends {
     b_args: Vec<String>,
 }
 
+/// Both ends over `n` channels, with a 20 ms heartbeat and channels down after 150 ms.
 fn ends(n: usize) -> Ends {
-    let relay = Relay::new(n).unwrap();
-    let pa = ports(n);
-    let pb = ports(n);
-    let mut a_args = Vec::new();
-    let mut b_args = Vec::new();
-    for c in 0..n {
-        let (la, lb) = (
-            format!("127.0.0.1:{}", pa[c]).parse().unwrap(),
-            format!("127.0.0.1:{}", pb[c]).parse().unwrap(),
-        );
-        relay.set_ends(c, la, lb);
-        a_args.extend(["--channel".into(), format!("{la},{}", relay.a_side(c))]);
-        b_args.extend(["--channel".into(), format!("{lb},{}", relay.b_side(c))]);
-    }
-    let key = key_file();
+    let (relay, mut a_args, mut b_args) = loopback::ends(n);
     for v in [&mut a_args, &mut b_args] {
-        v.extend(
-            [
-                "--key-file",
-                key.to_str().unwrap(),
-                "--heartbeat",
-                "20ms",
-                "--dead-after",
-                "150ms",
-            ]
-            .map(String::from),
-        );
+        v.extend(["--heartbeat", "20ms", "--dead-after", "150ms"].map(String::from));
     }
     Ends {
         relay,

@@ -4,50 +4,11 @@
 //! compared byte for byte with the inputs.
 
 use std::io::Write;
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use braid_io::relay::Relay;
-
-const BIN: &str = env!("CARGO_BIN_EXE_braid");
-
-fn tmp(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("braid-transfer-{}-{name}", std::process::id()))
-}
-
-fn ports(n: usize) -> Vec<u16> {
-    let socks: Vec<_> = (0..n)
-        .map(|_| std::net::UdpSocket::bind("127.0.0.1:0").unwrap())
-        .collect();
-    socks
-        .iter()
-        .map(|s| s.local_addr().unwrap().port())
-        .collect()
-}
-
-/// The relay and each end's session arguments.
-fn ends(name: &str) -> (Relay, Vec<String>, Vec<String>) {
-    use std::os::unix::fs::PermissionsExt;
-    let key = tmp(&format!("{name}.key"));
-    let out = Command::new(BIN).arg("genkey").output().unwrap();
-    std::fs::write(&key, &out.stdout).unwrap();
-    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
-    let relay = Relay::new(2).unwrap();
-    let (pa, pb) = (ports(2), ports(2));
-    let (mut a, mut b) = (Vec::new(), Vec::new());
-    for c in 0..2 {
-        let la = format!("127.0.0.1:{}", pa[c]).parse().unwrap();
-        let lb = format!("127.0.0.1:{}", pb[c]).parse().unwrap();
-        relay.set_ends(c, la, lb);
-        a.extend(["--channel".into(), format!("{la},{}", relay.a_side(c))]);
-        b.extend(["--channel".into(), format!("{lb},{}", relay.b_side(c))]);
-    }
-    for v in [&mut a, &mut b] {
-        v.extend(["--key-file".into(), key.to_str().unwrap().to_string()]);
-    }
-    (relay, a, b)
-}
+mod loopback;
+use loopback::{ends, tmp, BIN};
 
 fn data(n: usize) -> Vec<u8> {
     let mut r = braid_proto::rng::SplitMix64::new(n as u64);
@@ -56,7 +17,7 @@ fn data(n: usize) -> Vec<u8> {
 
 #[test]
 fn file_to_file() {
-    let (_relay, a, b) = ends("file");
+    let (_relay, a, b) = ends(2);
     let (src, dst) = (tmp("in.bin"), tmp("out.bin"));
     let input = data(3 << 20);
     std::fs::write(&src, &input).unwrap();
@@ -96,7 +57,7 @@ fn file_to_file() {
 
 #[test]
 fn stdin_to_stdout_with_json_summary() {
-    let (_relay, a, b) = ends("pipe");
+    let (_relay, a, b) = ends(2);
     let input = data(1 << 20);
     let recv = Command::new(BIN)
         .arg("recv")
@@ -147,7 +108,7 @@ fn stdin_to_stdout_with_json_summary() {
 
 #[test]
 fn bad_arguments_fail_clearly() {
-    let (_relay, a, _) = ends("bad");
+    let (_relay, a, _) = ends(2);
     let run = |extra: &[&str]| {
         let out = Command::new(BIN)
             .arg("send")

@@ -109,6 +109,14 @@ impl Buffered {
         sink.deliver(payload);
     }
 
+    /// Forced progress (a full buffer elsewhere, or a drain): the packet awaited on the
+    /// empty `channel` is lost, and so is everything the other empty channels would
+    /// carry before the lowest position that holds data.
+    pub(crate) fn force_past(&mut self, channel: usize) {
+        self.follow.give_up(channel);
+        self.follow.skip_empty_to_data(&self.bufs);
+    }
+
     /// Deliver the data packet at the head of `channel`'s buffer.
     #[inline(always)]
     pub(crate) fn deliver_head(&mut self, channel: usize, sink: &mut Sink) {
@@ -150,8 +158,7 @@ impl Logical {
             // A full buffer elsewhere while we wait: the awaited packet is lost.
             if b.any_full() {
                 sink.stats.channels[c].wait_timeouts += 1;
-                b.follow.give_up(c);
-                b.follow.skip_empty_to_data(&b.bufs);
+                b.force_past(c);
                 continue;
             }
             return;
@@ -213,8 +220,7 @@ impl ModeEngine for Logical {
                 break;
             }
             if let Some((c, _)) = self.b.blocked.take() {
-                self.b.follow.give_up(c);
-                self.b.follow.skip_empty_to_data(&self.b.bufs);
+                self.b.force_past(c);
             }
         }
         self.b.blocked = None;

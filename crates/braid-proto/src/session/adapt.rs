@@ -173,7 +173,6 @@ mod tests {
             rtt_min: Some(Duration::from_millis(min_ms)),
             delivery_bps: Some(rate_mbps * 1e6),
             loss: Some(0.0),
-            send_bps: None,
             reported_at: Some(Instant::ZERO),
         }
     }

@@ -97,8 +97,6 @@ pub(crate) struct Estimator {
     rtts: VecDeque<Duration>,
     last: Option<Feedback>,
     intervals: VecDeque<Interval>,
-    /// Our own bytes sent on the channel when each of the last reports arrived.
-    sent: VecDeque<(Instant, u64)>,
     last_at: Option<Instant>,
     /// Reports accepted.
     pub reports: u64,
@@ -119,20 +117,14 @@ pub struct Estimate {
     pub delivery_bps: Option<f64>,
     /// Fraction of datagrams missing over the last reports.
     pub loss: Option<f64>,
-    /// What we sent on the channel per second over about the same reports, in bit/s:
-    /// compared with `delivery_bps`, it tells whether the channel carries what it is
-    /// given.
-    pub send_bps: Option<f64>,
     /// When the last report arrived: estimates of a channel that stopped reporting
     /// (down, or cut) are stale.
     pub reported_at: Option<Instant>,
 }
 
 impl Estimator {
-    /// A report from the peer arrived at `now`; `tx_bytes` is what we have sent on the
-    /// channel so far.
-    pub fn on_report(&mut self, now: Instant, f: &Feedback, tx_bytes: u64) {
-        push_bounded(&mut self.sent, (now, tx_bytes), RATE_WINDOW + 1);
+    /// A report from the peer arrived at `now`.
+    pub fn on_report(&mut self, now: Instant, f: &Feedback) {
         self.last_at = Some(now);
         if f.echo != 0 {
             // Our timestamp came back: the round trip less the time the peer held it.
@@ -184,14 +176,7 @@ impl Estimator {
             .intervals
             .iter()
             .fold((0u64, 0u64), |(g, m), i| (g + i.datagrams, m + i.missing));
-        let send_bps = match (self.sent.front(), self.sent.back()) {
-            (Some(&(t0, b0)), Some(&(t1, b1))) if t1 > t0 && self.sent.len() > MIN_INTERVALS => {
-                Some(b1.saturating_sub(b0) as f64 * 8e6 / (t1 - t0).as_micros() as f64)
-            }
-            _ => None,
-        };
         Estimate {
-            send_bps,
             reported_at: self.last_at,
             srtt: self.srtt,
             rtt_min: self.rtts.iter().min().copied(),
@@ -228,7 +213,7 @@ mod tests {
         assert_eq!(f.echo_delay, 10_000);
         let mut e = Estimator::default();
         // Back with us at t=160: 60 ms elapsed, 10 of them at the peer.
-        e.on_report(at(160), &f, 0);
+        e.on_report(at(160), &f);
         assert_eq!(e.estimate().srtt, Some(Duration::from_millis(50)));
         assert_eq!(e.estimate().rtt_min, Some(Duration::from_millis(50)));
     }
@@ -245,24 +230,19 @@ mod tests {
             rx_bytes: n * 1000,
             missing,
         };
-        e.on_report(at(0), &report(10, 100, 0), 0);
+        e.on_report(at(0), &report(10, 100, 0));
         assert_eq!(e.estimate().delivery_bps, None, "one report is no interval");
         // Every 50 ms the peer has 450 more datagrams (450 kB: 72 Mbit/s) and 50 more
-        // missing; we sent 600 kB each time (96 Mbit/s).
+        // missing.
         for k in 1..=MIN_INTERVALS as u64 {
             assert_eq!(e.estimate().delivery_bps, None, "too few intervals");
-            e.on_report(
-                at(50 * k),
-                &report(10 + 50 * k, 100 + 450 * k, 50 * k),
-                600_000 * k,
-            );
+            e.on_report(at(50 * k), &report(10 + 50 * k, 100 + 450 * k, 50 * k));
         }
         let est = e.estimate();
         assert!((est.delivery_bps.unwrap() - 72e6).abs() < 1.0);
         assert!((est.loss.unwrap() - 0.1).abs() < 1e-9);
-        assert!((est.send_bps.unwrap() - 96e6).abs() < 1.0);
         // A restarted peer's counts go back: the interval is dropped, not negative.
-        e.on_report(at(1000), &report(1010, 3, 0), 600_000);
+        e.on_report(at(1000), &report(1010, 3, 0));
         assert_eq!(e.stale, 1);
         assert_eq!(e.estimate().delivery_bps, None);
     }
@@ -280,7 +260,7 @@ mod tests {
             rx_bytes: 0,
             missing: 0,
         };
-        e.on_report(at(100), &f, 0);
+        e.on_report(at(100), &f);
         assert_eq!(e.estimate().srtt, None);
     }
 }

@@ -180,8 +180,7 @@ impl Session {
     pub(super) fn on_feedback(&mut self, c: usize, f: Feedback, now: Instant) {
         self.chans[c].n.rx_feedback += 1;
         self.chans[c].fb_rx.peer_ts = Some((f.timestamp, now));
-        let sent = self.chans[c].n.tx_bytes;
-        self.chans[c].fb_tx.on_report(now, &f, sent);
+        self.chans[c].fb_tx.on_report(now, &f);
     }
 
     fn liveness(&mut self, now: Instant) {

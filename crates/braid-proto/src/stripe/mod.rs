@@ -123,7 +123,6 @@ pub struct Striper {
     pending_quanta: Option<Vec<u32>>,
     /// Once the quanta have changed, every marker carries its channel's quantum.
     announce_quanta: bool,
-    quanta_changes: u64,
     stats: Stats,
 }
 
@@ -157,7 +156,6 @@ impl Striper {
             },
             pending_quanta: None,
             announce_quanta: false,
-            quanta_changes: 0,
             stats: Stats::new(n),
             cfg,
         })
@@ -207,11 +205,6 @@ impl Striper {
         Ok(())
     }
 
-    /// Times new quanta took effect.
-    pub fn quanta_changes(&self) -> u64 {
-        self.quanta_changes
-    }
-
     /// The quanta in force (SRR), or `None` for other schedulers.
     pub fn quanta(&self) -> Option<Vec<u32>> {
         match &self.chooser {
@@ -232,7 +225,6 @@ impl Striper {
             s.set_quantum(c, q);
         }
         self.announce_quanta = true;
-        self.quanta_changes += 1;
     }
 
     /// The configuration.

@@ -7,7 +7,8 @@ use std::io::IsTerminal;
 use std::time::Duration;
 
 use anyhow::{anyhow, Context, Result};
-use braid_io::transfer::{self, Progress, TransferConfig};
+use braid_io::transfer::{self, Progress, RecvSummary, SendSummary, TransferConfig};
+use braid_io::Session;
 use braid_proto::units;
 use serde::Serialize;
 use tokio::sync::watch;
@@ -99,12 +100,31 @@ fn progress_line(
     (Some(tx), Some(task))
 }
 
-fn print_summary<T: Serialize>(s: &T, text: String, json: bool) {
-    if json {
-        eprintln!("{}", serde_json::to_string(s).unwrap_or_default());
-    } else {
-        eprint!("{text}");
+/// After a transfer: let the progress line finish, close the session, and print the
+/// summary (`text` for a person, or JSON) on stderr, which stays clear of the data.
+async fn conclude<S: Serialize, E: Into<anyhow::Error>>(
+    r: std::result::Result<S, E>,
+    progress: (
+        Option<watch::Sender<Progress>>,
+        Option<tokio::task::JoinHandle<()>>,
+    ),
+    session: Session,
+    text: fn(&S) -> String,
+    json: bool,
+) -> Result<()> {
+    let (tx, task) = progress;
+    drop(tx);
+    if let Some(t) = task {
+        let _ = t.await;
     }
+    let r = r.map_err(Into::into)?;
+    session.close().await;
+    if json {
+        eprintln!("{}", serde_json::to_string(&r).unwrap_or_default());
+    } else {
+        eprint!("{}", text(&r));
+    }
+    Ok(())
 }
 
 /// Run `braid send`.
@@ -114,19 +134,12 @@ pub fn send(a: SendArgs) -> Result<()> {
     runtime()?.block_on(async move {
         let input = transfer::open_input(&a.input).await?;
         let (mut session, _ctl, _) = start_session(&a.s).await?;
-        let (tx, task) = progress_line(a.progress);
+        let progress = progress_line(a.progress);
         let r = tokio::select! {
-            r = transfer::send(&mut session, input, &cfg, tx.as_ref()) => r,
+            r = transfer::send(&mut session, input, &cfg, progress.0.as_ref()) => r,
             sig = shutdown_signal() => return Err(anyhow!("{sig}: transfer interrupted")),
         };
-        drop(tx);
-        if let Some(t) = task {
-            let _ = t.await;
-        }
-        let r = r?;
-        session.close().await;
-        print_summary(&r, r.text(), a.s.json);
-        Ok(())
+        conclude(r, progress, session, SendSummary::text, a.s.json).await
     })
 }
 
@@ -137,18 +150,11 @@ pub fn recv(a: RecvArgs) -> Result<()> {
     runtime()?.block_on(async move {
         let output = transfer::open_output(&a.output).await?;
         let (mut session, _ctl, _) = start_session(&a.s).await?;
-        let (tx, task) = progress_line(a.progress);
+        let progress = progress_line(a.progress);
         let r = tokio::select! {
-            r = transfer::recv(&mut session, output, &cfg, tx.as_ref()) => r,
+            r = transfer::recv(&mut session, output, &cfg, progress.0.as_ref()) => r,
             sig = shutdown_signal() => return Err(anyhow!("{sig}: transfer interrupted")),
         };
-        drop(tx);
-        if let Some(t) = task {
-            let _ = t.await;
-        }
-        let r = r?;
-        session.close().await;
-        print_summary(&r, r.text(), a.s.json);
-        Ok(())
+        conclude(r, progress, session, RecvSummary::text, a.s.json).await
     })
 }
