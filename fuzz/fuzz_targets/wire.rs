@@ -1,8 +1,8 @@
-//! Every wire parser on arbitrary bytes: no panic, and where a format has a `Repr`,
+//! Every wire parser (including error control and credits) on arbitrary bytes: no panic, and where a format has a `Repr`,
 //! parse → emit → parse gives the same value.
 #![no_main]
 
-use braid_proto::wire::{self, marker, nak, secure, seq, session, trigger};
+use braid_proto::wire::{self, credit, errctl, marker, nak, secure, seq, session, trigger};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -38,6 +38,22 @@ fuzz_target!(|data: &[u8]| {
         let mut v = h.to_bytes().to_vec();
         v.extend_from_slice(&[0; secure::TAG_LEN]);
         assert_eq!(secure::Header::parse(&v), Ok(h));
+    }
+    if let Ok(p) = errctl::DataPacket::new_checked(data) {
+        if let Ok(r) = errctl::DataRepr::parse(&p) {
+            let v = r.to_vec(&[]);
+            let again = errctl::DataRepr::parse(&errctl::DataPacket::new_checked(&v[..]).unwrap());
+            assert_eq!(again, Ok(r));
+        }
+    }
+    if let Ok(r) = errctl::SnakRepr::parse(data) {
+        assert_eq!(errctl::SnakRepr::parse(&r.to_vec()), Ok(r));
+    }
+    if let Ok(r) = errctl::PackRepr::parse(data) {
+        assert_eq!(errctl::PackRepr::parse(&r.to_vec()), Ok(r));
+    }
+    if let Ok(r) = credit::Repr::parse_bytes(data) {
+        assert_eq!(credit::Repr::parse_bytes(&r.to_vec()), Ok(r));
     }
     if let Ok(h) = secure::Handshake::parse(data) {
         let v = h.to_vec();
