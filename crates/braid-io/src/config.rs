@@ -95,6 +95,11 @@ pub struct SessionConfig {
     pub socket_buffer: usize,
     /// Adaptive weights (see `braid_proto::session::Config::adaptive`); off by default.
     pub adaptive: bool,
+    /// CoDel on the channels' queueing delay, with ECN marks (see
+    /// `braid_proto::aqm`); `None`: off.
+    pub aqm: Option<braid_proto::aqm::AqmConfig>,
+    /// In-bond repair (see `braid_proto::session::arq`); `None`: off.
+    pub arq: Option<braid_proto::session::ArqConfig>,
 }
 
 impl std::fmt::Debug for SessionConfig {
@@ -136,6 +141,8 @@ impl SessionConfig {
             queue_packets: 4096,
             socket_buffer: 4 << 20,
             adaptive: false,
+            aqm: None,
+            arq: None,
         }
     }
 
@@ -247,6 +254,8 @@ impl SessionConfig {
             rejoin_after: braid_proto::Duration::from_micros(self.rejoin_after.as_micros() as u64),
             queue_packets: self.queue_packets,
             adaptive: self.adaptive,
+            aqm: self.aqm,
+            arq: self.arq,
         }
     }
 
@@ -334,6 +343,10 @@ struct RawSession {
     marker_interval: Option<String>,
     equalize: Option<bool>,
     adaptive: Option<bool>,
+    aqm: Option<bool>,
+    aqm_target: Option<String>,
+    aqm_interval: Option<String>,
+    arq: Option<String>,
     repair: Option<String>,
     trigger_every: Option<u32>,
     max_wait: Option<String>,
@@ -556,6 +569,35 @@ impl FileConfig {
         }
         if let Some(a) = s.adaptive {
             cfg.adaptive = a;
+        }
+        if let Some(on) = s.aqm {
+            cfg.aqm = on.then(braid_proto::aqm::AqmConfig::default);
+        }
+        for (key, v) in [
+            ("aqm_target", &s.aqm_target),
+            ("aqm_interval", &s.aqm_interval),
+        ] {
+            let Some(v) = v else { continue };
+            let name = format!("session.{key}");
+            let d = parse_duration(v).map_err(|r| err(&name, r.to_string()))?;
+            if d.is_zero() {
+                return Err(err(&name, "must be above zero".into()));
+            }
+            let Some(a) = &mut cfg.aqm else {
+                return Err(err(&name, "needs `aqm = true`".into()));
+            };
+            let d = braid_proto::Duration::from_micros(d.as_micros() as u64);
+            if key == "aqm_target" {
+                a.target = d;
+            } else {
+                a.interval = d;
+            }
+        }
+        if let Some(v) = &s.arq {
+            let d = parse_duration(v).map_err(|r| err("session.arq", r.to_string()))?;
+            cfg.arq = (!d.is_zero()).then(|| braid_proto::session::ArqConfig {
+                wait: braid_proto::Duration::from_micros(d.as_micros() as u64),
+            });
         }
         if let Some(v) = &s.repair {
             let d = parse_duration(v).map_err(|r| err("session.repair", r.to_string()))?;
@@ -786,6 +828,51 @@ remote = "127.0.0.1:7102"
             .unwrap_err()
             .to_string();
         assert!(e.contains("tunnel.address"), "{e}");
+    }
+
+    #[test]
+    fn repair_and_aqm_keys() {
+        let with = |extra: &str| {
+            GOOD.replace(
+                "heartbeat = \"20ms\"",
+                &format!("heartbeat = \"20ms\"\n{extra}"),
+            )
+        };
+        let c = FileConfig::parse(
+            "t.toml",
+            &with("arq = \"150ms\"\naqm = true\naqm_target = \"10ms\""),
+            None,
+        )
+        .unwrap();
+        let s = c.session.session_config();
+        assert_eq!(s.arq.unwrap().wait, braid_proto::Duration::from_millis(150));
+        let a = s.aqm.unwrap();
+        assert_eq!(a.target, braid_proto::Duration::from_millis(10));
+        assert_eq!(a.interval, braid_proto::Duration::from_millis(100));
+        // Markers carry the send time only when the AQM needs it.
+        assert!(s.stripe_config(&[0, 1]).markers.timestamps);
+        let c = FileConfig::parse("t.toml", &with("arq = \"0s\""), None).unwrap();
+        assert!(c.session.session_config().arq.is_none());
+        assert!(!c.session.stripe_config(&[0, 1]).markers.timestamps);
+        for (extra, key) in [
+            ("aqm_target = \"10ms\"", "session.aqm_target"),
+            ("aqm = true\naqm_interval = \"0s\"", "session.aqm_interval"),
+            ("arq = \"soon\"", "session.arq"),
+        ] {
+            let e = FileConfig::parse("t.toml", &with(extra), None)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(key), "{extra}: {e}");
+        }
+        // Repair needs a sealing counter.
+        let e = FileConfig::parse(
+            "t.toml",
+            &with("arq = \"100ms\"\nsecurity = \"none\""),
+            None,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("arq") && e.contains("security"), "{e}");
     }
 
     #[test]

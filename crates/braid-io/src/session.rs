@@ -680,6 +680,15 @@ impl Driver {
                 delivery_bps: c.estimate.delivery_bps.unwrap_or(-1.0),
                 loss_ratio: c.estimate.loss.unwrap_or(-1.0),
                 quantum: u64::from(c.quantum),
+                queue_delay_ms: s
+                    .aqm
+                    .as_ref()
+                    .and_then(|a| a.queue_delay_us[i])
+                    .map_or(-1.0, |us| us as f64 / 1e3),
+                arq_missing: c.arq.missing,
+                arq_repaired: c.arq.repaired,
+                arq_given_up: c.arq.given_up,
+                arq_resent: c.arq.resent,
             })
             .collect();
         SessionStats {
@@ -712,6 +721,11 @@ impl Driver {
             resyncs: channels.iter().map(|c| c.resyncs).sum(),
             delivered_bps: s.delivered_bps,
             quanta_changes: s.quanta_changes,
+            arq_missing: channels.iter().map(|c| c.arq_missing).sum(),
+            arq_repaired: channels.iter().map(|c| c.arq_repaired).sum(),
+            aqm_ce_marks: s.aqm.as_ref().map_or(0, |a| a.ce_marks),
+            aqm_drops: s.aqm.as_ref().map_or(0, |a| a.drops),
+            aqm_loss_signals: s.aqm.as_ref().map_or(0, |a| a.loss_signals),
             channels,
         }
     }

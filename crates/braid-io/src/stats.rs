@@ -93,6 +93,22 @@ pub struct ChannelSnapshot {
     pub loss_ratio: f64,
     /// SRR quantum in bytes: adapted to what the channel delivers, or as configured.
     pub quantum: u64,
+    /// Queueing delay the AQM measures on this channel, ms (-1: AQM off or no recent
+    /// timestamped marker).
+    #[serde(default)]
+    pub queue_delay_ms: f64,
+    /// In-bond repair: datagrams found missing on this channel.
+    #[serde(default)]
+    pub arq_missing: u64,
+    /// Of those, filled by a repair from the peer.
+    #[serde(default)]
+    pub arq_repaired: u64,
+    /// Of those, given up after the wait.
+    #[serde(default)]
+    pub arq_given_up: u64,
+    /// This channel's datagrams we sent again at the peer's request.
+    #[serde(default)]
+    pub arq_resent: u64,
 }
 
 /// A snapshot of a whole session.
@@ -161,6 +177,21 @@ pub struct SessionStats {
     pub delivered_bps: f64,
     /// Times adaptive weights changed the quanta.
     pub quanta_changes: u64,
+    /// In-bond repair: datagrams found missing, all channels.
+    #[serde(default)]
+    pub arq_missing: u64,
+    /// Of those, filled by a repair.
+    #[serde(default)]
+    pub arq_repaired: u64,
+    /// AQM: packets delivered with a CE mark.
+    #[serde(default)]
+    pub aqm_ce_marks: u64,
+    /// AQM: packets dropped as a congestion signal (not ECN-capable).
+    #[serde(default)]
+    pub aqm_drops: u64,
+    /// AQM: losses taken as congestion (their channel's queue stood above target).
+    #[serde(default)]
+    pub aqm_loss_signals: u64,
     /// Per channel.
     pub channels: Vec<ChannelSnapshot>,
 }
@@ -212,9 +243,9 @@ impl SessionStats {
         );
         let _ = writeln!(
             s,
-            "{:<3} {:<8} {:<5} {:>8} {:<4} {:<5} {:>10} {:>10} {:>9} {:>9} {:>7} {:>6} {:>7} {:>7} {:>7} {:>6} {:>6}",
+            "{:<3} {:<8} {:<5} {:>8} {:<4} {:<5} {:>10} {:>10} {:>9} {:>9} {:>7} {:>6} {:>7} {:>7} {:>7} {:>7} {:>6} {:>6}",
             "ch", "name", "state", "since", "peer", "sets", "tx pkts", "rx pkts", "tx bit/s", "rx bit/s",
-            "rtt ms", "loss%", "mk tx", "mk rx", "resync", "auth", "replay"
+            "rtt ms", "loss%", "queue ms", "mk tx", "mk rx", "resync", "auth", "replay"
         );
         for c in &self.channels {
             let sets = format!(
@@ -224,7 +255,7 @@ impl SessionStats {
             );
             let _ = writeln!(
                 s,
-                "{:<3} {:<8} {:<5} {:>7.1}s {:<4} {:<5} {:>10} {:>10} {:>9} {:>9} {:>7} {:>6} {:>7} {:>7} {:>7} {:>6} {:>6}",
+                "{:<3} {:<8} {:<5} {:>7.1}s {:<4} {:<5} {:>10} {:>10} {:>9} {:>9} {:>7} {:>6} {:>7} {:>7} {:>7} {:>7} {:>6} {:>6}",
                 c.index,
                 c.name,
                 c.state,
@@ -237,6 +268,7 @@ impl SessionStats {
                 si(c.rx_bps),
                 known(c.srtt_ms, 1.0, 1),
                 known(c.loss_ratio, 100.0, 2),
+                known(c.queue_delay_ms, 1.0, 1),
                 c.tx_markers + c.tx_triggers,
                 c.rx_markers + c.rx_triggers,
                 c.resyncs,

@@ -38,6 +38,12 @@ pub struct BenchOptions {
     pub weights: Option<Vec<u32>>,
     /// Adaptive weights in the tunnel (`session.adaptive`).
     pub adaptive: bool,
+    /// In-tunnel repair wait (`session.repair`, `seq` mode), e.g. `100ms`; `None`: off.
+    pub repair: Option<String>,
+    /// AQM in the tunnel (`session.aqm`), with ECN turned on for TCP at both ends.
+    pub aqm: bool,
+    /// In-bond repair wait (`session.arq`), e.g. `100ms`; `None`: the tunnel's default.
+    pub arq: Option<String>,
     /// The `braid` binary.
     pub exe: PathBuf,
     /// Emulator seed.
@@ -58,6 +64,8 @@ pub struct LinkResult {
 pub struct ModeResult {
     /// TCP goodput through the tunnel, bit/s.
     pub tcp_bps: f64,
+    /// Segments the TCP sender retransmitted (iperf3's count).
+    pub tcp_retransmits: u64,
     /// UDP packets delivered out of order at the tunnel output.
     pub udp_out_of_order: u64,
     /// UDP loss ratio at the tunnel output.
@@ -98,6 +106,7 @@ impl BenchResult {
                     m.clone(),
                     json!({
                         "tcp_bps": r.tcp_bps,
+                        "tcp_retransmits": r.tcp_retransmits,
                         "udp_out_of_order": r.udp_out_of_order,
                         "udp_loss": r.udp_loss,
                         "udp_goodput_bps": r.udp_goodput_bps,
@@ -138,6 +147,7 @@ impl BenchResult {
                     m.clone(),
                     ModeResult {
                         tcp_bps: r["tcp_bps"].as_f64()?,
+                        tcp_retransmits: r["tcp_retransmits"].as_u64().unwrap_or(0),
                         udp_out_of_order: r["udp_out_of_order"].as_u64().unwrap_or(0),
                         udp_loss: r["udp_loss"].as_f64().unwrap_or(0.0),
                         udp_goodput_bps: r["udp_goodput_bps"].as_f64().unwrap_or(0.0),
@@ -175,8 +185,8 @@ impl BenchResult {
         s += &row("all links at once (ceiling)", self.ceiling_bps, "");
         for (m, r) in &self.braid {
             let extra = format!(
-                "   UDP loss {:.4}, out of order {}",
-                r.udp_loss, r.udp_out_of_order
+                "   TCP retransmits {}; UDP loss {:.4}, out of order {}",
+                r.tcp_retransmits, r.udp_loss, r.udp_out_of_order
             );
             s += &row(&format!("braid {m}, TCP"), r.tcp_bps, &extra);
         }
@@ -227,6 +237,14 @@ fn iperf_bps(json_text: &str, what: &str) -> Result<f64, LabError> {
         })
 }
 
+/// The sender's retransmissions in iperf3's JSON (0 when it does not say).
+fn iperf_retransmits(json_text: &str) -> u64 {
+    serde_json::from_str::<Value>(json_text)
+        .ok()
+        .and_then(|v| v["end"]["sum_sent"]["retransmits"].as_u64())
+        .unwrap_or(0)
+}
+
 fn tcp_client(
     ns: &str,
     prefix: &[&str],
@@ -268,6 +286,16 @@ pub fn run(opt: &BenchOptions, mut progress: impl FnMut(&str)) -> Result<BenchRe
     }
     let _ = topo::down();
     topo::up(&opt.links, &opt.exe, opt.seed)?;
+    if opt.aqm {
+        // The AQM signals with ECN: TCP asks for it at both ends (Linux's default only
+        // accepts it). The MPTCP run has it too; nothing marks its packets.
+        for ns in [NS_CLIENT, NS_SERVER] {
+            output(
+                ns_cmd(ns, &["sysctl", "-qw", "net.ipv4.tcp_ecn=1"]),
+                "sysctl net.ipv4.tcp_ecn",
+            )?;
+        }
+    }
     let result = measure(opt, &mut progress);
     let _ = topo::down();
     result
@@ -376,10 +404,19 @@ fn tunnel_config(opt: &BenchOptions, mode: &str, end_a: bool) -> String {
     };
     let mut s = format!(
         "[tunnel]\nname = \"brl-tun\"\naddress = \"{addr}\"\ncontrol = \"{}/tun-{sock}.sock\"\nlog_interval = \"0s\"\n\n\
-         [session]\nmode = \"{mode}\"\nscheduler = \"srr\"\nadaptive = {}\nkey = \"f1njdwrpfIzRyXbWUPz15DmEK5AHdvKw7LmAZC4M6Rw=\"\n\n",
+         [session]\nmode = \"{mode}\"\nscheduler = \"srr\"\nadaptive = {}\naqm = {}\nkey = \"f1njdwrpfIzRyXbWUPz15DmEK5AHdvKw7LmAZC4M6Rw=\"\n",
         topo::state_dir().display(),
-        opt.adaptive
+        opt.adaptive,
+        opt.aqm
     );
+    if let Some(a) = &opt.arq {
+        s += &format!("arq = \"{a}\"\n");
+    }
+    if let Some(r) = &opt.repair {
+        // Repair is a seq-mode feature; the other modes ignore the key.
+        s += &format!("repair = \"{r}\"\n");
+    }
+    s += "\n";
     for (i, l) in opt.links.iter().enumerate() {
         let (local, remote) = if end_a {
             (client_addr(i), server_addr(i))
@@ -492,10 +529,9 @@ fn tunnel_run(
         std::thread::sleep(Duration::from_millis(200));
     }
     let c = tcp_client(NS_CLIENT, &[], "10.99.0.2", None, 5201, secs);
-    let tcp_bps = iperf_bps(
-        &output(c, "iperf3 through the tunnel")?,
-        "iperf3 through the tunnel",
-    )?;
+    let tcp_json = output(c, "iperf3 through the tunnel")?;
+    let tcp_bps = iperf_bps(&tcp_json, "iperf3 through the tunnel")?;
+    let tcp_retransmits = iperf_retransmits(&tcp_json);
 
     // UDP at 70 % of the sum of the links: below every bottleneck, so any loss or
     // misordering seen is the tunnel's (or the emulated links' own loss).
@@ -576,6 +612,7 @@ fn tunnel_run(
     drop(tunnels);
     Ok(ModeResult {
         tcp_bps,
+        tcp_retransmits,
         udp_out_of_order: got.out_of_order,
         udp_loss: got.loss_ratio,
         udp_goodput_bps: got.goodput_bps,

@@ -93,6 +93,10 @@ pub struct MarkerConfig {
     /// time as well as in rounds. `None` (the default, as in the papers): only the
     /// round and packet counts apply.
     pub max_interval: Option<Duration>,
+    /// Stamp every marker with the sender's clock (8 bytes more per marker), so the
+    /// receiver can measure each channel's queueing delay (`aqm`). Off by default, as
+    /// in the papers.
+    pub timestamps: bool,
 }
 
 impl Default for MarkerConfig {
@@ -102,6 +106,7 @@ impl Default for MarkerConfig {
             position: MarkerPosition::End,
             idle: Some(Duration::from_millis(20)),
             max_interval: None,
+            timestamps: false,
         }
     }
 }

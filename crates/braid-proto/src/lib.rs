@@ -7,6 +7,7 @@
 //! polled, in the style of quinn-proto. Drivers live in `braid-sim` (virtual time) and
 //! `braid-io` (real sockets).
 //!
+//! * [`aqm`]: CoDel on the channels' queueing delay, with ECN marks, for traffic through the bond;
 //! * [`sched`]: causal schedulers (SRR, RR, GRR, randomized) and non-causal baselines;
 //! * [`stripe`]: the sender, [`Striper`];
 //! * [`reseq`]: the receiver, [`Resequencer`], in modes `none`, `logical`, `seq`, `trr`;
@@ -21,6 +22,7 @@
 
 #![warn(missing_docs)]
 
+pub mod aqm;
 pub mod config;
 pub mod credit;
 pub mod errctl;

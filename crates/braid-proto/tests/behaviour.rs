@@ -263,6 +263,7 @@ fn malformed_input_is_counted() {
         batch: 0,
         credits: None,
         quantum_change: None,
+        stamp: None,
     };
     r.handle_datagram(Instant::ZERO, 0, Bytes::from(m.to_vec()));
     assert_eq!(r.stats().malformed, 5);
@@ -518,6 +519,7 @@ fn end_channel_equals_the_final_marker() {
             batch: 0,
             credits: None,
             quantum_change: None,
+            stamp: None,
         };
         r.handle_datagram(now, 1, Bytes::from(m.to_vec()));
     };
@@ -654,6 +656,7 @@ fn a_marker_far_ahead_costs_no_spin_in_forced_progress_or_drain() {
             batch: 0,
             credits: None,
             quantum_change: None,
+            stamp: None,
         };
         r.handle_datagram(Instant::ZERO, 2, Bytes::from(m.to_vec()));
         // Channel 2's buffer fills while channels 0 and 1 stay silent: forced progress.
@@ -691,6 +694,7 @@ fn seq_refuses_markers_whose_count_is_far_ahead() {
             batch: 0,
             credits: None,
             quantum_change: None,
+            stamp: None,
         };
         Bytes::from(forged.to_vec())
     });

@@ -27,8 +27,12 @@ use crate::time::{Duration, Instant};
 
 /// A channel whose markers stopped arriving this long ago no longer counts.
 const STALE: Duration = Duration::from_secs(1);
-/// Batches kept while waiting for their other markers.
-const BATCHES: usize = 8;
+/// Batches kept while waiting for their other markers. Markers go out about every 5 ms
+/// while data flows (`marker_interval`), so this many cover a skew of over 300 ms
+/// between the fastest and the slowest channel. (It was 8: a skew beyond about 40 ms,
+/// e.g. 5 and 60 ms paths, was never measured, and the slowest channel was taken for
+/// as fast as the next one.)
+const BATCHES: usize = 64;
 /// Samples older than this no longer count towards the percentile.
 const WINDOW: Duration = Duration::from_secs(1);
 /// Most samples kept per channel.
@@ -47,6 +51,8 @@ pub(crate) struct Equalizer {
     /// Held datagrams per channel: release time, datagram.
     held: Vec<VecDeque<(Instant, Bytes)>>,
     held_total: usize,
+    /// Added to every channel's hold (a playout margin; zero by default).
+    margin: Duration,
 }
 
 impl Equalizer {
@@ -58,7 +64,12 @@ impl Equalizer {
             batches: VecDeque::with_capacity(BATCHES),
             held: (0..n).map(|_| VecDeque::new()).collect(),
             held_total: 0,
+            margin: Duration::ZERO,
         }
+    }
+
+    pub(crate) fn set_margin(&mut self, margin: Duration) {
+        self.margin = margin;
     }
 
     fn active(&self, now: Instant, c: usize) -> bool {
@@ -115,28 +126,30 @@ impl Equalizer {
     /// How long to hold a datagram arriving now on `channel`.
     pub(crate) fn hold(&self, now: Instant, channel: usize) -> Duration {
         let Some(own) = self.offset[channel] else {
-            return Duration::ZERO;
+            return self.margin;
         };
         let slowest = (0..self.offset.len())
             .filter(|&c| self.active(now, c))
             .filter_map(|c| self.offset[c])
             .fold(own, f64::max);
-        Duration::from_micros((slowest - own).max(0.0) as u64)
+        Duration::from_micros((slowest - own).max(0.0) as u64) + self.margin
     }
 
-    /// Hold `datagram` from `channel` (FIFO per channel); returns it back if it can go
-    /// through at once. At most `limit` datagrams wait per channel: beyond that the
-    /// oldest one is made due at once.
+    /// Hold `datagram` from `channel`, which arrived at `arrived` (FIFO per channel);
+    /// returns it back if it can go through at once. At most `limit` datagrams wait per
+    /// channel: beyond that the oldest one is made due at once.
     pub(crate) fn push(
         &mut self,
         now: Instant,
+        arrived: Instant,
         channel: usize,
         datagram: Bytes,
         limit: usize,
     ) -> Option<Bytes> {
         let hold = self.hold(now, channel);
+        let due = arrived + hold;
         let q = &mut self.held[channel];
-        if q.is_empty() && hold == Duration::ZERO {
+        if q.is_empty() && due <= now {
             return Some(datagram);
         }
         if q.len() >= limit {
@@ -144,7 +157,7 @@ impl Equalizer {
                 front.0 = now;
             }
         }
-        let at = (now + hold).max(q.back().map_or(now, |b| b.0));
+        let at = due.max(q.back().map_or(now, |b| b.0));
         q.push_back((at, datagram));
         self.held_total += 1;
         None
@@ -225,16 +238,64 @@ mod tests {
         assert_eq!(e.hold(now, 1).as_micros(), 40_000);
         assert_eq!(e.hold(now, 0).as_micros(), 55_000);
         // FIFO per channel, released in time order.
-        assert!(e.push(now, 2, Bytes::from_static(b"c"), 100).is_some());
-        assert!(e.push(now, 0, Bytes::from_static(b"a"), 100).is_none());
+        assert!(e.push(now, now, 2, Bytes::from_static(b"c"), 100).is_some());
+        assert!(e.push(now, now, 0, Bytes::from_static(b"a"), 100).is_none());
         assert!(e
-            .push(t(310_000), 1, Bytes::from_static(b"b"), 100)
+            .push(t(310_000), t(310_000), 1, Bytes::from_static(b"b"), 100)
             .is_none());
         assert_eq!(e.next_due(), Some(t(350_000)));
         assert!(e.pop_due(t(349_999)).is_none());
         assert_eq!(e.pop_due(t(350_000)).unwrap().0, 1);
         assert_eq!(e.pop_due(t(355_000)).unwrap().0, 0);
         assert_eq!(e.held(), 0);
+    }
+
+    #[test]
+    fn a_margin_absorbs_a_hold_before_the_equalizer() {
+        let mut e = Equalizer::new(2);
+        for k in 0..4u32 {
+            e.on_marker(t(u64::from(k) * 1000 + 100), 0, k);
+            e.on_marker(t(u64::from(k) * 1000 + 900), 1, k);
+        }
+        e.set_margin(Duration::from_millis(20));
+        let now = t(10_000);
+        assert_eq!(e.hold(now, 1).as_micros(), 20_000);
+        assert_eq!(e.hold(now, 0).as_micros(), 20_800);
+        // Channel 1's datagram arrived at 10 ms but was held 15 ms before the
+        // equalizer (a repair): it is still due at 30 ms, not 45.
+        assert!(e
+            .push(t(25_000), now, 1, Bytes::from_static(b"x"), 100)
+            .is_none());
+        assert_eq!(e.next_due(), Some(t(30_000)));
+        // Held longer than the margin: through at once.
+        assert!(e
+            .push(t(40_000), t(15_000), 0, Bytes::from_static(b"y"), 100)
+            .is_some());
+    }
+
+    #[test]
+    fn a_skew_of_many_marker_intervals_is_measured() {
+        // Markers every 5 ms; the slow channel is 55 ms behind the fast one: eleven
+        // batches are in flight before the slow channel's marker of the first arrives.
+        let mut e = Equalizer::new(3);
+        let mut arrivals: Vec<(u64, usize, u32)> = (0..200u32)
+            .flat_map(|k| {
+                let sent = u64::from(k) * 5_000;
+                [
+                    (sent + 5_000, 0, k),
+                    (sent + 20_000, 1, k),
+                    (sent + 60_000, 2, k),
+                ]
+            })
+            .collect();
+        arrivals.sort();
+        for (at, c, k) in arrivals {
+            e.on_marker(t(at), c, k);
+        }
+        let now = t(1_000_000);
+        assert_eq!(e.hold(now, 2), Duration::ZERO);
+        assert_eq!(e.hold(now, 1).as_micros(), 40_000);
+        assert_eq!(e.hold(now, 0).as_micros(), 55_000);
     }
 
     #[test]

@@ -277,9 +277,33 @@ impl Resequencer {
         })
     }
 
+    /// Hold every channel this much longer in the delay equalizer (when it is on): a
+    /// playout margin that absorbs short holds before the resequencer, such as in-bond
+    /// repair's, so the traffic sees a steady delay instead of a stall at each repair.
+    pub fn set_hold_margin(&mut self, margin: Duration) {
+        if let Some(e) = &mut self.equalizer {
+            e.set_margin(margin);
+        }
+    }
+
     /// A datagram arrived on `channel`. Anything that cannot be parsed is counted as
     /// malformed and dropped; this never panics.
     pub fn handle_datagram(&mut self, now: Instant, channel: usize, datagram: Bytes) {
+        self.handle_datagram_at(now, now, channel, datagram)
+    }
+
+    /// A datagram that arrived on `channel` at `arrived` (at or before `now`) and was
+    /// held since, e.g. behind a loss that in-bond repair filled. The delay equalizer
+    /// times it from `arrived`, so a hold shorter than its margin
+    /// ([`Resequencer::set_hold_margin`]) costs no extra delay.
+    pub fn handle_datagram_at(
+        &mut self,
+        now: Instant,
+        arrived: Instant,
+        channel: usize,
+        datagram: Bytes,
+    ) {
+        let arrived = arrived.min(now);
         let Some(eq) = &mut self.equalizer else {
             return self.ingest(now, channel, datagram);
         };
@@ -301,9 +325,9 @@ impl Resequencer {
             _ => None,
         };
         if let Some(batch) = batch {
-            eq.on_marker(now, channel, batch);
+            eq.on_marker(arrived, channel, batch);
         }
-        let now_through = eq.push(now, channel, datagram, self.limit);
+        let now_through = eq.push(now, arrived, channel, datagram, self.limit);
         if let Some(d) = now_through {
             self.ingest(now, channel, d);
         }
@@ -332,6 +356,7 @@ impl Resequencer {
             batch: 0,
             credits: None,
             quantum_change: None,
+            stamp: None,
         };
         // Through the datagram path, so that it queues behind held data like a marker.
         self.handle_datagram(now, channel, Bytes::from(end.to_vec()));

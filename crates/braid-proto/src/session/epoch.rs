@@ -319,7 +319,7 @@ impl Session {
         self.rx
             .reseq
             .end_channel(now, k, Position { round, dc }, sent);
-        self.drain_deliver();
+        self.drain_deliver(now);
     }
 
     fn commit_rx(&mut self, now: Instant) {
@@ -332,7 +332,7 @@ impl Session {
         // Nothing more arrives for the old epoch: deliver what it can, in order, and
         // give up on whatever the dead channels took with them.
         self.rx.reseq.drain(now);
-        self.drain_deliver();
+        self.drain_deliver(now);
         self.rx.switch_lost += self.rx.reseq.buffered() as u64;
         self.rx.account();
         let members = members_of(p.new_set);

@@ -32,6 +32,7 @@
 //! Every input takes `now`, an [`Instant`] from the driver's origin.
 
 mod adapt;
+pub mod arq;
 pub mod crypto;
 mod epoch;
 pub mod feedback;
@@ -42,13 +43,15 @@ use std::collections::VecDeque;
 
 use bytes::Bytes;
 
+use crate::aqm::{self, Aqm, AqmConfig};
 use crate::config::{MarkerConfig, MarkerPosition, Mode, Policy, ReceiverConfig, MAX_CHANNELS};
 use crate::sched::SchedulerKind;
 use crate::stripe::TransmitKind;
 use crate::time::{Duration, Instant};
-use crate::wire::{self, session::Msg};
+use crate::wire::{self, marker, session::Msg};
 use crate::{Resequencer, StripeConfig, Striper};
 
+pub use arq::{ArqChannelStats, ArqConfig};
 use crypto::{Crypto, Established, Keys, Reject};
 pub use crypto::{HandshakeStats, SecurityMode, KEY_LEN};
 pub use liveness::LinkState;
@@ -106,6 +109,14 @@ pub struct Config {
     /// Off by default (it costs TCP throughput when the configured weights are right;
     /// `docs/lab.md`).
     pub adaptive: bool,
+    /// Congestion signals for the traffic we deliver (`aqm`): markers carry our clock,
+    /// the peer measures each channel's queueing delay from them, and CoDel marks (ECN
+    /// CE) or drops the IP packets it delivers while a queue stands. `None`: off.
+    pub aqm: Option<AqmConfig>,
+    /// In-bond repair (`session::arq`): lost sealed datagrams are asked for again and
+    /// resent on the fastest channel, below the resequencer, in every mode. Needs
+    /// security `encrypt` or `auth` (the sealing counter finds the gaps). `None`: off.
+    pub arq: Option<ArqConfig>,
 }
 
 impl std::fmt::Debug for Config {
@@ -134,6 +145,8 @@ impl std::fmt::Debug for Config {
             .field("rejoin_after", &self.rejoin_after)
             .field("queue_packets", &self.queue_packets)
             .field("adaptive", &self.adaptive)
+            .field("aqm", &self.aqm)
+            .field("arq", &self.arq)
             .finish()
     }
 }
@@ -167,6 +180,8 @@ impl Config {
             rejoin_after: Duration::from_millis(150),
             queue_packets: 4096,
             adaptive: false,
+            aqm: None,
+            arq: None,
         }
     }
 
@@ -202,6 +217,16 @@ impl Config {
                     c.name
                 ));
             }
+        }
+        if self.arq.is_some() && self.security == SecurityMode::None {
+            return Err(
+                "in-bond repair (arq) needs security `encrypt` or `auth`: it finds losses \
+                 by the sealing counter"
+                    .into(),
+            );
+        }
+        if self.arq.is_some_and(|a| a.wait == Duration::ZERO) {
+            return Err("the arq wait must be above zero".into());
         }
         if self.heartbeat == Duration::ZERO {
             return Err("heartbeat must be above zero".into());
@@ -268,6 +293,7 @@ impl Config {
             })
             .collect();
         let mut markers = self.markers;
+        markers.timestamps |= self.aqm.is_some();
         if let MarkerPosition::Channel(c) = markers.position {
             if c >= members.len() {
                 markers.position = MarkerPosition::End;
@@ -420,6 +446,12 @@ pub struct Session {
     events: VecDeque<Event>,
     counters: stats::Counters,
     adapt: Option<adapt::Adapt>,
+    aqm: Option<Aqm>,
+    /// In-bond repair: per channel, what we receive and what we sent.
+    arq_rx: Vec<arq::RxChan>,
+    arq_tx: Vec<arq::TxRing>,
+    /// The latest `now` we were given.
+    clock: Instant,
     next_hello: Instant,
     next_rate: Instant,
 }
@@ -453,6 +485,10 @@ impl Session {
             adapt: cfg
                 .adapts()
                 .then(|| adapt::Adapt::new(sc.weights.clone(), now)),
+            aqm: cfg.aqm.map(|a| Aqm::new(a, n)),
+            arq_rx: (0..n).map(|_| arq::RxChan::default()).collect(),
+            arq_tx: (0..n).map(|_| arq::TxRing::default()).collect(),
+            clock: now,
             next_hello: now,
             next_rate: now + Duration::from_secs(1),
             cfg,
@@ -485,6 +521,7 @@ impl Session {
     /// `queue_packets` packets are held; beyond that, and for packets the striper
     /// refuses, the packet is dropped and counted (`queue_drops`).
     pub fn handle_packet(&mut self, now: Instant, p: Bytes) {
+        self.clock = self.clock.max(now);
         self.counters.sent_packets += 1;
         self.counters.sent_bytes += p.len() as u64;
         if self.tx.switching.is_some() || !self.crypto.ready() {
@@ -503,6 +540,7 @@ impl Session {
 
     /// A datagram received on channel `c`.
     pub fn handle_datagram(&mut self, now: Instant, c: usize, d: Bytes) {
+        self.clock = self.clock.max(now);
         if c >= self.n {
             return;
         }
@@ -515,16 +553,46 @@ impl Session {
         };
         match first {
             wire::TYPE_HS_INIT | wire::TYPE_HS_RESP => self.on_handshake(now, c, &d),
-            wire::TYPE_SEALED | wire::TYPE_SIGNED => match self.crypto.open(c, &d) {
-                Ok((inner, established)) => {
+            wire::TYPE_SEALED | wire::TYPE_SIGNED => match self.open(c, &d) {
+                Ok((sealed_for, inner, established)) => {
                     if let Some(e) = established {
                         self.on_established(now, e);
                     }
                     self.peer.last = Some(now);
                     self.peer.silent_warned = false;
                     self.heard(c, now);
-                    self.chans[c].fb_rx.accepted(d.len());
-                    self.on_inner(now, c, inner);
+                    if sealed_for == c {
+                        self.chans[c].fb_rx.accepted(d.len());
+                        self.stamp(now, c, &inner);
+                    }
+                    match (self.cfg.arq, arq::sealed_id(&d)) {
+                        (Some(a), Some((key, counter))) => {
+                            let mut out = Vec::new();
+                            let missing = self.arq_rx[sealed_for].stats.missing;
+                            // Control that needs no order is not held behind a gap.
+                            let urgent = match inner.first() {
+                                Some(&wire::TYPE_NAK) => true,
+                                Some(&wire::TYPE_SESSION) => {
+                                    inner.get(2) != Some(&wire::session::KIND_END)
+                                }
+                                _ => false,
+                            };
+                            self.arq_rx[sealed_for]
+                                .accept(now, a.wait, key, counter, inner, urgent, &mut out);
+                            if self.arq_rx[sealed_for].stats.missing > missing {
+                                // Repaired or not, a drop behind a standing queue is
+                                // congestion: the AQM passes it on to the traffic.
+                                if let Some(aqm) = &mut self.aqm {
+                                    aqm.on_loss(now, sealed_for);
+                                }
+                            }
+                            for (i, arrived) in out {
+                                self.on_inner(now, arrived, sealed_for, i);
+                            }
+                            self.arq_requests(now);
+                        }
+                        _ => self.on_inner(now, now, c, inner),
+                    }
                 }
                 Err(r) => {
                     let n = &mut self.chans[c].n;
@@ -543,7 +611,7 @@ impl Session {
             {
                 self.chans[c].n.rx_data += 1;
                 self.chans[c].fb_rx.accepted(d.len());
-                self.rx_core(c, d, now);
+                self.rx_core(c, d, now, now);
             }
             _ => self.chans[c].n.unauthenticated += 1,
         }
@@ -583,8 +651,9 @@ impl Session {
         }
     }
 
-    /// An authenticated datagram's contents.
-    fn on_inner(&mut self, now: Instant, c: usize, inner: Bytes) {
+    /// An authenticated datagram's contents; `arrived` is when it came (earlier than
+    /// `now` when in-bond repair held it).
+    fn on_inner(&mut self, now: Instant, arrived: Instant, c: usize, inner: Bytes) {
         match inner.first().copied() {
             Some(wire::TYPE_SESSION) => self.on_ctrl(c, &inner, now),
             Some(wire::TYPE_NAK) => {
@@ -596,17 +665,151 @@ impl Session {
             }
             Some(wire::TYPE_MARKER) => {
                 self.chans[c].n.rx_markers += 1;
-                self.rx_core(c, inner, now)
+                self.rx_core(c, inner, now, arrived)
             }
             Some(wire::TYPE_TRIGGER) => {
                 self.chans[c].n.rx_triggers += 1;
-                self.rx_core(c, inner, now)
+                self.rx_core(c, inner, now, arrived)
             }
             Some(_) => {
                 self.chans[c].n.rx_data += 1;
-                self.rx_core(c, inner, now)
+                self.rx_core(c, inner, now, arrived)
             }
             None => self.chans[c].n.malformed += 1,
+        }
+    }
+
+    /// Open a sealed datagram that arrived on channel `c`: on `c`, or (with in-bond
+    /// repair) on the channel whose missing counter it carries, when it is a repair sent
+    /// on another channel. Returns the channel it was sealed for.
+    fn open(&mut self, c: usize, d: &Bytes) -> Result<(usize, Bytes, Option<Established>), Reject> {
+        let first = match self.crypto.open(c, d) {
+            Ok((inner, e)) => return Ok((c, inner, e)),
+            Err(r) => r,
+        };
+        if self.cfg.arq.is_none() || !matches!(first, Reject::Replay | Reject::BadTag) {
+            return Err(first);
+        }
+        let Some((key, counter)) = arq::sealed_id(d) else {
+            return Err(first);
+        };
+        for other in 0..self.n {
+            if other != c && self.arq_rx[other].is_missing(key, counter) {
+                if let Ok((inner, e)) = self.crypto.open(other, d) {
+                    return Ok((other, inner, e));
+                }
+            }
+        }
+        Err(first)
+    }
+
+    /// The AQM's sample: a marker's send time, at its arrival on channel `c`.
+    fn stamp(&mut self, now: Instant, c: usize, inner: &Bytes) {
+        let Some(aqm) = &mut self.aqm else {
+            return;
+        };
+        if inner.first() != Some(&wire::TYPE_MARKER) {
+            return;
+        }
+        let stamp = marker::Packet::new_checked(&inner[..])
+            .ok()
+            .and_then(|p| p.stamp());
+        if let Some(t) = stamp {
+            aqm.on_stamp(now, c, t);
+        }
+    }
+
+    /// The channel that is up with the smallest smoothed round trip (the lowest index
+    /// while none is measured), preferring any other than `avoid`.
+    fn fastest(&self, avoid: Option<usize>) -> Option<usize> {
+        (0..self.n)
+            .filter(|&c| self.chans[c].state != LinkState::Down)
+            .min_by_key(|&c| {
+                (
+                    Some(c) == avoid,
+                    self.chans[c]
+                        .fb_tx
+                        .estimate()
+                        .srtt
+                        .unwrap_or(Duration::from_secs(1)),
+                    c,
+                )
+            })
+    }
+
+    /// In-bond repair: give up what waited too long, pass on what that frees, and ask
+    /// for what is missing, on the fastest other channel (asked again after about its
+    /// round trip while still missing).
+    fn arq_requests(&mut self, now: Instant) {
+        if self.cfg.arq.is_none() {
+            return;
+        }
+        for lost in 0..self.n {
+            // Not on the channel that lost it (its queue may be what overflowed).
+            let via = self.fastest(Some(lost));
+            // Its base round trip, not the smoothed one a standing queue inflates; and
+            // at least three asks within the wait.
+            let wait = self.cfg.arq.map_or(Duration::ZERO, |a| a.wait);
+            let every = via
+                .and_then(|c| self.chans[c].fb_tx.estimate().rtt_min)
+                .map_or(Duration::from_millis(50), |r| {
+                    Duration::from_micros(r.as_micros() * 3 / 2 + 5_000)
+                })
+                .min(Duration::from_micros(wait.as_micros() / 3));
+            let mut out = Vec::new();
+            self.arq_rx[lost].release(now, &mut out);
+            for (i, arrived) in out {
+                self.on_inner(now, arrived, lost, i);
+            }
+            for (key_index, counters) in
+                self.arq_rx[lost].requests(now, every, wire::session::RESEND_MAX)
+            {
+                let via = via.unwrap_or(lost);
+                self.send_ctrl(
+                    via,
+                    &Msg::Resend(wire::session::Resend {
+                        channel: via as u8,
+                        lost_channel: lost as u8,
+                        key_index,
+                        counters,
+                    }),
+                );
+            }
+        }
+    }
+
+    /// With in-bond repair and delay equalization, the equalizer holds everything a
+    /// little longer: about what a repair takes (the fastest channel's round trip, plus
+    /// 5 ms to see the gap), so a repaired loss costs the traffic no stall and TCP sees
+    /// a steady round trip (a stall at each repair ends its slow start early: HyStart).
+    fn repair_margin(&mut self) {
+        if self.cfg.arq.is_none() || !self.cfg.receiver.equalize {
+            return;
+        }
+        let srtt = self
+            .fastest(None)
+            .and_then(|c| self.chans[c].fb_tx.estimate().srtt);
+        if let Some(r) = srtt {
+            self.rx.reseq.set_hold_margin(r + Duration::from_millis(5));
+        }
+    }
+
+    /// The peer asks for sealed datagrams again: the same bytes, on our fastest channel.
+    fn on_resend(&mut self, r: &wire::session::Resend) {
+        let lost = r.lost_channel as usize;
+        if self.cfg.arq.is_none() || lost >= self.n {
+            return;
+        }
+        let via = self.fastest(Some(lost)).unwrap_or(lost);
+        for &k in &r.counters {
+            if let Some(b) = self.arq_tx[lost].take_for_resend(self.clock, r.key_index, k) {
+                self.arq_rx[lost].stats.resent += 1;
+                self.out.push_back(Transmit {
+                    channel: via,
+                    kind: DatagramKind::Repair,
+                    bytes: b,
+                });
+            }
         }
     }
 
@@ -624,20 +827,28 @@ impl Session {
         if let Some(t) = self.rx.reseq.poll_timeout() {
             d = d.min(t);
         }
+        for r in &self.arq_rx {
+            if let Some(t) = r.next_timeout() {
+                d = d.min(t);
+            }
+        }
         d
     }
 
     /// Time passed: markers, receiver timeouts, hellos and liveness that are due.
     pub fn handle_timeout(&mut self, now: Instant) {
+        self.clock = self.clock.max(now);
         if self.tx.switching.is_none() {
             self.tx.striper.handle_timeout(now);
             self.take_transmits();
         }
+        self.arq_requests(now);
         self.rx.reseq.handle_timeout(now);
-        self.drain_deliver();
+        self.drain_deliver(now);
         if now >= self.next_hello {
             self.next_hello = now + self.cfg.heartbeat;
             self.heartbeat(now);
+            self.repair_margin();
         }
         if now >= self.next_rate {
             self.next_rate = now + Duration::from_secs(1);
@@ -678,7 +889,9 @@ impl Session {
     /// Packets held in the session's receive buffers and its switch queue: what it
     /// holds in memory for the peer's traffic and the application's.
     pub fn buffered(&self) -> usize {
-        self.rx.reseq.buffered() + self.tx.pending.len()
+        self.rx.reseq.buffered()
+            + self.tx.pending.len()
+            + self.arq_rx.iter().map(arq::RxChan::held).sum::<usize>()
     }
 
     /// Fuzzing only: seal `inner` for channel `c` with our current keys, as if we had
@@ -721,6 +934,9 @@ impl Session {
                 }
             },
         };
+        if self.cfg.arq.is_some() && self.crypto.mode != SecurityMode::None {
+            self.arq_tx[c].push(self.clock, &bytes);
+        }
         self.out.push_back(Transmit {
             channel: c,
             kind,
@@ -750,9 +966,19 @@ impl Session {
         }
     }
 
-    fn drain_deliver(&mut self) {
+    fn drain_deliver(&mut self, now: Instant) {
         while let Some(b) = self.rx.reseq.poll_deliver() {
-            self.deliver.push_back(b);
+            match &mut self.aqm {
+                None => self.deliver.push_back(b),
+                Some(aqm) => {
+                    // CoDel may mark the packet CE in place: take it back as owned bytes
+                    // (no copy when nothing else holds it).
+                    let mut m = bytes::BytesMut::from(b);
+                    if aqm.on_deliver(now, &mut m) == aqm::Verdict::Deliver {
+                        self.deliver.push_back(m.freeze());
+                    }
+                }
+            }
         }
         // Losses to repair (seq mode): the NAK goes to the peer's striper on every
         // channel that is not down, so the fastest one gets it there first.
@@ -765,15 +991,15 @@ impl Session {
         }
     }
 
-    fn rx_core(&mut self, c: usize, pkt: Bytes, now: Instant) {
+    fn rx_core(&mut self, c: usize, pkt: Bytes, now: Instant, arrived: Instant) {
         if self.rx.pending.is_some() && self.rx.end_seen & bit(c) != 0 {
             self.counters.stray_drops += 1;
             return;
         }
         match self.rx.index[c] {
             Some(k) => {
-                self.rx.reseq.handle_datagram(now, k, pkt);
-                self.drain_deliver();
+                self.rx.reseq.handle_datagram_at(now, arrived, k, pkt);
+                self.drain_deliver(now);
             }
             None => self.counters.stray_drops += 1,
         }
@@ -812,6 +1038,7 @@ impl Session {
             Msg::End(e) => self.rx_on_end(c, e, now),
             Msg::Ack(a) => self.tx_on_ack(a, now),
             Msg::Feedback(f) => self.on_feedback(c, f, now),
+            Msg::Resend(r) => self.on_resend(&r),
         }
     }
 }

@@ -77,6 +77,8 @@ pub struct ChannelInfo {
     pub striper: ChannelStats,
     /// The resequencer's counters for this channel, every epoch added.
     pub resequencer: ChannelStats,
+    /// In-bond repair of this channel's datagrams (zero when off).
+    pub arq: super::ArqChannelStats,
 }
 
 /// A snapshot of a whole session.
@@ -118,6 +120,8 @@ pub struct SessionStats {
     pub delivered_bps: f64,
     /// Times adaptive weights changed the quanta.
     pub quanta_changes: u64,
+    /// The AQM's counters and each channel's queueing delay, when AQM is on.
+    pub aqm: Option<crate::aqm::AqmStats>,
     /// Per channel.
     pub channels: Vec<ChannelInfo>,
 }
@@ -172,6 +176,7 @@ impl Session {
                     rx_bps: c.n.rx_bps,
                     striper: t,
                     resequencer: r,
+                    arq: self.arq_rx[i].stats,
                 }
             })
             .collect();
@@ -194,6 +199,7 @@ impl Session {
             receiver,
             delivered_bps: self.counters.delivered_bps,
             quanta_changes: self.adapt.as_ref().map_or(0, |a| a.changes),
+            aqm: self.aqm.as_ref().map(|a| a.stats(now)),
             channels,
         }
     }

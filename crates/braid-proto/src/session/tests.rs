@@ -46,6 +46,10 @@ struct Pair {
     events_b: Vec<(Instant, Event)>,
     /// Everything A sent, if recording.
     sent_a: Option<Vec<(usize, Bytes)>>,
+    /// Packets B delivered with the ECN bits set to CE.
+    ce_delivered: usize,
+    /// When B delivered each of `delivered`.
+    delivered_at: Vec<Instant>,
 }
 
 fn config(n: usize, mode: Mode) -> Config {
@@ -97,6 +101,8 @@ impl Pair {
             events_a: Vec::new(),
             events_b: Vec::new(),
             sent_a: None,
+            ce_delivered: 0,
+            delivered_at: Vec::new(),
         }
     }
 
@@ -114,7 +120,9 @@ impl Pair {
             self.ba[t.channel].put(self.now, t.bytes);
         }
         while let Some(p) = self.b.poll_deliver() {
+            self.ce_delivered += usize::from(p[1] & 3 == 3);
             self.delivered.push(id_of(&p));
+            self.delivered_at.push(self.now);
         }
         while self.a.poll_deliver().is_some() {}
         while let Some(e) = self.a.poll_event() {
@@ -619,4 +627,182 @@ fn feedback_estimates_round_trip_rate_and_loss_per_channel() {
     let l1 = e1.loss.expect("loss");
     assert!((l1 - 0.1).abs() < 0.02, "loss {l1}");
     assert!(st.channels[1].rx_feedback > 50);
+}
+
+/// An ECN-capable IPv4 packet (ECT(0)) carrying `id` after its header.
+fn ect_packet(id: u64) -> Bytes {
+    let mut v = vec![0u8; 200];
+    v[0] = 0x45;
+    v[1] = 0x02;
+    v[20..28].copy_from_slice(&id.to_be_bytes());
+    Bytes::from(v)
+}
+
+/// Run A → B with AQM on; from 2 s on, channel 1's delay grows by `grow_ms` (a queue
+/// standing in it). Returns (packets B delivered, of which CE-marked, the AQM stats).
+fn aqm_run(grow_ms: u64) -> (usize, usize, crate::aqm::AqmStats) {
+    let mut p = Pair::new(2, Mode::Seq, &[10, 30]);
+    let mut cfg = config(2, Mode::Seq);
+    cfg.aqm = Some(AqmConfig::default());
+    p.a = Session::new(cfg.clone(), [1; 32], Instant::ZERO).unwrap();
+    p.b = Session::new(cfg, [2; 32], Instant::ZERO).unwrap();
+    p.every = Duration::ZERO;
+    let mut t = 0;
+    while t < 4000 {
+        if t >= 2000 {
+            // The queue builds up over 200 ms, then stands.
+            let extra = grow_ms * (t - 2000).min(200) / 200;
+            p.ab[1].delay = Duration::from_millis(30 + extra);
+        }
+        let now = at_ms(t);
+        p.run_until(now);
+        p.a.handle_packet(now, ect_packet(t));
+        p.flush();
+        t += 1;
+    }
+    p.run_until(at_ms(4200));
+    let s = p.b.stats(p.now).aqm.expect("aqm on");
+    (p.delivered.len(), p.ce_delivered, s)
+}
+
+#[test]
+fn aqm_marks_ce_while_a_channel_queue_stands_and_only_then() {
+    let (n, ce, s) = aqm_run(0);
+    assert!(n > 3900, "{n}");
+    assert_eq!(ce, 0);
+    assert!(s.samples > 100, "timestamped markers arrive: {}", s.samples);
+    let (n, ce, s) = aqm_run(40);
+    assert!(n > 3900, "{n}");
+    assert!(ce >= 5, "CE marks: {ce}");
+    assert_eq!(s.ce_marks, ce as u64);
+    assert_eq!(s.drops, 0);
+    // The queue stands in channel 1 only.
+    assert_eq!(s.queue_delay_us[0], Some(0));
+    assert!(
+        s.queue_delay_us[1].unwrap() >= 35_000,
+        "{:?}",
+        s.queue_delay_us
+    );
+}
+
+/// A pair whose sessions both run with `tweak` applied to their configuration.
+fn pair_with(n: usize, mode: Mode, delays_ms: &[u64], tweak: impl Fn(&mut Config)) -> Pair {
+    let mut p = Pair::new(n, mode, delays_ms);
+    let mut cfg = config(n, mode);
+    tweak(&mut cfg);
+    p.a = Session::new(cfg.clone(), [1; 32], Instant::ZERO).unwrap();
+    p.b = Session::new(cfg, [2; 32], Instant::ZERO).unwrap();
+    p
+}
+
+fn arq_on(c: &mut Config) {
+    c.arq = Some(ArqConfig::default());
+}
+
+#[test]
+fn arq_repairs_a_lossy_channel_in_every_mode() {
+    for mode in [Mode::Logical, Mode::Seq, Mode::Trr] {
+        let mut p = pair_with(3, mode, &[5, 20, 60], arq_on);
+        // Channel 2 (the slow one) loses one datagram in 50, both directions.
+        p.ab[2].drop_every = 50;
+        p.ba[2].drop_every = 50;
+        p.run_until(at_ms(3000));
+        p.every = Duration::ZERO;
+        p.run_until(at_ms(3500));
+        p.assert_no_duplicates();
+        let sent = p.next_id;
+        assert_eq!(
+            p.delivered.len() as u64,
+            sent,
+            "{mode:?}: everything arrives"
+        );
+        assert!(
+            p.delivered.windows(2).all(|w| w[0] < w[1]),
+            "{mode:?}: in order"
+        );
+        let s = p.b.stats(p.now);
+        let arq = s.channels[2].arq;
+        assert!(arq.missing >= 20, "{mode:?}: {arq:?}");
+        assert_eq!(arq.repaired, arq.missing, "{mode:?}: {arq:?}");
+        assert_eq!(arq.given_up, 0);
+        assert_eq!(s.channels[2].resequencer.resyncs, 0, "{mode:?}: no resync");
+        assert_eq!(s.lost, 0);
+        // The peer resent them on its fastest channel, not the lossy one.
+        assert_eq!(p.a.stats(p.now).channels[2].arq.resent, arq.repaired);
+        // Nothing counted as forged or replayed along the way.
+        for c in &s.channels {
+            assert_eq!((c.auth_failures, c.replays), (0, 0), "{mode:?}");
+        }
+    }
+}
+
+#[test]
+fn arq_gives_up_after_its_wait_when_no_repair_can_come() {
+    let mut p = pair_with(2, Mode::Seq, &[5, 5], arq_on);
+    p.run_until(at_ms(500));
+    // For 250 ms channel 1 loses one datagram in 10 towards B, and B's requests cannot
+    // reach A (everything towards A is lost; short of declaring channels down).
+    p.ab[1].drop_every = 10;
+    for l in &mut p.ba {
+        l.up = false;
+    }
+    p.run_until(at_ms(750));
+    for l in &mut p.ba {
+        l.up = true;
+    }
+    p.ab[1].drop_every = 0;
+    p.run_until(at_ms(1500));
+    let arq = p.b.stats(p.now).channels[1].arq;
+    assert!(arq.given_up > 0, "{arq:?}");
+    // Those asked for after the path back returned were repaired.
+    assert!(arq.repaired > 0, "{arq:?}");
+    assert_eq!(arq.missing, arq.repaired + arq.given_up);
+    p.assert_no_duplicates();
+    // Given up means lost to the resequencer too, but the rest is in order.
+    assert!(p.delivered.windows(2).all(|w| w[0] < w[1]));
+}
+
+#[test]
+fn arq_needs_a_sealing_mode() {
+    let mut c = config(2, Mode::Logical);
+    c.arq = Some(ArqConfig::default());
+    c.security = SecurityMode::None;
+    let e = Session::new(c, [0; 32], Instant::ZERO).err().unwrap();
+    assert!(e.to_string().contains("arq"), "{e}");
+}
+
+#[test]
+fn arq_with_equalization_keeps_the_delay_steady_through_repairs() {
+    // One packet a millisecond over 5/20/60 ms channels; channel 2 loses one datagram in
+    // 50. Packet k is sent at k ms (after the handshake): its delay through the bond.
+    let spread = |arq: bool| {
+        let mut p = pair_with(3, Mode::Logical, &[5, 20, 60], |c| {
+            if arq {
+                arq_on(c)
+            }
+        });
+        p.ab[2].drop_every = 50;
+        p.ba[2].drop_every = 50;
+        p.run_until(at_ms(4000));
+        let d: Vec<u64> = p
+            .delivered
+            .iter()
+            .zip(&p.delivered_at)
+            .filter(|(id, _)| **id >= 2000 && **id < 3500)
+            .map(|(id, at)| at.as_micros() - id * MS)
+            .collect();
+        assert!(d.len() > 1400, "{}", d.len());
+        (
+            d.iter().min().copied().unwrap(),
+            d.iter().max().copied().unwrap(),
+        )
+    };
+    // Without repair the same losses are gone, and the delay is the slowest path's.
+    let (lo, hi) = spread(false);
+    assert!(lo >= 60 * MS && hi <= 63 * MS, "{lo}..{hi} µs");
+    let (lo, hi) = spread(true);
+    // Steady: every packet within 3 ms of the others, about the slowest path plus the
+    // repair margin.
+    assert!(hi - lo <= 3 * MS, "repair stalls show: {lo}..{hi} µs");
+    assert!(lo >= 60 * MS && hi <= 90 * MS, "{lo}..{hi} µs");
 }

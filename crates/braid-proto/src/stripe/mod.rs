@@ -123,6 +123,8 @@ pub struct Striper {
     pending_quanta: Option<Vec<u32>>,
     /// Once the quanta have changed, every marker carries its channel's quantum.
     announce_quanta: bool,
+    /// The latest `now` given to us (markers are stamped with it).
+    clock: Instant,
     stats: Stats,
 }
 
@@ -156,6 +158,7 @@ impl Striper {
             },
             pending_quanta: None,
             announce_quanta: false,
+            clock: Instant::ZERO,
             stats: Stats::new(n),
             cfg,
         })
@@ -276,6 +279,7 @@ impl Striper {
 
     /// Stripe one packet from the application.
     pub fn handle_packet(&mut self, now: Instant, payload: Bytes) -> Result<(), SendError> {
+        self.clock = self.clock.max(now);
         let (header, header_len) = self.frame(&payload)?;
         let wire_len = header_len + payload.len();
         self.control_before();
@@ -499,6 +503,7 @@ impl Striper {
 
     /// Time passed: sends the markers (or triggers) that are due.
     pub fn handle_timeout(&mut self, now: Instant) {
+        self.clock = self.clock.max(now);
         let idle = self.idle_due().is_some_and(|t| now >= t);
         let interval = self.interval_due().is_some_and(|t| now >= t);
         if idle {
@@ -541,6 +546,9 @@ impl Striper {
                 batch: self.batch,
                 credits: None,
                 quantum_change,
+                // No stamp before we have been told the time (a new epoch's striper).
+                stamp: (self.cfg.markers.timestamps && self.clock > Instant::ZERO)
+                    .then(|| self.clock.as_micros()),
             };
             self.stats.channels[c].markers_sent += 1;
             self.out.push_back(Transmit {

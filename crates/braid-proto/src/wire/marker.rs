@@ -3,7 +3,8 @@
 //! ```text
 //!  0        1        2        3
 //! +--------+--------+--------+--------+
-//! |  0xB1  |version | channel| flags  |  flags: 0x01 credits, 0x02 quantum change
+//! |  0xB1  |version | channel| flags  |  flags: 0x01 credits, 0x02 quantum change,
+//! +--------+--------+--------+--------+         0x04 send time
 //! +--------+--------+--------+--------+
 //! |              epoch (u32)          |  4..8    channel-set epoch (0 until failover)
 //! +--------+--------+--------+--------+
@@ -27,6 +28,9 @@
 //! |           at_round (u64)          |
 //! |                                   |
 //! +--------+--------+--------+--------+
+//! |          send time (u64)          | only if flags & 0x04: the sender's clock, µs
+//! |                                   | (any origin), when the marker was made; the
+//! +--------+--------+--------+--------+ receiver's AQM measures queueing with it
 //! ```
 //! All integers are big-endian. Unknown flag bits are rejected.
 
@@ -50,7 +54,9 @@ mod field {
 pub const FLAG_CREDITS: u8 = 0x01;
 /// Flag: a quantum change follows.
 pub const FLAG_QUANTUM: u8 = 0x02;
-const KNOWN_FLAGS: u8 = FLAG_CREDITS | FLAG_QUANTUM;
+/// Flag: the sender's clock follows.
+pub const FLAG_STAMP: u8 = 0x04;
+const KNOWN_FLAGS: u8 = FLAG_CREDITS | FLAG_QUANTUM | FLAG_STAMP;
 
 /// Length of a marker with no optional fields.
 pub const MIN_LEN: usize = field::FIXED_END;
@@ -62,6 +68,9 @@ fn expected_len(flags: u8) -> usize {
     }
     if flags & FLAG_QUANTUM != 0 {
         n += 12;
+    }
+    if flags & FLAG_STAMP != 0 {
+        n += 8;
     }
     n
 }
@@ -137,8 +146,11 @@ impl<T: AsRef<[u8]>> Packet<T> {
     }
     fn optional_at(&self, flag: u8) -> usize {
         let mut at = field::FIXED_END;
-        if flag == FLAG_QUANTUM && self.flags() & FLAG_CREDITS != 0 {
+        if flag > FLAG_CREDITS && self.flags() & FLAG_CREDITS != 0 {
             at += 4;
+        }
+        if flag > FLAG_QUANTUM && self.flags() & FLAG_QUANTUM != 0 {
+            at += 12;
         }
         at
     }
@@ -154,6 +166,11 @@ impl<T: AsRef<[u8]>> Packet<T> {
             let b = self.buffer.as_ref();
             (read_u32(b, at), read_u64(b, at + 4))
         })
+    }
+    /// The sender's clock when it made the marker (µs, any origin), if present.
+    pub fn stamp(&self) -> Option<u64> {
+        (self.flags() & FLAG_STAMP != 0)
+            .then(|| read_u64(self.buffer.as_ref(), self.optional_at(FLAG_STAMP)))
     }
 }
 
@@ -175,6 +192,8 @@ pub struct Repr {
     pub credits: Option<u32>,
     /// `(quantum, at_round)`: the channel's quantum changes from that round on.
     pub quantum_change: Option<(u32, u64)>,
+    /// The sender's clock (µs, any origin) when it made the marker.
+    pub stamp: Option<u64>,
 }
 
 impl Repr {
@@ -209,6 +228,7 @@ impl Repr {
             batch: p.batch(),
             credits: p.credits(),
             quantum_change: p.quantum_change(),
+            stamp: p.stamp(),
         })
     }
 
@@ -219,6 +239,9 @@ impl Repr {
         }
         if self.quantum_change.is_some() {
             f |= FLAG_QUANTUM;
+        }
+        if self.stamp.is_some() {
+            f |= FLAG_STAMP;
         }
         f
     }
@@ -248,6 +271,10 @@ impl Repr {
         if let Some((q, r)) = self.quantum_change {
             buf[at..at + 4].copy_from_slice(&q.to_be_bytes());
             buf[at + 4..at + 12].copy_from_slice(&r.to_be_bytes());
+            at += 12;
+        }
+        if let Some(t) = self.stamp {
+            buf[at..at + 8].copy_from_slice(&t.to_be_bytes());
         }
     }
 
@@ -284,6 +311,7 @@ mod tests {
             batch: 42,
             credits: None,
             quantum_change: None,
+            stamp: None,
         }
     }
 
@@ -311,6 +339,39 @@ mod tests {
         assert_eq!(&v[36..40], &[0, 0, 0, 99]);
         let p = Packet::new_checked(&v[..]).unwrap();
         assert_eq!(Repr::parse(&p).unwrap(), r);
+    }
+
+    #[test]
+    fn stamp_goes_last_after_any_other_optional_field() {
+        let r = Repr {
+            stamp: Some(0x0102_0304_0506_0708),
+            ..repr()
+        };
+        let v = r.to_vec();
+        assert_eq!(v.len(), 44);
+        assert_eq!(v[3], 0x04);
+        assert_eq!(&v[36..44], &[1, 2, 3, 4, 5, 6, 7, 8]);
+        let p = Packet::new_checked(&v[..]).unwrap();
+        assert_eq!(Repr::parse(&p).unwrap(), r);
+        let all = Repr {
+            credits: Some(7),
+            quantum_change: Some((3000, 9)),
+            stamp: Some(42),
+            ..repr()
+        };
+        let v = all.to_vec();
+        assert_eq!(v.len(), 36 + 4 + 12 + 8);
+        assert_eq!(v[3], 0x07);
+        assert_eq!(&v[52..60], &[0, 0, 0, 0, 0, 0, 0, 42]);
+        let p = Packet::new_checked(&v[..]).unwrap();
+        assert_eq!(Repr::parse(&p).unwrap(), all);
+        // Flag set but the field missing: truncated.
+        let mut short = r.to_vec();
+        short.truncate(40);
+        assert_eq!(
+            Packet::new_checked(&short[..]).unwrap_err(),
+            WireError::Truncated
+        );
     }
 
     #[test]

@@ -62,6 +62,20 @@
 //!
 //! The counts are cumulative, so a lost feedback message costs one sample, nothing
 //! else. An echo of 0 with delay 0 means "nothing heard yet".
+//!
+//! **Resend** (kind 5, 12 + 8 n bytes, 1 ≤ n ≤ 32), sent by a receiver with in-bond
+//! repair on (`session::arq`) on every channel that is up: sealed datagrams it found
+//! missing on one channel, by their sealing counters.
+//!
+//! ```text
+//!  4: lost channel (u8): the channel the datagrams were sealed for
+//!  5: n (u8) | 6..8: zero
+//!  8..12:  key index (u32) in their sealed header (ours: it names the keys)
+//! 12..:    n sealing counters (u64 each)
+//! ```
+//!
+//! The peer answers by sending the same sealed datagrams again, unchanged, on its
+//! fastest channel: the receiver recognises them by the counter it is missing.
 
 use super::TYPE_SESSION;
 
@@ -75,6 +89,10 @@ pub const KIND_END: u8 = 2;
 pub const KIND_ACK: u8 = 3;
 /// Kind byte of a feedback report.
 pub const KIND_FEEDBACK: u8 = 4;
+/// Kind byte of a resend request.
+pub const KIND_RESEND: u8 = 5;
+/// Most counters in one resend request.
+pub const RESEND_MAX: usize = 32;
 
 /// Why a session message could not be parsed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -154,6 +172,19 @@ pub struct Feedback {
     pub missing: u64,
 }
 
+/// Sealed datagrams to send again (see the module docs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resend {
+    /// Channel it was sent on.
+    pub channel: u8,
+    /// Channel the missing datagrams were sealed for.
+    pub lost_channel: u8,
+    /// Key index in their sealed header.
+    pub key_index: u32,
+    /// Their sealing counters (1 to [`RESEND_MAX`]).
+    pub counters: Vec<u64>,
+}
+
 /// Any session message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Msg {
@@ -165,6 +196,8 @@ pub enum Msg {
     Ack(EpochAck),
     /// Per-channel feedback.
     Feedback(Feedback),
+    /// Resend request.
+    Resend(Resend),
 }
 
 fn u32_at(b: &[u8], at: usize) -> u32 {
@@ -179,6 +212,7 @@ const ACK_LEN: usize = 24;
 const FEEDBACK_LEN: usize = 40;
 const END_FIXED: usize = 40;
 const END_ENTRY: usize = 16;
+const RESEND_FIXED: usize = 12;
 
 impl Msg {
     /// Parse a message (trailer already removed). Never panics.
@@ -260,6 +294,24 @@ impl Msg {
                     missing: u64_at(b, 32),
                 }))
             }
+            KIND_RESEND => {
+                if b.len() < RESEND_FIXED {
+                    return Err(CtrlError::Length);
+                }
+                let n = b[5] as usize;
+                if b.len() != RESEND_FIXED + 8 * n {
+                    return Err(CtrlError::Length);
+                }
+                if n == 0 || n > RESEND_MAX {
+                    return Err(CtrlError::Invalid);
+                }
+                Ok(Msg::Resend(Resend {
+                    channel,
+                    lost_channel: b[4],
+                    key_index: u32_at(b, 8),
+                    counters: (0..n).map(|i| u64_at(b, RESEND_FIXED + 8 * i)).collect(),
+                }))
+            }
             _ => Err(CtrlError::Unknown),
         }
     }
@@ -271,6 +323,7 @@ impl Msg {
             Msg::End(e) => e.channel,
             Msg::Ack(a) => a.channel,
             Msg::Feedback(f) => f.channel,
+            Msg::Resend(r) => r.channel,
         }
     }
 
@@ -313,6 +366,14 @@ impl Msg {
                 v.extend_from_slice(&f.rx_datagrams.to_be_bytes());
                 v.extend_from_slice(&f.rx_bytes.to_be_bytes());
                 v.extend_from_slice(&f.missing.to_be_bytes());
+            }
+            Msg::Resend(r) => {
+                v.extend_from_slice(&[TYPE_SESSION, VERSION, KIND_RESEND, r.channel]);
+                v.extend_from_slice(&[r.lost_channel, r.counters.len() as u8, 0, 0]);
+                v.extend_from_slice(&r.key_index.to_be_bytes());
+                for c in &r.counters {
+                    v.extend_from_slice(&c.to_be_bytes());
+                }
             }
         }
         v
@@ -397,6 +458,35 @@ mod tests {
         let mut long = b.clone();
         long.push(0);
         assert_eq!(Msg::parse(&long), Err(CtrlError::Length));
+    }
+
+    #[test]
+    fn resend_bytes_and_limits() {
+        let r = Msg::Resend(Resend {
+            channel: 0,
+            lost_channel: 2,
+            key_index: 0x0A0B_0C0D,
+            counters: vec![5, 0x0102],
+        });
+        let b = r.to_vec();
+        assert_eq!(b.len(), 28);
+        assert_eq!(
+            &b[..12],
+            &[0xB4, 1, 5, 0, 2, 2, 0, 0, 0x0A, 0x0B, 0x0C, 0x0D]
+        );
+        assert_eq!(&b[20..28], &0x0102u64.to_be_bytes());
+        assert_eq!(Msg::parse(&b), Ok(r));
+        for n in 0..b.len() {
+            assert!(Msg::parse(&b[..n]).is_err());
+        }
+        // n = 0 and n > 32 are invalid even with a matching length.
+        let mut z = b[..12].to_vec();
+        z[5] = 0;
+        assert_eq!(Msg::parse(&z), Err(CtrlError::Invalid));
+        let mut big = b[..12].to_vec();
+        big[5] = 33;
+        big.extend(std::iter::repeat_n(0u8, 33 * 8));
+        assert_eq!(Msg::parse(&big), Err(CtrlError::Invalid));
     }
 
     #[test]

@@ -53,6 +53,19 @@ enum LabCommand {
         /// tunnel).
         #[arg(long)]
         adaptive: bool,
+        /// In-tunnel repair in `seq` mode (`repair = DURATION` in the tunnel: how long
+        /// the receiver waits for a resent packet), e.g. 100ms. Off by default.
+        #[arg(long, value_name = "DURATION")]
+        repair: Option<String>,
+        /// AQM in the tunnel (`aqm = true`): CoDel on the channels' queueing delay,
+        /// marking ECN CE; turns ECN on for TCP in the lab's end hosts.
+        #[arg(long)]
+        aqm: bool,
+        /// In-bond repair in the tunnel, every mode (`arq = DURATION`: how long the
+        /// receiver holds a channel for a lost datagram asked for again), e.g. 100ms;
+        /// 0s turns it off.
+        #[arg(long, value_name = "DURATION")]
+        arq: Option<String>,
         /// Print one JSON object instead of the table.
         #[arg(long)]
         json: bool,
@@ -119,6 +132,9 @@ pub fn run(a: Args) -> Result<()> {
             no_mptcp,
             weights,
             adaptive,
+            repair,
+            aqm,
+            arq,
             json,
             plot,
             seed,
@@ -138,6 +154,12 @@ pub fn run(a: Args) -> Result<()> {
                     Some(ws)
                 }
             };
+            for (flag, v) in [("--repair", &repair), ("--arq", &arq)] {
+                if let Some(r) = v {
+                    braid_proto::units::parse_duration(r)
+                        .with_context(|| format!("{flag} '{r}': expected e.g. 100ms"))?;
+                }
+            }
             let duration = braid_proto::units::parse_duration(&duration)
                 .ok()
                 .filter(|d| d.as_secs() >= 1)
@@ -162,6 +184,9 @@ pub fn run(a: Args) -> Result<()> {
                 mptcp: !no_mptcp,
                 weights,
                 adaptive,
+                repair,
+                aqm,
+                arq,
                 exe: std::env::current_exe().context("locating the braid binary")?,
                 seed,
             };

@@ -1,0 +1,361 @@
+//! Congestion signals for traffic carried through the bond: CoDel on the channels'
+//! queueing delay, signalled with ECN CE marks (or a drop where the packet is not
+//! ECN-capable).
+//!
+//! # Why here, and why on the channels' delay
+//!
+//! A bond's bottleneck queues are not in braid: they are in the modems, routers and
+//! shapers along each channel. A TCP flow striped over the channels fills them until
+//! they overflow, and with in-bond repair (`seq` mode's NAKs) those overflow drops are
+//! hidden from it too, so it never backs off (measured: `docs/lab.md`). What braid can
+//! see is how long each channel's packets queue: every marker carries the sender's
+//! clock (`MarkerConfig::timestamps`), and the receiver's arrival time minus that
+//! stamp is the one-way delay plus an unknown but constant clock offset. Its minimum
+//! over the last seconds is the channel's base delay, and the excess over that minimum
+//! is the queue standing in the channel right now, whatever the offset.
+//!
+//! The bond's queueing delay is the largest over the channels (a striped flow is held
+//! back by its most loaded channel). [`Codel`] decides from it, at each packet the
+//! receiver delivers, whether that packet carries a congestion signal: an ECN-capable
+//! IP packet is marked CE ([`ecn::mark_ce`]), any other IP packet is dropped, and a
+//! payload that is not IP passes untouched (counted). The inner TCP then backs off
+//! before the channels' queues overflow, and what the channels lose at random can be
+//! repaired inside the bond without hiding congestion: repair what the links lose,
+//! signal what the bond cannot carry.
+//!
+//! **Losses that are congestion.** A tail-drop bottleneck with a short buffer can
+//! overflow before CoDel's first interval is over (TCP's slow start doubles its rate
+//! every round trip). With in-bond repair on, such a drop would be hidden like a
+//! random one. So a loss the receiver finds on a channel (`session::arq`) while that
+//! channel's queueing delay is above target is taken as congestion: it is repaired all
+//! the same, and the next packet delivered carries a signal ([`Aqm::on_loss`]; at most
+//! one per interval, as TCP reacts once per round trip anyway). A loss on a channel
+//! with no standing queue is random loss, repaired without a signal.
+//!
+//! This is the congestion half of issue 11's design: instead of pacing each channel at
+//! an estimated rate (which lags and errs, and made the adaptive weights cost TCP two
+//! thirds of its throughput), it lets the inner transport's own control loop do the
+//! pacing, as any AQM router does.
+
+mod codel;
+pub mod ecn;
+
+pub use codel::Codel;
+pub use ecn::{mark_ce, Ecn};
+
+use std::collections::VecDeque;
+
+use crate::time::{Duration, Instant};
+
+/// AQM settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AqmConfig {
+    /// Queueing delay CoDel tolerates (RFC 8289: 5 ms).
+    pub target: Duration,
+    /// How long the delay must stay above target before the first signal, and the
+    /// base spacing of signals (RFC 8289: 100 ms, a typical round trip).
+    pub interval: Duration,
+}
+
+impl Default for AqmConfig {
+    fn default() -> Self {
+        AqmConfig {
+            target: Duration::from_millis(5),
+            interval: Duration::from_millis(100),
+        }
+    }
+}
+
+/// How long the base (minimum) one-way delay is remembered.
+const BASE_WINDOW_BUCKETS: usize = 10;
+const BUCKET: Duration = Duration::from_secs(1);
+
+/// One channel's one-way delay samples: a windowed minimum (the base) and the latest
+/// queueing delay above it.
+#[derive(Clone, Debug, Default)]
+struct Owd {
+    /// Minimum raw delay per one-second bucket, newest last: (bucket start, min).
+    mins: VecDeque<(Instant, i64)>,
+    /// The latest sample: when, and the queueing delay in µs.
+    last: Option<(Instant, u64)>,
+}
+
+impl Owd {
+    fn sample(&mut self, now: Instant, raw: i64) -> u64 {
+        match self.mins.back_mut() {
+            Some((start, m)) if now.saturating_since(*start) < BUCKET => *m = (*m).min(raw),
+            _ => {
+                self.mins.push_back((now, raw));
+                while self.mins.len() > BASE_WINDOW_BUCKETS {
+                    self.mins.pop_front();
+                }
+            }
+        }
+        let base = self.mins.iter().map(|(_, m)| *m).min().unwrap_or(raw);
+        let q = (raw - base).max(0) as u64;
+        self.last = Some((now, q));
+        q
+    }
+}
+
+/// AQM counters.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AqmStats {
+    /// Packets marked CE.
+    pub ce_marks: u64,
+    /// Packets dropped as a congestion signal (IP, not ECN-capable).
+    pub drops: u64,
+    /// Signals not given because the packet was not IP.
+    pub not_ip: u64,
+    /// Timestamped markers seen.
+    pub samples: u64,
+    /// Losses taken as congestion (found while their channel's queue stood above
+    /// target), each signalled on the next packet delivered.
+    pub loss_signals: u64,
+    /// Latest queueing delay per channel, µs (`None`: no recent sample).
+    pub queue_delay_us: Vec<Option<u64>>,
+}
+
+/// What to do with a packet about to be delivered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Deliver it (perhaps now marked CE).
+    Deliver,
+    /// Drop it: the congestion signal for a packet that cannot be marked.
+    Drop,
+}
+
+/// The receiver's AQM over `n` channels.
+#[derive(Clone, Debug)]
+pub struct Aqm {
+    cfg: AqmConfig,
+    owd: Vec<Owd>,
+    codel: Codel,
+    /// A congestion loss was seen: signal on the next packet delivered.
+    pending: bool,
+    last_loss_signal: Option<Instant>,
+    stats: AqmStats,
+}
+
+impl Aqm {
+    /// AQM for `n` channels.
+    pub fn new(cfg: AqmConfig, n: usize) -> Aqm {
+        Aqm {
+            cfg,
+            owd: vec![Owd::default(); n],
+            codel: Codel::new(cfg.target, cfg.interval),
+            pending: false,
+            last_loss_signal: None,
+            stats: AqmStats {
+                queue_delay_us: vec![None; n],
+                ..AqmStats::default()
+            },
+        }
+    }
+
+    /// A marker stamped `stamp_us` by the sender's clock arrived on `channel` at `now`.
+    pub fn on_stamp(&mut self, now: Instant, channel: usize, stamp_us: u64) {
+        let Some(o) = self.owd.get_mut(channel) else {
+            return;
+        };
+        self.stats.samples += 1;
+        let raw = now.as_micros() as i64 - stamp_us as i64;
+        o.sample(now, raw);
+    }
+
+    /// The bond's queueing delay at `now`: the largest among channels with a sample in
+    /// the last interval (a channel that stopped sending markers says nothing).
+    pub fn queue_delay(&self, now: Instant) -> Duration {
+        let fresh = self.cfg.interval;
+        let us = self
+            .owd
+            .iter()
+            .filter_map(|o| o.last)
+            .filter(|(at, _)| now.saturating_since(*at) <= fresh)
+            .map(|(_, q)| q)
+            .max()
+            .unwrap_or(0);
+        Duration::from_micros(us)
+    }
+
+    /// A datagram sent on `channel` was found lost at `now`. If the channel's queue
+    /// stands above target, that is congestion: the next packet delivered carries a
+    /// signal (at most one such signal per interval). Returns whether it was taken so.
+    pub fn on_loss(&mut self, now: Instant, channel: usize) -> bool {
+        let queued = self
+            .owd
+            .get(channel)
+            .and_then(|o| o.last)
+            .is_some_and(|(at, q)| {
+                now.saturating_since(at) <= self.cfg.interval
+                    && Duration::from_micros(q) >= self.cfg.target
+            });
+        let spaced = self
+            .last_loss_signal
+            .is_none_or(|t| now.saturating_since(t) >= self.cfg.interval);
+        if queued && spaced {
+            self.pending = true;
+            self.last_loss_signal = Some(now);
+            self.stats.loss_signals += 1;
+        }
+        queued
+    }
+
+    /// `p` is about to be delivered at `now`: mark it CE if CoDel says so (in place),
+    /// or tell the caller to drop it.
+    pub fn on_deliver(&mut self, now: Instant, p: &mut [u8]) -> Verdict {
+        let delay = self.queue_delay(now);
+        let codel = self.codel.on_dequeue(now, delay);
+        if !codel && !std::mem::take(&mut self.pending) {
+            return Verdict::Deliver;
+        }
+        self.pending = false;
+        match mark_ce(p) {
+            Ecn::Marked | Ecn::AlreadyCe => {
+                self.stats.ce_marks += 1;
+                Verdict::Deliver
+            }
+            Ecn::NotEct => {
+                self.stats.drops += 1;
+                Verdict::Drop
+            }
+            Ecn::NotIp => {
+                self.stats.not_ip += 1;
+                Verdict::Deliver
+            }
+        }
+    }
+
+    /// Counters, with each channel's latest queueing delay at `now`.
+    pub fn stats(&self, now: Instant) -> AqmStats {
+        let mut s = self.stats.clone();
+        s.queue_delay_us = self
+            .owd
+            .iter()
+            .map(|o| {
+                o.last
+                    .filter(|(at, _)| now.saturating_since(*at) <= self.cfg.interval)
+                    .map(|(_, q)| q)
+            })
+            .collect();
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(x: u64) -> Instant {
+        Instant::from_micros(x * 1000)
+    }
+
+    fn ect_packet() -> Vec<u8> {
+        let mut p = vec![0u8; 40];
+        p[0] = 0x45;
+        p[1] = 0x02;
+        p
+    }
+
+    #[test]
+    fn clock_offset_does_not_matter_only_the_excess() {
+        let mut a = Aqm::new(AqmConfig::default(), 2);
+        // Sender's clock 1 hour ahead; base delays 5 and 60 ms.
+        let off = 3_600_000_000u64;
+        for t in (0..200).step_by(5) {
+            a.on_stamp(ms(t + 5), 0, t * 1000 + off);
+            a.on_stamp(ms(t + 60), 1, t * 1000 + off);
+        }
+        assert_eq!(a.queue_delay(ms(260)), Duration::ZERO);
+        // Channel 1 now queues 30 ms.
+        a.on_stamp(ms(300 + 90), 1, 300 * 1000 + off);
+        assert_eq!(a.queue_delay(ms(390)), Duration::from_millis(30));
+        assert_eq!(a.stats(ms(390)).queue_delay_us, vec![None, Some(30_000)]);
+    }
+
+    #[test]
+    fn standing_queue_marks_ect_and_drops_not_ect() {
+        let mut a = Aqm::new(AqmConfig::default(), 1);
+        a.on_stamp(ms(40), 0, 30_000); // base 10 ms
+        let mut marks = 0;
+        let mut drops = 0;
+        for t in 41..600u64 {
+            // 20 ms of queue from now on, sampled every ms.
+            a.on_stamp(ms(t), 0, (t - 30) * 1000);
+            let mut p = ect_packet();
+            if t % 2 == 0 {
+                p[1] = 0; // not ECT
+            }
+            match a.on_deliver(ms(t), &mut p) {
+                Verdict::Drop => {
+                    assert_eq!(p[1] & 3, 0);
+                    drops += 1
+                }
+                Verdict::Deliver if p[1] & 3 == 3 => marks += 1,
+                Verdict::Deliver => {}
+            }
+        }
+        assert!(marks + drops >= 5, "{marks} + {drops}");
+        assert_eq!(a.stats(ms(600)).ce_marks, marks);
+        assert_eq!(a.stats(ms(600)).drops, drops);
+    }
+
+    #[test]
+    fn no_queue_no_signal_and_stale_channels_are_ignored() {
+        let mut a = Aqm::new(AqmConfig::default(), 2);
+        a.on_stamp(ms(0), 0, 0);
+        a.on_stamp(ms(0), 1, 0);
+        a.on_stamp(ms(100), 1, 50_000); // 50 ms of queue on channel 1 ...
+                                        // ... but it says nothing after an interval of silence.
+        assert_eq!(a.queue_delay(ms(201)), Duration::ZERO);
+        for t in 0..1000 {
+            a.on_stamp(ms(t), 0, t * 1000);
+            let mut p = ect_packet();
+            assert_eq!(a.on_deliver(ms(t), &mut p), Verdict::Deliver);
+            if t > 200 {
+                assert_eq!(p[1], 0x02);
+            }
+        }
+    }
+
+    #[test]
+    fn a_loss_is_congestion_only_while_its_channel_queues() {
+        let mut a = Aqm::new(AqmConfig::default(), 2);
+        a.on_stamp(ms(0), 0, 0);
+        a.on_stamp(ms(0), 1, 0);
+        a.on_stamp(ms(50), 1, 30_000); // channel 1: 20 ms of queue
+        a.on_stamp(ms(50), 0, 50_000); // channel 0: none
+                                       // A random loss on channel 0: no signal.
+        assert!(!a.on_loss(ms(51), 0));
+        let mut p = ect_packet();
+        assert_eq!(a.on_deliver(ms(51), &mut p), Verdict::Deliver);
+        assert_eq!(p[1] & 3, 2);
+        // A loss on channel 1 while it queues: the next packet is marked, once.
+        assert!(a.on_loss(ms(52), 1));
+        assert!(
+            a.on_loss(ms(53), 1),
+            "still congestion, but no second signal"
+        );
+        let mut p = ect_packet();
+        a.on_deliver(ms(53), &mut p);
+        assert_eq!(p[1] & 3, 3);
+        let mut q = ect_packet();
+        a.on_deliver(ms(54), &mut q);
+        assert_eq!(q[1] & 3, 2);
+        assert_eq!(a.stats(ms(54)).loss_signals, 1);
+        assert_eq!(a.stats(ms(54)).ce_marks, 1);
+    }
+
+    #[test]
+    fn base_follows_a_route_change_within_the_window() {
+        let mut o = Owd::default();
+        o.sample(ms(0), 5_000);
+        // The path gets 40 ms longer for good: seen as queue until the old minimum
+        // leaves the window, then as the new base.
+        let mut last = 0;
+        for t in 1..=12_000u64 {
+            last = o.sample(ms(t), 45_000);
+        }
+        assert_eq!(last, 0);
+    }
+}
