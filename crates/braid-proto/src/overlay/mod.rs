@@ -13,7 +13,9 @@
 //!   shared access links taken into account;
 //! * [`reroute`]: when a flow moves (threshold with hysteresis; a dead relay at once);
 //! * [`dce`]: the DCE's serial probe schedule;
-//! * the ALCP messages (UPDATE, PROVISION, TEARDOWN) are in [`crate::wire::overlay`].
+//! * [`auth`]: the trailer that authenticates every datagram between nodes;
+//! * the ALCP messages (UPDATE, PROVISION, TEARDOWN, PING, PONG) are in
+//!   [`crate::wire::overlay`].
 //!
 //! # Where the QRE runs
 //!
@@ -30,6 +32,7 @@
 //! [`route::Choice::share_bps`], and the destination resequences as on any bond.
 //! `braid-sim`'s overlay scenarios do exactly that in virtual time.
 
+pub mod auth;
 pub mod dce;
 pub mod reroute;
 pub mod route;

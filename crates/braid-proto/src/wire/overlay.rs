@@ -8,8 +8,8 @@
 //! ```text
 //!  0        1        2        3
 //! +--------+--------+--------+--------+
-//! |  0xB0  |version |  kind  | flags  |  kind: 1 UPDATE, 2 PROVISION, 3 TEARDOWN
-//! +--------+--------+--------+--------+  flags: 0 (reserved)
+//! |  0xB0  |version |  kind  | flags  |  kind: 1 UPDATE, 2 PROVISION, 3 TEARDOWN,
+//! +--------+--------+--------+--------+        4 PING, 5 PONG; flags: 0 (reserved)
 //! ```
 //!
 //! **UPDATE** (kind 1): node `origin`'s latest measurements of its hops to its peers,
@@ -64,10 +64,23 @@
 //! +--------+--------+--------+--------+
 //! ```
 //!
-//! **Authentication.** ALCP messages carry no tag of their own: a node sends them only
-//! inside a sealed envelope ([`super::secure`], `0xB8` or `0xB9`) and drops any that
-//! arrives bare, exactly like markers and session messages. A forged PROVISION would
-//! otherwise turn any node into an open relay.
+//! **PING** (kind 4) and **PONG** (kind 5): the DCE's probes. A light probe is one PING
+//! without padding; a throughput probe is a train of PINGs padded to a size, sent back to
+//! back; the peer answers each PING with a PONG carrying the same `seq` and `train`.
+//!
+//! ```text
+//! +--------+--------+--------+--------+
+//! |  sender (u16)   |    seq (u32)    |  4..10   seq: per sender
+//! +--------+--------+--------+--------+
+//! |        |  train (u16)    | zeros… |  10..12  0: light probe; else index in a train
+//! +--------+--------+--------+--------+  PING only: padding, all zero, up to 8192 bytes
+//! ```
+//!
+//! **Authentication.** ALCP messages carry no tag of their own: a node sends each with the
+//! trailer of [`crate::overlay::auth`] (sender, counter, ChaCha20-Poly1305 tag under a key
+//! derived from the overlay's pre-shared key) and drops any that does not verify or
+//! replays a counter. A forged PROVISION would otherwise turn any node into an open
+//! relay, a forged UPDATE would steer flows.
 //!
 //! A parsed message is valid: lengths match the counts exactly, reserved bytes are
 //! zero, loss is at most one million ppm, PROVISION paths are 1..=3, distinct, loop
@@ -82,6 +95,14 @@ pub const KIND_UPDATE: u8 = 1;
 pub const KIND_PROVISION: u8 = 2;
 /// Kind byte of a TEARDOWN.
 pub const KIND_TEARDOWN: u8 = 3;
+/// Kind byte of a PING.
+pub const KIND_PING: u8 = 4;
+/// Kind byte of a PONG.
+pub const KIND_PONG: u8 = 5;
+/// A PONG, and a PING without padding.
+pub const PING_LEN: usize = 12;
+/// Most padding in a PING.
+pub const MAX_PING_PAD: usize = 8192;
 /// Relay value of a direct path in a PROVISION.
 pub const NO_RELAY: u16 = 0xFFFF;
 /// Fixed part of an UPDATE.
@@ -151,6 +172,26 @@ pub enum Repr {
         lifetime_ms: u32,
         /// The paths, best first.
         paths: Vec<ProvisionPath>,
+    },
+    /// A probe.
+    Ping {
+        /// The prober.
+        sender: NodeId,
+        /// Sequence number, per sender.
+        seq: u32,
+        /// 0 for a light probe; the index in a throughput probe's train (from 1).
+        train: u16,
+        /// Zero bytes after the fixed part.
+        pad: u16,
+    },
+    /// The answer to a PING.
+    Pong {
+        /// The node answering.
+        sender: NodeId,
+        /// The PING's sequence number.
+        seq: u32,
+        /// The PING's train index.
+        train: u16,
     },
     /// Forget a flow.
     Teardown {
@@ -263,6 +304,34 @@ impl Repr {
                 r.validate()?;
                 Ok(r)
             }
+            KIND_PING | KIND_PONG => {
+                if b.len() < PING_LEN {
+                    return Err(WireError::Truncated);
+                }
+                let sender = read_u16(b, 4);
+                let seq = read_u32(b, 6);
+                let train = read_u16(b, 10);
+                if sender == NO_RELAY {
+                    return Err(WireError::Invalid);
+                }
+                if b[2] == KIND_PONG {
+                    exact(b.len(), PING_LEN)?;
+                    return Ok(Repr::Pong { sender, seq, train });
+                }
+                let pad = b.len() - PING_LEN;
+                if pad > MAX_PING_PAD {
+                    return Err(WireError::Trailing);
+                }
+                if b[PING_LEN..].iter().any(|&x| x != 0) {
+                    return Err(WireError::Invalid);
+                }
+                Ok(Repr::Ping {
+                    sender,
+                    seq,
+                    train,
+                    pad: pad as u16,
+                })
+            }
             other => Err(WireError::Reserved(other)),
         }
     }
@@ -309,6 +378,18 @@ impl Repr {
                 }
                 Ok(())
             }
+            Repr::Ping { sender, pad, .. } => {
+                if !node_ok(*sender) || *pad as usize > MAX_PING_PAD {
+                    return Err(WireError::Invalid);
+                }
+                Ok(())
+            }
+            Repr::Pong { sender, .. } => {
+                if !node_ok(*sender) {
+                    return Err(WireError::Invalid);
+                }
+                Ok(())
+            }
         }
     }
 
@@ -320,6 +401,8 @@ impl Repr {
                 PROVISION_HEADER_LEN + paths.len() * PROVISION_PATH_LEN
             }
             Repr::Teardown { .. } => TEARDOWN_LEN,
+            Repr::Ping { pad, .. } => PING_LEN + *pad as usize,
+            Repr::Pong { .. } => PING_LEN,
         }
     }
 
@@ -372,6 +455,21 @@ impl Repr {
                     b[at..at + 2].copy_from_slice(&p.relay.unwrap_or(NO_RELAY).to_be_bytes());
                     b[at + 4..at + 8].copy_from_slice(&p.weight.to_be_bytes());
                 }
+            }
+            Repr::Ping {
+                sender, seq, train, ..
+            }
+            | Repr::Pong {
+                sender, seq, train, ..
+            } => {
+                b[2] = if matches!(self, Repr::Ping { .. }) {
+                    KIND_PING
+                } else {
+                    KIND_PONG
+                };
+                b[4..6].copy_from_slice(&sender.to_be_bytes());
+                b[6..10].copy_from_slice(&seq.to_be_bytes());
+                b[10..12].copy_from_slice(&train.to_be_bytes());
             }
             Repr::Teardown { flow, src, dst } => {
                 b[2] = KIND_TEARDOWN;
@@ -494,8 +592,8 @@ mod tests {
         b[1] = 9;
         assert_eq!(Repr::parse(&b), Err(WireError::Version(9)));
         let mut b = good.clone();
-        b[2] = 4;
-        assert_eq!(Repr::parse(&b), Err(WireError::Reserved(4)));
+        b[2] = 9;
+        assert_eq!(Repr::parse(&b), Err(WireError::Reserved(9)));
         let mut b = good.clone();
         b[3] = 1;
         assert_eq!(Repr::parse(&b), Err(WireError::Reserved(1)));
@@ -531,6 +629,38 @@ mod tests {
             Repr::parse(&[0xB0, 1, 3, 0, 0, 0, 0, 1, 0, 2, 0, 2]),
             Err(WireError::Invalid)
         );
+    }
+
+    #[test]
+    fn ping_pong_vectors() {
+        let p = Repr::Ping {
+            sender: 3,
+            seq: 0x0A0B_0C0D,
+            train: 2,
+            pad: 4,
+        };
+        let bytes = p.to_vec().unwrap();
+        assert_eq!(
+            bytes,
+            [0xB0, 1, 4, 0, 0, 3, 0x0A, 0x0B, 0x0C, 0x0D, 0, 2, 0, 0, 0, 0]
+        );
+        assert_eq!(Repr::parse(&bytes), Ok(p.clone()));
+        let q = Repr::Pong {
+            sender: 4,
+            seq: 9,
+            train: 0,
+        };
+        let bytes = q.to_vec().unwrap();
+        assert_eq!(bytes, [0xB0, 1, 5, 0, 0, 4, 0, 0, 0, 9, 0, 0]);
+        assert_eq!(Repr::parse(&bytes), Ok(q.clone()));
+        // Non-zero padding, padding on a PONG, a short PING.
+        let mut b = p.to_vec().unwrap();
+        b[15] = 1;
+        assert_eq!(Repr::parse(&b), Err(WireError::Invalid));
+        let mut b = q.to_vec().unwrap();
+        b.push(0);
+        assert_eq!(Repr::parse(&b), Err(WireError::Trailing));
+        assert_eq!(Repr::parse(&bytes[..11]), Err(WireError::Truncated));
     }
 
     #[test]
