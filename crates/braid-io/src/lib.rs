@@ -26,6 +26,7 @@
 
 pub mod config;
 pub mod keys;
+pub mod node;
 pub mod observe;
 pub mod relay;
 pub mod session;

@@ -15,6 +15,9 @@
 //!   SNAK and PACK (seed 002);
 //! * [`wire`]: every packet format;
 //! * [`credit`]: credit-based flow control, N23 / CUP / adaptive pools (seed 004);
+//! * [`overlay`]: the GALO overlay of seed 003: accessibility table, route engine over
+//!   one-relay paths, reroute decision, serial probe schedule (ALCP messages in
+//!   [`wire::overlay`]);
 //! * [`harness`]: an in-memory sender–channels–receiver loop in virtual time, for tests.
 //!
 //! The papers this implements are seed 000 (SRR, logical reception, markers) and seed
@@ -27,6 +30,7 @@ pub mod config;
 pub mod credit;
 pub mod errctl;
 pub mod harness;
+pub mod overlay;
 pub mod reseq;
 pub mod rng;
 pub mod sched;

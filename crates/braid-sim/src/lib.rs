@@ -13,7 +13,9 @@
 //! * [`scenario`]: TOML scenario files with runs and sweeps;
 //! * [`report`]: JSON and table output;
 //! * [`plot`]: SVG and PNG plots;
-//! * [`credit`]: credit-based flow control on a slotted link (seed 004).
+//! * [`credit`]: credit-based flow control on a slotted link (seed 004);
+//! * [`overlay`]: the GALO overlay and Application Layer Striping (seed 003): gain of
+//!   striping over the best two and three overlay paths, rerouting around a dead relay.
 //!
 //! One seed drives every random process; the same seed and scenario give the same
 //! results bit for bit.
@@ -26,6 +28,7 @@ pub mod engine;
 pub mod errctl;
 pub mod metrics;
 pub mod model;
+pub mod overlay;
 pub mod plot;
 pub mod report;
 pub mod rng;

@@ -49,6 +49,10 @@ enum Command {
     /// The namespace testbed: links shaped with tbf plus braid's user-space link
     /// emulator for delay, jitter and loss (needs root).
     Lab(cmd::lab::Args),
+    /// Run one node of a GALO overlay (seed 003): measure the peers over UDP, exchange
+    /// authenticated UPDATEs, choose up to three paths (direct or through one relay) to
+    /// the configured destinations and print route changes. Forwarding is not built yet.
+    Node(cmd::node::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -64,6 +68,7 @@ fn main() -> std::process::ExitCode {
         Command::Genkey(a) => cmd::keys::genkey(a),
         Command::Pubkey(a) => cmd::keys::pubkey(a),
         Command::Lab(a) => cmd::lab::run(a),
+        Command::Node(a) => cmd::node::run(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -14,6 +14,7 @@
 //! | first byte | meaning |
 //! |---|---|
 //! | `0x4_`, `0x6_`, anything else not `0xB_` | header-free data |
+//! | `0xB0` | overlay control (ALCP): UPDATE, PROVISION, TEARDOWN, seed 003 ([`overlay`]) |
 //! | `0xB1` | marker ([`marker`]) |
 //! | `0xB2` | TRR trigger ([`trigger`]) |
 //! | `0xB3` | data with a sequence header ([`seq`]) |
@@ -31,6 +32,9 @@
 //! | `0xBF` | escaped data: one byte to strip, then data that itself starts with `0xB_` |
 //! | other `0xB_` | reserved: counted as malformed |
 //!
+//! The overlay (ALCP) messages travel between overlay nodes, never on a striped
+//! channel, so [`classify`] reports `0xB0` as reserved too.
+//!
 //! The error-control types travel end to end between [`crate::errctl`] endpoints, not
 //! through the resequencer: [`classify`] reports them as reserved.
 //!
@@ -41,6 +45,7 @@ pub mod credit;
 pub mod errctl;
 pub mod marker;
 pub mod nak;
+pub mod overlay;
 pub mod secure;
 pub mod seq;
 pub mod session;
@@ -54,6 +59,9 @@ pub const VERSION: u8 = 1;
 
 /// High nibble shared by all control codepoints.
 pub const CONTROL_NIBBLE: u8 = 0xB;
+/// First byte of an overlay control message (ALCP: UPDATE, PROVISION, TEARDOWN;
+/// [`overlay`], seed 003).
+pub const TYPE_OVERLAY: u8 = 0xB0;
 /// First byte of a marker ([`marker`]).
 pub const TYPE_MARKER: u8 = 0xB1;
 /// First byte of a TRR trigger ([`trigger`]).
@@ -204,6 +212,7 @@ mod tests {
     fn registry_bytes() {
         // The bytes are the wire format: they must never change.
         let all = [
+            (TYPE_OVERLAY, 0xB0),
             (TYPE_MARKER, 0xB1),
             (TYPE_TRIGGER, 0xB2),
             (TYPE_SEQ_DATA, 0xB3),

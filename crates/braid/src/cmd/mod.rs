@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod keys;
 pub mod lab;
+pub mod node;
 pub mod schedule;
 pub mod sim;
 pub mod status;

@@ -38,6 +38,33 @@ pub fn run(a: Args) -> Result<()> {
             )
         })?),
     };
+    if braid_sim::overlay::is_overlay_file(&a.file) {
+        let sc = braid_sim::overlay::load(&a.file)?;
+        if a.plot.is_some() && sc.gain.is_none() {
+            bail!(
+                "--plot: {} has no [gain] experiment, and only its gain CDF is plotted",
+                a.file.display()
+            );
+        }
+        let rep = braid_sim::overlay::run_scenario(&sc, a.seed.unwrap_or(sc.seed))
+            .with_context(|| format!("{}", a.file.display()))?;
+        print!(
+            "{}",
+            if a.json {
+                rep.to_json() + "\n"
+            } else {
+                rep.to_table()
+            }
+        );
+        if let (Some(path), Some(format)) = (&a.plot, format) {
+            braid_sim::overlay::plot::draw(&rep, path, format)
+                .with_context(|| format!("--plot {}", path.display()))?;
+            if !a.json {
+                println!("plot written to {}", path.display());
+            }
+        }
+        return Ok(());
+    }
     if braid_sim::credit::is_credit_file(&a.file) {
         let sc = braid_sim::credit::load(&a.file)?;
         let rep = braid_sim::credit::run_scenario(&sc, a.seed.unwrap_or(sc.seed));

@@ -1,0 +1,760 @@
+//! `braid node`: one member of a GALO overlay (seed 003) on a real UDP socket.
+//!
+//! What runs here: the DCE (light PINGs to every peer every `ping_ms` for RTT, loss and
+//! liveness; throughput probes as trains of padded PINGs in the node's own slots of the
+//! overlay-wide serial schedule, [`braid_proto::overlay::ProbeSchedule`], the rate taken
+//! from the spacing of the PONGs that come back), UPDATEs of the node's measurements to
+//! every peer every `update_ms`, and the QRE on this node: an accessibility table fed by
+//! its own measurements and the peers' UPDATEs, and a [`Rerouter`] per configured
+//! destination choosing up to three paths. Every datagram carries the authentication
+//! trailer of [`braid_proto::overlay::auth`] under the overlay's pre-shared key;
+//! anything that does not verify is counted and dropped.
+//!
+//! Not here yet: the forwarding engine (PROVISION and TEARDOWN are parsed and counted
+//! but not acted on) and striping a flow over the chosen paths; see `docs/overlay.md`.
+//!
+//! Time is the wall clock in µs since the Unix epoch, so that every node computes the
+//! same probe slots (clocks are assumed NTP-synchronized to well within a slot).
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use braid_proto::overlay::auth::{NodeAuth, TRAILER_LEN};
+use braid_proto::overlay::{
+    AccessTable, Choice, Decision, Measurement, Metric, NodeId, ProbeConfig, ProbeSchedule,
+    RerouteConfig, Rerouter, RouteConfig,
+};
+use braid_proto::wire::overlay::{Repr, UpdateEntry, LOSS_SCALE, MAX_PING_PAD, PING_LEN};
+use braid_proto::{Duration, Instant};
+use serde::Serialize;
+use tokio::net::UdpSocket;
+use toml::{Table, Value};
+
+/// Largest node id a configuration may use (the table is sized by the largest id).
+pub const MAX_NODE_ID: NodeId = 1023;
+/// Weight of a new ping outcome in the loss estimate.
+const LOSS_EWMA: f64 = 0.1;
+/// IPv4 + UDP header bytes, counted in a train's rate.
+const IP_UDP: usize = 28;
+
+/// A peer of this node.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Peer {
+    /// Its node id.
+    pub id: NodeId,
+    /// Where it listens.
+    pub addr: SocketAddr,
+}
+
+/// A node's configuration (`braid node --config`; keys in `docs/overlay.md`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodeConfig {
+    /// This node's id.
+    pub id: NodeId,
+    /// Address to bind.
+    pub listen: SocketAddr,
+    /// Every other node.
+    pub peers: Vec<Peer>,
+    /// The overlay's pre-shared key.
+    pub key: [u8; 32],
+    /// Light-probe interval.
+    pub ping: Duration,
+    /// Throughput-probe slot (one ordered pair of the overlay per slot).
+    pub slot: Duration,
+    /// PINGs per throughput probe.
+    pub train: u16,
+    /// Padding of a train's PINGs, bytes.
+    pub train_bytes: u16,
+    /// UPDATE interval.
+    pub update: Duration,
+    /// A hop unmeasured this long is dead.
+    pub dead_after: Duration,
+    /// Reroute evaluation interval.
+    pub eval: Duration,
+    /// Destinations this node routes to.
+    pub routes: Vec<NodeId>,
+    /// Route metric.
+    pub metric: Metric,
+    /// Paths per destination, 1..=3.
+    pub max_paths: usize,
+    /// Reroute threshold (fraction).
+    pub threshold: f64,
+    /// Reroute hysteresis (evaluations in a row).
+    pub consecutive: u32,
+}
+
+/// A bad node configuration.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{file}: {message}")]
+pub struct NodeConfigError {
+    /// The file.
+    pub file: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+fn num(t: &Table, key: &str, default: Option<f64>, lo: f64, hi: f64) -> Result<f64, String> {
+    let v = match t.get(key) {
+        None => return default.ok_or_else(|| format!("`{key}` is required")),
+        Some(Value::Integer(i)) => *i as f64,
+        Some(Value::Float(f)) => *f,
+        Some(o) => return Err(format!("`{key}`: expected a number, found {o}")),
+    };
+    if !(lo..=hi).contains(&v) || (v.fract() != 0.0 && hi > 1000.0) {
+        return Err(format!(
+            "`{key}`: expected a whole number in {lo}..={hi}, found {v}"
+        ));
+    }
+    Ok(v)
+}
+
+fn check_keys(t: &Table, at: &str, allowed: &[&str]) -> Result<(), String> {
+    match t.keys().find(|k| !allowed.contains(&k.as_str())) {
+        Some(k) => Err(format!(
+            "unknown key `{at}{k}`; expected one of: {}",
+            allowed.join(", ")
+        )),
+        None => Ok(()),
+    }
+}
+
+impl NodeConfig {
+    /// Load a node configuration; a relative `key_file` is relative to the file.
+    pub fn load(path: &Path) -> Result<NodeConfig, NodeConfigError> {
+        let file = path.display().to_string();
+        let e = |message: String| NodeConfigError {
+            file: file.clone(),
+            message,
+        };
+        let text = std::fs::read_to_string(path).map_err(|x| e(x.to_string()))?;
+        let dir = path.parent().unwrap_or(Path::new("."));
+        Self::parse(&text, dir).map_err(e)
+    }
+
+    /// Parse configuration text; `dir` resolves a relative `key_file`.
+    pub fn parse(text: &str, dir: &Path) -> Result<NodeConfig, String> {
+        let root: Table = toml::from_str(text).map_err(|e| format!("not valid TOML: {e}"))?;
+        check_keys(
+            &root,
+            "",
+            &["id", "listen", "key_file", "key", "peer", "probe", "route"],
+        )?;
+        let id = num(&root, "id", None, 0.0, MAX_NODE_ID as f64)? as NodeId;
+        let listen = root
+            .get("listen")
+            .and_then(Value::as_str)
+            .ok_or("`listen` is required: the address to bind, e.g. \"0.0.0.0:7400\"")?
+            .parse::<SocketAddr>()
+            .map_err(|e| format!("`listen`: {e}"))?;
+        let key = match (root.get("key_file"), root.get("key")) {
+            (Some(Value::String(f)), None) => crate::keys::read_file(&dir.join(f))
+                .map_err(|e| format!("`key_file`: {e}"))?,
+            (None, Some(Value::String(k))) => {
+                crate::keys::decode(k).map_err(|e| format!("`key`: {e}"))?
+            }
+            _ => return Err("give exactly one of `key_file` (a braid key file, `braid genkey`) or `key` (base64)".into()),
+        };
+        let mut peers: Vec<Peer> = Vec::new();
+        match root.get("peer") {
+            Some(Value::Array(a)) => {
+                for (i, v) in a.iter().enumerate() {
+                    let t = v.as_table().ok_or("`peer`: expected [[peer]] tables")?;
+                    check_keys(t, &format!("peer[{i}]."), &["id", "addr"])?;
+                    let pid = num(t, "id", None, 0.0, MAX_NODE_ID as f64)
+                        .map_err(|m| format!("peer[{i}]: {m}"))?
+                        as NodeId;
+                    let addr = t
+                        .get("addr")
+                        .and_then(Value::as_str)
+                        .ok_or(format!("peer[{i}]: `addr` is required"))?
+                        .parse::<SocketAddr>()
+                        .map_err(|e| format!("peer[{i}].addr: {e}"))?;
+                    if pid == id || peers.iter().any(|p| p.id == pid) {
+                        return Err(format!(
+                            "peer[{i}]: id {pid} is this node's or another peer's"
+                        ));
+                    }
+                    peers.push(Peer { id: pid, addr });
+                }
+            }
+            _ => return Err("at least one [[peer]] (id, addr) is required".into()),
+        }
+        let empty = Table::new();
+        let probe = match root.get("probe") {
+            None => &empty,
+            Some(Value::Table(t)) => t,
+            Some(_) => return Err("`probe`: expected a [probe] table".into()),
+        };
+        check_keys(
+            probe,
+            "probe.",
+            &[
+                "ping_ms",
+                "slot_ms",
+                "train",
+                "train_bytes",
+                "update_ms",
+                "dead_after_ms",
+                "eval_ms",
+            ],
+        )?;
+        let ms = |k: &str, d: f64| -> Result<Duration, String> {
+            Ok(Duration::from_millis(
+                num(probe, k, Some(d), 1.0, 3_600_000.0)? as u64,
+            ))
+        };
+        let route = match root.get("route") {
+            None => &empty,
+            Some(Value::Table(t)) => t,
+            Some(_) => return Err("`route`: expected a [route] table".into()),
+        };
+        check_keys(
+            route,
+            "route.",
+            &[
+                "to",
+                "metric",
+                "max_paths",
+                "threshold_percent",
+                "consecutive",
+            ],
+        )?;
+        let routes = match route.get("to") {
+            None => Vec::new(),
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|v| {
+                    v.as_integer()
+                        .and_then(|i| NodeId::try_from(i).ok())
+                        .filter(|d| peers.iter().any(|p| p.id == *d))
+                        .ok_or_else(|| format!("route.to: {v} is not a peer's id"))
+                })
+                .collect::<Result<_, _>>()?,
+            Some(_) => return Err("route.to: expected a list of peer ids".into()),
+        };
+        let metric = match route.get("metric").map(|v| v.as_str()) {
+            None => Metric::Throughput,
+            Some(Some(s)) => Metric::from_name(s)
+                .ok_or("route.metric: expected \"throughput\", \"delay\" or \"loss\"")?,
+            Some(None) => return Err("route.metric: expected a string".into()),
+        };
+        Ok(NodeConfig {
+            id,
+            listen,
+            peers,
+            key,
+            ping: ms("ping_ms", 100.0)?,
+            slot: ms("slot_ms", 200.0)?,
+            train: num(probe, "train", Some(20.0), 2.0, 1000.0)? as u16,
+            train_bytes: num(probe, "train_bytes", Some(1200.0), 0.0, MAX_PING_PAD as f64)? as u16,
+            update: ms("update_ms", 200.0)?,
+            dead_after: ms("dead_after_ms", 1000.0)?,
+            eval: ms("eval_ms", 50.0)?,
+            routes,
+            metric,
+            max_paths: num(route, "max_paths", Some(3.0), 1.0, 3.0)? as usize,
+            threshold: num(route, "threshold_percent", Some(10.0), 0.0, 1000.0)? / 100.0,
+            consecutive: num(route, "consecutive", Some(3.0), 1.0, 1000.0)? as u32,
+        })
+    }
+}
+
+/// Counters of a running node.
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct NodeStats {
+    /// Datagrams sent.
+    pub sent: u64,
+    /// Datagrams received.
+    pub received: u64,
+    /// Dropped: the trailer did not verify or replayed a counter.
+    pub auth_failures: u64,
+    /// Dropped: authentic but not a valid ALCP message, or from an unknown node.
+    pub malformed: u64,
+    /// UPDATEs taken into the table.
+    pub updates: u64,
+    /// Throughput probes that produced a rate.
+    pub probes: u64,
+    /// PROVISION and TEARDOWN messages received (not acted on yet).
+    pub unsupported: u64,
+}
+
+/// A route change of one destination.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RouteChange {
+    /// When, µs since the Unix epoch.
+    pub at_us: u64,
+    /// The destination.
+    pub dst: NodeId,
+    /// `initial`, `better` or `dead a->b`.
+    pub reason: String,
+    /// The new paths, e.g. `0->2` or `0->1->2`, with their shares in Mbit/s.
+    pub paths: Vec<(String, f64)>,
+}
+
+/// What a node knows, for status output and tests.
+#[derive(Clone, Debug)]
+pub struct Snapshot {
+    /// The accessibility table.
+    pub table: AccessTable,
+    /// Current paths per routed destination.
+    pub routes: Vec<(NodeId, Vec<Choice>)>,
+    /// Every route change so far.
+    pub changes: Vec<RouteChange>,
+    /// Counters.
+    pub stats: NodeStats,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Train {
+    seq0: u32,
+    count: u32,
+    first: Option<Instant>,
+    last: Option<Instant>,
+}
+
+#[derive(Debug, Clone)]
+struct PeerState {
+    id: NodeId,
+    addr: SocketAddr,
+    rtt: Option<Duration>,
+    loss: f64,
+    throughput: Option<f64>,
+    outstanding: Option<(u32, Instant)>,
+    last_heard: Option<Instant>,
+    train: Option<Train>,
+}
+
+struct State {
+    cfg: NodeConfig,
+    auth: NodeAuth,
+    sched: ProbeSchedule,
+    peers: Vec<PeerState>,
+    table: AccessTable,
+    rerouters: Vec<(NodeId, Rerouter, Vec<Choice>)>,
+    changes: Vec<RouteChange>,
+    stats: NodeStats,
+    seq: u32,
+    update_seq: u32,
+    next_ping: Instant,
+    next_update: Instant,
+    next_eval: Instant,
+    probe: braid_proto::overlay::Probe,
+    probe_sent: bool,
+}
+
+/// A handle to a running node's state.
+#[derive(Clone)]
+pub struct NodeHandle(Arc<Mutex<State>>);
+
+impl NodeHandle {
+    /// A copy of what the node knows now.
+    pub fn snapshot(&self) -> Snapshot {
+        let s = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        Snapshot {
+            table: s.table.clone(),
+            routes: s
+                .rerouters
+                .iter()
+                .map(|(d, _, c)| (*d, c.clone()))
+                .collect(),
+            changes: s.changes.clone(),
+            stats: s.stats.clone(),
+        }
+    }
+}
+
+/// The wall clock as a braid `Instant` (µs since the Unix epoch).
+pub fn wall_now() -> Instant {
+    let us = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0);
+    Instant::from_micros(us)
+}
+
+/// A node bound to its socket, ready to run.
+pub struct Node {
+    socket: UdpSocket,
+    state: Arc<Mutex<State>>,
+}
+
+fn path_text(c: &Choice) -> String {
+    match c.path.relay {
+        None => format!("{}->{}", c.path.src, c.path.dst),
+        Some(r) => format!("{}->{}->{}", c.path.src, r, c.path.dst),
+    }
+}
+
+impl Node {
+    /// Bind `cfg.listen`.
+    pub async fn bind(cfg: NodeConfig) -> std::io::Result<Node> {
+        let socket = UdpSocket::bind(cfg.listen).await?;
+        Node::with_socket(cfg, socket)
+    }
+
+    /// Use an already bound socket (tests bind first to learn the ports).
+    pub fn with_socket(cfg: NodeConfig, socket: UdpSocket) -> std::io::Result<Node> {
+        let now = wall_now();
+        let mut ids: Vec<NodeId> = cfg.peers.iter().map(|p| p.id).collect();
+        ids.push(cfg.id);
+        let nodes = *ids.iter().max().unwrap_or(&0) as usize + 1;
+        let sched = ProbeSchedule::new(
+            ids,
+            cfg.id,
+            ProbeConfig {
+                slot: cfg.slot,
+                probe: cfg.slot,
+                epoch: Instant::ZERO,
+                ping_every: cfg.ping,
+            },
+        )
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
+        let route_cfg = RouteConfig {
+            metric: cfg.metric,
+            max_paths: cfg.max_paths,
+            max_age: cfg.dead_after,
+            ..RouteConfig::default()
+        };
+        let reroute = RerouteConfig {
+            threshold: cfg.threshold,
+            consecutive: cfg.consecutive,
+            dead_after: cfg.dead_after,
+        };
+        let rerouters = cfg
+            .routes
+            .iter()
+            .map(|&d| {
+                (
+                    d,
+                    Rerouter::new(cfg.id, d, route_cfg.clone(), reroute),
+                    Vec::new(),
+                )
+            })
+            .collect();
+        let peers = cfg
+            .peers
+            .iter()
+            .map(|p| PeerState {
+                id: p.id,
+                addr: p.addr,
+                rtt: None,
+                loss: 0.0,
+                throughput: None,
+                outstanding: None,
+                last_heard: None,
+                train: None,
+            })
+            .collect();
+        let probe = sched.next_probe(now);
+        let state = State {
+            auth: NodeAuth::new(&cfg.key, cfg.id, now.as_micros()),
+            sched,
+            peers,
+            table: AccessTable::new(nodes),
+            rerouters,
+            changes: Vec::new(),
+            stats: NodeStats::default(),
+            seq: 0,
+            update_seq: 0,
+            next_ping: now,
+            next_update: now,
+            next_eval: now,
+            probe,
+            probe_sent: false,
+            cfg,
+        };
+        Ok(Node {
+            socket,
+            state: Arc::new(Mutex::new(state)),
+        })
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.socket.local_addr()
+    }
+
+    /// A handle for snapshots while the node runs.
+    pub fn handle(&self) -> NodeHandle {
+        NodeHandle(self.state.clone())
+    }
+
+    /// Run until `shutdown` completes.
+    pub async fn run(self, shutdown: impl std::future::Future<Output = ()>) -> std::io::Result<()> {
+        tokio::pin!(shutdown);
+        let mut tick = tokio::time::interval(std::time::Duration::from_millis(5));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        let mut buf = vec![0u8; 65_536];
+        let mut out: Vec<(SocketAddr, Vec<u8>)> = Vec::new();
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => return Ok(()),
+                r = self.socket.recv_from(&mut buf) => {
+                    let (n, from) = match r {
+                        Ok(x) => x,
+                        // ICMP port unreachable from a dead peer and the like.
+                        Err(_) => continue,
+                    };
+                    let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+                    s.on_datagram(wall_now(), from, &buf[..n], &mut out);
+                }
+                _ = tick.tick() => {
+                    let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+                    s.on_tick(wall_now(), &mut out);
+                }
+            }
+            let count = out.len() as u64;
+            for (to, d) in out.drain(..) {
+                // A peer that is down is not an error of ours.
+                let _ = self.socket.send_to(&d, to).await;
+            }
+            if count > 0 {
+                let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+                s.stats.sent += count;
+            }
+        }
+    }
+}
+
+impl State {
+    fn send(&mut self, to: SocketAddr, r: &Repr, out: &mut Vec<(SocketAddr, Vec<u8>)>) {
+        if let Ok(v) = r.to_vec() {
+            out.push((to, self.auth.seal(&v)));
+        }
+    }
+
+    fn next_seq(&mut self) -> u32 {
+        self.seq = self.seq.wrapping_add(1);
+        self.seq
+    }
+
+    fn on_tick(&mut self, now: Instant, out: &mut Vec<(SocketAddr, Vec<u8>)>) {
+        let me = self.cfg.id;
+        if now >= self.next_ping {
+            for i in 0..self.peers.len() {
+                if self.peers[i].outstanding.is_some() {
+                    self.peers[i].loss = self.peers[i].loss * (1.0 - LOSS_EWMA) + LOSS_EWMA;
+                }
+                let seq = self.next_seq();
+                self.peers[i].outstanding = Some((seq, now));
+                let addr = self.peers[i].addr;
+                self.send(
+                    addr,
+                    &Repr::Ping {
+                        sender: me,
+                        seq,
+                        train: 0,
+                        pad: 0,
+                    },
+                    out,
+                );
+            }
+            self.next_ping = self.sched.next_ping(now + Duration::from_micros(1));
+        }
+        // Our throughput probe: a train at the start of our slot, its rate at the end.
+        if !self.probe_sent && now >= self.probe.start && now < self.probe.end {
+            if let Some(i) = self.peers.iter().position(|p| p.id == self.probe.peer) {
+                let addr = self.peers[i].addr;
+                let seq0 = self.seq.wrapping_add(1);
+                for k in 1..=self.cfg.train {
+                    let seq = self.next_seq();
+                    let pad = self.cfg.train_bytes;
+                    self.send(
+                        addr,
+                        &Repr::Ping {
+                            sender: me,
+                            seq,
+                            train: k,
+                            pad,
+                        },
+                        out,
+                    );
+                }
+                self.peers[i].train = Some(Train {
+                    seq0,
+                    ..Train::default()
+                });
+            }
+            self.probe_sent = true;
+        }
+        if now >= self.probe.end {
+            if let Some(i) = self.peers.iter().position(|p| p.id == self.probe.peer) {
+                if let Some(t) = self.peers[i].train.take() {
+                    if let (Some(a), Some(b)) = (t.first, t.last) {
+                        let span = (b - a).as_secs_f64();
+                        if t.count >= 2 && span > 0.0 {
+                            let bytes =
+                                PING_LEN + self.cfg.train_bytes as usize + TRAILER_LEN + IP_UDP;
+                            self.peers[i].throughput =
+                                Some((t.count - 1) as f64 * bytes as f64 * 8.0 / span);
+                            self.stats.probes += 1;
+                        }
+                    }
+                }
+            }
+            // From the end of this slot, not from now: our next slot may start right
+            // where this one ends, and `now` is already a tick past it.
+            let next = self.sched.next_probe(self.probe.end);
+            // After a long stall, do not replay missed slots.
+            self.probe = if next.end <= now {
+                self.sched.next_probe(now)
+            } else {
+                next
+            };
+            self.probe_sent = false;
+        }
+        // Our own hops into our table.
+        for p in &self.peers {
+            if let (Some(tp), Some(rtt), Some(at)) = (p.throughput, p.rtt, p.last_heard) {
+                let _ = self.table.update(
+                    me,
+                    p.id,
+                    Measurement {
+                        throughput_bps: tp,
+                        rtt,
+                        loss: p.loss.clamp(0.0, 1.0),
+                        at,
+                    },
+                );
+            }
+        }
+        if now >= self.next_update {
+            let entries: Vec<UpdateEntry> = self
+                .peers
+                .iter()
+                .filter_map(|p| {
+                    let m = self.table.get(me, p.id)?;
+                    Some(UpdateEntry {
+                        peer: p.id,
+                        throughput_kbps: (m.throughput_bps / 1000.0).min(u32::MAX as f64) as u32,
+                        rtt_us: m.rtt.as_micros().min(u32::MAX as u64) as u32,
+                        loss_ppm: (m.loss * LOSS_SCALE as f64).round() as u32,
+                        age_ms: ((now - m.at).as_micros() / 1000).min(u32::MAX as u64) as u32,
+                    })
+                })
+                .collect();
+            if !entries.is_empty() {
+                self.update_seq = self.update_seq.wrapping_add(1);
+                let msg = Repr::Update {
+                    origin: me,
+                    seq: self.update_seq,
+                    entries,
+                };
+                let addrs: Vec<SocketAddr> = self.peers.iter().map(|p| p.addr).collect();
+                for a in addrs {
+                    self.send(a, &msg, out);
+                }
+            }
+            self.next_update = now + self.cfg.update;
+        }
+        if now >= self.next_eval {
+            for (dst, r, cur) in &mut self.rerouters {
+                if let Decision::Switch { paths, reason } = r.evaluate(now, &self.table) {
+                    let reason = match reason {
+                        braid_proto::overlay::Reason::Initial => "initial".to_string(),
+                        braid_proto::overlay::Reason::Better => "better".to_string(),
+                        braid_proto::overlay::Reason::Dead { from, to } => {
+                            format!("dead {from}->{to}")
+                        }
+                    };
+                    tracing::info!(dst = *dst, %reason, paths = ?paths.iter().map(path_text).collect::<Vec<_>>(), "route change");
+                    self.changes.push(RouteChange {
+                        at_us: now.as_micros(),
+                        dst: *dst,
+                        reason,
+                        paths: paths
+                            .iter()
+                            .map(|c| (path_text(c), c.share_bps / 1e6))
+                            .collect(),
+                    });
+                    *cur = paths;
+                }
+            }
+            self.next_eval = now + self.cfg.eval;
+        }
+    }
+
+    fn on_datagram(
+        &mut self,
+        now: Instant,
+        from: SocketAddr,
+        d: &[u8],
+        out: &mut Vec<(SocketAddr, Vec<u8>)>,
+    ) {
+        self.stats.received += 1;
+        let (sender, msg) = match self.auth.open(d) {
+            Ok(x) => x,
+            Err(_) => {
+                self.stats.auth_failures += 1;
+                return;
+            }
+        };
+        let Ok(r) = Repr::parse(msg) else {
+            self.stats.malformed += 1;
+            return;
+        };
+        let Some(pi) = self.peers.iter().position(|p| p.id == sender) else {
+            self.stats.malformed += 1;
+            return;
+        };
+        match r {
+            Repr::Ping { seq, train, .. } => {
+                let me = self.cfg.id;
+                self.send(
+                    from,
+                    &Repr::Pong {
+                        sender: me,
+                        seq,
+                        train,
+                    },
+                    out,
+                );
+            }
+            Repr::Pong { seq, train, .. } => {
+                let p = &mut self.peers[pi];
+                p.last_heard = Some(now);
+                if train == 0 {
+                    if let Some((s, sent)) = p.outstanding {
+                        if s == seq {
+                            p.rtt = Some(now - sent);
+                            p.loss *= 1.0 - LOSS_EWMA;
+                            p.outstanding = None;
+                        }
+                    }
+                } else if let Some(t) = &mut p.train {
+                    if seq.wrapping_sub(t.seq0) < u16::MAX as u32 {
+                        t.count += 1;
+                        t.first.get_or_insert(now);
+                        t.last = Some(now);
+                    }
+                }
+            }
+            Repr::Update {
+                origin, entries, ..
+            } => {
+                if origin != sender {
+                    self.stats.malformed += 1;
+                    return;
+                }
+                self.stats.updates += 1;
+                for e in entries {
+                    let _ = self.table.update(
+                        origin,
+                        e.peer,
+                        Measurement {
+                            throughput_bps: e.throughput_kbps as f64 * 1000.0,
+                            rtt: Duration::from_micros(e.rtt_us as u64),
+                            loss: e.loss_ppm as f64 / LOSS_SCALE as f64,
+                            at: Instant::from_micros(
+                                now.as_micros().saturating_sub(e.age_ms as u64 * 1000),
+                            ),
+                        },
+                    );
+                }
+            }
+            Repr::Provision { .. } | Repr::Teardown { .. } => self.stats.unsupported += 1,
+        }
+    }
+}
