@@ -1,8 +1,8 @@
-//! Every wire parser (including error control and credits) on arbitrary bytes: no panic, and where a format has a `Repr`,
+//! Every wire parser (including error control, credits and the overlay's ALCP) on arbitrary bytes: no panic, and where a format has a `Repr`,
 //! parse → emit → parse gives the same value.
 #![no_main]
 
-use braid_proto::wire::{self, credit, errctl, marker, nak, secure, seq, session, trigger};
+use braid_proto::wire::{self, credit, errctl, marker, nak, overlay, secure, seq, session, trigger};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -51,6 +51,11 @@ fuzz_target!(|data: &[u8]| {
     }
     if let Ok(r) = errctl::PackRepr::parse(data) {
         assert_eq!(errctl::PackRepr::parse(&r.to_vec()), Ok(r));
+    }
+    if let Ok(r) = overlay::Repr::parse(data) {
+        if let Ok(v) = r.to_vec() {
+            assert_eq!(overlay::Repr::parse(&v), Ok(r));
+        }
     }
     if let Ok(r) = credit::Repr::parse_bytes(data) {
         assert_eq!(credit::Repr::parse_bytes(&r.to_vec()), Ok(r));

@@ -1081,6 +1081,8 @@ fn session_variant(st: &Tab, sc: StripeConfig) -> Result<Variant, ScenarioError>
         "security",
         "rekey_after",
         "adaptive",
+        "arq",
+        "aqm",
     ])?;
     let Policy::Causal(scheduler) = sc.policy else {
         return Err(st.cx.err(
@@ -1136,6 +1138,14 @@ fn session_variant(st: &Tab, sc: StripeConfig) -> Result<Variant, ScenarioError>
         "a whole number of packets from 1 to 16777216",
     )? as usize;
     cfg.adaptive = st.bool_or("adaptive", cfg.adaptive)?;
+    if let Some(v) = st.str_opt("arq")? {
+        let wait = units::parse_duration_us(v).map_err(|e| st.err("arq", &e.to_string()))?;
+        cfg.arq = (wait > braid_proto::Duration::ZERO)
+            .then_some(braid_proto::session::ArqConfig { wait });
+    }
+    if st.bool_or("aqm", false)? {
+        cfg.aqm = Some(braid_proto::aqm::AqmConfig::default());
+    }
     cfg.validate().map_err(|e| st.cx.err(Some("session"), &e))?;
     Ok(Variant::Session(Box::new(cfg)))
 }

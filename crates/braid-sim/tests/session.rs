@@ -205,3 +205,49 @@ fn adaptive_weights_do_not_react_to_a_failover() {
         assert_eq!(a.packets_lost, b.packets_lost, "{}", a.label);
     }
 }
+
+#[test]
+fn in_bond_repair_hides_random_loss_in_every_mode() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios/repair/lossy-link.toml");
+    let sc = scenario::load(&path).unwrap_or_else(|e| panic!("{e}"));
+    let r = run(&sc, 1);
+    assert_eq!(r.runs.len(), 6);
+    for pair in r.runs.chunks(2) {
+        let (with, without) = (&pair[0], &pair[1]);
+        assert!(without.label.ends_with("no repair"), "{}", without.label);
+        // 1 % of a third of 37 500 packets are lost on the way without repair ...
+        assert!(
+            without.packets_lost >= 80,
+            "{}: {}",
+            without.label,
+            without.packets_lost
+        );
+        // ... and nearly none with it (a few in trr, which drops a segment it cannot
+        // verify in time).
+        assert!(
+            with.packets_lost * 5 <= without.packets_lost / 4,
+            "{}: {} lost vs {}",
+            with.label,
+            with.packets_lost,
+            without.packets_lost
+        );
+        assert_eq!(with.out_of_order, 0, "{}", with.label);
+    }
+    // Logical reception misorders after each loss without repair, never with it.
+    assert!(r.runs[1].out_of_order > 0);
+}
+
+#[test]
+fn repair_and_aqm_keys_are_checked() {
+    let base = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios/repair/lossy-link.toml"),
+    )
+    .unwrap();
+    let key = "\narq = \"100ms\"\n";
+    let e = parse_err(&base.replace(key, "\narq = \"soon\"\n"));
+    assert!(e.contains("session.arq"), "{e}");
+    let e = parse_err(&base.replace(key, "\narq = \"100ms\"\nsecurity = \"none\"\n"));
+    assert!(e.contains("arq"), "{e}");
+    let sc = parse(&base.replace(key, "\narq = \"100ms\"\naqm = true\n"));
+    assert_eq!(sc.jobs.len(), 6);
+}
