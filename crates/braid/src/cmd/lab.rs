@@ -62,7 +62,7 @@ enum LabCommand {
         #[arg(long)]
         aqm: bool,
         /// In-bond repair in the tunnel, every mode (`arq = DURATION`: how long the
-        /// receiver holds a channel for a lost datagram asked for again), e.g. 100ms;
+        /// receiver holds a channel for a lost datagram asked for again), e.g. 200ms;
         /// 0s turns it off.
         #[arg(long, value_name = "DURATION")]
         arq: Option<String>,
