@@ -703,17 +703,21 @@ impl Session {
         Err(first)
     }
 
-    /// The AQM's sample: a marker's send time, at its arrival on channel `c`.
+    /// The AQM's sample: a marker's (or trigger's) send time, at its arrival on
+    /// channel `c`.
     fn stamp(&mut self, now: Instant, c: usize, inner: &Bytes) {
         let Some(aqm) = &mut self.aqm else {
             return;
         };
-        if inner.first() != Some(&wire::TYPE_MARKER) {
-            return;
-        }
-        let stamp = marker::Packet::new_checked(&inner[..])
-            .ok()
-            .and_then(|p| p.stamp());
+        let stamp = match inner.first() {
+            Some(&wire::TYPE_MARKER) => marker::Packet::new_checked(&inner[..])
+                .ok()
+                .and_then(|p| p.stamp()),
+            Some(&wire::TYPE_TRIGGER) => wire::trigger::Packet::new_checked(&inner[..])
+                .ok()
+                .and_then(|p| p.stamp()),
+            _ => None,
+        };
         if let Some(t) = stamp {
             aqm.on_stamp(now, c, t);
         }

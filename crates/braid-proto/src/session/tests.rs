@@ -640,9 +640,9 @@ fn ect_packet(id: u64) -> Bytes {
 
 /// Run A → B with AQM on; from 2 s on, channel 1's delay grows by `grow_ms` (a queue
 /// standing in it). Returns (packets B delivered, of which CE-marked, the AQM stats).
-fn aqm_run(grow_ms: u64) -> (usize, usize, crate::aqm::AqmStats) {
-    let mut p = Pair::new(2, Mode::Seq, &[10, 30]);
-    let mut cfg = config(2, Mode::Seq);
+fn aqm_run(mode: Mode, grow_ms: u64) -> (usize, usize, crate::aqm::AqmStats) {
+    let mut p = Pair::new(2, mode, &[10, 30]);
+    let mut cfg = config(2, mode);
     cfg.aqm = Some(AqmConfig::default());
     p.a = Session::new(cfg.clone(), [1; 32], Instant::ZERO).unwrap();
     p.b = Session::new(cfg, [2; 32], Instant::ZERO).unwrap();
@@ -667,22 +667,29 @@ fn aqm_run(grow_ms: u64) -> (usize, usize, crate::aqm::AqmStats) {
 
 #[test]
 fn aqm_marks_ce_while_a_channel_queue_stands_and_only_then() {
-    let (n, ce, s) = aqm_run(0);
-    assert!(n > 3900, "{n}");
-    assert_eq!(ce, 0);
-    assert!(s.samples > 100, "timestamped markers arrive: {}", s.samples);
-    let (n, ce, s) = aqm_run(40);
-    assert!(n > 3900, "{n}");
-    assert!(ce >= 5, "CE marks: {ce}");
-    assert_eq!(s.ce_marks, ce as u64);
-    assert_eq!(s.drops, 0);
-    // The queue stands in channel 1 only.
-    assert_eq!(s.queue_delay_us[0], Some(0));
-    assert!(
-        s.queue_delay_us[1].unwrap() >= 35_000,
-        "{:?}",
-        s.queue_delay_us
-    );
+    // Markers carry the send time in logical and seq mode, triggers in trr mode.
+    for mode in [Mode::Logical, Mode::Seq, Mode::Trr] {
+        let (n, ce, s) = aqm_run(mode, 0);
+        assert!(n > 3900, "{mode:?}: {n}");
+        assert_eq!(ce, 0, "{mode:?}");
+        assert!(
+            s.samples > 100,
+            "{mode:?}: stamped markers arrive: {}",
+            s.samples
+        );
+        let (n, ce, s) = aqm_run(mode, 40);
+        assert!(n > 3900, "{mode:?}: {n}");
+        assert!(ce >= 5, "{mode:?}: CE marks: {ce}");
+        assert_eq!(s.ce_marks, ce as u64);
+        assert_eq!(s.drops, 0);
+        // The queue stands in channel 1 only.
+        assert_eq!(s.queue_delay_us[0], Some(0), "{mode:?}");
+        assert!(
+            s.queue_delay_us[1].unwrap() >= 35_000,
+            "{mode:?}: {:?}",
+            s.queue_delay_us
+        );
+    }
 }
 
 /// A pair whose sessions both run with `tweak` applied to their configuration.

@@ -578,6 +578,8 @@ impl Striper {
                 channel_count: self.channel_count[c],
                 digest: self.digest[c],
                 batch: self.batch,
+                stamp: (self.cfg.markers.timestamps && self.clock > Instant::ZERO)
+                    .then(|| self.clock.as_micros()),
             };
             self.stats.channels[c].triggers_sent += 1;
             self.out.push_back(Transmit {

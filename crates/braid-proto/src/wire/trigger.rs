@@ -26,7 +26,12 @@
 //! +--------+--------+--------+--------+
 //! |             batch (u32)           | 48..52   the sender's batch counter, shared
 //! +--------+--------+--------+--------+          with markers
+//! |          send time (u64)          | 52..60   optional: the sender's clock, µs (any
+//! |                                   |          origin), as in markers (AQM)
+//! +--------+--------+--------+--------+
 //! ```
+//!
+//! A trigger is 52 bytes, or 60 with the send time.
 //!
 //! The digest lets the receiver tell a segment that lost one packet and had another
 //! duplicated (same count, same byte total) from an intact one. It is folded over the
@@ -39,6 +44,8 @@ use crate::sched::Position;
 
 /// Length of a trigger.
 pub const LEN: usize = 52;
+/// Length of a trigger with the send time.
+pub const LEN_STAMPED: usize = LEN + 8;
 
 /// The fingerprint of one data packet: its wire length and its first sixteen and last
 /// eight payload bytes, mixed. (For IP packets the first sixteen bytes hold the length,
@@ -81,12 +88,13 @@ impl<T: AsRef<[u8]>> Packet<T> {
         p.check_len()?;
         Ok(p)
     }
-    /// Check the length.
+    /// Check the length (52, or 60 with the send time).
     pub fn check_len(&self) -> Result<(), WireError> {
-        match self.buffer.as_ref().len().cmp(&LEN) {
-            core::cmp::Ordering::Less => Err(WireError::Truncated),
-            core::cmp::Ordering::Greater => Err(WireError::Trailing),
-            core::cmp::Ordering::Equal => Ok(()),
+        match self.buffer.as_ref().len() {
+            LEN | LEN_STAMPED => Ok(()),
+            n if n < LEN => Err(WireError::Truncated),
+            n if n < LEN_STAMPED => Err(WireError::Truncated),
+            _ => Err(WireError::Trailing),
         }
     }
     /// First byte (0xB2).
@@ -133,6 +141,10 @@ impl<T: AsRef<[u8]>> Packet<T> {
     pub fn batch(&self) -> u32 {
         read_u32(self.buffer.as_ref(), 48)
     }
+    /// The sender's clock when it made the trigger, if present.
+    pub fn stamp(&self) -> Option<u64> {
+        (self.buffer.as_ref().len() == LEN_STAMPED).then(|| read_u64(self.buffer.as_ref(), LEN))
+    }
 }
 
 /// A validated trigger.
@@ -154,6 +166,8 @@ pub struct Repr {
     pub digest: u64,
     /// The sender's batch counter (triggers sent together share it).
     pub batch: u32,
+    /// The sender's clock (µs, any origin) when it made the trigger.
+    pub stamp: Option<u64>,
 }
 
 impl Repr {
@@ -181,15 +195,20 @@ impl Repr {
             channel_count: p.channel_count(),
             digest: p.digest(),
             batch: p.batch(),
+            stamp: p.stamp(),
         })
     }
 
     /// Bytes needed by [`Repr::emit`].
     pub fn buffer_len(&self) -> usize {
-        LEN
+        if self.stamp.is_some() {
+            LEN_STAMPED
+        } else {
+            LEN
+        }
     }
 
-    /// Write into `buf` (exactly [`LEN`] bytes).
+    /// Write into `buf` (exactly [`Repr::buffer_len`] bytes).
     pub fn emit(&self, buf: &mut [u8]) {
         buf[0] = TYPE_TRIGGER;
         buf[1] = VERSION;
@@ -202,11 +221,14 @@ impl Repr {
         buf[32..40].copy_from_slice(&self.channel_count.to_be_bytes());
         buf[40..48].copy_from_slice(&self.digest.to_be_bytes());
         buf[48..52].copy_from_slice(&self.batch.to_be_bytes());
+        if let Some(t) = self.stamp {
+            buf[LEN..LEN_STAMPED].copy_from_slice(&t.to_be_bytes());
+        }
     }
 
     /// Emit into a fresh vector.
     pub fn to_vec(&self) -> Vec<u8> {
-        let mut v = vec![0; LEN];
+        let mut v = vec![0; self.buffer_len()];
         self.emit(&mut v);
         v
     }
@@ -227,6 +249,7 @@ mod tests {
             channel_count: 99,
             digest: 0x0102_0304_0506_0708,
             batch: 5,
+            stamp: None,
         };
         let v = r.to_vec();
         let want: [u8; 52] = [
@@ -240,6 +263,16 @@ mod tests {
         ];
         assert_eq!(v, want.to_vec());
         assert_eq!(Repr::parse(&Packet::new_checked(&v[..]).unwrap()), Ok(r));
+        // With the send time: 8 more bytes at the end, the rest unchanged.
+        let s = Repr {
+            stamp: Some(0x1122_3344_5566_7788),
+            ..r
+        };
+        let w = s.to_vec();
+        assert_eq!(w.len(), 60);
+        assert_eq!(&w[..52], &want[..]);
+        assert_eq!(&w[52..], &0x1122_3344_5566_7788u64.to_be_bytes());
+        assert_eq!(Repr::parse(&Packet::new_checked(&w[..]).unwrap()), Ok(s));
     }
 
     #[test]
@@ -250,6 +283,10 @@ mod tests {
         );
         assert_eq!(
             Packet::new_checked(&[0xB2u8; 53][..]).unwrap_err(),
+            WireError::Truncated
+        );
+        assert_eq!(
+            Packet::new_checked(&[0xB2u8; 61][..]).unwrap_err(),
             WireError::Trailing
         );
         let mut v = [0u8; 52];
