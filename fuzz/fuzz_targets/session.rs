@@ -2,12 +2,14 @@
 //! injects, towards B, arbitrary datagrams and also control messages sealed with A's
 //! real keys (as a holder of the keys could), replays and reorders genuine datagrams:
 //! no panic, memory within bounds, and in `seq` mode A's genuine packets stay in
-//! order.
+//! order. Some inputs turn on in-bond repair (`arq`) and the AQM (which may mark the
+//! packets' ECN bits: the tag and number sit after the IP header's first 20 bytes).
 #![no_main]
 
 use std::collections::VecDeque;
 
-use braid_proto::session::{ChannelParams, Config, Session};
+use braid_proto::aqm::AqmConfig;
+use braid_proto::session::{ArqConfig, ChannelParams, Config, Session};
 use braid_proto::{Duration, Instant, Mode};
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
@@ -16,8 +18,8 @@ const TAG: &[u8; 8] = b"GENUINE!";
 
 fn packet(id: u64) -> Bytes {
     let mut v = vec![0x45u8; 120];
-    v[4..12].copy_from_slice(TAG);
-    v[12..20].copy_from_slice(&id.to_be_bytes());
+    v[20..28].copy_from_slice(TAG);
+    v[28..36].copy_from_slice(&id.to_be_bytes());
     Bytes::from(v)
 }
 
@@ -38,6 +40,14 @@ fuzz_target!(|data: &[u8]| {
     cfg.queue_packets = 64;
     if mode == Mode::Seq && head & 4 != 0 {
         cfg.receiver.repair = Some(Duration::from_millis(5));
+    }
+    if head & 8 != 0 {
+        cfg.arq = Some(ArqConfig {
+            wait: Duration::from_millis(5),
+        });
+    }
+    if head & 16 != 0 {
+        cfg.aqm = Some(AqmConfig::default());
     }
     let mut a = Session::new(cfg.clone(), [1; 32], Instant::ZERO).unwrap();
     let mut b = Session::new(cfg, [2; 32], Instant::ZERO).unwrap();
@@ -106,8 +116,8 @@ fuzz_target!(|data: &[u8]| {
             ab.push_back((t.channel, t.bytes));
         }
         while let Some(p) = b.poll_deliver() {
-            if mode == Mode::Seq && p.len() >= 20 && &p[4..12] == TAG {
-                let id = u64::from_be_bytes(p[12..20].try_into().unwrap());
+            if mode == Mode::Seq && p.len() >= 36 && &p[20..28] == TAG {
+                let id = u64::from_be_bytes(p[28..36].try_into().unwrap());
                 if id < next_id {
                     assert!(last_genuine.is_none_or(|l| id > l), "seq out of order: {id} after {last_genuine:?}");
                     last_genuine = Some(id);
