@@ -33,5 +33,6 @@ pub mod plot;
 pub mod report;
 pub mod rng;
 pub mod scenario;
+mod toml_cx;
 
 pub use engine::{run, ChannelResult, RunConfig, RunError, RunResult, Variant};

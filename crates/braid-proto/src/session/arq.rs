@@ -180,18 +180,7 @@ impl RxChan {
         }
         if urgent && self.key == Some(key) && counter >= self.next && counter - self.next <= MAX_GAP
         {
-            for k in self.next..counter {
-                self.stats.missing += 1;
-                self.missing.insert(
-                    k,
-                    Miss {
-                        seen: now,
-                        deadline: now + wait,
-                        ask_at: now,
-                    },
-                );
-            }
-            self.next = counter + 1;
+            self.open_gap(now, wait, counter);
             out.push((inner, now));
             return;
         }
@@ -230,6 +219,16 @@ impl RxChan {
             out.push((inner, now));
             return;
         }
+        self.open_gap(now, wait, counter);
+        self.held.insert(counter, (inner, now));
+        if self.held.len() > HOLD_MAX && self.missing.pop_first().is_some() {
+            self.stats.given_up += 1;
+        }
+        self.release(now, out);
+    }
+
+    /// `counter` arrived at `now`: every counter from `next` up to it is missing.
+    fn open_gap(&mut self, now: Instant, wait: Duration, counter: u64) {
         for k in self.next..counter {
             self.stats.missing += 1;
             self.missing.insert(
@@ -242,11 +241,6 @@ impl RxChan {
             );
         }
         self.next = counter + 1;
-        self.held.insert(counter, (inner, now));
-        if self.held.len() > HOLD_MAX && self.missing.pop_first().is_some() {
-            self.stats.given_up += 1;
-        }
-        self.release(now, out);
     }
 
     fn give_up_all(&mut self, out: &mut Vec<(Bytes, Instant)>) {
