@@ -100,6 +100,9 @@ pub struct SessionConfig {
     pub aqm: Option<braid_proto::aqm::AqmConfig>,
     /// In-bond repair (see `braid_proto::session::arq`); `None`: off.
     pub arq: Option<braid_proto::session::ArqConfig>,
+    /// Credit-based flow control per channel (see `braid_proto::session::credits`);
+    /// `None`: off.
+    pub credits: Option<braid_proto::session::CreditConfig>,
 }
 
 impl std::fmt::Debug for SessionConfig {
@@ -143,6 +146,7 @@ impl SessionConfig {
             adaptive: false,
             aqm: None,
             arq: None,
+            credits: None,
         }
     }
 
@@ -256,6 +260,7 @@ impl SessionConfig {
             adaptive: self.adaptive,
             aqm: self.aqm,
             arq: self.arq,
+            credits: self.credits,
         }
     }
 
@@ -347,6 +352,9 @@ struct RawSession {
     aqm_target: Option<String>,
     aqm_interval: Option<String>,
     arq: Option<String>,
+    credits: Option<bool>,
+    credit_window: Option<u32>,
+    credit_pool: Option<u32>,
     repair: Option<String>,
     trigger_every: Option<u32>,
     max_wait: Option<String>,
@@ -629,6 +637,24 @@ impl FileConfig {
         if let Some(b) = s.socket_buffer {
             cfg.socket_buffer = b;
         }
+        // After buffer_packets: the window defaults to the receive buffer less the
+        // markers' room.
+        if s.credits == Some(true) {
+            let room = (cfg.receiver.buffer_packets as u64)
+                .saturating_sub(braid_proto::session::credits::MARKER_SLACK as u64)
+                .min(u32::MAX as u64) as u32;
+            cfg.credits = Some(braid_proto::session::CreditConfig {
+                window: s.credit_window.unwrap_or(room),
+                pool: s.credit_pool,
+            });
+        } else if s.credit_window.is_some() || s.credit_pool.is_some() {
+            let key = if s.credit_window.is_some() {
+                "session.credit_window"
+            } else {
+                "session.credit_pool"
+            };
+            return Err(err(key, "needs `credits = true`".into()));
+        }
         cfg.validate().map_err(|r| err("session", r))?;
 
         let tunnel = match raw.tunnel {
@@ -858,6 +884,36 @@ remote = "127.0.0.1:7102"
             ("aqm_target = \"10ms\"", "session.aqm_target"),
             ("aqm = true\naqm_interval = \"0s\"", "session.aqm_interval"),
             ("arq = \"soon\"", "session.arq"),
+        ] {
+            let e = FileConfig::parse("t.toml", &with(extra), None)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(key), "{extra}: {e}");
+        }
+        // Credits: the window defaults to the receive buffer less the markers' room.
+        let c = FileConfig::parse(
+            "t.toml",
+            &with("credits = true\nbuffer_packets = 1000"),
+            None,
+        )
+        .unwrap();
+        let cc = c.session.session_config().credits.unwrap();
+        assert_eq!((cc.window, cc.pool), (936, None));
+        let c = FileConfig::parse(
+            "t.toml",
+            &with("credits = true\ncredit_window = 200\ncredit_pool = 300"),
+            None,
+        )
+        .unwrap();
+        let cc = c.session.session_config().credits.unwrap();
+        assert_eq!((cc.window, cc.pool), (200, Some(300)));
+        for (extra, key) in [
+            ("credit_window = 100", "session.credit_window"),
+            ("credit_pool = 100", "session.credit_pool"),
+            (
+                "credits = true\nbuffer_packets = 100\ncredit_window = 90",
+                "leave 64 packets",
+            ),
         ] {
             let e = FileConfig::parse("t.toml", &with(extra), None)
                 .unwrap_err()

@@ -7,7 +7,7 @@ use braid_proto::session::{DatagramKind, Event, Session};
 use braid_proto::{Instant, Resequencer, Striper, TransmitKind};
 use bytes::Bytes;
 
-use crate::engine::SessionResult;
+use crate::engine::{CreditResult, SessionResult};
 use crate::model::Nanos;
 
 /// One datagram from the sender for a forward channel.
@@ -122,7 +122,29 @@ impl SessionEnds {
     pub fn result(&self) -> SessionResult {
         let ms = |a: Nanos, b: Option<Nanos>| b.map(|b| (b.saturating_sub(a)) as f64 / 1e6);
         let st = self.a.stats(Instant::ZERO);
+        let credits = st.credits.map(|tx| {
+            let b = self.b.stats(Instant::ZERO);
+            let rx = b.credits.unwrap_or_default();
+            CreditResult {
+                receiver_overflow: b
+                    .channels
+                    .iter()
+                    .map(|c| c.resequencer.overflow_drops)
+                    .sum(),
+                receiver_high_water: b
+                    .channels
+                    .iter()
+                    .map(|c| c.resequencer.buffer_high_water)
+                    .max()
+                    .unwrap_or(0),
+                credit_stalls: tx.stalls,
+                credits_sent: rx.credits_sent,
+                credit_refused: rx.refused,
+                sender_queue_drops: st.queue_drops,
+            }
+        });
         SessionResult {
+            credits,
             failover_ms: self
                 .episodes
                 .iter()

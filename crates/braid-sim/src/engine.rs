@@ -187,6 +187,27 @@ pub struct SessionResult {
     pub quanta_changes: u64,
     /// The sender's quantum per channel at the end (bytes).
     pub final_quanta: Vec<u32>,
+    /// With `credits` on (otherwise left out of the JSON): what flow control did.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub credits: Option<CreditResult>,
+}
+
+/// What credit-based flow control did in a session run (`[session] credits = true`).
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct CreditResult {
+    /// Datagrams the receiver's channel buffers had no room for (overflow drops).
+    pub receiver_overflow: u64,
+    /// Most datagrams one channel buffer held at once.
+    pub receiver_high_water: u64,
+    /// Times a channel ran out of credit and the sender's striper waited.
+    pub credit_stalls: u64,
+    /// Credits the receiver sent.
+    pub credits_sent: u64,
+    /// Data the receiver refused for lack of credit (0 unless the sender misbehaves).
+    pub credit_refused: u64,
+    /// Packets the sender dropped because its transmit queue was full (what waits for
+    /// credit waits there).
+    pub sender_queue_drops: u64,
 }
 
 impl RunResult {

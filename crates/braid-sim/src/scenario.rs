@@ -1083,6 +1083,9 @@ fn session_variant(st: &Tab, sc: StripeConfig) -> Result<Variant, ScenarioError>
         "adaptive",
         "arq",
         "aqm",
+        "credits",
+        "credit_window",
+        "credit_pool",
     ])?;
     let Policy::Causal(scheduler) = sc.policy else {
         return Err(st.cx.err(
@@ -1145,6 +1148,36 @@ fn session_variant(st: &Tab, sc: StripeConfig) -> Result<Variant, ScenarioError>
     }
     if st.bool_or("aqm", false)? {
         cfg.aqm = Some(braid_proto::aqm::AqmConfig::default());
+    }
+    // Credits per channel (seed 004 in the session); the window defaults to the
+    // receive buffer less the markers' room, as in the tunnel.
+    if st.bool_or("credits", false)? {
+        let room = (cfg.receiver.buffer_packets as u64)
+            .saturating_sub(braid_proto::session::credits::MARKER_SLACK as u64)
+            .clamp(4, 1 << 24) as u32;
+        let window = st.u32_in(
+            "credit_window",
+            Some(room),
+            4,
+            1 << 24,
+            "a whole number of packets from 4 to 16777216",
+        )?;
+        let pool = match st.t.contains_key("credit_pool") {
+            false => None,
+            true => Some(st.u32_in(
+                "credit_pool",
+                None,
+                8,
+                1 << 24,
+                "a whole number of packets from 8 to 16777216",
+            )?),
+        };
+        cfg.credits = Some(braid_proto::session::CreditConfig { window, pool });
+    } else if st.t.contains_key("credit_window") || st.t.contains_key("credit_pool") {
+        return Err(st.cx.err(
+            Some("session"),
+            "credit_window and credit_pool need `credits = true`",
+        ));
     }
     cfg.validate().map_err(|e| st.cx.err(Some("session"), &e))?;
     Ok(Variant::Session(Box::new(cfg)))

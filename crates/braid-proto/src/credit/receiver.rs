@@ -101,6 +101,8 @@ pub struct ReceiverStats {
     pub max_held: u64,
     /// Reallocation rounds.
     pub reallocations: u64,
+    /// Units stored beyond the credit by [`CreditReceiver::handle_unmetered`].
+    pub over_grant: u64,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -264,6 +266,28 @@ impl CreditReceiver {
             self.stats.refused += 1;
             Admit::Refuse
         }
+    }
+
+    /// A unit that is stored whatever the credit (in braid: a marker or trigger, which
+    /// keeps the receiver in step with the sender). It is counted as received and held
+    /// like data and uses up credit; the result says whether it was within the credit
+    /// granted. Such units beyond the credit can take the buffer past the pool, so a
+    /// user of this keeps room for them.
+    pub fn handle_unmetered(&mut self, _now: Instant, unit: usize) -> bool {
+        let u = &mut self.units[unit];
+        let before = u.committed();
+        u.ur += 1;
+        let within = u.ur <= u.granted;
+        let after = u.committed();
+        self.committed = self.committed - before + after;
+        self.held += 1;
+        if within {
+            self.stats.accepted += 1;
+        } else {
+            self.stats.over_grant += 1;
+        }
+        self.stats.max_held = self.stats.max_held.max(self.held);
+        within
     }
 
     /// `n` buffered units of `unit` left downstream. After every N2 of them a credit is

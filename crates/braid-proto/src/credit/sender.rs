@@ -57,6 +57,8 @@ pub struct SenderStats {
     pub credits_rejected: u64,
     /// Credit checks emitted.
     pub checks_sent: u64,
+    /// Units sent without credit ([`CreditSender::count_unmetered`]).
+    pub unmetered: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -70,6 +72,8 @@ struct Unit {
     /// `V_r + N2 + N3`: V_s may grow up to here.
     limit: u64,
     stalled: bool,
+    /// Credits the last refused send wanted to keep ([`CreditSender::try_send_keeping`]).
+    keep: u32,
     /// When a stalled unit next asks for a credit back.
     stall_check: Instant,
     next_check: Instant,
@@ -96,6 +100,7 @@ impl CreditSender {
             allocation: alloc,
             limit: origin + alloc as u64,
             stalled: false,
+            keep: 0,
             stall_check: Instant::ZERO,
             next_check: Instant::ZERO,
             check_due: false,
@@ -140,10 +145,24 @@ impl CreditSender {
     /// have ended it) sends a check flagged *stalled*, which the receiver answers with a
     /// credit: a lost credit is recovered even when no data is in flight.
     pub fn try_send(&mut self, now: Instant, unit: usize) -> Result<(), Stalled> {
+        self.try_send_keeping(now, unit, 0)
+    }
+
+    /// [`CreditSender::try_send`], but only if `keep` credits remain afterwards: for a
+    /// caller that may send up to `keep` units without credit
+    /// ([`CreditSender::count_unmetered`]) just *before* this one on the wire, which the
+    /// receiver counts first.
+    pub fn try_send_keeping(
+        &mut self,
+        now: Instant,
+        unit: usize,
+        keep: u32,
+    ) -> Result<(), Stalled> {
         let interval = self.cfg.check_interval;
         let u = &mut self.units[unit];
-        if u.vs >= u.limit {
+        if u.vs + keep as u64 >= u.limit {
             self.stats.refused_attempts += 1;
+            u.keep = keep;
             if !u.stalled {
                 u.stalled = true;
                 u.stall_check = now + interval;
@@ -155,6 +174,15 @@ impl CreditSender {
         u.vs += 1;
         self.stats.sent += 1;
         Ok(())
+    }
+
+    /// A unit sent without asking for credit (in braid: markers, triggers and repairs,
+    /// which must not wait). V_s counts it, so it uses up credit like data, and the
+    /// receiver's count stays equal to ours.
+    pub fn count_unmetered(&mut self, unit: usize) {
+        self.units[unit].vs += 1;
+        self.stats.sent += 1;
+        self.stats.unmetered += 1;
     }
 
     /// Take a parsed credit message ([`Repr::Credit`]).
@@ -264,7 +292,7 @@ impl CreditSender {
                 u.check_due = true;
                 u.next_check = now + interval;
             }
-            if u.stalled && u.vs >= u.limit && now >= u.stall_check {
+            if u.stalled && u.vs + u.keep as u64 >= u.limit && now >= u.stall_check {
                 u.check_due = true;
                 u.check_stalled = true;
                 u.stall_check = now + interval;

@@ -191,6 +191,11 @@ impl Equalizer {
             .min()
     }
 
+    /// Datagrams of `channel` held.
+    pub(crate) fn held_on(&self, channel: usize) -> usize {
+        self.held.get(channel).map_or(0, |q| q.len())
+    }
+
     /// Datagrams held.
     pub(crate) fn held(&self) -> usize {
         self.held_total

@@ -229,4 +229,7 @@ impl ModeEngine for Logical {
     fn buffered(&self) -> usize {
         self.b.len()
     }
+    fn held_on(&self, channel: usize) -> usize {
+        self.b.bufs.get(channel).map_or(0, |q| q.len())
+    }
 }

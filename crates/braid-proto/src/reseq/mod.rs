@@ -93,6 +93,9 @@ pub(crate) trait ModeEngine {
     fn drain(&mut self, now: Instant, sink: &mut Sink);
     /// Packets held, not yet deliverable.
     fn buffered(&self) -> usize;
+    /// Items (data, markers, triggers) from `channel` held, not yet deliverable: what
+    /// the channel's credit accounting counts as not yet forwarded.
+    fn held_on(&self, channel: usize) -> usize;
 }
 
 /// Mode `none`: deliver in arrival order.
@@ -127,6 +130,9 @@ impl ModeEngine for Arrival {
     fn handle_timeout(&mut self, _: Instant, _: &mut Sink) {}
     fn drain(&mut self, _: Instant, _: &mut Sink) {}
     fn buffered(&self) -> usize {
+        0
+    }
+    fn held_on(&self, _: usize) -> usize {
         0
     }
 }
@@ -265,6 +271,14 @@ impl Resequencer {
     /// Packets held in channel buffers (not yet deliverable).
     pub fn buffered(&self) -> usize {
         self.engine.get().buffered() + self.equalizer.as_ref().map_or(0, |e| e.held())
+    }
+
+    /// Datagrams from `channel` held in the delay equalizer and the channel's buffer:
+    /// what credit-based flow control counts as not yet forwarded (seq mode's repair
+    /// store, bounded on its own, is not counted). 0 for an unknown channel.
+    pub fn held_on(&self, channel: usize) -> usize {
+        self.engine.get().held_on(channel)
+            + self.equalizer.as_ref().map_or(0, |e| e.held_on(channel))
     }
 
     /// With delay equalization on, how long each channel's datagrams are held now.

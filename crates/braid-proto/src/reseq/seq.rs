@@ -400,4 +400,7 @@ impl ModeEngine for Seq {
     fn buffered(&self) -> usize {
         self.b.len()
     }
+    fn held_on(&self, channel: usize) -> usize {
+        self.b.bufs.get(channel).map_or(0, |q| q.len())
+    }
 }

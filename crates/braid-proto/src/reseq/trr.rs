@@ -52,6 +52,8 @@ pub(crate) struct Trr {
     srr: Srr,
     chans: Vec<Chan>,
     ready: BTreeMap<Key, Bytes>,
+    /// Entries of `ready` per channel (for credit accounting).
+    ready_on: Vec<usize>,
     last: Option<Key>,
     stalled_since: Option<Instant>,
     last_arrival: Vec<Instant>,
@@ -79,6 +81,7 @@ impl Trr {
             srr,
             chans,
             ready: BTreeMap::new(),
+            ready_on: vec![0; n],
             last: None,
             stalled_since: None,
             last_arrival: vec![Instant::ZERO; n],
@@ -137,7 +140,9 @@ impl Trr {
             && ch.digest == t.digest;
         if verified {
             for (k, p) in ch.tentative.drain(..) {
-                self.ready.insert(k, p);
+                if self.ready.insert(k, p).is_none() {
+                    self.ready_on[channel] += 1;
+                }
             }
         } else {
             if ch.synced {
@@ -170,6 +175,7 @@ impl Trr {
                 break;
             }
             let (k, p) = entry.remove_entry();
+            self.ready_on[k.1] -= 1;
             if self.last.is_some_and(|l| k <= l) {
                 sink.stats.lost += 1;
                 continue;
@@ -254,5 +260,9 @@ impl ModeEngine for Trr {
 
     fn buffered(&self) -> usize {
         self.ready.len() + self.chans.iter().map(|c| c.tentative.len()).sum::<usize>()
+    }
+    fn held_on(&self, channel: usize) -> usize {
+        self.chans.get(channel).map_or(0, |c| c.tentative.len())
+            + self.ready_on.get(channel).copied().unwrap_or(0)
     }
 }

@@ -136,11 +136,9 @@ impl Session {
         self.rx.pending = None;
         self.rx.end_seen = 0;
         self.rx.ended = 0;
-        let pending: Vec<Bytes> = self.tx.pending.drain(..).collect();
-        for m in pending {
-            let _ = self.tx.striper.handle_packet(now, m);
-        }
-        self.take_transmits();
+        self.credit_new_tx(0);
+        self.credit_new_rx(0);
+        self.pump(now);
     }
 
     // ---- transmit direction: choosing and switching the channel set ----
@@ -244,17 +242,13 @@ impl Session {
         self.reapply_quanta();
         self.tx.switching = None;
         self.tx.changes += 1;
+        self.credit_new_tx(new_epoch);
         self.events.push_back(Event::TxEpoch {
             epoch: new_epoch,
             set: a.set,
             held: self.tx.pending.len(),
         });
-        while let Some(m) = self.tx.pending.pop_front() {
-            if self.tx.striper.handle_packet(now, m).is_err() {
-                self.counters.queue_drops += 1;
-            }
-        }
-        self.take_transmits();
+        self.pump(now);
         self.maybe_switch(now);
     }
 
@@ -344,6 +338,7 @@ impl Session {
         }
         self.rx.epoch = p.new_epoch;
         self.rx.set = p.new_set;
+        self.credit_new_rx(p.new_epoch);
         self.rx.pending = None;
         self.rx.end_seen = 0;
         self.rx.ended = 0;

@@ -33,6 +33,7 @@
 
 mod adapt;
 pub mod arq;
+pub mod credits;
 pub mod crypto;
 mod epoch;
 pub mod feedback;
@@ -52,6 +53,7 @@ use crate::wire::{self, marker, session::Msg};
 use crate::{Resequencer, StripeConfig, Striper};
 
 pub use arq::{ArqChannelStats, ArqConfig};
+pub use credits::{CreditConfig, CreditCounters};
 use crypto::{Crypto, Established, Keys, Reject};
 pub use crypto::{HandshakeStats, SecurityMode, KEY_LEN};
 pub use liveness::LinkState;
@@ -117,6 +119,10 @@ pub struct Config {
     /// resent on the fastest channel, below the resequencer, in every mode. Needs
     /// security `encrypt` or `auth` (the sealing counter finds the gaps). `None`: off.
     pub arq: Option<ArqConfig>,
+    /// Credit-based flow control per channel (`session::credits`, seed 004): the peer's
+    /// receive buffer for each channel is lent out as credit, so skewed channels slow
+    /// the sender down instead of overflowing the receiver. `None`: off.
+    pub credits: Option<CreditConfig>,
 }
 
 impl std::fmt::Debug for Config {
@@ -147,6 +153,7 @@ impl std::fmt::Debug for Config {
             .field("adaptive", &self.adaptive)
             .field("aqm", &self.aqm)
             .field("arq", &self.arq)
+            .field("credits", &self.credits)
             .finish()
     }
 }
@@ -182,6 +189,7 @@ impl Config {
             adaptive: false,
             aqm: None,
             arq: None,
+            credits: None,
         }
     }
 
@@ -227,6 +235,12 @@ impl Config {
         }
         if self.arq.is_some_and(|a| a.wait == Duration::ZERO) {
             return Err("the arq wait must be above zero".into());
+        }
+        if let Some(c) = &self.credits {
+            if self.mode == Mode::None {
+                return Err("credits need a resequencing mode (logical, seq or trr)".into());
+            }
+            c.validate(self.receiver.buffer_packets, n)?;
         }
         if self.heartbeat == Duration::ZERO {
             return Err("heartbeat must be above zero".into());
@@ -450,6 +464,12 @@ pub struct Session {
     /// In-bond repair: per channel, what we receive and what we sent.
     arq_rx: Vec<arq::RxChan>,
     arq_tx: Vec<arq::TxRing>,
+    /// Credits for our transmit direction (what the peer lends us) and our receive
+    /// direction (what we lend the peer), for the current epochs.
+    credit_tx: Option<credits::Tx>,
+    credit_rx: Option<credits::Rx>,
+    /// Credit counters of past epochs, and the session's own.
+    credit_n: CreditCounters,
     /// The latest `now` we were given.
     clock: Instant,
     next_hello: Instant,
@@ -469,6 +489,10 @@ impl Session {
         let sc = cfg.stripe_config(&members);
         let striper = Striper::new(sc.clone()).map_err(|e| ConfigError(e.to_string()))?;
         let reseq = Resequencer::new(&sc).map_err(|e| ConfigError(e.to_string()))?;
+        let credit_rx = match &cfg.credits {
+            Some(c) => Some(credits::Rx::new(c, n, 0).map_err(ConfigError)?),
+            None => None,
+        };
         Ok(Session {
             n,
             all,
@@ -488,6 +512,9 @@ impl Session {
             aqm: cfg.aqm.map(|a| Aqm::new(a, n)),
             arq_rx: (0..n).map(|_| arq::RxChan::default()).collect(),
             arq_tx: (0..n).map(|_| arq::TxRing::default()).collect(),
+            credit_tx: cfg.credits.map(|c| credits::Tx::new(&c, n, 0)),
+            credit_rx,
+            credit_n: CreditCounters::default(),
             clock: now,
             next_hello: now,
             next_rate: now + Duration::from_secs(1),
@@ -524,16 +551,59 @@ impl Session {
         self.clock = self.clock.max(now);
         self.counters.sent_packets += 1;
         self.counters.sent_bytes += p.len() as u64;
-        if self.tx.switching.is_some() || !self.crypto.ready() {
+        let waiting = self.credit_tx.is_some() && !self.tx.pending.is_empty();
+        if self.tx.switching.is_some() || !self.crypto.ready() || waiting {
             if self.tx.pending.len() < self.cfg.queue_packets {
                 self.tx.pending.push_back(p);
             } else {
                 self.counters.queue_drops += 1;
             }
+            if waiting {
+                self.pump(now);
+            }
+            return;
+        }
+        if !self.take_credit(now, &p) {
+            // No credit on the channel the striper names next: the packet waits (and
+            // everything after it, so the stripe keeps its order).
+            self.tx.pending.push_back(p);
             return;
         }
         if self.tx.striper.handle_packet(now, p).is_err() {
             self.counters.queue_drops += 1;
+        }
+        self.take_transmits();
+    }
+
+    /// Credits on: take one for the channel `p` will go on (`true`: send it now).
+    /// Credits off: always `true`.
+    fn take_credit(&mut self, now: Instant, p: &Bytes) -> bool {
+        let Some(ct) = &mut self.credit_tx else {
+            return true;
+        };
+        let k = self.tx.striper.next_channel(p);
+        let phys = self.tx.members.get(k).copied().unwrap_or(0);
+        // The striper may put a marker and a trigger on the channel just before the
+        // packet; they take their credit after it is counted, so keep room for them.
+        ct.send
+            .try_send_keeping(now, phys, credits::PRECEDING)
+            .is_ok()
+    }
+
+    /// Send the held packets the current epoch and the credits allow, in order.
+    fn pump(&mut self, now: Instant) {
+        if self.tx.switching.is_some() || !self.crypto.ready() {
+            return;
+        }
+        while let Some(p) = self.tx.pending.front() {
+            let p = p.clone();
+            if !self.take_credit(now, &p) {
+                break;
+            }
+            self.tx.pending.pop_front();
+            if self.tx.striper.handle_packet(now, p).is_err() {
+                self.counters.queue_drops += 1;
+            }
         }
         self.take_transmits();
     }
@@ -574,6 +644,10 @@ impl Session {
                                 Some(&wire::TYPE_NAK) => true,
                                 Some(&wire::TYPE_SESSION) => {
                                     inner.get(2) != Some(&wire::session::KIND_END)
+                                }
+                                // Credits, not checks: a check counts the data before it.
+                                Some(&wire::TYPE_CREDIT) => {
+                                    inner.get(2) == Some(&wire::credit::KIND_CREDIT)
                                 }
                                 _ => false,
                             };
@@ -641,14 +715,7 @@ impl Session {
         } else {
             self.events.push_back(Event::Rekeyed);
         }
-        if self.tx.switching.is_none() {
-            while let Some(p) = self.tx.pending.pop_front() {
-                if self.tx.striper.handle_packet(now, p).is_err() {
-                    self.counters.queue_drops += 1;
-                }
-            }
-            self.take_transmits();
-        }
+        self.pump(now);
     }
 
     /// An authenticated datagram's contents; `arrived` is when it came (earlier than
@@ -656,6 +723,7 @@ impl Session {
     fn on_inner(&mut self, now: Instant, arrived: Instant, c: usize, inner: Bytes) {
         match inner.first().copied() {
             Some(wire::TYPE_SESSION) => self.on_ctrl(c, &inner, now),
+            Some(wire::TYPE_CREDIT) => self.on_credit(now, c, &inner),
             Some(wire::TYPE_NAK) => {
                 // The peer's receiver asks our striper for lost packets.
                 if self.tx.switching.is_none() {
@@ -836,6 +904,9 @@ impl Session {
                 d = d.min(t);
             }
         }
+        if let Some(t) = self.credit_timeout() {
+            d = d.min(t);
+        }
         d
     }
 
@@ -849,6 +920,7 @@ impl Session {
         self.arq_requests(now);
         self.rx.reseq.handle_timeout(now);
         self.drain_deliver(now);
+        self.credit_timers(now);
         if now >= self.next_hello {
             self.next_hello = now + self.cfg.heartbeat;
             self.heartbeat(now);
@@ -966,6 +1038,12 @@ impl Session {
                 TransmitKind::Marker => n.tx_markers += 1,
                 TransmitKind::Trigger => n.tx_triggers += 1,
             }
+            if t.kind != TransmitKind::Data {
+                // Data took its credit before it was striped; the rest does not wait.
+                if let Some(ct) = &mut self.credit_tx {
+                    ct.send.count_unmetered(phys);
+                }
+            }
             self.emit(phys, kind, t.to_bytes());
         }
     }
@@ -984,6 +1062,7 @@ impl Session {
                 }
             }
         }
+        self.credit_sync(now);
         // Losses to repair (seq mode): the NAK goes to the peer's striper on every
         // channel that is not down, so the fastest one gets it there first.
         while let Some(nak) = self.rx.reseq.poll_nak() {
@@ -1002,6 +1081,14 @@ impl Session {
         }
         match self.rx.index[c] {
             Some(k) => {
+                if let Some(cr) = &mut self.credit_rx {
+                    // Markers and triggers are stored whatever the credit.
+                    let metered =
+                        !matches!(pkt.first(), Some(&(wire::TYPE_MARKER | wire::TYPE_TRIGGER)));
+                    if !cr.admit(now, c, metered, &mut self.credit_n) {
+                        return;
+                    }
+                }
                 self.rx.reseq.handle_datagram_at(now, arrived, k, pkt);
                 self.drain_deliver(now);
             }

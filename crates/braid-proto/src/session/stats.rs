@@ -79,6 +79,8 @@ pub struct ChannelInfo {
     pub resequencer: ChannelStats,
     /// In-bond repair of this channel's datagrams (zero when off).
     pub arq: super::ArqChannelStats,
+    /// With credits on: the credit left for our data on this channel (packets).
+    pub credit_balance: Option<u64>,
 }
 
 /// A snapshot of a whole session.
@@ -122,6 +124,10 @@ pub struct SessionStats {
     pub quanta_changes: u64,
     /// The AQM's counters and each channel's queueing delay, when AQM is on.
     pub aqm: Option<crate::aqm::AqmStats>,
+    /// Credit-based flow control's counters, when credits are on.
+    pub credits: Option<super::CreditCounters>,
+    /// Packets waiting in the transmit queue (for credit or an epoch switch).
+    pub queued: usize,
     /// Per channel.
     pub channels: Vec<ChannelInfo>,
 }
@@ -130,6 +136,7 @@ impl Session {
     /// A snapshot of the counters and channel states at `now`.
     pub fn stats(&self, now: Instant) -> SessionStats {
         let rs = self.rx.reseq.stats();
+        let balances = self.credit_balances();
         let ts = self.tx.striper.stats();
         let mut receiver = self.rx.base_global.clone();
         receiver += rs;
@@ -177,6 +184,7 @@ impl Session {
                     striper: t,
                     resequencer: r,
                     arq: self.arq_rx[i].stats,
+                    credit_balance: balances.as_ref().map(|b| b[i]),
                 }
             })
             .collect();
@@ -200,6 +208,8 @@ impl Session {
             delivered_bps: self.counters.delivered_bps,
             quanta_changes: self.adapt.as_ref().map_or(0, |a| a.changes),
             aqm: self.aqm.as_ref().map(|a| a.stats(now)),
+            credits: self.credit_counters(),
+            queued: self.tx.pending.len(),
             channels,
         }
     }

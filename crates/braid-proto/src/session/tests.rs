@@ -813,3 +813,114 @@ fn arq_with_equalization_keeps_the_delay_steady_through_repairs() {
     assert!(hi - lo <= 3 * MS, "repair stalls show: {lo}..{hi} µs");
     assert!(lo >= 60 * MS && hi <= 90 * MS, "{lo}..{hi} µs");
 }
+
+fn skewed(credits: bool) -> impl Fn(&mut Config) {
+    move |c: &mut Config| {
+        c.receiver.buffer_packets = 192;
+        c.receiver.equalize = false;
+        if credits {
+            c.credits = Some(CreditConfig {
+                window: 128,
+                pool: None,
+            });
+        }
+    }
+}
+
+/// What a receiver's full buffers cost: overflow drops, packets declared lost by forced
+/// progress or a full trr segment, and resyncs (logical mode counts no loss: a packet
+/// given up on shows as a resync when its channel's next marker comes).
+fn receiver_losses(s: &SessionStats) -> u64 {
+    s.channels
+        .iter()
+        .map(|c| c.resequencer.overflow_drops + c.resequencer.resyncs)
+        .sum::<u64>()
+        + s.lost
+}
+
+#[test]
+fn credits_keep_a_skewed_receiver_from_overflowing() {
+    for mode in [Mode::Logical, Mode::Seq, Mode::Trr] {
+        // 2 ms against 150 ms: the fast channel's packets wait in B for the slow one's,
+        // about 600 of them at eight packets a millisecond: more than B's 192-packet
+        // channel buffers (and trr's 384 verified packets).
+        let mut off = pair_with(2, mode, &[2, 150], skewed(false));
+        off.every = Duration::from_micros(125);
+        off.run_until(at_ms(3000));
+        let s = off.b.stats(off.now);
+        assert!(receiver_losses(&s) > 50, "{mode:?} without credits: {s:?}");
+
+        let mut on = pair_with(2, mode, &[2, 150], skewed(true));
+        on.every = Duration::from_micros(125);
+        on.run_until(at_ms(3000));
+        on.every = Duration::ZERO;
+        // Credits for 128 packets per 300 ms round trip on the slow channel carry
+        // less than a packet a millisecond: the queue at A takes seconds to drain.
+        on.run_until(at_ms(14_000));
+        let s = on.b.stats(on.now);
+        on.assert_no_duplicates();
+        assert_eq!(receiver_losses(&s), 0, "{mode:?} with credits: {s:?}");
+        // The offered load is more than credits for 128 packets a round trip carry: the
+        // rest waits at A, and what A's queue cannot hold it drops there, counted.
+        let a = on.a.stats(on.now);
+        assert!(a.queue_drops > 0, "{mode:?}");
+        assert_eq!(a.queued, 0, "{mode:?}");
+        assert_eq!(
+            on.delivered.len() as u64 + a.queue_drops,
+            on.next_id,
+            "{mode:?}: everything A did not drop arrives"
+        );
+        assert!(on.delivered.windows(2).all(|w| w[0] < w[1]), "{mode:?}");
+        let rx = s.credits.expect("credits on");
+        assert_eq!(rx.refused, 0, "{mode:?}: {rx:?}");
+        assert!(rx.credits_sent > 10, "{mode:?}: {rx:?}");
+        let tx = a.credits.expect("credits on");
+        assert!(
+            tx.stalls > 0,
+            "{mode:?}: the sender waited for credit: {tx:?}"
+        );
+        // The buffer for the fast channel never held more than the window plus the
+        // markers' slack.
+        let hw = s.channels[0].resequencer.buffer_high_water;
+        assert!(hw <= 128 + 64, "{mode:?}: high water {hw}");
+    }
+}
+
+#[test]
+fn a_lost_credit_costs_only_delay() {
+    let mut p = pair_with(2, Mode::Logical, &[2, 40], skewed(true));
+    // One datagram in 7 towards A is lost: credits (and hellos) among them.
+    for l in &mut p.ba {
+        l.drop_every = 7;
+    }
+    p.run_until(at_ms(3000));
+    p.every = Duration::ZERO;
+    p.run_until(at_ms(6000));
+    p.assert_no_duplicates();
+    assert_eq!(p.delivered.len() as u64, p.next_id);
+    let s = p.b.stats(p.now);
+    assert_eq!(receiver_losses(&s), 0, "{s:?}");
+}
+
+#[test]
+fn credits_need_a_resequencing_mode_and_room_for_markers() {
+    let mut c = config(2, Mode::None);
+    c.credits = Some(CreditConfig {
+        window: 128,
+        pool: None,
+    });
+    assert!(c.validate().unwrap_err().contains("resequencing mode"));
+    let mut c = config(2, Mode::Logical);
+    c.receiver.buffer_packets = 100;
+    c.credits = Some(CreditConfig {
+        window: 64,
+        pool: None,
+    });
+    let e = c.validate().unwrap_err();
+    assert!(e.contains("at most 36"), "{e}");
+    c.credits = Some(CreditConfig {
+        window: 30,
+        pool: Some(7),
+    });
+    assert!(c.validate().unwrap_err().contains("at least 8"));
+}

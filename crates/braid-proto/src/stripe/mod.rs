@@ -277,6 +277,15 @@ impl Striper {
             && matches!(self.chooser, Chooser::Causal(_))
     }
 
+    /// The channel [`Striper::handle_packet`] will put `payload` on if it is the next
+    /// packet (credit-based flow control asks before it sends).
+    pub fn next_channel(&self, payload: &[u8]) -> usize {
+        match &self.chooser {
+            Chooser::Causal(s) => s.select(),
+            Chooser::Baseline(b) => b.select(payload, &self.backlog),
+        }
+    }
+
     /// Stripe one packet from the application.
     pub fn handle_packet(&mut self, now: Instant, payload: Bytes) -> Result<(), SendError> {
         self.clock = self.clock.max(now);

@@ -97,11 +97,14 @@ pub const TYPE_ESCAPE: u8 = 0xBF;
 
 /// True if a datagram with this first byte is a control packet that must never travel
 /// bare, whatever the security mode (the session seals it): markers, triggers, session
-/// messages and NAKs. Data in every form (header-free, escaped, behind a sequence header,
+/// messages, NAKs and credits. Data in every form (header-free, escaped, behind a sequence header,
 /// repaired) is not, and neither are reserved codepoints.
 #[inline]
 pub fn is_authenticated_control(first: u8) -> bool {
-    matches!(first, TYPE_MARKER | TYPE_TRIGGER | TYPE_SESSION | TYPE_NAK)
+    matches!(
+        first,
+        TYPE_MARKER | TYPE_TRIGGER | TYPE_SESSION | TYPE_NAK | TYPE_CREDIT
+    )
 }
 
 /// Why a byte string could not be parsed.
@@ -237,19 +240,17 @@ mod tests {
 
     #[test]
     fn authenticated_control() {
-        for b in [TYPE_MARKER, TYPE_TRIGGER, TYPE_SESSION, TYPE_NAK] {
+        for b in [
+            TYPE_MARKER,
+            TYPE_TRIGGER,
+            TYPE_SESSION,
+            TYPE_NAK,
+            TYPE_CREDIT,
+        ] {
             assert!(is_authenticated_control(b), "{b:#x}");
         }
         // Repairs are data behind a sequence header: no trailer.
-        for b in [
-            TYPE_SEQ_DATA,
-            TYPE_REPAIR,
-            TYPE_ESCAPE,
-            0xB0,
-            0xB7,
-            0x45,
-            0x60,
-        ] {
+        for b in [TYPE_SEQ_DATA, TYPE_REPAIR, TYPE_ESCAPE, 0xB0, 0x45, 0x60] {
             assert!(!is_authenticated_control(b), "{b:#x}");
         }
     }
