@@ -689,6 +689,7 @@ impl Driver {
                 arq_repaired: c.arq.repaired,
                 arq_given_up: c.arq.given_up,
                 arq_resent: c.arq.resent,
+                credit_balance: c.credit_balance.map_or(-1.0, |b| b as f64),
             })
             .collect();
         SessionStats {
@@ -726,6 +727,10 @@ impl Driver {
             aqm_ce_marks: s.aqm.as_ref().map_or(0, |a| a.ce_marks),
             aqm_drops: s.aqm.as_ref().map_or(0, |a| a.drops),
             aqm_loss_signals: s.aqm.as_ref().map_or(0, |a| a.loss_signals),
+            tx_queued: s.queued as f64,
+            credit_stalls: s.credits.map_or(0, |c| c.stalls),
+            credits_sent: s.credits.map_or(0, |c| c.credits_sent),
+            credit_refused: s.credits.map_or(0, |c| c.refused),
             channels,
         }
     }

@@ -109,6 +109,10 @@ pub struct ChannelSnapshot {
     /// This channel's datagrams we sent again at the peer's request.
     #[serde(default)]
     pub arq_resent: u64,
+    /// Credits on: packets our data may still put into the peer's buffer for this
+    /// channel (-1: credits off).
+    #[serde(default)]
+    pub credit_balance: f64,
 }
 
 /// A snapshot of a whole session.
@@ -192,6 +196,18 @@ pub struct SessionStats {
     /// AQM: losses taken as congestion (their channel's queue stood above target).
     #[serde(default)]
     pub aqm_loss_signals: u64,
+    /// Packets waiting in the transmit queue (for credit, or an epoch switch).
+    #[serde(default)]
+    pub tx_queued: f64,
+    /// Credits: times a channel ran out of credit and our striper waited.
+    #[serde(default)]
+    pub credit_stalls: u64,
+    /// Credits: credits we sent the peer.
+    #[serde(default)]
+    pub credits_sent: u64,
+    /// Credits: data we refused because the peer was past its credit.
+    #[serde(default)]
+    pub credit_refused: u64,
     /// Per channel.
     pub channels: Vec<ChannelSnapshot>,
 }
@@ -247,6 +263,23 @@ impl SessionStats {
             "ch", "name", "state", "since", "peer", "sets", "tx pkts", "rx pkts", "tx bit/s", "rx bit/s",
             "rtt ms", "loss%", "queue ms", "mk tx", "mk rx", "resync", "auth", "replay"
         );
+        if self.channels.iter().any(|c| c.credit_balance >= 0.0) {
+            let balances: Vec<String> = self
+                .channels
+                .iter()
+                .map(|c| format!("{}={}", c.name, known(c.credit_balance, 1.0, 0)))
+                .collect();
+            let _ = writeln!(
+                s,
+                "credits: balance {}  stalls {}  sent {}  refused {}  queued {:.0}  overflow {}",
+                balances.join(" "),
+                self.credit_stalls,
+                self.credits_sent,
+                self.credit_refused,
+                self.tx_queued,
+                self.channels.iter().map(|c| c.overflow_drops).sum::<u64>(),
+            );
+        }
         for c in &self.channels {
             let sets = format!(
                 "{}{}",
@@ -402,7 +435,14 @@ fn is_gauge(field: &str) -> bool {
         || field.ends_with("_epoch")
         || matches!(
             field,
-            "peer_seen" | "switching" | "peer_hears_us" | "in_tx_set" | "in_rx_set" | "quantum"
+            "peer_seen"
+                | "switching"
+                | "peer_hears_us"
+                | "in_tx_set"
+                | "in_rx_set"
+                | "quantum"
+                | "tx_queued"
+                | "credit_balance"
         )
 }
 

@@ -44,6 +44,11 @@ pub struct BenchOptions {
     pub aqm: bool,
     /// In-bond repair wait (`session.arq`), e.g. `100ms`; `None`: the tunnel's default.
     pub arq: Option<String>,
+    /// Credit-based flow control per channel in the tunnel (`session.credits`).
+    pub credits: bool,
+    /// The tunnel's receive buffer per channel (`session.buffer_packets`); `None`: its
+    /// default.
+    pub buffer_packets: Option<usize>,
     /// The `braid` binary.
     pub exe: PathBuf,
     /// Emulator seed.
@@ -415,6 +420,12 @@ fn tunnel_config(opt: &BenchOptions, mode: &str, end_a: bool) -> String {
     if let Some(r) = &opt.repair {
         // Repair is a seq-mode feature; the other modes ignore the key.
         s += &format!("repair = \"{r}\"\n");
+    }
+    if let Some(b) = opt.buffer_packets {
+        s += &format!("buffer_packets = {b}\n");
+    }
+    if opt.credits {
+        s += "credits = true\n";
     }
     s += "\n";
     for (i, l) in opt.links.iter().enumerate() {

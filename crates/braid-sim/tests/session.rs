@@ -251,3 +251,37 @@ fn repair_and_aqm_keys_are_checked() {
     let sc = parse(&base.replace(key, "\narq = \"100ms\"\naqm = true\n"));
     assert_eq!(sc.jobs.len(), 6);
 }
+
+/// `scenarios/credit/skewed-channels.toml`: the claims of docs/reproducing.md.
+#[test]
+fn credits_keep_skewed_channels_from_overflowing_the_receiver() {
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios/credit/skewed-channels.toml");
+    let sc = scenario::load(&path).unwrap_or_else(|e| panic!("{e}"));
+    let r = run(&sc, sc.seed);
+    let by = |label: &str| {
+        r.runs
+            .iter()
+            .find(|x| x.label == label)
+            .unwrap_or_else(|| panic!("no run {label}"))
+    };
+    for mode in ["logical", "seq", "trr"] {
+        let on = by(&format!("{mode}, credits"));
+        let c = on
+            .session
+            .as_ref()
+            .and_then(|s| s.credits.as_ref())
+            .expect("credit counters");
+        assert_eq!(c.receiver_overflow, 0, "{mode}");
+        assert_eq!(c.credit_refused, 0, "{mode}");
+        assert!(c.receiver_high_water <= 192, "{mode}: {c:?}");
+        assert!(c.credit_stalls > 0 && c.credits_sent > 0, "{mode}: {c:?}");
+        assert_eq!((on.packets_lost, on.out_of_order), (0, 0), "{mode}");
+        // No credit counters without credits.
+        let off = by(&format!("{mode}, no credits"));
+        assert!(off.session.as_ref().unwrap().credits.is_none());
+    }
+    // Without credits the full buffers cost misordering (logical) and loss (seq).
+    assert!(by("logical, no credits").out_of_order > 10_000);
+    assert!(by("seq, no credits").packets_lost > 10_000);
+}

@@ -66,6 +66,15 @@ enum LabCommand {
         /// 0s turns it off.
         #[arg(long, value_name = "DURATION")]
         arq: Option<String>,
+        /// Credit-based flow control per channel in the tunnel (`credits = true`): the
+        /// receiver lends each channel's sender its buffer, so skewed channels slow
+        /// the sender instead of overflowing the receiver.
+        #[arg(long)]
+        credits: bool,
+        /// The tunnel's receive buffer per channel, packets (`buffer_packets`; default
+        /// the tunnel's, 4096). With --credits the window is this less 64.
+        #[arg(long, value_name = "PACKETS")]
+        buffer_packets: Option<usize>,
         /// Print one JSON object instead of the table.
         #[arg(long)]
         json: bool,
@@ -135,10 +144,20 @@ pub fn run(a: Args) -> Result<()> {
             repair,
             aqm,
             arq,
+            credits,
+            buffer_packets,
             json,
             plot,
             seed,
         } => {
+            if let Some(b) = buffer_packets {
+                if b < 1 || (credits && b < 68) {
+                    bail!(
+                        "--buffer-packets {b}: at least 1, and with --credits at least 68 \
+                         (the window is the buffer less 64 packets for markers)"
+                    );
+                }
+            }
             let specs = LinkSpec::parse_list(&links).context("--links")?;
             let weights = match weights {
                 None => None,
@@ -187,6 +206,8 @@ pub fn run(a: Args) -> Result<()> {
                 repair,
                 aqm,
                 arq,
+                credits,
+                buffer_packets,
                 exe: std::env::current_exe().context("locating the braid binary")?,
                 seed,
             };
