@@ -33,7 +33,8 @@ pub(crate) struct SessionEnds {
     pub b: Session,
     /// Per channel: datagrams from B to A in flight, with their arrival times.
     pub back: Vec<VecDeque<(Nanos, Bytes)>>,
-    delay: Vec<Nanos>,
+    /// The channels, for their (possibly changing) delay on the way back.
+    links: Vec<crate::model::ChannelSpec>,
     down: Vec<Vec<(Nanos, Nanos)>>,
     episodes: Vec<Episode>,
     /// Bit per packet id delivered so far.
@@ -42,7 +43,8 @@ pub(crate) struct SessionEnds {
 }
 
 impl SessionEnds {
-    pub fn new(a: Session, b: Session, delay: Vec<Nanos>, down: Vec<Vec<(Nanos, Nanos)>>) -> Self {
+    pub fn new(a: Session, b: Session, links: Vec<crate::model::ChannelSpec>) -> Self {
+        let down: Vec<Vec<(Nanos, Nanos)>> = links.iter().map(|c| c.down.clone()).collect();
         let mut episodes: Vec<Episode> = down
             .iter()
             .enumerate()
@@ -60,8 +62,8 @@ impl SessionEnds {
         SessionEnds {
             a,
             b,
-            back: vec![VecDeque::new(); delay.len()],
-            delay,
+            back: vec![VecDeque::new(); links.len()],
+            links,
             down,
             episodes,
             seen: Vec::new(),
@@ -166,7 +168,9 @@ impl SessionEnds {
     /// the channel is down).
     fn poll_back(&mut self, now: Nanos) -> Option<(usize, Option<Nanos>, Bytes)> {
         let t = self.b.poll_transmit()?;
-        let at = (!self.is_down(t.channel, now)).then(|| now + self.delay[t.channel]);
+        let c = t.channel;
+        let last = self.back[c].back().map_or(0, |x| x.0);
+        let at = (!self.is_down(c, now)).then(|| (now + self.links[c].delay_at(now)).max(last));
         Some((t.channel, at, t.bytes))
     }
 }

@@ -127,6 +127,8 @@ pub struct RunResult {
     pub goodput_bps: f64,
     /// The same, counting only packets delivered in order.
     pub inorder_goodput_bps: f64,
+    /// Links that change over time: goodput per [`SERIES_BIN`] from the start, bit/s.
+    pub goodput_series_bps: Vec<f64>,
     /// Data packets accepted by the striper.
     pub packets_sent: u64,
     /// Data packets delivered to the application.
@@ -294,6 +296,21 @@ struct Chan {
     jitter_rng: Rng,
     res: ChannelResult,
 }
+
+impl Chan {
+    /// Serialization time per byte at `now` (the rate may change during a run).
+    #[inline]
+    fn ns_per_byte(&self, now: Nanos) -> f64 {
+        if self.spec.changes.is_empty() {
+            self.ns_per_byte
+        } else {
+            8e9 / self.spec.rate_at(now)
+        }
+    }
+}
+
+/// Bin width of [`RunResult::goodput_series_bps`].
+pub const SERIES_BIN: Nanos = 100_000_000;
 
 /// Packet buffers carved out of large shared allocations.
 struct Arena {
@@ -475,12 +492,7 @@ fn run_session(cfg: &RunConfig, sc: &session::Config) -> Result<RunResult, RunEr
         Session::new(sc.clone(), *h.finalize().as_bytes(), Instant::ZERO)
             .map_err(|e| RunError::Session(e.0))
     };
-    let ends = SessionEnds::new(
-        new(b'a')?,
-        new(b'b')?,
-        cfg.channels.iter().map(|c| c.delay).collect(),
-        cfg.channels.iter().map(|c| c.down.clone()).collect(),
-    );
+    let ends = SessionEnds::new(new(b'a')?, new(b'b')?, cfg.channels.clone());
     run_sim(cfg, Ends::Session(Box::new(ends)), None, false)
 }
 
@@ -551,6 +563,12 @@ fn run_sim(
         },
         rx: Receiver {
             resync: Resync::new(episodes),
+            // Links that change over time: goodput per 100 ms, to see the change.
+            series_bin: cfg
+                .channels
+                .iter()
+                .any(|c| !c.changes.is_empty())
+                .then_some(SERIES_BIN),
             ..Receiver::default()
         },
         window_end: cfg.duration.unwrap_or(u64::MAX),
@@ -866,7 +884,7 @@ impl Sim {
             Fate::Delivered => {}
         }
         let ser =
-            ((len + u64::from(c.spec.overhead_bytes)) as f64 * c.ns_per_byte).round() as Nanos;
+            ((len + u64::from(c.spec.overhead_bytes)) as f64 * c.ns_per_byte(now)).round() as Nanos;
         let done = now.saturating_add(ser.max(1));
         if done <= self.window_end {
             // Throughput counts bytes whose serialization ends inside the window.
@@ -887,7 +905,7 @@ impl Sim {
                     0
                 };
                 let at = now
-                    .saturating_add(c.spec.delay)
+                    .saturating_add(c.spec.delay_at(now))
                     .saturating_add(jitter)
                     .max(c.last_arrival);
                 c.last_arrival = at;
@@ -1026,6 +1044,11 @@ impl Sim {
             duration_s: dur_s,
             goodput_bps: goodput_bytes as f64 * 8.0 / dur_s,
             inorder_goodput_bps: inorder_bytes as f64 * 8.0 / dur_s,
+            goodput_series_bps: rx
+                .series
+                .iter()
+                .map(|&b| b as f64 * 8.0 / (SERIES_BIN as f64 / 1e9))
+                .collect(),
             packets_sent: sent,
             packets_delivered: rx.delivered,
             packets_lost: sent.saturating_sub(rx.delivered),

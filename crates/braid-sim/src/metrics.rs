@@ -231,6 +231,11 @@ pub struct Receiver {
     pub last_delivery: Nanos,
     /// Loss episodes and recovery.
     pub resync: Resync,
+    /// With a bin width: payload bytes delivered in each bin of that width from the
+    /// start (for runs whose links change over time).
+    pub series_bin: Option<Nanos>,
+    /// The bins.
+    pub series: Vec<u64>,
 }
 
 impl Receiver {
@@ -254,6 +259,15 @@ impl Receiver {
             self.window_bytes += bytes;
             if !ooo {
                 self.window_inorder_bytes += bytes;
+            }
+        }
+        if let Some(w) = self.series_bin {
+            let i = (t / w.max(1)) as usize;
+            if i < 1 << 20 {
+                if self.series.len() <= i {
+                    self.series.resize(i + 1, 0);
+                }
+                self.series[i] += bytes;
             }
         }
         self.latency.record(t.saturating_sub(sent));

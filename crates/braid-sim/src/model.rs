@@ -144,9 +144,44 @@ pub struct ChannelSpec {
     pub loss_windows: Vec<LossWindow>,
     /// Periods in which the link is down: everything sent is lost.
     pub down: Vec<(Nanos, Nanos)>,
+    /// Scripted changes of rate and delay, in time order: from `at` on, the link has
+    /// the new rate (serializations that start then) and the new delay (datagrams
+    /// that leave then; arrivals stay in FIFO order).
+    pub changes: Vec<LinkChange>,
+}
+
+/// A scripted change of a channel ([`ChannelSpec::changes`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LinkChange {
+    /// When.
+    pub at: Nanos,
+    /// The new rate, bit/s, if it changes.
+    pub rate_bps: Option<f64>,
+    /// The new propagation delay, if it changes.
+    pub delay: Option<Nanos>,
 }
 
 impl ChannelSpec {
+    /// The rate in force at `t`.
+    pub fn rate_at(&self, t: Nanos) -> f64 {
+        self.changes
+            .iter()
+            .filter(|c| c.at <= t)
+            .filter_map(|c| c.rate_bps)
+            .next_back()
+            .unwrap_or(self.rate_bps)
+    }
+
+    /// The propagation delay in force at `t`.
+    pub fn delay_at(&self, t: Nanos) -> Nanos {
+        self.changes
+            .iter()
+            .filter(|c| c.at <= t)
+            .filter_map(|c| c.delay)
+            .next_back()
+            .unwrap_or(self.delay)
+    }
+
     /// A lossless channel of `rate_bps` with default settings.
     pub fn new(rate_bps: f64) -> ChannelSpec {
         ChannelSpec {
@@ -161,6 +196,7 @@ impl ChannelSpec {
             gilbert: None,
             loss_windows: Vec::new(),
             down: Vec::new(),
+            changes: Vec::new(),
         }
     }
 }

@@ -87,6 +87,10 @@ pub struct RunReport {
     pub receiver_timeouts: u64,
     /// Simulation events processed.
     pub events: u64,
+    /// Runs whose links change over time (`[[channel.change]]`): goodput in each 100 ms
+    /// from the start, bit/s.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub goodput_series_bps: Vec<f64>,
     /// Session runs only (`[session]`): `failover_ms`, `rejoin_ms` per link-down
     /// episode, `duplicates`, `epoch_changes`, `quanta_changes`, `final_quanta`.
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
@@ -151,6 +155,7 @@ fn to_report(job: &Job, r: RunResult) -> RunReport {
         receiver_resyncs: r.resyncs,
         receiver_timeouts: r.wait_timeouts,
         events: r.events,
+        goodput_series_bps: r.goodput_series_bps.clone(),
         session: r.session,
         errctl: r.errctl,
     }

@@ -17,8 +17,8 @@ use toml::{Table, Value};
 
 use crate::engine::{RunConfig, Variant, MIN_PACKET};
 use crate::model::{
-    parse_trace, secs_to_ns, Arrivals, ChannelSpec, Durations, Gilbert, LossWindow, Nanos, Rate,
-    Sizes, TrafficSpec,
+    parse_trace, secs_to_ns, Arrivals, ChannelSpec, Durations, Gilbert, LinkChange, LossWindow,
+    Nanos, Rate, Sizes, TrafficSpec,
 };
 
 /// A scenario that could not be loaded: the file, the key (if one is to blame), and
@@ -1290,6 +1290,7 @@ fn parse_channel(c: &Tab) -> Result<ChannelSpec, ScenarioError> {
         "gilbert",
         "loss_window",
         "down",
+        "change",
     ])?;
     let mut s = ChannelSpec::new(
         c.f64_req(
@@ -1378,6 +1379,36 @@ fn parse_channel(c: &Tab) -> Result<ChannelSpec, ScenarioError> {
             ));
         }
         s.down.push((secs_to_ns(start), secs_to_ns(end)));
+    }
+    for ch in c.tabs("change")? {
+        ch.check_keys(&["at_s", "rate_mbps", "delay_ms"])?;
+        let at = ch.f64_req("at_s", "a time in seconds from 0 to 1000000", time_s)?;
+        let rate = ch
+            .num_opt("rate_mbps", "a rate in Mbit/s from 0.001 to 10000000")?
+            .map(|_| {
+                ch.f64_req(
+                    "rate_mbps",
+                    "a rate in Mbit/s from 0.001 to 10000000",
+                    rate_mbps,
+                )
+            })
+            .transpose()?;
+        let delay = ch
+            .num_opt("delay_ms", "a delay in ms from 0 to 1e9")?
+            .map(|_| ch.f64_req("delay_ms", "a delay in ms from 0 to 1e9", time_ms))
+            .transpose()?;
+        if rate.is_none() && delay.is_none() {
+            return Err(ch.err("at_s", "a change needs rate_mbps or delay_ms (or both)"));
+        }
+        let at = secs_to_ns(at);
+        if s.changes.last().is_some_and(|l| l.at > at) {
+            return Err(ch.err("at_s", "changes must be in time order"));
+        }
+        s.changes.push(LinkChange {
+            at,
+            rate_bps: rate.map(|r| r * 1e6),
+            delay: delay.map(ms),
+        });
     }
     Ok(s)
 }

@@ -285,3 +285,51 @@ fn credits_keep_skewed_channels_from_overflowing_the_receiver() {
     assert!(by("logical, no credits").out_of_order > 10_000);
     assert!(by("seq, no credits").packets_lost > 10_000);
 }
+
+/// `scenarios/congestion/rate-drop.toml`: a link's rate changes mid-run, the goodput
+/// series shows it, and adaptive weights recover most of what the links can carry.
+#[test]
+fn a_rate_change_mid_run_shows_in_the_series_and_adaptive_weights_follow_it() {
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios/congestion/rate-drop.toml");
+    let sc = scenario::load(&path).unwrap_or_else(|e| panic!("{e}"));
+    let r = run(&sc, sc.seed);
+    let mean = |s: &[f64]| s.iter().sum::<f64>() / s.len() as f64 / 1e6;
+    for run in &r.runs {
+        let s = &run.goodput_series_bps;
+        assert!(s.len() >= 120, "{}: {} bins", run.label, s.len());
+        // 100 Mbit/s offered, 120 available before the change at 5 s, 80 after.
+        assert!(mean(&s[20..50]) > 97.0, "{}", run.label);
+        let after = mean(&s[70..120]);
+        assert!(after < 81.0, "{}: {after}", run.label);
+        if run.label.starts_with("adaptive") {
+            assert!(after > 74.0, "{}: {after}", run.label);
+        } else {
+            assert!(after < 72.0, "{}: {after}", run.label);
+        }
+    }
+}
+
+#[test]
+fn channel_changes_are_checked() {
+    let base = |change: &str| {
+        format!(
+            "name = \"t\"\nduration_s = 1\n[[channel]]\nrate_mbps = 10.0\n{change}\n\
+             [traffic]\nsource = \"cbr\"\nrate_mbps = 5.0\n[[run]]\nscheduler = \"srr\"\n\
+             receiver = \"logical\"\n"
+        )
+    };
+    let e = parse_err(&base("[[channel.change]]\nat_s = 1.0"));
+    assert!(e.contains("rate_mbps or delay_ms"), "{e}");
+    let e = parse_err(&base(
+        "[[channel.change]]\nat_s = 2.0\nrate_mbps = 5.0\n[[channel.change]]\nat_s = 1.0\ndelay_ms = 3.0",
+    ));
+    assert!(e.contains("time order"), "{e}");
+    let e = parse_err(&base("[[channel.change]]\nat_s = 1.0\nrate_mbps = -1.0"));
+    assert!(e.contains("rate_mbps"), "{e}");
+    let sc = parse(&base(
+        "[[channel.change]]\nat_s = 0.5\nrate_mbps = 5.0\ndelay_ms = 10.0",
+    ));
+    let r = run(&sc, 1);
+    assert!(!r.runs[0].goodput_series_bps.is_empty());
+}
