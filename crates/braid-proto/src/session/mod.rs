@@ -604,6 +604,9 @@ impl Session {
             if self.tx.striper.handle_packet(now, p).is_err() {
                 self.counters.queue_drops += 1;
             }
+            // Count the markers the striper put before this packet now, before the
+            // next packet asks for credit (they use credit up).
+            self.take_transmits();
         }
         self.take_transmits();
     }

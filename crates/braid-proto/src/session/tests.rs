@@ -924,3 +924,32 @@ fn credits_need_a_resequencing_mode_and_room_for_markers() {
     });
     assert!(c.validate().unwrap_err().contains("at least 8"));
 }
+
+#[test]
+fn a_sender_within_its_credit_is_never_refused() {
+    for mode in [Mode::Logical, Mode::Seq, Mode::Trr] {
+        for delays in [&[2u64, 150][..], &[10, 40, 90][..], &[1, 1][..]] {
+            for every_us in [40, 125, 700] {
+                let n = delays.len();
+                let mut p = pair_with(n, mode, delays, |c: &mut Config| {
+                    c.receiver.buffer_packets = 400;
+                    c.queue_packets = 4096;
+                    c.markers.every_rounds = 1;
+                    c.credits = Some(CreditConfig {
+                        window: 300,
+                        pool: None,
+                    });
+                });
+                p.every = Duration::from_micros(every_us);
+                p.run_until(at_ms(1500));
+                let s = p.b.stats(p.now);
+                let c = s.credits.unwrap();
+                assert_eq!(
+                    c.refused, 0,
+                    "{mode:?} {delays:?} every {every_us} us: {c:?}"
+                );
+                assert_eq!(receiver_losses(&s), 0, "{mode:?} {delays:?} {every_us}");
+            }
+        }
+    }
+}
