@@ -5,6 +5,13 @@ use std::process::Command;
 
 mod common;
 
+/// The tests of this file share one lab (the `brl-*` namespaces): one at a time.
+static LAB: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn lab_lock() -> std::sync::MutexGuard<'static, ()> {
+    LAB.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn braid(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_braid"))
         .args(args)
@@ -78,6 +85,7 @@ fn lab_links_have_their_rate_delay_and_loss() {
         common::skip("lab_links_have_their_rate_delay_and_loss", &why);
         return;
     }
+    let _one = lab_lock();
     let _ = braid(&["lab", "down"]);
     let up = braid(&["lab", "up", "--links", "40mbit/10ms,20mbit/30ms/ge:5%:3"]);
     assert!(
@@ -186,6 +194,7 @@ fn lab_stream_compares_braid_and_srt() {
         common::skip(test, "/dev/net/tun is missing");
         return;
     }
+    let _one = lab_lock();
     let _ = braid(&["lab", "down"]);
     let _down = Down;
     let out = braid(&[
