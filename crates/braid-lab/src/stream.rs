@@ -118,12 +118,19 @@ pub struct GenReport {
     pub bytes: u64,
     /// From the first record to the last.
     pub duration_s: f64,
+    /// Most a record left after its scheduled time, ms (the generator's own stalls).
+    pub late_max_ms: f64,
+    /// Records that left more than 10 ms after their scheduled time.
+    pub late_over_10ms: u64,
 }
 
 impl GenReport {
     /// As JSON.
     pub fn to_json(&self) -> Value {
-        json!({"records": self.records, "bytes": self.bytes, "duration_s": self.duration_s})
+        json!({
+            "records": self.records, "bytes": self.bytes, "duration_s": self.duration_s,
+            "late_max_ms": self.late_max_ms, "late_over_10ms": self.late_over_10ms,
+        })
     }
     /// Read back [`GenReport::to_json`].
     pub fn from_json(v: &Value) -> Option<GenReport> {
@@ -131,6 +138,8 @@ impl GenReport {
             records: v["records"].as_u64()?,
             bytes: v["bytes"].as_u64()?,
             duration_s: v["duration_s"].as_f64()?,
+            late_max_ms: v["late_max_ms"].as_f64().unwrap_or(0.0),
+            late_over_10ms: v["late_over_10ms"].as_u64().unwrap_or(0),
         })
     }
 }
@@ -169,6 +178,7 @@ pub fn generate(
         *b = (i % 251) as u8;
     }
     let (start, start_us) = (Instant::now(), wall_us());
+    let (mut late_max, mut late_over_10ms) = (Duration::ZERO, 0);
     for k in 0..total {
         let offset = interval.mul_f64(k as f64);
         let at = start + offset;
@@ -176,6 +186,9 @@ pub fn generate(
         if at > now {
             std::thread::sleep(at - now);
         }
+        let late = Instant::now().saturating_duration_since(at);
+        late_max = late_max.max(late);
+        late_over_10ms += u64::from(late > Duration::from_millis(10));
         stamp(&mut rec, k, start_us + offset.as_micros() as u64);
         match &udp {
             Some(s) => {
@@ -193,6 +206,8 @@ pub fn generate(
         records: total,
         bytes: total * size as u64,
         duration_s: start.elapsed().as_secs_f64(),
+        late_max_ms: late_max.as_secs_f64() * 1e3,
+        late_over_10ms,
     })
 }
 
@@ -1106,7 +1121,7 @@ fn braid_run(
         retransmitted: send_sum["retransmissions"].as_u64().unwrap_or(0),
         data_packets: send_sum["packets"].as_u64().unwrap_or(0),
         link_drops: drops,
-        detail: json!({"send": send_sum, "recv": recv_sum}),
+        detail: json!({"send": send_sum, "recv": recv_sum, "generator": sent.to_json()}),
     })
 }
 
@@ -1231,6 +1246,7 @@ fn srt_run(opt: &StreamOptions, b: usize, latency_ms: u64) -> Result<RunResult, 
         link_drops: drops,
         detail: json!({
             "latency_ms": latency_ms,
+            "generator": sent.to_json(),
             "send": st_tx["send"], "link": st_tx["link"],
             "recv": st_rx.map(|v| v["recv"].clone()).unwrap_or(Value::Null),
             "note": "SRT statistics are written every 100 packets: the last line may miss up to 99",
@@ -1359,6 +1375,42 @@ mod tests {
             .iter()
             .all(|&l| (5_000..5_000_000).contains(&l)));
         assert_eq!(SinkReport::from_json(&s.to_json()), Some(s));
+    }
+
+    /// The generator and the sink over loopback UDP: every record, in order, on time.
+    #[test]
+    fn generator_and_sink_over_udp() {
+        let port = UdpSocket::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let sink = std::thread::spawn(move || {
+            sink(
+                100,
+                Endpoint::Udp(addr),
+                Duration::from_millis(300),
+                Duration::from_secs(5),
+            )
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        // 1 Mbit/s of 100-byte records for 0.3 s: 375 records, one every 0.8 ms.
+        let g = generate(
+            1_000_000,
+            100,
+            Duration::from_millis(300),
+            Endpoint::Udp(addr),
+        )
+        .unwrap();
+        assert_eq!((g.records, g.bytes), (375, 37_500));
+        assert!(g.duration_s >= 0.29 && g.duration_s < 5.0, "{g:?}");
+        let r = sink.join().unwrap().unwrap();
+        assert_eq!((r.unique, r.duplicates, r.corrupt), (375, 0, 0), "{r:?}");
+        assert_eq!(r.reordered, 0);
+        let l = Latency::of(&r.latency_us).unwrap();
+        assert!(l.max < 1000.0, "{l:?}");
+        assert!(generate(0, 100, Duration::from_secs(1), Endpoint::Udp(addr)).is_err());
     }
 
     #[test]
