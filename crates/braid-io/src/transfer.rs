@@ -86,6 +86,12 @@ pub struct TransferConfig {
     /// Receiver: once complete, stay while end-of-stream packets keep arriving, until
     /// none has come for this long.
     pub linger: StdDuration,
+    /// Live stream. Sender: every packet carries exactly `chunk` bytes (the input is
+    /// read until a chunk is full), so a lost packet takes whole records with it, e.g.
+    /// 7 MPEG-TS packets of 188 bytes in a chunk of 1316. Receiver: packets are written
+    /// as soon as everything before them is decided (errctl's live mode), not when
+    /// their segment is complete.
+    pub live: bool,
 }
 
 impl Default for TransferConfig {
@@ -99,6 +105,7 @@ impl Default for TransferConfig {
             chunk: 0,
             peer_timeout: Some(StdDuration::from_secs(30)),
             linger: StdDuration::from_millis(200),
+            live: false,
         }
     }
 }
@@ -562,6 +569,9 @@ struct Tx<'a> {
     ec: Sender,
     clock: Clock,
     buf: Vec<u8>,
+    /// Live: data bytes of the chunk being filled.
+    filled: usize,
+    live: bool,
     eof: bool,
     bytes: u64,
     packets: u64,
@@ -574,11 +584,35 @@ impl Tx<'_> {
         let n = r.map_err(TransferError::Read)?;
         let now = self.clock.now();
         if n == 0 {
+            // Live: a partial chunk at the end goes out as it is.
+            let rest = std::mem::take(&mut self.filled);
+            if rest > 0 {
+                self.packet(rest)?;
+            }
             self.eof = true;
             self.ec.finish(now);
             self.heard = TokioInstant::now();
             return Ok(());
         }
+        if self.live {
+            self.filled += n;
+            if self.filled < self.buf.len() - STAMP_LEN {
+                return Ok(());
+            }
+            let n = std::mem::take(&mut self.filled);
+            return self.packet(n);
+        }
+        self.packet(n)
+    }
+
+    /// Where the next read goes: the rest of the chunk being filled.
+    fn space(&mut self) -> &mut [u8] {
+        &mut self.buf[STAMP_LEN + self.filled..]
+    }
+
+    /// Hand the `n` data bytes in the buffer to errctl as one packet.
+    fn packet(&mut self, n: usize) -> Result<(), TransferError> {
+        let now = self.clock.now();
         if self.ec.is_idle() {
             // Only silence while something awaits an acknowledgement counts.
             self.heard = TokioInstant::now();
@@ -623,6 +657,8 @@ pub async fn send<R: AsyncRead + Unpin>(
         ec: Sender::new(ec),
         clock: Clock(start),
         buf: vec![0; STAMP_LEN + chunk],
+        filled: 0,
+        live: cfg.live,
         eof: false,
         bytes: 0,
         packets: 0,
@@ -646,7 +682,7 @@ pub async fn send<R: AsyncRead + Unpin>(
         };
         let reading = !tx.eof && tx.ec.can_accept();
         tokio::select! {
-            r = input.read(&mut tx.buf[STAMP_LEN..]), if reading => tx.on_input(r)?,
+            r = input.read(tx.space()), if reading => tx.on_input(r)?,
             m = session.recv() => match m {
                 Some(m) => {
                     tx.heard = TokioInstant::now();
@@ -802,8 +838,10 @@ pub async fn recv<W: AsyncWrite + Unpin>(
         start,
         last: None,
     };
+    let mut ec = Receiver::new(ec);
+    ec.set_live(cfg.live);
     let mut rx = Rx {
-        ec: Receiver::new(ec),
+        ec,
         clock: Clock(start),
         out: Some(BufWriter::with_capacity(1 << 16, output)),
         bytes: 0,

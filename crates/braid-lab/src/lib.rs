@@ -7,6 +7,7 @@
 //!   and loss come from a program that reads each packet from a TUN device, holds it for
 //!   the link's delay in a FIFO, drops some, and writes the rest back;
 //! * [`tools`]: the outside programs it needs, checked first, with their packages;
+//! * [`stream`]: `braid lab stream`, a live stream through braid and through SRT;
 //! * [`topo`]: the network namespaces, veth pairs, `tbf` shapers and policy routes that
 //!   make every packet of link *i* cross emulator *i*, whatever program sent it (plain TCP,
 //!   MPTCP subflows, braid's UDP channels).
@@ -18,5 +19,6 @@ pub mod bench;
 pub mod chart;
 pub mod emu;
 pub mod spec;
+pub mod stream;
 pub mod tools;
 pub mod topo;

@@ -18,6 +18,8 @@ struct Net {
     back_loss: f64,
     /// Drop every end-of-stream packet sent before this time.
     drop_end_until_us: u64,
+    /// The receiver releases packets in live mode.
+    live: bool,
 }
 
 struct Outcome {
@@ -48,6 +50,7 @@ fn run(cfg: &Config, net: &Net, n: u64, seed: u64, limit_us: u64) -> Outcome {
     let mut draw = move || (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
     let mut tx = Sender::new(cfg.clone());
     let mut rx = Receiver::new(cfg.clone());
+    rx.set_live(net.live);
     let mut fwd: VecDeque<(u64, Bytes)> = VecDeque::new();
     let mut back: VecDeque<(u64, Bytes)> = VecDeque::new();
     let mut segments = Vec::new();
@@ -144,6 +147,7 @@ fn net(loss: f64, back_loss: f64) -> Net {
         loss,
         back_loss,
         drop_end_until_us: 0,
+        live: false,
     }
 }
 
@@ -223,6 +227,47 @@ proptest! {
         prop_assert_eq!(total, n);
         prop_assert_eq!(out.recv.segments_forced, forced);
         prop_assert_eq!(out.recv.violations, violated);
+    }
+
+    /// Live mode: the same guarantees, with segments in pieces that continue each other;
+    /// with (W, 0, 0) every packet, in order.
+    #[test]
+    fn live_pieces_continue_each_other(
+        w in 1u16..24, e in 0u16..6, b in 0u16..4, window in 1u32..5, n in 1u64..200,
+        loss in 0.0f64..0.5, back_loss in 0.0f64..0.5, deadline_ms in 3u64..40,
+        seed in any::<u64>(),
+    ) {
+        let t = Tolerance { w, e, b };
+        let cfg = config(t, window, deadline_ms);
+        let mut lossy = net(loss, back_loss);
+        lossy.live = true;
+        let out = run(&cfg, &lossy, n, seed, 600_000_000);
+        prop_assert!(out.finished, "did not finish: {:?} {:?}", out.sent, out.recv);
+        let (mut seg, mut at, mut total) = (0u64, 0usize, 0u64);
+        let mut forced = 0;
+        for s in &out.segments {
+            prop_assert_eq!(s.number, seg);
+            prop_assert_eq!(s.first, at, "piece of segment {} does not continue", seg);
+            for (j, p) in s.packets.iter().enumerate() {
+                if let Some(p) = p {
+                    prop_assert_eq!(p, &payload(total + j as u64));
+                } else {
+                    prop_assert!(!t.full_recovery() || s.forced, "hole in (W,0,0) unforced");
+                }
+            }
+            total += s.packets.len() as u64;
+            at += s.packets.len();
+            if s.last {
+                forced += u64::from(s.forced);
+                seg += 1;
+                at = 0;
+            } else {
+                prop_assert!(!s.forced && !s.violated);
+            }
+        }
+        prop_assert_eq!(total, n);
+        prop_assert_eq!(at, 0, "the last segment did not end");
+        prop_assert_eq!(out.recv.segments_forced, forced);
     }
 
     /// Garbage and forged SNAKs and PACKs never panic the sender, and each is counted
@@ -380,4 +425,39 @@ fn repairs_are_counted_at_the_receiver() {
     assert!(out.finished);
     assert!(out.recv.packets_repaired > 40, "{:?}", out.recv);
     assert!(out.recv.packets_repaired <= out.sent.retransmissions);
+}
+
+/// Live mode releases the decided start of a segment at once: received packets and a
+/// hole the tolerance accepts; outside live mode nothing comes before the segment ends.
+#[test]
+fn live_mode_releases_before_the_segment_ends() {
+    for live in [false, true] {
+        let cfg = config(Tolerance { w: 10, e: 1, b: 1 }, 4, 1000);
+        let mut tx = Sender::new(cfg.clone());
+        let mut rx = Receiver::new(cfg);
+        rx.set_live(live);
+        let t = Instant::from_micros(1000);
+        for i in 0..4 {
+            tx.handle_packet(t, payload(i)).unwrap();
+        }
+        let mut k = 0;
+        while let Some(d) = tx.poll_transmit(t) {
+            if k != 1 {
+                rx.handle_datagram(t, &d);
+            }
+            k += 1;
+        }
+        let got: Vec<Segment> = std::iter::from_fn(|| rx.poll_deliver()).collect();
+        if !live {
+            assert!(got.is_empty(), "{got:?}");
+            continue;
+        }
+        let packets: Vec<Option<Bytes>> = got.iter().flat_map(|s| s.packets.clone()).collect();
+        assert_eq!(
+            packets,
+            vec![Some(payload(0)), None, Some(payload(2)), Some(payload(3))]
+        );
+        assert!(got.iter().all(|s| s.number == 0 && !s.last));
+        assert_eq!(got[0].first, 0);
+    }
 }

@@ -5,6 +5,13 @@ use std::process::Command;
 
 mod common;
 
+/// The tests of this file share one lab (the `brl-*` namespaces): one at a time.
+static LAB: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn lab_lock() -> std::sync::MutexGuard<'static, ()> {
+    LAB.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn braid(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_braid"))
         .args(args)
@@ -78,6 +85,7 @@ fn lab_links_have_their_rate_delay_and_loss() {
         common::skip("lab_links_have_their_rate_delay_and_loss", &why);
         return;
     }
+    let _one = lab_lock();
     let _ = braid(&["lab", "down"]);
     let up = braid(&["lab", "up", "--links", "40mbit/10ms,20mbit/30ms/ge:5%:3"]);
     assert!(
@@ -160,4 +168,88 @@ fn lab_links_have_their_rate_delay_and_loss() {
         !String::from_utf8_lossy(&after.stdout).contains("brl-"),
         "lab down left namespaces"
     );
+}
+
+/// `braid lab stream` end to end on two lossy links: a 3-second stream through braid
+/// (full reliability, both links; then the best link alone) and through SRT (best
+/// link). Needs root, iproute2, ping and srt-live-transmit; says why when it skips.
+#[test]
+fn lab_stream_compares_braid_and_srt() {
+    let test = "lab_stream_compares_braid_and_srt";
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        common::skip(test, "not root: network namespaces need CAP_NET_ADMIN");
+        return;
+    }
+    if let Some(why) = common::missing_tool(&[
+        ("ip", "iproute2"),
+        ("tc", "iproute2"),
+        ("ping", "iputils-ping"),
+        ("srt-live-transmit", "srt-tools"),
+    ]) {
+        common::skip(test, &why);
+        return;
+    }
+    if !std::path::Path::new("/dev/net/tun").exists() {
+        common::skip(test, "/dev/net/tun is missing");
+        return;
+    }
+    let _one = lab_lock();
+    let _ = braid(&["lab", "down"]);
+    let _down = Down;
+    let out = braid(&[
+        "lab",
+        "stream",
+        "--links",
+        "40mbit/5ms/2%,20mbit/20ms/2%",
+        "--duration",
+        "3s",
+        "--tolerance",
+        "50,0,0",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let runs = v["runs"].as_array().expect("runs");
+    let names: Vec<&str> = runs.iter().map(|r| r["name"].as_str().unwrap()).collect();
+    assert_eq!(names.len(), 3, "{names:?}");
+    assert!(names[0] == "braid (50,0,0)" && names[1] == "braid (50,0,0), 1 link");
+    assert!(names[2].starts_with("SRT, latency "), "{names:?}");
+    // 8 Mbit/s of 1316-byte records for 3 s.
+    let expect = 8e6 * 3.0 / (1316.0 * 8.0);
+    for r in runs {
+        let name = r["name"].as_str().unwrap();
+        let sent = r["sent"].as_f64().unwrap();
+        assert!((sent - expect).abs() < 0.02 * expect, "{name}: sent {sent}");
+        assert_eq!(
+            (r["duplicates"].as_u64(), r["corrupt"].as_u64()),
+            (Some(0), Some(0))
+        );
+        // Every path has at least 5 ms of one-way delay.
+        let lat = &r["latency_ms"];
+        let (p50, max) = (lat["p50"].as_f64().unwrap(), lat["max"].as_f64().unwrap());
+        assert!(p50 >= 5.0 && max < 3000.0 && p50 <= max, "{name}: {lat}");
+        // 2 % loss on every link: each protocol had losses to repair, and did.
+        assert!(r["link_drops"].as_u64().unwrap() > 0, "{name}: no loss");
+        assert!(r["retransmitted"].as_u64().unwrap() > 0, "{name}: {r}");
+    }
+    // Full reliability without a deadline: everything, in order.
+    for r in &runs[..2] {
+        assert_eq!(r["delivered"], r["sent"], "{}", r["name"]);
+        assert_eq!(r["reordered"].as_u64(), Some(0));
+    }
+    // SRT repairs within its latency; a packet whose repairs miss it is dropped.
+    let srt = &runs[2];
+    assert!(srt["delivered_pct"].as_f64().unwrap() > 98.0, "{srt}");
+    let budget = srt["detail"]["latency_ms"].as_f64().unwrap();
+    let p50 = srt["latency_ms"]["p50"].as_f64().unwrap();
+    assert!(
+        p50 >= 0.8 * budget,
+        "SRT p50 {p50} ms below its latency {budget} ms"
+    );
+    drop(_down);
 }

@@ -12,13 +12,23 @@ use crate::time::Instant;
 use crate::wire::errctl::{DataKind, DataPacket, DataRepr, PackRepr, SnakRepr, MAX_RANGES};
 use crate::wire::seq::extend;
 
-/// A segment handed to the application, in segment order.
+/// A segment handed to the application, in segment order. In live mode
+/// ([`Receiver::set_live`]) a segment may come in several pieces, each continuing where
+/// the previous one ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Segment {
     /// Segment number, from 0.
     pub number: u64,
-    /// Its packets; `None` where a packet was lost (tolerated, or given up).
+    /// Its packets (in live mode, those of this piece); `None` where a packet was lost
+    /// (tolerated, or given up).
     pub packets: Vec<Option<Bytes>>,
+    /// Index in the segment of `packets[0]`: 0 unless live mode released the start of
+    /// the segment earlier.
+    pub first: usize,
+    /// This piece ends the segment (always true outside live mode). The fields below
+    /// describe the whole segment only on the last piece; earlier pieces have
+    /// `accepted_at` = the time they were released, `forced` and `violated` false.
+    pub last: bool,
     /// When the receiver accepted it (it may be delivered later, behind an earlier one).
     pub accepted_at: Instant,
     /// Given up at the deadline rather than accepted within the tolerance.
@@ -61,6 +71,10 @@ pub struct Receiver {
     out: VecDeque<Bytes>,
     deliver: VecDeque<Segment>,
     stats: Stats,
+    /// Live mode: release packets before their segment is accepted.
+    live: bool,
+    /// Live mode: packets of the front segment (L) already released.
+    released: usize,
 }
 
 impl Receiver {
@@ -79,7 +93,21 @@ impl Receiver {
             out: VecDeque::new(),
             deliver: VecDeque::new(),
             stats: Stats::default(),
+            live: false,
+            released: 0,
         }
+    }
+
+    /// Live mode (off by default): hand each packet to the application as soon as every
+    /// packet before it in the stream is decided (received, or lost within the
+    /// tolerance), rather than when its whole segment is accepted. A segment then comes
+    /// out of [`Receiver::poll_deliver`] in pieces (see [`Segment::first`]); the protocol
+    /// (requests, acknowledgements, deadlines) is unchanged. A live application waits
+    /// for a hole only while it may still be repaired: a segment of W packets no longer
+    /// adds W packet times to the delay of its first packet. A copy of a packet whose
+    /// place was already released as a hole arrives too late and counts as a duplicate.
+    pub fn set_live(&mut self, on: bool) {
+        self.live = on;
     }
 
     /// Counters so far.
@@ -165,6 +193,7 @@ impl Receiver {
             self.check_one(now, seg);
         }
         self.deliver_in_order();
+        self.release_live(now);
         // Acknowledge the end when the stream becomes complete, and again for every
         // end-of-stream packet after that (the acknowledgement may have been lost).
         if self.is_complete() && (!was_complete || r.kind == DataKind::End) {
@@ -233,7 +262,8 @@ impl Receiver {
             self.stats.duplicates += 1;
             return;
         };
-        if idx >= s.slots.len() || s.slots[idx] == Slot::Present || s.accepted.is_some() {
+        let passed = seg == self.next && idx < self.released;
+        if idx >= s.slots.len() || s.slots[idx] == Slot::Present || s.accepted.is_some() || passed {
             self.stats.duplicates += 1;
             return;
         }
@@ -354,15 +384,55 @@ impl Receiver {
             }
             self.stats.violations += u64::from(violated);
             self.stats.segments_delivered += 1;
+            let first = std::mem::take(&mut self.released).min(s.data.len());
+            let mut packets = s.data;
+            packets.drain(..first);
             self.deliver.push_back(Segment {
                 number: self.next,
-                packets: s.data,
+                packets,
+                first,
+                last: true,
                 accepted_at: at,
                 forced: s.forced,
                 violated,
             });
             self.next += 1;
         }
+    }
+
+    /// Live mode: release the decided prefix of the front segment (packets received,
+    /// holes tolerated) as a piece.
+    fn release_live(&mut self, now: Instant) {
+        if !self.live {
+            return;
+        }
+        let Some(s) = self.segs.front() else {
+            return;
+        };
+        let from = self.released;
+        let mut to = from;
+        while to < s.known.min(s.slots.len()) && s.slots[to] != Slot::Missing {
+            to += 1;
+        }
+        if to == from {
+            return;
+        }
+        let packets = (from..to)
+            .map(|i| match s.slots[i] {
+                Slot::Present => s.data[i].clone(),
+                _ => None,
+            })
+            .collect();
+        self.released = to;
+        self.deliver.push_back(Segment {
+            number: self.next,
+            packets,
+            first: from,
+            last: false,
+            accepted_at: now,
+            forced: false,
+            violated: false,
+        });
     }
 
     /// When [`Receiver::handle_timeout`] should run next.
@@ -421,6 +491,7 @@ impl Receiver {
             }
         }
         self.deliver_in_order();
+        self.release_live(now);
         if !was_complete && self.is_complete() {
             self.ack_end();
         }

@@ -85,6 +85,102 @@ enum LabCommand {
         #[arg(long, default_value_t = 1)]
         seed: u64,
     },
+    /// A live-video-like stream (constant bit rate, fixed-size records) through braid
+    /// (`send --live`/`recv --live` over every link, once per tolerance, and with the
+    /// first tolerance over the best link alone) and through SRT (`srt-live-transmit`
+    /// over the best single link), in one run on the same links:
+    /// delivered %, latency p50/p99/max (send time to arrival at the receiving
+    /// application, pipes included), retransmission overhead (packets sent again /
+    /// distinct data packets, from each protocol's own counters), and the loss the
+    /// links inflicted. Builds the lab and removes it afterwards (needs root, ping, and
+    /// srt-live-transmit from srt-tools unless --no-srt).
+    Stream {
+        /// Links, as for `lab up`.
+        #[arg(long, default_value = "100mbit/5ms,50mbit/20ms,20mbit/60ms/1%")]
+        links: String,
+        /// Length of each stream, e.g. 20s.
+        #[arg(long, default_value = "20s")]
+        duration: String,
+        /// Stream rate, e.g. 8mbit.
+        #[arg(long, default_value = "8mbit")]
+        rate: String,
+        /// Record (packet payload) size in bytes: 1316 = 7 MPEG-TS packets, SRT's live
+        /// payload.
+        #[arg(long, default_value_t = 1316)]
+        size: usize,
+        /// braid's loss tolerance W,E,B, one braid run each (repeat the option).
+        #[arg(long = "tolerance", value_name = "W,E,B", default_values = ["100,0,0", "100,1,1"])]
+        tolerances: Vec<String>,
+        /// braid's segment deadline (`braid send --deadline`), e.g. 200ms; default none.
+        #[arg(long)]
+        deadline: Option<String>,
+        /// Skip SRT.
+        #[arg(long)]
+        no_srt: bool,
+        /// Skip the extra braid run (first tolerance) over the best link alone, the
+        /// path SRT takes, which tells the protocol's part from the paths'.
+        #[arg(long)]
+        no_single: bool,
+        /// SRT's latency (default: --srt-rtt-factor × the best link's measured round trip).
+        #[arg(long, value_name = "DURATION")]
+        srt_latency: Option<String>,
+        /// SRT's latency as a multiple of the round trip (its guide: 3 to 4 on links with
+        /// little loss).
+        #[arg(long, default_value_t = 4.0)]
+        srt_rtt_factor: f64,
+        /// Print one JSON object instead of the table.
+        #[arg(long)]
+        json: bool,
+        /// Also draw the latency distributions (.svg or .png).
+        #[arg(long)]
+        plot: Option<std::path::PathBuf>,
+        /// Do not run anything: print the table (and draw --plot) of a saved
+        /// `lab stream --json` result.
+        #[arg(long, value_name = "JSON")]
+        from: Option<std::path::PathBuf>,
+        /// Seed of the emulator's loss process.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
+    /// The stream generator of `lab stream`: constant-rate records with sequence
+    /// number and send time, to standard output or a UDP address.
+    #[command(hide = true)]
+    StreamGen {
+        /// Rate, e.g. 8mbit.
+        #[arg(long)]
+        rate: String,
+        /// Record size in bytes.
+        #[arg(long)]
+        size: usize,
+        /// How long, e.g. 20s.
+        #[arg(long)]
+        duration: String,
+        /// - (standard output) or IP:PORT (UDP).
+        #[arg(long)]
+        to: String,
+        /// Where to write the report (JSON).
+        #[arg(long)]
+        report: std::path::PathBuf,
+    },
+    /// The stream sink of `lab stream`: records from standard input or a UDP port.
+    #[command(hide = true)]
+    StreamSink {
+        /// Record size in bytes.
+        #[arg(long)]
+        size: usize,
+        /// - (standard input) or IP:PORT to bind (UDP).
+        #[arg(long)]
+        from: String,
+        /// UDP: stop after this long without a record.
+        #[arg(long, default_value = "2s")]
+        idle: String,
+        /// UDP: give up if no record comes within this long.
+        #[arg(long, default_value = "30s")]
+        wait: String,
+        /// Where to write the report (JSON).
+        #[arg(long)]
+        report: std::path::PathBuf,
+    },
     /// Show the links, addresses and emulator counters of the running lab.
     Status,
     /// Print the table and draw the bar chart of a saved `lab bench --json` result.
@@ -240,6 +336,112 @@ pub fn run(a: Args) -> Result<()> {
             eprintln!("wrote {}", out.display());
             Ok(())
         }
+        LabCommand::Stream {
+            links,
+            duration,
+            rate,
+            size,
+            tolerances,
+            deadline,
+            no_srt,
+            no_single,
+            srt_latency,
+            srt_rtt_factor,
+            json,
+            plot,
+            from,
+            seed,
+        } => {
+            if let Some(p) = &plot {
+                if braid_sim::plot::Format::from_path(p).is_none() {
+                    bail!("--plot {}: must end in .svg or .png", p.display());
+                }
+            }
+            let r = match from {
+                Some(f) => {
+                    let text = std::fs::read_to_string(&f)
+                        .with_context(|| format!("reading {}", f.display()))?;
+                    let v: serde_json::Value = serde_json::from_str(&text)
+                        .with_context(|| format!("{}: not JSON", f.display()))?;
+                    braid_lab::stream::StreamResult::from_json(&v).with_context(|| {
+                        format!(
+                            "{}: not the output of `braid lab stream --json`",
+                            f.display()
+                        )
+                    })?
+                }
+                None => {
+                    let opt = stream_options(
+                        &links,
+                        &duration,
+                        &rate,
+                        size,
+                        &tolerances,
+                        deadline.as_deref(),
+                        !no_srt,
+                        !no_single,
+                        srt_latency.as_deref(),
+                        srt_rtt_factor,
+                        seed,
+                    )?;
+                    braid_lab::stream::run(&opt, |line| eprintln!("{line}"))?
+                }
+            };
+            if json {
+                println!("{}", serde_json::to_string_pretty(&r.to_json())?);
+            } else {
+                print!("{}", r.table());
+            }
+            if let Some(p) = plot {
+                let title = format!(
+                    "braid lab stream: {:.0} Mbit/s over {}",
+                    r.rate_bps as f64 / 1e6,
+                    r.links.join(",")
+                );
+                braid_lab::stream::draw(&r, &title, &p)
+                    .map_err(|e| anyhow::anyhow!("plot: {e}"))?;
+                eprintln!("wrote {}", p.display());
+            }
+            Ok(())
+        }
+        LabCommand::StreamGen {
+            rate,
+            size,
+            duration,
+            to,
+            report,
+        } => {
+            let rate = braid_proto::units::parse_rate(&rate)
+                .map_err(|e| anyhow::anyhow!("--rate '{rate}': {e}"))?;
+            let duration = braid_proto::units::parse_duration(&duration)
+                .with_context(|| format!("--duration '{duration}'"))?;
+            let to =
+                braid_lab::stream::Endpoint::parse(&to).map_err(|e| anyhow::anyhow!("--to {e}"))?;
+            let r = braid_lab::stream::generate(rate, size, duration, to)
+                .map_err(|e| anyhow::anyhow!("stream-gen: {e}"))?;
+            std::fs::write(&report, r.to_json().to_string())
+                .with_context(|| format!("writing {}", report.display()))?;
+            Ok(())
+        }
+        LabCommand::StreamSink {
+            size,
+            from,
+            idle,
+            wait,
+            report,
+        } => {
+            let from = braid_lab::stream::Endpoint::parse(&from)
+                .map_err(|e| anyhow::anyhow!("--from {e}"))?;
+            let idle = braid_proto::units::parse_duration(&idle)
+                .with_context(|| format!("--idle '{idle}'"))?;
+            let wait = braid_proto::units::parse_duration(&wait)
+                .with_context(|| format!("--wait '{wait}'"))?;
+            let r = braid_lab::stream::sink(size, from, idle, wait)
+                .map_err(|e| anyhow::anyhow!("stream-sink: {e}"))?;
+            std::fs::write(&report, r.to_json().to_string())
+                .with_context(|| format!("writing {}", report.display()))?;
+            Ok(())
+        }
         LabCommand::Status => {
             match topo::status() {
                 Some(s) => print!("{s}"),
@@ -259,4 +461,78 @@ fn emulate(links: &str, seed: u64, dir: &std::path::Path) -> Result<()> {
     let links = LinkSpec::parse_list(links).context("--links")?;
     braid_lab::emu::run_links(&links, seed, dir).map_err(anyhow::Error::msg)?;
     Ok(())
+}
+
+/// Check `lab stream`'s options; errors name the option at fault.
+#[allow(clippy::too_many_arguments)]
+fn stream_options(
+    links: &str,
+    duration: &str,
+    rate: &str,
+    size: usize,
+    tolerances: &[String],
+    deadline: Option<&str>,
+    srt: bool,
+    single: bool,
+    srt_latency: Option<&str>,
+    srt_rtt_factor: f64,
+    seed: u64,
+) -> Result<braid_lab::stream::StreamOptions> {
+    use braid_proto::units::{parse_duration, parse_rate};
+    let links = LinkSpec::parse_list(links).context("--links")?;
+    let duration = parse_duration(duration)
+        .ok()
+        .filter(|d| d.as_secs() >= 1 && d.as_secs() <= 3600)
+        .with_context(|| format!("--duration '{duration}': expected e.g. 20s (1s to 1h)"))?;
+    let rate_bps = parse_rate(rate)
+        .ok()
+        .filter(|&r| (8_000..=1_000_000_000).contains(&r))
+        .with_context(|| format!("--rate '{rate}': expected e.g. 8mbit (8kbit to 1gbit)"))?;
+    braid_lab::stream::check_size(size).map_err(|e| anyhow::anyhow!("--size: {e}"))?;
+    if size > 1400 {
+        bail!("--size {size}: a record must fit one packet of a 1500-byte link (at most 1400)");
+    }
+    if tolerances.is_empty() {
+        bail!("--tolerance: give at least one W,E,B");
+    }
+    let tolerances = tolerances
+        .iter()
+        .map(|t| {
+            braid_io::transfer::parse_tolerance(t)
+                .map(|t| [t.w, t.e, t.b])
+                .map_err(|e| anyhow::anyhow!("--tolerance: {e}"))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let deadline = match deadline {
+        Some(d) => Some(parse_duration(d).with_context(|| format!("--deadline '{d}'"))?),
+        None => None,
+    };
+    let srt_latency = match srt_latency {
+        Some(d) => Some(
+            parse_duration(d)
+                .ok()
+                .filter(|d| d.as_millis() >= 1)
+                .with_context(|| format!("--srt-latency '{d}': expected e.g. 40ms"))?,
+        ),
+        None => None,
+    };
+    if !(srt_rtt_factor.is_finite() && srt_rtt_factor > 0.0 && srt_rtt_factor <= 100.0) {
+        bail!(
+            "--srt-rtt-factor {srt_rtt_factor}: expected a number above 0 (3 to 4 is SRT's advice)"
+        );
+    }
+    Ok(braid_lab::stream::StreamOptions {
+        links,
+        duration,
+        rate_bps,
+        size,
+        tolerances,
+        deadline,
+        srt,
+        single,
+        srt_latency,
+        srt_rtt_factor,
+        exe: std::env::current_exe().context("locating the braid binary")?,
+        seed,
+    })
 }

@@ -36,9 +36,15 @@ pub struct SendArgs {
     /// Segments in flight (default: about 4096 packets' worth).
     #[arg(long)]
     window: Option<u32>,
-    /// Data bytes per packet (default: as many as the channels carry).
+    /// Data bytes per packet (default: as many as the channels carry; 1316 with --live).
     #[arg(long)]
     chunk: Option<usize>,
+    /// A live stream of fixed-size records: every packet carries exactly --chunk bytes
+    /// (the input is read until a chunk is full, default 1316 = 7 MPEG-TS packets), so a
+    /// packet lost within the tolerance takes whole records with it and the reader
+    /// stays aligned. Use `braid recv --live` at the other end for low latency.
+    #[arg(long)]
+    live: bool,
     /// Show a progress line even when stderr is not a terminal.
     #[arg(long)]
     progress: bool,
@@ -51,6 +57,12 @@ pub struct RecvArgs {
     s: SessionArgs,
     /// Where to write the stream, or - for standard output.
     output: String,
+    /// Write each packet as soon as every packet before it has arrived or is lost within
+    /// the tolerance, instead of a whole segment (W packets) at a time: the latency of
+    /// a live stream no longer includes the time to fill a segment. The output is the
+    /// same bytes in the same order.
+    #[arg(long)]
+    live: bool,
     /// Show a progress line even when stderr is not a terminal.
     #[arg(long)]
     progress: bool,
@@ -73,7 +85,11 @@ fn send_config(a: &SendArgs) -> Result<TransferConfig> {
     };
     c.rtt = units::parse_duration(&a.rtt).context("--rtt")?;
     c.window = a.window.unwrap_or(0);
-    c.chunk = a.chunk.unwrap_or(0);
+    c.chunk = a.chunk.unwrap_or(if a.live { 1316 } else { 0 });
+    if c.chunk == 0 && a.chunk.is_some() {
+        return Err(anyhow!("--chunk must be at least 1 byte"));
+    }
+    c.live = a.live;
     c.errctl()?;
     Ok(c)
 }
@@ -146,7 +162,10 @@ pub fn send(a: SendArgs) -> Result<()> {
 /// Run `braid recv`.
 pub fn recv(a: RecvArgs) -> Result<()> {
     init_tracing();
-    let cfg = transfer_config(&a.s)?;
+    let cfg = TransferConfig {
+        live: a.live,
+        ..transfer_config(&a.s)?
+    };
     runtime()?.block_on(async move {
         let output = transfer::open_output(&a.output).await?;
         let (mut session, _ctl, _) = start_session(&a.s).await?;
