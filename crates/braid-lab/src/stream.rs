@@ -1066,18 +1066,7 @@ fn braid_run(
             });
         }
     }
-    let sent = GenReport::from_json(&read_json(&gen_report, "stream-gen")?).ok_or_else(|| {
-        LabError::Command {
-            cmd: "stream-gen".into(),
-            reason: "unreadable report".into(),
-        }
-    })?;
-    let got = SinkReport::from_json(&read_json(&sink_report, "stream-sink")?).ok_or_else(|| {
-        LabError::Command {
-            cmd: "stream-sink".into(),
-            reason: "unreadable report".into(),
-        }
-    })?;
+    let (sent, got) = read_reports(&gen_report, &sink_report)?;
     let summary = |p: &Path, what: &str| {
         last_json_line(&fs::read_to_string(p).unwrap_or_default()).ok_or_else(|| {
             LabError::Command {
@@ -1204,18 +1193,7 @@ fn srt_run(opt: &StreamOptions, b: usize, latency_ms: u64) -> Result<RunResult, 
             reason: "the generator or the sink failed (see above)".into(),
         });
     }
-    let sent = GenReport::from_json(&read_json(&gen_report, "stream-gen")?).ok_or_else(|| {
-        LabError::Command {
-            cmd: "stream-gen".into(),
-            reason: "unreadable report".into(),
-        }
-    })?;
-    let got = SinkReport::from_json(&read_json(&sink_report, "stream-sink")?).ok_or_else(|| {
-        LabError::Command {
-            cmd: "stream-sink".into(),
-            reason: "unreadable report".into(),
-        }
-    })?;
+    let (sent, got) = read_reports(&gen_report, &sink_report)?;
     let stats = |p: &Path| last_json_line(&fs::read_to_string(p).unwrap_or_default());
     let (st_tx, st_rx) = (stats(&stats_tx), stats(&stats_rx));
     let Some(st_tx) = st_tx else {
@@ -1336,6 +1314,22 @@ fn render<DB: DrawingBackend>(
         .map_err(e)?;
     root.present().map_err(e)?;
     Ok(())
+}
+
+/// The generator's and the sink's JSON reports of one contender.
+fn read_reports(
+    gen_report: &Path,
+    sink_report: &Path,
+) -> Result<(GenReport, SinkReport), LabError> {
+    let unreadable = |cmd: &str| LabError::Command {
+        cmd: cmd.into(),
+        reason: "unreadable report".into(),
+    };
+    let sent = GenReport::from_json(&read_json(gen_report, "stream-gen")?)
+        .ok_or_else(|| unreadable("stream-gen"))?;
+    let got = SinkReport::from_json(&read_json(sink_report, "stream-sink")?)
+        .ok_or_else(|| unreadable("stream-sink"))?;
+    Ok((sent, got))
 }
 
 #[cfg(test)]
