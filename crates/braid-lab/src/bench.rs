@@ -49,6 +49,10 @@ pub struct BenchOptions {
     /// The tunnel's receive buffer per channel (`session.buffer_packets`); `None`: its
     /// default.
     pub buffer_packets: Option<usize>,
+    /// Scripted link changes, timed from the start of each TCP measurement of all
+    /// links (the ceiling, braid in each mode, MPTCP); the links are put back as
+    /// configured after each.
+    pub changes: Vec<crate::spec::Change>,
     /// The `braid` binary.
     pub exe: PathBuf,
     /// Emulator seed.
@@ -81,6 +85,8 @@ pub struct ModeResult {
     pub udp_offered_bps: f64,
     /// The receiving tunnel's counters after the run (its `braid status --json`).
     pub tunnel_status: Value,
+    /// With scripted changes: TCP goodput in each second, bit/s.
+    pub tcp_series_bps: Vec<f64>,
 }
 
 /// A whole run.
@@ -96,8 +102,16 @@ pub struct BenchResult {
     pub braid: BTreeMap<String, ModeResult>,
     /// MPTCP, if measured.
     pub mptcp_bps: Option<f64>,
+    /// With scripted changes: MPTCP's goodput in each second, bit/s.
+    pub mptcp_series_bps: Vec<f64>,
     /// Per-link emulator counters at the end.
     pub emulator: Vec<Value>,
+}
+
+fn series(v: &Value) -> Vec<f64> {
+    v.as_array()
+        .map(|a| a.iter().filter_map(Value::as_f64).collect())
+        .unwrap_or_default()
 }
 
 impl BenchResult {
@@ -118,6 +132,7 @@ impl BenchResult {
                         "udp_offered_bps": r.udp_offered_bps,
                         "tcp_ratio_to_sum": r.tcp_bps / self.sum_bps.max(1.0),
                         "tunnel_status": r.tunnel_status,
+                        "tcp_series_bps": r.tcp_series_bps,
                     }),
                 )
             })
@@ -128,6 +143,7 @@ impl BenchResult {
             "ceiling_bps": self.ceiling_bps,
             "braid": braid,
             "mptcp_bps": self.mptcp_bps,
+            "mptcp_series_bps": self.mptcp_series_bps,
             "emulator": self.emulator,
         })
     }
@@ -158,6 +174,7 @@ impl BenchResult {
                         udp_goodput_bps: r["udp_goodput_bps"].as_f64().unwrap_or(0.0),
                         udp_offered_bps: r["udp_offered_bps"].as_f64().unwrap_or(0.0),
                         tunnel_status: r["tunnel_status"].clone(),
+                        tcp_series_bps: series(&r["tcp_series_bps"]),
                     },
                 ))
             })
@@ -168,6 +185,7 @@ impl BenchResult {
             ceiling_bps: v["ceiling_bps"].as_f64().unwrap_or(0.0),
             braid,
             mptcp_bps: v["mptcp_bps"].as_f64(),
+            mptcp_series_bps: series(&v["mptcp_series_bps"]),
             emulator: v["emulator"].as_array().cloned().unwrap_or_default(),
         })
     }
@@ -197,6 +215,24 @@ impl BenchResult {
         }
         if let Some(m) = self.mptcp_bps {
             s += &row("MPTCP, one subflow per link", m, "");
+        }
+        // Scripted changes: each TCP run second by second.
+        let line = |what: &str, v: &[f64]| {
+            let secs: Vec<String> = v.iter().map(|b| format!("{:.0}", b / 1e6)).collect();
+            format!("  {what:<18} {}\n", secs.join(" "))
+        };
+        let mut series = String::new();
+        for (m, r) in &self.braid {
+            if !r.tcp_series_bps.is_empty() {
+                series += &line(&format!("braid {m}"), &r.tcp_series_bps);
+            }
+        }
+        if !self.mptcp_series_bps.is_empty() {
+            series += &line("MPTCP", &self.mptcp_series_bps);
+        }
+        if !series.is_empty() {
+            s += "TCP goodput in each second (Mbit/s), with the scripted link changes:\n";
+            s += &series;
         }
         s
     }
@@ -240,6 +276,61 @@ fn iperf_bps(json_text: &str, what: &str) -> Result<f64, LabError> {
             cmd: what.into(),
             reason: format!("no goodput in iperf3 output: {}", v["error"]),
         })
+}
+
+/// Goodput in each of iperf3's intervals (one a second), bit/s.
+fn iperf_series(json_text: &str) -> Vec<f64> {
+    serde_json::from_str::<Value>(json_text)
+        .ok()
+        .and_then(|v| {
+            v["intervals"].as_array().map(|a| {
+                a.iter()
+                    .filter_map(|i| i["sum"]["bits_per_second"].as_f64())
+                    .collect()
+            })
+        })
+        .unwrap_or_default()
+}
+
+/// Run `f` while the scripted changes happen at their times from now; afterwards put
+/// every changed link back as configured.
+fn with_changes<T>(
+    opt: &BenchOptions,
+    f: impl FnOnce() -> Result<T, LabError>,
+) -> Result<T, LabError> {
+    if opt.changes.is_empty() {
+        return f();
+    }
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut changes = opt.changes.clone();
+    changes.sort_by_key(|c| c.at);
+    let script = {
+        let stop = stop.clone();
+        std::thread::spawn(move || -> Result<(), LabError> {
+            let t0 = Instant::now();
+            for c in changes {
+                while t0.elapsed() < c.at {
+                    if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        return Ok(());
+                    }
+                    std::thread::sleep((c.at - t0.elapsed()).min(Duration::from_millis(20)));
+                }
+                topo::change(c.link, &c.action)?;
+            }
+            Ok(())
+        })
+    };
+    let r = f();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let scripted = script.join().unwrap_or(Ok(()));
+    let mut links: Vec<usize> = opt.changes.iter().map(|c| c.link).collect();
+    links.sort_unstable();
+    links.dedup();
+    for i in links {
+        topo::change(i, &crate::spec::Action::To(opt.links[i].clone()))?;
+    }
+    scripted?;
+    r
 }
 
 /// The sender's retransmissions in iperf3's JSON (0 when it does not say).
@@ -340,6 +431,43 @@ fn measure(opt: &BenchOptions, progress: &mut impl FnMut(&str)) -> Result<BenchR
     let sum_bps: f64 = links.iter().map(|l| l.tcp_bps).sum();
 
     say("TCP over every link at once (ceiling)".into(), progress);
+    let ceiling_bps = with_changes(opt, || ceiling(n, secs))?;
+
+    let mut braid = BTreeMap::new();
+    for mode in &opt.modes {
+        say(format!("braid tunnel, mode {mode}: TCP then UDP"), progress);
+        braid.insert(mode.clone(), tunnel_run(opt, mode, secs, sum_bps)?);
+    }
+
+    let (mptcp_bps, mptcp_series_bps) = if opt.mptcp {
+        say("MPTCP, one subflow per link".into(), progress);
+        let (b, s) = mptcp_run(opt, n, secs)?;
+        (Some(b), s)
+    } else {
+        (None, Vec::new())
+    };
+    let dir = topo::state_dir();
+    let emulator = (0..n)
+        .map(|i| {
+            fs::read_to_string(dir.join(format!("emu-{i}.json")))
+                .ok()
+                .and_then(|t| serde_json::from_str(&t).ok())
+                .unwrap_or(Value::Null)
+        })
+        .collect();
+    Ok(BenchResult {
+        links,
+        sum_bps,
+        ceiling_bps,
+        braid,
+        mptcp_bps,
+        mptcp_series_bps,
+        emulator,
+    })
+}
+
+/// One TCP flow per link at once: the sum of their goodputs.
+fn ceiling(n: usize, secs: u64) -> Result<f64, LabError> {
     let children: Vec<Child> = (0..n)
         .map(|i| {
             tcp_client(
@@ -368,36 +496,7 @@ fn measure(opt: &BenchOptions, progress: &mut impl FnMut(&str)) -> Result<BenchR
         })?;
         ceiling_bps += iperf_bps(&String::from_utf8_lossy(&out.stdout), "iperf3 ceiling")?;
     }
-
-    let mut braid = BTreeMap::new();
-    for mode in &opt.modes {
-        say(format!("braid tunnel, mode {mode}: TCP then UDP"), progress);
-        braid.insert(mode.clone(), tunnel_run(opt, mode, secs, sum_bps)?);
-    }
-
-    let mptcp_bps = if opt.mptcp {
-        say("MPTCP, one subflow per link".into(), progress);
-        Some(mptcp_run(n, secs)?)
-    } else {
-        None
-    };
-    let dir = topo::state_dir();
-    let emulator = (0..n)
-        .map(|i| {
-            fs::read_to_string(dir.join(format!("emu-{i}.json")))
-                .ok()
-                .and_then(|t| serde_json::from_str(&t).ok())
-                .unwrap_or(Value::Null)
-        })
-        .collect();
-    Ok(BenchResult {
-        links,
-        sum_bps,
-        ceiling_bps,
-        braid,
-        mptcp_bps,
-        emulator,
-    })
+    Ok(ceiling_bps)
 }
 
 /// A tunnel config for one end.
@@ -540,7 +639,12 @@ fn tunnel_run(
         std::thread::sleep(Duration::from_millis(200));
     }
     let c = tcp_client(NS_CLIENT, &[], "10.99.0.2", None, 5201, secs);
-    let tcp_json = output(c, "iperf3 through the tunnel")?;
+    let tcp_json = with_changes(opt, || output(c, "iperf3 through the tunnel"))?;
+    let tcp_series_bps = if opt.changes.is_empty() {
+        Vec::new()
+    } else {
+        iperf_series(&tcp_json)
+    };
     let tcp_bps = iperf_bps(&tcp_json, "iperf3 through the tunnel")?;
     let tcp_retransmits = iperf_retransmits(&tcp_json);
 
@@ -629,10 +733,11 @@ fn tunnel_run(
         udp_goodput_bps: got.goodput_bps,
         udp_offered_bps: sent.offered_bps,
         tunnel_status,
+        tcp_series_bps,
     })
 }
 
-fn mptcp_run(n: usize, secs: u64) -> Result<f64, LabError> {
+fn mptcp_run(opt: &BenchOptions, n: usize, secs: u64) -> Result<(f64, Vec<f64>), LabError> {
     let nn = n.to_string();
     for ns in [NS_CLIENT, NS_SERVER] {
         output(
@@ -684,5 +789,11 @@ fn mptcp_run(n: usize, secs: u64) -> Result<f64, LabError> {
         5202,
         secs,
     );
-    iperf_bps(&output(c, "MPTCP iperf3")?, "MPTCP iperf3")
+    let json = with_changes(opt, || output(c, "MPTCP iperf3"))?;
+    let series = if opt.changes.is_empty() {
+        Vec::new()
+    } else {
+        iperf_series(&json)
+    };
+    Ok((iperf_bps(&json, "MPTCP iperf3")?, series))
 }

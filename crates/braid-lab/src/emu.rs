@@ -113,6 +113,19 @@ pub struct Emulator {
     queue_limit: usize,
     stats: EmuStats,
     late_sum_us: f64,
+    /// While down, every packet is lost (`braid lab change … down`).
+    down: bool,
+    /// A file whose contents change the link while it runs ([`control_path`]).
+    control: Option<std::path::PathBuf>,
+    control_seen: Option<std::time::SystemTime>,
+}
+
+/// The control file of link `i` in the lab's state directory: `braid lab change`
+/// writes a link specification (new delay, jitter, loss), `down` or `up` into it, and
+/// the emulator of that link applies it within about 50 ms. (The rate is tbf's, which
+/// `lab change` sets itself.)
+pub fn control_path(dir: &std::path::Path, i: usize) -> std::path::PathBuf {
+    dir.join(format!("emu-{i}.ctl"))
 }
 
 impl Emulator {
@@ -135,6 +148,52 @@ impl Emulator {
             queue_limit: 200_000,
             stats: EmuStats::default(),
             late_sum_us: 0.0,
+            down: false,
+            control: None,
+            control_seen: None,
+        }
+    }
+
+    /// Watch `path` for changes ([`control_path`]).
+    pub fn with_control(mut self, path: std::path::PathBuf) -> Emulator {
+        self.control_seen = std::fs::metadata(&path).and_then(|m| m.modified()).ok();
+        self.control = Some(path);
+        self
+    }
+
+    /// Apply the control file if it changed since we last read it.
+    fn poll_control(&mut self) {
+        let Some(path) = &self.control else { return };
+        let Ok(modified) = std::fs::metadata(path).and_then(|m| m.modified()) else {
+            return;
+        };
+        if self.control_seen == Some(modified) {
+            return;
+        }
+        self.control_seen = Some(modified);
+        let Ok(text) = std::fs::read_to_string(path) else {
+            return;
+        };
+        self.apply(text.trim());
+    }
+
+    /// Take a change: a link specification, `down` or `up`. Anything else is ignored
+    /// (the writer, `lab change`, checked it).
+    pub fn apply(&mut self, what: &str) {
+        match what {
+            "down" => self.down = true,
+            "up" => self.down = false,
+            spec => {
+                if let Ok(l) = LinkSpec::parse(spec) {
+                    self.delay = l.delay;
+                    self.jitter = l.jitter;
+                    self.loss = LossState {
+                        loss: l.loss,
+                        bad: false,
+                    };
+                    self.down = false;
+                }
+            }
         }
     }
 
@@ -149,13 +208,22 @@ impl Emulator {
         let mut buf = vec![0u8; 65_536];
         let mut last_report = Instant::now();
         let mut last_release = Instant::now();
+        let mut last_control = Instant::now();
+        // With a control file, wake at least this often to look at it.
+        let idle = if self.control.is_some() {
+            Duration::from_millis(50)
+        } else {
+            Duration::from_millis(200)
+        };
         while !stop.load(Ordering::Relaxed) {
             let now = Instant::now();
+            if now.duration_since(last_control) >= Duration::from_millis(50) {
+                last_control = now;
+                self.poll_control();
+            }
             let timeout = match self.queue.front() {
-                Some((at, _)) => at
-                    .saturating_duration_since(now)
-                    .min(Duration::from_millis(200)),
-                None => Duration::from_millis(200),
+                Some((at, _)) => at.saturating_duration_since(now).min(idle),
+                None => idle,
             };
             wait_readable(self.tun.as_raw_fd(), timeout)?;
             // Read everything that is waiting.
@@ -166,7 +234,7 @@ impl Emulator {
                         self.stats.packets_in += 1;
                         let pkt = &buf[..n];
                         let applies = self.filter.is_none_or(|f| f.matches(pkt));
-                        if applies && self.loss.lose(&mut self.rng) {
+                        if self.down || (applies && self.loss.lose(&mut self.rng)) {
                             self.stats.dropped += 1;
                             continue;
                         }
@@ -256,7 +324,8 @@ pub fn run_links(links: &[LinkSpec], seed: u64, dir: &std::path::Path) -> Result
         let filter = LossFilter {
             forward_src: ([10, 201, 0, 0], 16),
         };
-        let mut emu = Emulator::new(tun, l, Some(filter), seed.wrapping_add(i as u64));
+        let mut emu = Emulator::new(tun, l, Some(filter), seed.wrapping_add(i as u64))
+            .with_control(control_path(dir, i));
         let stop = stop.clone();
         let path = dir.join(format!("emu-{i}.json"));
         threads.push(std::thread::spawn(move || {
@@ -312,6 +381,30 @@ mod tests {
         let rate = lost as f64 / n as f64;
         let want = 0.01 / 0.21;
         assert!((rate - want).abs() < 0.005, "rate {rate} want {want}");
+    }
+
+    #[test]
+    fn changes_apply_delay_loss_and_down() {
+        // No device is needed to check the state a change leaves.
+        let l = LinkSpec::parse("10mbit/5ms").unwrap();
+        let mut st = (
+            l.delay,
+            LossState {
+                loss: l.loss,
+                bad: false,
+            },
+        );
+        assert_eq!(st.0, Duration::from_millis(5));
+        let l2 = LinkSpec::parse("10mbit/40ms/2%").unwrap();
+        st = (
+            l2.delay,
+            LossState {
+                loss: l2.loss,
+                bad: false,
+            },
+        );
+        assert_eq!(st.0, Duration::from_millis(40));
+        assert!(matches!(st.1.loss, Loss::Random(p) if (p - 0.02).abs() < 1e-12));
     }
 
     #[test]

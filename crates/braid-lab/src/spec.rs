@@ -178,6 +178,68 @@ impl LinkSpec {
     }
 }
 
+/// What a scripted change does to a link ([`Change`]).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Action {
+    /// From now on the link is this (rate, delay, loss and jitter).
+    To(LinkSpec),
+    /// The link goes down: everything on it is lost, both ways.
+    Down,
+    /// The link comes back, as it was before it went down.
+    Up,
+}
+
+/// A scripted change of one link at a time into a measurement: `AT:LINK:WHAT`, where
+/// AT is a time like `5s` or `2500ms`, LINK the link's index, and WHAT a link
+/// specification (`33mbit/5ms`), `down` or `up`. Example: `5s:0:33mbit/5ms`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Change {
+    /// Time from the start of the measurement.
+    pub at: Duration,
+    /// Index of the link.
+    pub link: usize,
+    /// What happens.
+    pub action: Action,
+    /// The text it was parsed from.
+    pub text: String,
+}
+
+impl Change {
+    /// Parse `AT:LINK:WHAT` for a lab of `links` links.
+    pub fn parse(text: &str, links: usize) -> Result<Change, SpecError> {
+        let mut parts = text.splitn(3, ':');
+        let (Some(at), Some(link), Some(what)) = (parts.next(), parts.next(), parts.next()) else {
+            return Err(err(
+                text,
+                "expected AT:LINK:WHAT, e.g. 5s:0:33mbit/5ms or 5s:1:down",
+            ));
+        };
+        let at = braid_proto::units::parse_duration(at.trim())
+            .map_err(|e| err(text, format!("bad time '{at}': {e}")))?;
+        let link: usize = link
+            .trim()
+            .parse()
+            .map_err(|_| err(text, format!("bad link index '{link}'")))?;
+        if link >= links {
+            return Err(err(
+                text,
+                format!("link {link} does not exist (there are {links}, from 0)"),
+            ));
+        }
+        let action = match what.trim() {
+            "down" => Action::Down,
+            "up" => Action::Up,
+            spec => Action::To(LinkSpec::parse(spec)?),
+        };
+        Ok(Change {
+            at,
+            link,
+            action,
+            text: text.to_string(),
+        })
+    }
+}
+
 impl fmt::Display for LinkSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.text)
@@ -187,6 +249,28 @@ impl fmt::Display for LinkSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn changes_parse_and_say_what_is_wrong() {
+        let c = Change::parse("5s:1:33mbit/5ms/1%", 3).unwrap();
+        assert_eq!((c.at, c.link), (Duration::from_secs(5), 1));
+        assert!(matches!(c.action, Action::To(ref l) if l.rate_bps == 33_000_000));
+        assert_eq!(
+            Change::parse("2500ms:0:down", 1).unwrap().action,
+            Action::Down
+        );
+        assert_eq!(Change::parse("7s:0:up", 1).unwrap().action, Action::Up);
+        for (bad, what) in [
+            ("5s:3:down", "does not exist"),
+            ("5s:x:down", "bad link index"),
+            ("soon:0:down", "bad time"),
+            ("5s:0", "AT:LINK:WHAT"),
+            ("5s:0:fast", "link 'fast'"),
+        ] {
+            let e = Change::parse(bad, 3).unwrap_err().to_string();
+            assert!(e.contains(what), "{bad}: {e}");
+        }
+    }
 
     #[test]
     fn parses_the_issue_example() {

@@ -113,6 +113,35 @@ fn sh(ns: &str, cmd: &str) -> Result<String, LabError> {
     run(&v)
 }
 
+/// Change link `i` of the running lab: the rate with `tc qdisc change` on the router's
+/// tbf (both directions), delay, jitter and loss through the emulator's control file
+/// ([`crate::emu::control_path`]), applied within about 50 ms. `Up` restores the link
+/// as it was before `Down`.
+pub fn change(i: usize, action: &crate::spec::Action) -> Result<(), LabError> {
+    use crate::spec::Action;
+    let ctl = crate::emu::control_path(&state_dir(), i);
+    let text = match action {
+        Action::To(l) => {
+            for dev in ["a", "b"] {
+                sh(
+                    NS_ROUTER,
+                    &format!(
+                        "tc qdisc change dev {dev}{i} root tbf rate {}bit burst 32kb latency 20ms",
+                        l.rate_bps
+                    ),
+                )?;
+            }
+            l.text.clone()
+        }
+        Action::Down => "down".into(),
+        Action::Up => "up".into(),
+    };
+    std::fs::write(&ctl, text).map_err(|e| LabError::Command {
+        cmd: format!("write {}", ctl.display()),
+        reason: e.to_string(),
+    })
+}
+
 /// Namespaces of the lab that exist now.
 pub fn existing_namespaces() -> Vec<String> {
     let list = run(&["ip", "netns", "list"]).unwrap_or_default();

@@ -160,6 +160,44 @@ fn lab_links_have_their_rate_delay_and_loss() {
         "UDP loss on a 5 % link: {lost} %"
     );
 
+    // `lab change`: link 0's delay and rate while the lab runs, then down and up.
+    let change = |to: &str| {
+        let out = braid(&["lab", "change", "0", to]);
+        assert!(
+            out.status.success(),
+            "lab change 0 {to}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // The emulator looks at its control file every 50 ms.
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    change("10mbit/25ms");
+    let rtt = ping_avg_ms("10.202.0.1", "10.201.0.1");
+    assert!(
+        (50.0..52.5).contains(&rtt),
+        "changed RTT {rtt} ms, want ~50"
+    );
+    let tbf = in_ns("brl-r", &["tc", "qdisc", "show", "dev", "a0"]);
+    assert!(tbf.contains("rate 10Mbit"), "{tbf}");
+    change("down");
+    let dead = Command::new("ip")
+        .args([
+            "netns", "exec", "brl-a", "ping", "-q", "-c", "3", "-i", "0.1",
+        ])
+        .args(["-W", "1", "-I", "10.201.0.1", "10.202.0.1"])
+        .output()
+        .unwrap();
+    assert!(!dead.status.success(), "a link that is down answers pings");
+    change("up");
+    let rtt = ping_avg_ms("10.202.0.1", "10.201.0.1");
+    assert!(
+        (50.0..52.5).contains(&rtt),
+        "RTT after up {rtt} ms, want ~50"
+    );
+    let bad = braid(&["lab", "change", "7", "down"]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("does not exist"));
+
     let status = braid(&["lab", "status"]);
     assert!(String::from_utf8_lossy(&status.stdout).contains("packets_out"));
     drop(_down);

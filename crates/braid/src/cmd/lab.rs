@@ -29,6 +29,15 @@ enum LabCommand {
     },
     /// Remove everything the lab created (also after a crash).
     Down,
+    /// Change one link of the running lab (`lab up`): its rate (tbf), delay, jitter
+    /// and loss (the emulator, within about 50 ms), or take it down and up.
+    Change {
+        /// Index of the link, from 0.
+        link: usize,
+        /// The new link, as for `lab up` (e.g. 33mbit/5ms/1%), or `down`, or `up`
+        /// (back as before `down`).
+        to: String,
+    },
     /// In one run on the same links: each link alone with TCP, all at once, TCP and UDP
     /// through `braid tunnel` in each mode, and Linux MPTCP. Builds the lab and removes
     /// it afterwards (needs root, iperf3 and mptcpize).
@@ -75,6 +84,13 @@ enum LabCommand {
         /// the tunnel's, 4096). With --credits the window is this less 64.
         #[arg(long, value_name = "PACKETS")]
         buffer_packets: Option<usize>,
+        /// A scripted link change during every TCP measurement over all links (the
+        /// ceiling, braid in each mode, MPTCP), as AT:LINK:WHAT, timed from the start of
+        /// the measurement: `5s:0:33mbit/5ms` (link 0 drops to 33 Mbit/s at 5 s),
+        /// `3s:1:down`, `6s:1:up`. Repeat for more. The links are put back after each
+        /// measurement; the table and JSON add TCP goodput second by second.
+        #[arg(long = "change", value_name = "AT:LINK:WHAT")]
+        changes: Vec<String>,
         /// Print one JSON object instead of the table.
         #[arg(long)]
         json: bool,
@@ -221,6 +237,20 @@ pub fn run(a: Args) -> Result<()> {
             println!("lab is up; `braid lab down` removes it");
             Ok(())
         }
+        LabCommand::Change { link, to } => {
+            // The links of the running lab, as `lab up` recorded them.
+            let Ok(text) = std::fs::read_to_string(topo::state_dir().join("links")) else {
+                bail!("no lab is up (braid lab up --links …)");
+            };
+            let links = LinkSpec::parse_list(text.trim())
+                .context("the running lab's links")?
+                .len();
+            let c = braid_lab::spec::Change::parse(&format!("0s:{link}:{to}"), links)
+                .context("lab change")?;
+            topo::change(c.link, &c.action)?;
+            println!("link {link}: {to}");
+            Ok(())
+        }
         LabCommand::Down => {
             let removed = topo::down()?;
             if removed.is_empty() {
@@ -242,6 +272,7 @@ pub fn run(a: Args) -> Result<()> {
             arq,
             credits,
             buffer_packets,
+            changes,
             json,
             plot,
             seed,
@@ -255,6 +286,19 @@ pub fn run(a: Args) -> Result<()> {
                 }
             }
             let specs = LinkSpec::parse_list(&links).context("--links")?;
+            let changes = changes
+                .iter()
+                .map(|c| braid_lab::spec::Change::parse(c, specs.len()))
+                .collect::<Result<Vec<_>, _>>()
+                .context("--change")?;
+            let secs = braid_proto::units::parse_duration(&duration).unwrap_or_default();
+            if let Some(late) = changes.iter().find(|c| c.at >= secs) {
+                bail!(
+                    "--change {}: at {:?}, not before the end of a {duration} measurement",
+                    late.text,
+                    late.at
+                );
+            }
             let weights = match weights {
                 None => None,
                 Some(w) => {
@@ -304,6 +348,7 @@ pub fn run(a: Args) -> Result<()> {
                 arq,
                 credits,
                 buffer_packets,
+                changes,
                 exe: std::env::current_exe().context("locating the braid binary")?,
                 seed,
             };
