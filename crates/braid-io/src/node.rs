@@ -793,6 +793,22 @@ fn flow_id() -> u32 {
     u32::from_be_bytes(b)
 }
 
+/// Session channel weights for a slot assignment: SRR quanta from the paths' shares;
+/// an unused slot gets the smallest.
+fn slot_weights(slots: &[Option<Choice>]) -> [u32; SLOTS] {
+    let set: Vec<Choice> = slots.iter().flatten().copied().collect();
+    let q = braid_proto::overlay::quanta(&set, 1400);
+    let min = q.iter().copied().min().unwrap_or(1400);
+    let mut weights = [min; SLOTS];
+    let mut qi = q.into_iter();
+    for (k, c) in slots.iter().enumerate().take(SLOTS) {
+        if c.is_some() {
+            weights[k] = qi.next().unwrap_or(min);
+        }
+    }
+    weights
+}
+
 fn slot_path(c: &Option<Choice>) -> Option<String> {
     c.as_ref().map(path_text)
 }
@@ -938,16 +954,7 @@ impl State {
         if f.slots.is_empty() {
             if !paths.is_empty() {
                 f.slots = assign_slots(&[], &paths, SLOTS);
-                let set: Vec<Choice> = f.slots.iter().flatten().copied().collect();
-                let q = braid_proto::overlay::quanta(&set, 1400);
-                let min = q.iter().copied().min().unwrap_or(1400);
-                let mut weights = [min; SLOTS];
-                let mut qi = q.into_iter();
-                for (k, c) in f.slots.iter().enumerate() {
-                    if c.is_some() {
-                        weights[k] = qi.next().unwrap_or(min);
-                    }
-                }
+                let weights = slot_weights(&f.slots);
                 tracing::info!(
                     flow = f.flow,
                     slots = ?f.slots.iter().map(slot_path).collect::<Vec<_>>(),
@@ -974,6 +981,8 @@ impl State {
             let hops = self.src_hops(&f);
             if let Some(e) = &self.endpoint {
                 e.set_hops(hops);
+                // The moved slot gets its new path's weight.
+                e.set_weights(slot_weights(&f.slots));
             }
             send = true;
         }
@@ -1055,18 +1064,22 @@ impl State {
                     .dst_flow
                     .as_ref()
                     .is_some_and(|f| f.flow == *flow && f.src == *src);
+                let min = paths.iter().map(|p| p.weight).min().unwrap_or(1);
+                let mut weights = [min; SLOTS];
+                for p in paths {
+                    if let Some(w) = weights.get_mut(p.slot as usize) {
+                        *w = p.weight;
+                    }
+                }
                 if same {
                     if let Some(e) = &self.endpoint {
                         e.set_hops(hops);
-                    }
-                } else {
-                    let min = paths.iter().map(|p| p.weight).min().unwrap_or(1);
-                    let mut weights = [min; SLOTS];
-                    for p in paths {
-                        if let Some(w) = weights.get_mut(p.slot as usize) {
-                            *w = p.weight;
+                        let moved = self.dst_flow.as_ref().is_some_and(|f| f.paths != slots);
+                        if moved {
+                            e.set_weights(weights);
                         }
                     }
+                } else {
                     tracing::info!(flow, src, "flow arriving; starting its end");
                     self.cmds.push(FlowCmd::Start {
                         flow: *flow,

@@ -25,7 +25,7 @@ use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use crate::config::{ChannelConfig, SessionConfig, TunnelConfig};
-use crate::session::{Session, SessionError};
+use crate::session::{Session, SessionError, StatsHandle};
 
 /// Channels of a flow's session (its slots).
 pub const SLOTS: usize = MAX_PROVISION_PATHS;
@@ -81,6 +81,7 @@ pub struct Endpoint {
     shims: Vec<Arc<UdpSocket>>,
     /// Counters.
     pub counters: Arc<EndCounters>,
+    control: StatsHandle,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -96,6 +97,13 @@ impl Endpoint {
     /// Aim slot `i` at `hop` (`None`: the slot is unused; its datagrams are dropped).
     pub fn set_hops(&self, hops: [Option<SocketAddr>; SLOTS]) {
         *self.hops.lock().unwrap_or_else(|p| p.into_inner()) = hops;
+    }
+
+    /// New channel weights for the flow's session (a slot moved to another path).
+    pub fn set_weights(&self, weights: [u32; SLOTS]) {
+        if let Err(e) = self.control.set_weights(weights.to_vec()) {
+            warn!(flow = self.flow, "weights not set: {e}");
+        }
     }
 
     /// The next hop of every slot.
@@ -168,6 +176,7 @@ pub async fn start(
             .await
             .map_err(|e| format!("aiming a shim at the session: {e}"))?;
     }
+    let control = session.stats_handle();
     let hops = Arc::new(Mutex::new(hops));
     let counters = Arc::new(EndCounters::default());
     let mut tasks = Vec::new();
@@ -231,6 +240,7 @@ pub async fn start(
         hops,
         shims,
         counters,
+        control,
         tasks,
     })
 }

@@ -562,7 +562,8 @@ fn iperf_client(dst: &str, bind: Option<&str>, secs: f64, interval: bool) -> Com
         c.args(["-B", b]);
     }
     if interval {
-        c.args(["-i", "0.1"]);
+        // Small writes, so the 100 ms intervals are not whole 128 KB blocks.
+        c.args(["-i", "0.1", "-l", "16K"]);
     }
     c.stdin(Stdio::null())
         .stdout(Stdio::piped())
