@@ -86,7 +86,9 @@ enum LabCommand {
     /// path is killed. Builds the lab and removes it afterwards, also on Ctrl-C (needs
     /// root and iperf3).
     Overlay {
-        /// The direct hop source-destination, RATE/DELAY[/LOSS] as for `lab up`.
+        /// The direct hop source-destination, RATE/DELAY[/LOSS][/jJITTER] as for `lab
+        /// up`. Rate and delay apply both ways, loss from the lower-numbered node to the
+        /// higher (the flow's direction).
         #[arg(long, default_value = "4mbit/40ms")]
         direct: String,
         /// The hops through relays 1, 2 and 3 (each used for source-relay and
@@ -106,8 +108,8 @@ enum LabCommand {
         #[arg(long, default_value_t = 3)]
         max_paths: usize,
         /// Adaptive weights in the flow's session (`[flow] adaptive = true`): the SRR
-        /// quanta follow what each path delivers, so a path moved to a slow relay does
-        /// not keep the weight of the fast one it replaced.
+        /// quanta follow what each path delivers instead of staying at the shares the
+        /// probes measured.
         #[arg(long)]
         adaptive: bool,
         /// Print one JSON object instead of the table.
@@ -323,12 +325,8 @@ pub fn run(a: Args) -> Result<()> {
                 print!("{}", r.table());
             }
             if let Some(p) = plot {
-                braid_lab::overlay::draw(
-                    &r,
-                    &format!("braid lab overlay: direct {direct}, relays {relays}"),
-                    &p,
-                )
-                .map_err(|e| anyhow::anyhow!("plot: {e}"))?;
+                braid_lab::overlay::draw(&r, &format!("braid lab overlay: direct {direct}"), &p)
+                    .map_err(|e| anyhow::anyhow!("plot: {e}"))?;
                 eprintln!("wrote {}", p.display());
             }
             Ok(())
