@@ -747,11 +747,16 @@ impl Node {
                 weights,
                 hops,
             } => {
-                let (key, fc) = {
+                let (key, fc, replaced) = {
                     let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
-                    s.endpoint = None;
-                    (s.cfg.key, s.cfg.flow.clone())
+                    let old = s.endpoint.take();
+                    (s.cfg.key, s.cfg.flow.clone(), old.is_some())
                 };
+                if replaced {
+                    // A new flow (the source restarted): the old end's tasks were
+                    // aborted; let them close its TUN device before it is made again.
+                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                }
                 let Some(fc) = fc else { return };
                 let Some(app) = self.app.take() else {
                     tracing::warn!(
