@@ -163,6 +163,8 @@ pub struct OverlayResult {
     pub overlay_bps: f64,
     /// TCP retransmissions through the overlay.
     pub overlay_retransmits: u64,
+    /// The paths when the relay was killed (the route may have changed since the start).
+    pub paths_at_kill: Vec<String>,
     /// The relay killed (node id), if the kill run ran.
     pub killed: Option<usize>,
     /// Seconds into the kill run at which the relay was killed.
@@ -194,6 +196,7 @@ impl OverlayResult {
             "direct_bps": self.direct_bps,
             "overlay_bps": self.overlay_bps,
             "overlay_retransmits": self.overlay_retransmits,
+            "paths_at_kill": self.paths_at_kill,
             "killed": self.killed,
             "kill_at_s": self.kill_at_s,
             "before_kill_bps": self.before_kill_bps,
@@ -227,6 +230,10 @@ impl OverlayResult {
             self.overlay_retransmits
         );
         if let Some(k) = self.killed {
+            s += &format!(
+                "paths when the relay was killed: {}\n",
+                self.paths_at_kill.join(" + ")
+            );
             s += &format!(
                 "relay {k} killed at {:.1} s: before {:.2} Mbit/s, after {:.2} Mbit/s\n",
                 self.kill_at_s,
@@ -847,6 +854,7 @@ pub fn run_overlay(
         direct_bps,
         overlay_bps,
         overlay_retransmits,
+        paths_at_kill: Vec::new(),
         killed: None,
         kill_at_s: 0.0,
         before_kill_bps: 0.0,
@@ -906,6 +914,7 @@ pub fn run_overlay(
             .iter()
             .find(|(t, l)| *t >= killed_at && l.starts_with("route to 4:") && l.contains("[dead"));
         r.killed = Some(victim);
+        r.paths_at_kill = now_paths;
         r.kill_at_s = at;
         r.before_kill_bps = before;
         r.after_kill_bps = after;
