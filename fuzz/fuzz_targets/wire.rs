@@ -57,6 +57,11 @@ fuzz_target!(|data: &[u8]| {
             assert_eq!(overlay::Repr::parse(&v), Ok(r));
         }
     }
+    if let Ok((h, payload)) = overlay::DataHeader::parse(data) {
+        let mut v = h.bytes().to_vec();
+        v.extend_from_slice(payload);
+        assert_eq!(v, data);
+    }
     if let Ok(r) = credit::Repr::parse_bytes(data) {
         assert_eq!(credit::Repr::parse_bytes(&r.to_vec()), Ok(r));
     }

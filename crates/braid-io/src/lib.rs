@@ -27,6 +27,7 @@
 pub mod config;
 pub mod keys;
 pub mod node;
+pub mod node_flow;
 pub mod observe;
 pub mod relay;
 pub mod session;

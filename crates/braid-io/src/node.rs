@@ -10,8 +10,13 @@
 //! trailer of [`braid_proto::overlay::auth`] under the overlay's pre-shared key;
 //! anything that does not verify is counted and dropped.
 //!
-//! Not here yet: the forwarding engine (PROVISION and TEARDOWN are parsed and counted
-//! but not acted on) and striping a flow over the chosen paths; see `docs/overlay.md`.
+//! The forwarding engine and the flow: a node with a `[flow] to = D` section stripes a
+//! flow to node D over the paths its QRE chose. It sends an authenticated PROVISION to
+//! D and to every relay of those paths (again every `update_ms`, as soft state), each
+//! relay forwards the flow's DATA datagrams between the two ends
+//! ([`braid_proto::overlay::FlowTable`]), and both ends run a braid session whose
+//! channels are the paths ([`crate::node_flow`]); a route change moves a path to a
+//! new relay without stopping the session. See `docs/overlay.md`.
 //!
 //! Time is the wall clock in µs since the Unix epoch, so that every node computes the
 //! same probe slots (clocks are assumed NTP-synchronized to well within a slot).
@@ -23,14 +28,19 @@ use std::time::SystemTime;
 
 use braid_proto::overlay::auth::{NodeAuth, TRAILER_LEN};
 use braid_proto::overlay::{
-    AccessTable, Choice, Decision, Measurement, Metric, NodeId, ProbeConfig, ProbeSchedule,
-    RerouteConfig, Rerouter, RouteConfig,
+    assign_slots, AccessTable, Choice, Decision, FlowTable, Measurement, Metric, NodeId,
+    ProbeConfig, ProbeSchedule, RelayEntry, RerouteConfig, Rerouter, Role, RouteConfig,
 };
-use braid_proto::wire::overlay::{Repr, UpdateEntry, LOSS_SCALE, MAX_PING_PAD, PING_LEN};
+use braid_proto::wire::overlay::{
+    DataHeader, Repr, UpdateEntry, LOSS_SCALE, MAX_PING_PAD, PING_LEN,
+};
 use braid_proto::{Duration, Instant};
 use serde::Serialize;
 use tokio::net::UdpSocket;
 use toml::{Table, Value};
+
+use crate::config::TunnelConfig;
+use crate::node_flow::{AppSide, Endpoint, FlowConfig, SLOTS};
 
 /// Largest node id a configuration may use (the table is sized by the largest id).
 pub const MAX_NODE_ID: NodeId = 1023;
@@ -38,6 +48,10 @@ pub const MAX_NODE_ID: NodeId = 1023;
 const LOSS_EWMA: f64 = 0.1;
 /// IPv4 + UDP header bytes, counted in a train's rate.
 const IP_UDP: usize = 28;
+/// Flows a node relays at most.
+pub const MAX_RELAYED_FLOWS: usize = 256;
+/// A PROVISION lives this many refresh intervals (`update_ms`) unless repeated.
+const PROVISION_LIFETIMES: u64 = 5;
 
 /// A peer of this node.
 #[derive(Clone, Debug, PartialEq)]
@@ -83,6 +97,8 @@ pub struct NodeConfig {
     pub threshold: f64,
     /// Reroute hysteresis (evaluations in a row).
     pub consecutive: u32,
+    /// The `[flow]` section: this node is an end of striped flows.
+    pub flow: Option<FlowConfig>,
 }
 
 /// A bad node configuration.
@@ -139,7 +155,9 @@ impl NodeConfig {
         check_keys(
             &root,
             "",
-            &["id", "listen", "key_file", "key", "peer", "probe", "route"],
+            &[
+                "id", "listen", "key_file", "key", "peer", "probe", "route", "flow",
+            ],
         )?;
         let id = num(&root, "id", None, 0.0, MAX_NODE_ID as f64)? as NodeId;
         let listen = root
@@ -221,7 +239,7 @@ impl NodeConfig {
                 "consecutive",
             ],
         )?;
-        let routes = match route.get("to") {
+        let mut routes: Vec<NodeId> = match route.get("to") {
             None => Vec::new(),
             Some(Value::Array(a)) => a
                 .iter()
@@ -240,7 +258,18 @@ impl NodeConfig {
                 .ok_or("route.metric: expected \"throughput\", \"delay\" or \"loss\"")?,
             Some(None) => return Err("route.metric: expected a string".into()),
         };
+        let flow = match root.get("flow") {
+            None => None,
+            Some(Value::Table(t)) => Some(parse_flow(t, &peers)?),
+            Some(_) => return Err("`flow`: expected a [flow] table".into()),
+        };
+        if let Some(d) = flow.as_ref().and_then(|f| f.to) {
+            if !routes.contains(&d) {
+                routes.push(d);
+            }
+        }
         Ok(NodeConfig {
+            flow,
             id,
             listen,
             peers,
@@ -261,6 +290,63 @@ impl NodeConfig {
     }
 }
 
+fn parse_flow(t: &Table, peers: &[Peer]) -> Result<FlowConfig, String> {
+    check_keys(
+        t,
+        "flow.",
+        &["to", "tun", "address", "path_mtu", "settle_ms", "adaptive"],
+    )?;
+    let to = match t.get("to") {
+        None => None,
+        Some(v) => Some(
+            v.as_integer()
+                .and_then(|i| NodeId::try_from(i).ok())
+                .filter(|d| peers.iter().any(|p| p.id == *d))
+                .ok_or_else(|| format!("flow.to: {v} is not a peer's id"))?,
+        ),
+    };
+    let tun = match t.get("tun") {
+        None => None,
+        Some(Value::String(s)) if !s.is_empty() && s.len() < 16 => Some(s.clone()),
+        Some(v) => {
+            return Err(format!(
+                "flow.tun: expected a device name of 1 to 15 characters, found {v}"
+            ))
+        }
+    };
+    let address = match t.get("address") {
+        None => None,
+        Some(Value::String(s)) => {
+            let (a, l) = s
+                .split_once('/')
+                .ok_or_else(|| format!("flow.address: expected ADDRESS/PREFIX, found {s:?}"))?;
+            let a = a
+                .parse::<std::net::Ipv4Addr>()
+                .map_err(|e| format!("flow.address: {e}"))?;
+            let l = l
+                .parse::<u8>()
+                .ok()
+                .filter(|l| *l <= 32)
+                .ok_or_else(|| format!("flow.address: bad prefix length in {s:?}"))?;
+            Some((a, l))
+        }
+        Some(v) => return Err(format!("flow.address: expected a string, found {v}")),
+    };
+    let adaptive = match t.get("adaptive") {
+        None => false,
+        Some(Value::Boolean(b)) => *b,
+        Some(v) => return Err(format!("flow.adaptive: expected true or false, found {v}")),
+    };
+    Ok(FlowConfig {
+        to,
+        tun,
+        address,
+        path_mtu: num(t, "path_mtu", Some(1500.0), 576.0, 9000.0)? as u32,
+        settle: Duration::from_millis(num(t, "settle_ms", Some(10_000.0), 0.0, 3_600_000.0)? as u64),
+        adaptive,
+    })
+}
+
 /// Counters of a running node.
 #[derive(Clone, Debug, Default, Serialize, PartialEq)]
 pub struct NodeStats {
@@ -276,8 +362,36 @@ pub struct NodeStats {
     pub updates: u64,
     /// Throughput probes that produced a rate.
     pub probes: u64,
-    /// PROVISION and TEARDOWN messages received (not acted on yet).
-    pub unsupported: u64,
+    /// PROVISION messages taken.
+    pub provisions: u64,
+    /// TEARDOWN messages taken.
+    pub teardowns: u64,
+    /// PROVISIONs and TEARDOWNs refused (not from the flow's source, table full, a
+    /// flow to a node without a `[flow]` section).
+    pub flow_refused: u64,
+    /// DATA datagrams relayed.
+    pub forwarded: u64,
+    /// DATA datagrams dropped: no provisioned flow, slot or sender matches.
+    pub data_dropped: u64,
+    /// DATA datagrams handed to this node's own flow end.
+    pub data_delivered: u64,
+}
+
+/// This node's part in a striped flow.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct FlowStatus {
+    /// Flow id.
+    pub flow: u32,
+    /// Source node.
+    pub src: NodeId,
+    /// Destination node.
+    pub dst: NodeId,
+    /// The path of every slot (`None`: unused), e.g. `0->2->4`.
+    pub slots: Vec<Option<String>>,
+    /// DATA datagrams sent per slot by this end.
+    pub sent: Vec<u64>,
+    /// DATA datagrams received per slot by this end.
+    pub received: Vec<u64>,
 }
 
 /// A route change of one destination.
@@ -304,6 +418,10 @@ pub struct Snapshot {
     pub changes: Vec<RouteChange>,
     /// Counters.
     pub stats: NodeStats,
+    /// Flows relayed by this node.
+    pub relayed: Vec<RelayEntry>,
+    /// The flow this node is an end of, if any.
+    pub flow: Option<FlowStatus>,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -326,8 +444,44 @@ struct PeerState {
     train: Option<Train>,
 }
 
+/// The flow this node sources.
+struct SrcFlow {
+    dst: NodeId,
+    flow: u32,
+    /// When routes first existed.
+    first_route: Option<Instant>,
+    /// The path on every slot; empty until provisioned.
+    slots: Vec<Option<Choice>>,
+    /// Relays that were sent a PROVISION and may need a TEARDOWN.
+    relays: Vec<NodeId>,
+    next_provision: Instant,
+}
+
+/// The flow this node is the destination of.
+struct DstFlow {
+    src: NodeId,
+    flow: u32,
+    paths: Vec<(u8, Option<NodeId>)>,
+}
+
+/// What the driver must do with the flow end (it needs to await).
+enum FlowCmd {
+    Start {
+        flow: u32,
+        reverse: bool,
+        weights: [u32; SLOTS],
+        hops: [Option<SocketAddr>; SLOTS],
+    },
+    Stop,
+}
+
 struct State {
     cfg: NodeConfig,
+    flows: FlowTable,
+    src_flow: Option<SrcFlow>,
+    dst_flow: Option<DstFlow>,
+    endpoint: Option<Arc<Endpoint>>,
+    cmds: Vec<FlowCmd>,
     auth: NodeAuth,
     sched: ProbeSchedule,
     peers: Vec<PeerState>,
@@ -361,6 +515,8 @@ impl NodeHandle {
                 .collect(),
             changes: s.changes.clone(),
             stats: s.stats.clone(),
+            relayed: s.flows.entries().to_vec(),
+            flow: s.flow_status(),
         }
     }
 }
@@ -376,8 +532,9 @@ pub fn wall_now() -> Instant {
 
 /// A node bound to its socket, ready to run.
 pub struct Node {
-    socket: UdpSocket,
+    socket: Arc<UdpSocket>,
     state: Arc<Mutex<State>>,
+    app: Option<AppSide>,
 }
 
 fn path_text(c: &Choice) -> String {
@@ -448,7 +605,32 @@ impl Node {
             })
             .collect();
         let probe = sched.next_probe(now);
+        let app = cfg.flow.as_ref().and_then(|f| {
+            f.tun.as_ref().map(|name| {
+                AppSide::Tun(TunnelConfig {
+                    name: name.clone(),
+                    address: f.address,
+                    mtu: None,
+                    control: None,
+                    metrics: None,
+                    log_interval: std::time::Duration::ZERO,
+                })
+            })
+        });
+        let src_flow = cfg.flow.as_ref().and_then(|f| f.to).map(|dst| SrcFlow {
+            dst,
+            flow: flow_id(),
+            first_route: None,
+            slots: Vec::new(),
+            relays: Vec::new(),
+            next_provision: now,
+        });
         let state = State {
+            flows: FlowTable::new(cfg.id, MAX_RELAYED_FLOWS),
+            src_flow,
+            dst_flow: None,
+            endpoint: None,
+            cmds: Vec::new(),
             auth: NodeAuth::new(&cfg.key, cfg.id, now.as_micros()),
             sched,
             peers,
@@ -466,9 +648,16 @@ impl Node {
             cfg,
         };
         Ok(Node {
-            socket,
+            socket: Arc::new(socket),
             state: Arc::new(Mutex::new(state)),
+            app,
         })
+    }
+
+    /// Use in-process queues instead of a TUN device as the application side of this
+    /// node's flow end (tests and examples).
+    pub fn set_app(&mut self, app: AppSide) {
+        self.app = Some(app);
     }
 
     /// The bound address.
@@ -481,8 +670,11 @@ impl Node {
         NodeHandle(self.state.clone())
     }
 
-    /// Run until `shutdown` completes.
-    pub async fn run(self, shutdown: impl std::future::Future<Output = ()>) -> std::io::Result<()> {
+    /// Run until `shutdown` completes. A source sends TEARDOWNs on the way out.
+    pub async fn run(
+        mut self,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) -> std::io::Result<()> {
         tokio::pin!(shutdown);
         let mut tick = tokio::time::interval(std::time::Duration::from_millis(5));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
@@ -490,7 +682,17 @@ impl Node {
         let mut out: Vec<(SocketAddr, Vec<u8>)> = Vec::new();
         loop {
             tokio::select! {
-                _ = &mut shutdown => return Ok(()),
+                _ = &mut shutdown => {
+                    {
+                        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+                        s.teardown_all(&mut out);
+                        s.endpoint = None;
+                    }
+                    for (to, d) in out.drain(..) {
+                        let _ = self.socket.send_to(&d, to).await;
+                    }
+                    return Ok(());
+                }
                 r = self.socket.recv_from(&mut buf) => {
                     let (n, from) = match r {
                         Ok(x) => x,
@@ -505,6 +707,13 @@ impl Node {
                     s.on_tick(wall_now(), &mut out);
                 }
             }
+            let cmds = {
+                let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+                std::mem::take(&mut s.cmds)
+            };
+            for c in cmds {
+                self.flow_cmd(c).await;
+            }
             let count = out.len() as u64;
             for (to, d) in out.drain(..) {
                 // A peer that is down is not an error of ours.
@@ -518,7 +727,392 @@ impl Node {
     }
 }
 
+impl Node {
+    async fn flow_cmd(&mut self, c: FlowCmd) {
+        match c {
+            FlowCmd::Stop => {
+                let e = self
+                    .state
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .endpoint
+                    .take();
+                if let Some(e) = e {
+                    tracing::info!(flow = e.flow, "flow end stopped");
+                }
+            }
+            FlowCmd::Start {
+                flow,
+                reverse,
+                weights,
+                hops,
+            } => {
+                let (key, fc, replaced) = {
+                    let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+                    let old = s.endpoint.take();
+                    (s.cfg.key, s.cfg.flow.clone(), old.is_some())
+                };
+                if replaced {
+                    // A new flow (the source restarted): the old end's tasks were
+                    // aborted; let them close its TUN device before it is made again.
+                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                }
+                let Some(fc) = fc else { return };
+                let Some(app) = self.app.take() else {
+                    tracing::warn!(
+                        flow,
+                        "flow not started: this node has no application side (no [flow] tun, or its queues were used by an earlier flow)"
+                    );
+                    return;
+                };
+                // A TUN device can be opened again for a later flow.
+                if let AppSide::Tun(t) = &app {
+                    self.app = Some(AppSide::Tun(t.clone()));
+                }
+                let spec = crate::node_flow::EndSpec {
+                    flow,
+                    reverse,
+                    weights,
+                    hops,
+                };
+                match crate::node_flow::start(spec, &key, &fc, app, self.socket.clone()).await {
+                    Ok(e) => {
+                        self.state
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .endpoint = Some(Arc::new(e));
+                    }
+                    Err(e) => tracing::error!(flow, "flow end not started: {e}"),
+                }
+            }
+        }
+    }
+}
+
+/// A random flow id (it only has to differ from the last run's).
+fn flow_id() -> u32 {
+    let mut b = [0u8; 4];
+    if getrandom::fill(&mut b).is_err() {
+        return (wall_now().as_micros() as u32) | 1;
+    }
+    u32::from_be_bytes(b)
+}
+
+/// Session channel weights for a slot assignment: SRR quanta from the paths' shares;
+/// an unused slot gets the smallest.
+fn slot_weights(slots: &[Option<Choice>]) -> [u32; SLOTS] {
+    let set: Vec<Choice> = slots.iter().flatten().copied().collect();
+    let q = braid_proto::overlay::quanta(&set, 1400);
+    let min = q.iter().copied().min().unwrap_or(1400);
+    let mut weights = [min; SLOTS];
+    let mut qi = q.into_iter();
+    for (k, c) in slots.iter().enumerate().take(SLOTS) {
+        if c.is_some() {
+            weights[k] = qi.next().unwrap_or(min);
+        }
+    }
+    weights
+}
+
+fn slot_path(c: &Option<Choice>) -> Option<String> {
+    c.as_ref().map(path_text)
+}
+
 impl State {
+    fn peer_addr(&self, id: NodeId) -> Option<SocketAddr> {
+        self.peers.iter().find(|p| p.id == id).map(|p| p.addr)
+    }
+
+    fn flow_status(&self) -> Option<FlowStatus> {
+        let counts =
+            |f: fn(&crate::node_flow::EndCounters) -> &[std::sync::atomic::AtomicU64; SLOTS]| {
+                self.endpoint.as_ref().map_or(vec![0; SLOTS], |e| {
+                    f(&e.counters)
+                        .iter()
+                        .map(|a| a.load(std::sync::atomic::Ordering::Relaxed))
+                        .collect()
+                })
+            };
+        if let Some(f) = &self.src_flow {
+            return Some(FlowStatus {
+                flow: f.flow,
+                src: self.cfg.id,
+                dst: f.dst,
+                slots: f.slots.iter().map(slot_path).collect(),
+                sent: counts(|c| &c.sent),
+                received: counts(|c| &c.received),
+            });
+        }
+        self.dst_flow.as_ref().map(|f| FlowStatus {
+            flow: f.flow,
+            src: f.src,
+            dst: self.cfg.id,
+            slots: (0..SLOTS as u8)
+                .map(|k| {
+                    f.paths.iter().find(|p| p.0 == k).map(|p| match p.1 {
+                        None => format!("{}->{}", f.src, self.cfg.id),
+                        Some(r) => format!("{}->{}->{}", f.src, r, self.cfg.id),
+                    })
+                })
+                .collect(),
+            sent: counts(|c| &c.sent),
+            received: counts(|c| &c.received),
+        })
+    }
+
+    /// Next hop of every slot of the flow we source.
+    fn src_hops(&self, f: &SrcFlow) -> [Option<SocketAddr>; SLOTS] {
+        let mut h = [None; SLOTS];
+        for (k, c) in f.slots.iter().enumerate().take(SLOTS) {
+            h[k] = c.and_then(|c| self.peer_addr(c.path.relay.unwrap_or(f.dst)));
+        }
+        h
+    }
+
+    /// Send the source's PROVISION to the destination and every relay of its paths, and
+    /// a TEARDOWN to relays no longer on them.
+    fn provision(&mut self, now: Instant, out: &mut Vec<(SocketAddr, Vec<u8>)>) {
+        let Some(f) = self.src_flow.take() else {
+            return;
+        };
+        let lifetime = Duration::from_micros(self.cfg.update.as_micros() * PROVISION_LIFETIMES);
+        let mut f = f;
+        if let Some(msg) = braid_proto::overlay::flow::provision(
+            f.flow,
+            self.cfg.id,
+            f.dst,
+            lifetime,
+            &f.slots,
+            1400,
+        ) {
+            let relays: Vec<NodeId> = f
+                .slots
+                .iter()
+                .flatten()
+                .filter_map(|c| c.path.relay)
+                .collect();
+            let gone: Vec<NodeId> = f
+                .relays
+                .iter()
+                .copied()
+                .filter(|r| !relays.contains(r))
+                .collect();
+            let td = Repr::Teardown {
+                flow: f.flow,
+                src: self.cfg.id,
+                dst: f.dst,
+            };
+            for r in gone {
+                if let Some(a) = self.peer_addr(r) {
+                    self.send(a, &td, out);
+                }
+            }
+            for n in relays.iter().copied().chain([f.dst]) {
+                if let Some(a) = self.peer_addr(n) {
+                    self.send(a, &msg, out);
+                }
+            }
+            f.relays = relays;
+        }
+        f.next_provision = now + self.cfg.update;
+        self.src_flow = Some(f);
+    }
+
+    /// TEARDOWN of the flow we source, to everyone on it.
+    fn teardown_all(&mut self, out: &mut Vec<(SocketAddr, Vec<u8>)>) {
+        let Some(f) = self.src_flow.take() else {
+            return;
+        };
+        if !f.slots.is_empty() {
+            let td = Repr::Teardown {
+                flow: f.flow,
+                src: self.cfg.id,
+                dst: f.dst,
+            };
+            for n in f.relays.iter().copied().chain([f.dst]) {
+                if let Some(a) = self.peer_addr(n) {
+                    self.send(a, &td, out);
+                }
+            }
+        }
+        self.src_flow = Some(f);
+    }
+
+    /// The source's flow after an evaluation: start it once the table has settled,
+    /// move its slots when the paths changed.
+    fn drive_src_flow(
+        &mut self,
+        now: Instant,
+        changed: bool,
+        out: &mut Vec<(SocketAddr, Vec<u8>)>,
+    ) {
+        let Some(mut f) = self.src_flow.take() else {
+            return;
+        };
+        let paths: Vec<Choice> = self
+            .rerouters
+            .iter()
+            .find(|r| r.0 == f.dst)
+            .map(|r| r.2.clone())
+            .unwrap_or_default();
+        let mut send = false;
+        if f.slots.is_empty() {
+            if !paths.is_empty() {
+                f.slots = assign_slots(&[], &paths, SLOTS);
+                let weights = slot_weights(&f.slots);
+                tracing::info!(
+                    flow = f.flow,
+                    slots = ?f.slots.iter().map(slot_path).collect::<Vec<_>>(),
+                    ?weights,
+                    "provisioning the flow"
+                );
+                let hops = self.src_hops(&f);
+                self.cmds.push(FlowCmd::Start {
+                    flow: f.flow,
+                    reverse: false,
+                    weights,
+                    hops,
+                });
+                send = true;
+            }
+        } else if changed {
+            let cur: Vec<_> = f.slots.iter().map(|c| c.map(|c| c.path)).collect();
+            f.slots = assign_slots(&cur, &paths, SLOTS);
+            tracing::info!(
+                flow = f.flow,
+                slots = ?f.slots.iter().map(slot_path).collect::<Vec<_>>(),
+                "flow moved"
+            );
+            let hops = self.src_hops(&f);
+            if let Some(e) = &self.endpoint {
+                e.set_hops(hops);
+                // The moved slot gets its new path's weight.
+                e.set_weights(slot_weights(&f.slots));
+            }
+            send = true;
+        }
+        let due = !f.slots.is_empty() && (send || now >= f.next_provision);
+        self.src_flow = Some(f);
+        if due {
+            self.provision(now, out);
+        }
+    }
+
+    /// A DATA datagram: ours to deliver, or to relay.
+    fn on_data(
+        &mut self,
+        now: Instant,
+        from: SocketAddr,
+        d: &[u8],
+        out: &mut Vec<(SocketAddr, Vec<u8>)>,
+    ) {
+        let Ok((h, payload)) = DataHeader::parse(d) else {
+            self.stats.data_dropped += 1;
+            return;
+        };
+        if let Some(e) = &self.endpoint {
+            if e.flow == h.flow && e.reverse != h.reverse {
+                e.deliver(h.slot, payload);
+                self.stats.data_delivered += 1;
+                return;
+            }
+        }
+        let Some(sender) = self.peers.iter().find(|p| p.addr == from).map(|p| p.id) else {
+            self.stats.data_dropped += 1;
+            return;
+        };
+        match self
+            .flows
+            .next_hop(now, sender, &h)
+            .and_then(|n| self.peer_addr(n))
+        {
+            Some(to) => {
+                self.stats.forwarded += 1;
+                out.push((to, d.to_vec()));
+            }
+            None => self.stats.data_dropped += 1,
+        }
+    }
+
+    /// An authenticated PROVISION or TEARDOWN.
+    fn on_flow_control(&mut self, now: Instant, sender: NodeId, r: &Repr) {
+        let role = match self.flows.handle(now, sender, r) {
+            Ok(role) => role,
+            Err(e) => {
+                tracing::debug!("flow message refused: {e}");
+                self.stats.flow_refused += 1;
+                return;
+            }
+        };
+        match r {
+            Repr::Provision { .. } => self.stats.provisions += 1,
+            _ => self.stats.teardowns += 1,
+        }
+        match (r, role) {
+            (
+                Repr::Provision {
+                    flow, src, paths, ..
+                },
+                Role::Destination { paths: slots },
+            ) => {
+                if self.cfg.flow.is_none() {
+                    self.stats.flow_refused += 1;
+                    return;
+                }
+                let mut hops = [None; SLOTS];
+                for (slot, relay) in &slots {
+                    if let Some(h) = hops.get_mut(*slot as usize) {
+                        *h = self.peer_addr(relay.unwrap_or(*src));
+                    }
+                }
+                let same = self
+                    .dst_flow
+                    .as_ref()
+                    .is_some_and(|f| f.flow == *flow && f.src == *src);
+                let min = paths.iter().map(|p| p.weight).min().unwrap_or(1);
+                let mut weights = [min; SLOTS];
+                for p in paths {
+                    if let Some(w) = weights.get_mut(p.slot as usize) {
+                        *w = p.weight;
+                    }
+                }
+                if same {
+                    if let Some(e) = &self.endpoint {
+                        e.set_hops(hops);
+                        let moved = self.dst_flow.as_ref().is_some_and(|f| f.paths != slots);
+                        if moved {
+                            e.set_weights(weights);
+                        }
+                    }
+                } else {
+                    tracing::info!(flow, src, "flow arriving; starting its end");
+                    self.cmds.push(FlowCmd::Start {
+                        flow: *flow,
+                        reverse: true,
+                        weights,
+                        hops,
+                    });
+                }
+                self.dst_flow = Some(DstFlow {
+                    src: *src,
+                    flow: *flow,
+                    paths: slots,
+                });
+            }
+            (Repr::Teardown { flow, src, .. }, _)
+                if self
+                    .dst_flow
+                    .as_ref()
+                    .is_some_and(|f| f.flow == *flow && f.src == *src) =>
+            {
+                tracing::info!(flow, src, "flow torn down");
+                self.dst_flow = None;
+                self.cmds.push(FlowCmd::Stop);
+            }
+            _ => {}
+        }
+    }
+
     fn send(&mut self, to: SocketAddr, r: &Repr, out: &mut Vec<(SocketAddr, Vec<u8>)>) {
         if let Ok(v) = r.to_vec() {
             out.push((to, self.auth.seal(&v)));
@@ -650,7 +1244,41 @@ impl State {
             self.next_update = now + self.cfg.update;
         }
         if now >= self.next_eval {
+            let flow_dst = self.src_flow.as_ref().map(|f| f.dst);
+            // Before the flow is provisioned, its route waits until the engine finds
+            // `max_paths` paths or `settle` has passed: the throughput probes fill the
+            // table one hop at a time, and the first choice should not be made on the
+            // first hop measured.
+            let hold = match &mut self.src_flow {
+                Some(f) if f.slots.is_empty() => {
+                    let found = braid_proto::overlay::choose(
+                        &self.table,
+                        me,
+                        f.dst,
+                        now,
+                        &RouteConfig {
+                            metric: self.cfg.metric,
+                            max_paths: self.cfg.max_paths,
+                            max_age: self.cfg.dead_after,
+                            ..RouteConfig::default()
+                        },
+                    )
+                    .len();
+                    let first = if found > 0 {
+                        Some(*f.first_route.get_or_insert(now))
+                    } else {
+                        None
+                    };
+                    let settle = self.cfg.flow.as_ref().map_or(Duration::ZERO, |c| c.settle);
+                    found < self.cfg.max_paths && first.is_none_or(|t| now - t < settle)
+                }
+                _ => false,
+            };
+            let mut flow_moved = false;
             for (dst, r, cur) in &mut self.rerouters {
+                if hold && Some(*dst) == flow_dst {
+                    continue;
+                }
                 if let Decision::Switch { paths, reason } = r.evaluate(now, &self.table) {
                     let reason = match reason {
                         braid_proto::overlay::Reason::Initial => "initial".to_string(),
@@ -669,10 +1297,13 @@ impl State {
                             .map(|c| (path_text(c), c.share_bps / 1e6))
                             .collect(),
                     });
+                    flow_moved |= Some(*dst) == flow_dst;
                     *cur = paths;
                 }
             }
             self.next_eval = now + self.cfg.eval;
+            self.drive_src_flow(now, flow_moved, out);
+            self.flows.expire(now);
         }
     }
 
@@ -684,6 +1315,10 @@ impl State {
         out: &mut Vec<(SocketAddr, Vec<u8>)>,
     ) {
         self.stats.received += 1;
+        if DataHeader::is_data(d) {
+            self.on_data(now, from, d, out);
+            return;
+        }
         let (sender, msg) = match self.auth.open(d) {
             Ok(x) => x,
             Err(_) => {
@@ -754,7 +1389,7 @@ impl State {
                     );
                 }
             }
-            Repr::Provision { .. } | Repr::Teardown { .. } => self.stats.unsupported += 1,
+            Repr::Provision { .. } | Repr::Teardown { .. } => self.on_flow_control(now, sender, &r),
         }
     }
 }

@@ -83,6 +83,7 @@ pub enum SessionError {
 
 enum Cmd {
     Stats(oneshot::Sender<SessionStats>),
+    Weights(Vec<u32>),
 }
 
 /// A striping session over a set of UDP channels.
@@ -357,6 +358,18 @@ impl Drop for Session {
 pub struct StatsHandle(mpsc::Sender<Cmd>);
 
 impl StatsHandle {
+    /// New relative channel weights (see `braid_proto::session::Session::set_weights`;
+    /// one per channel, each > 0), without waiting: `Err(Closed)` if the session has
+    /// stopped, `Ok(false)` if its command queue is full. Invalid weights are refused
+    /// by the session and logged.
+    pub fn set_weights(&self, weights: Vec<u32>) -> Result<bool, SessionError> {
+        match self.0.try_send(Cmd::Weights(weights)) {
+            Ok(()) => Ok(true),
+            Err(mpsc::error::TrySendError::Full(_)) => Ok(false),
+            Err(mpsc::error::TrySendError::Closed(_)) => Err(SessionError::Closed),
+        }
+    }
+
     /// A snapshot, or `Closed`.
     pub async fn get(&self) -> Result<SessionStats, SessionError> {
         let (tx, rx) = oneshot::channel();
@@ -512,6 +525,10 @@ impl Driver {
                 _ = close.wait_for(|&c| c) => break,
                 c = cmd.recv() => match c {
                     Some(Cmd::Stats(reply)) => { let _ = reply.send(self.snapshot()); }
+                    Some(Cmd::Weights(w)) => match self.machine.set_weights(&w) {
+                        Ok(()) => info!("channel weights now {w:?}"),
+                        Err(e) => warn!("{e}"),
+                    },
                     None => break,
                 },
                 d = net.recv() => {

@@ -193,7 +193,7 @@ pub async fn run(
 /// TUN → session and session → TUN until shutdown, the session's end, or a TUN read
 /// error (returned: a tunnel that cannot read its device would silently go
 /// receive-only).
-async fn forward(
+pub(crate) async fn forward(
     tun: Arc<Tun>,
     session: &mut Session,
     shutdown: std::pin::Pin<&mut impl std::future::Future<Output = &'static str>>,

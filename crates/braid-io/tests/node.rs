@@ -39,6 +39,7 @@ fn config(
         max_paths: 2,
         threshold: 0.5,
         consecutive: 3,
+        flow: None,
     }
 }
 

@@ -12,12 +12,16 @@
 //!   make every packet of link *i* cross emulator *i*, whatever program sent it (plain TCP,
 //!   MPTCP subflows, braid's UDP channels).
 //!
-//! Everything the lab creates carries the `brl` prefix, so `topo::down` can remove it
-//! also after a crash.
+//! * [`overlay`]: `braid lab overlay`, five `braid node`s (source, three relays,
+//!   destination) in their own namespaces with one emulated hop per pair.
+//!
+//! Everything the two-link lab creates carries the `brl` prefix and the overlay lab the
+//! `bro-` prefix, so `topo::down` and `overlay::down` can remove them also after a crash.
 
 pub mod bench;
 pub mod chart;
 pub mod emu;
+pub mod overlay;
 pub mod spec;
 pub mod stream;
 pub mod tools;

@@ -173,12 +173,16 @@ proptest! {
 
         let mut paths: Vec<ProvisionPath> = relays
             .iter()
-            .map(|&r| ProvisionPath { relay: Some(r + 100), weight: 0 })
+            .enumerate()
+            .map(|(i, &r)| ProvisionPath { relay: Some(r + 100), slot: i as u8 % 3, weight: 0 })
             .collect();
         if direct || paths.is_empty() {
-            paths.push(ProvisionPath { relay: None, weight: 0 });
+            paths.insert(0, ProvisionPath { relay: None, slot: 0, weight: 0 });
         }
         paths.truncate(3);
+        for (i, p) in paths.iter_mut().enumerate() {
+            p.slot = (2 - i) as u8;
+        }
         for (p, w) in paths.iter_mut().zip(&weights) {
             p.weight = *w;
         }

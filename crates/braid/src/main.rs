@@ -51,7 +51,9 @@ enum Command {
     Lab(cmd::lab::Args),
     /// Run one node of a GALO overlay (seed 003): measure the peers over UDP, exchange
     /// authenticated UPDATEs, choose up to three paths (direct or through one relay) to
-    /// the configured destinations and print route changes. Forwarding is not built yet.
+    /// the configured destinations and print route changes; relay the flows other nodes
+    /// provision through it; with a `[flow]` section, stripe a flow to `flow.to` over
+    /// the chosen paths (a TUN device at each end) and move it when a relay dies.
     Node(cmd::node::Args),
 }
 

@@ -13,6 +13,8 @@
 //!   shared access links taken into account;
 //! * [`reroute`]: when a flow moves (threshold with hysteresis; a dead relay at once);
 //! * [`dce`]: the DCE's serial probe schedule;
+//! * [`flow`]: the FE's relay table (PROVISION, TEARDOWN, where a DATA datagram goes
+//!   next) and the source's assignment of paths to session channels;
 //! * [`auth`]: the trailer that authenticates every datagram between nodes;
 //! * the ALCP messages (UPDATE, PROVISION, TEARDOWN, PING, PONG) are in
 //!   [`crate::wire::overlay`].
@@ -34,11 +36,13 @@
 
 pub mod auth;
 pub mod dce;
+pub mod flow;
 pub mod reroute;
 pub mod route;
 pub mod table;
 
 pub use dce::{Probe, ProbeConfig, ProbeSchedule, ScheduleError};
+pub use flow::{assign_slots, FlowError, FlowTable, RelayEntry, Role};
 pub use reroute::{Decision, Reason, RerouteConfig, Rerouter};
 pub use route::{choose, Choice, Metric, Path, Quality, RouteConfig, MAX_PATHS};
 pub use table::{AccessTable, Measurement, TableError};

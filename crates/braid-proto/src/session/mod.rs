@@ -460,6 +460,8 @@ pub struct Session {
     events: VecDeque<Event>,
     counters: stats::Counters,
     adapt: Option<adapt::Adapt>,
+    /// Quanta per physical channel set by [`Session::set_weights`], if any.
+    set_quanta: Option<Vec<u32>>,
     aqm: Option<Aqm>,
     /// In-bond repair: per channel, what we receive and what we sent.
     arq_rx: Vec<arq::RxChan>,
@@ -509,6 +511,7 @@ impl Session {
             adapt: cfg
                 .adapts()
                 .then(|| adapt::Adapt::new(sc.weights.clone(), now)),
+            set_quanta: None,
             aqm: cfg.aqm.map(|a| Aqm::new(a, n)),
             arq_rx: (0..n).map(|_| arq::RxChan::default()).collect(),
             arq_tx: (0..n).map(|_| arq::TxRing::default()).collect(),
@@ -955,14 +958,57 @@ impl Session {
     }
 
     /// A new striper (new epoch): it starts from the configured weights, as the peer's
-    /// new resequencer does; the adapted quanta follow at its first marker batch.
+    /// new resequencer does; the adapted (or [`Session::set_weights`]) quanta follow at
+    /// its first marker batch.
     fn reapply_quanta(&mut self) {
-        if let Some(a) = &self.adapt {
-            let q = a.of(&self.tx.members);
-            if self.tx.striper.quanta().as_ref() != Some(&q) {
-                let _ = self.tx.striper.set_quanta(&q);
-            }
+        let q = match (&self.adapt, &self.set_quanta) {
+            (Some(a), _) => a.of(&self.tx.members),
+            (None, Some(w)) => self.tx.members.iter().map(|&c| w[c]).collect(),
+            (None, None) => return,
+        };
+        if self.tx.striper.quanta().as_ref() != Some(&q) {
+            let _ = self.tx.striper.set_quanta(&q);
         }
+    }
+
+    /// New relative weights of the channels (one per configured channel, each > 0), in
+    /// place of the configured ones, from now on: the SRR quanta become proportional
+    /// to them (the smallest equal to the largest packet), in this epoch from the
+    /// striper's next marker batch (the markers carry them to the peer) and in every
+    /// later epoch. With adaptive weights they are the controller's new start. Only
+    /// the srr scheduler in `logical`, `seq` or `none` mode, like adaptive weights.
+    /// (The overlay moves a channel to another path with this.)
+    pub fn set_weights(&mut self, weights: &[u32]) -> Result<(), ConfigError> {
+        if weights.len() != self.n || weights.contains(&0) {
+            return Err(ConfigError(format!(
+                "set_weights: {} weights for {} channels, each at least 1",
+                weights.len(),
+                self.n
+            )));
+        }
+        if self.cfg.scheduler != SchedulerKind::Srr || self.cfg.mode == Mode::Trr {
+            return Err(ConfigError(
+                "set_weights: only with the srr scheduler, not in trr mode".into(),
+            ));
+        }
+        let max_packet = u64::from(self.tx.striper.config().max_packet);
+        let min = u64::from(*weights.iter().min().unwrap_or(&1));
+        let q: Vec<u32> = weights
+            .iter()
+            .map(|&w| {
+                (max_packet * u64::from(w))
+                    .div_ceil(min)
+                    .min(u64::from(u32::MAX)) as u32
+            })
+            .collect();
+        if let Some(a) = &mut self.adapt {
+            a.quanta = q.clone();
+        }
+        self.set_quanta = Some(q);
+        if self.tx.switching.is_none() {
+            self.reapply_quanta();
+        }
+        Ok(())
     }
 
     /// Packets held in the session's receive buffers and its switch queue: what it

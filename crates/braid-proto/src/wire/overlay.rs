@@ -48,11 +48,16 @@
 //! +--------+--------+--------+--------+
 //! |        lifetime, ms (u32)         | 16..20  0: until TEARDOWN
 //! +--------+--------+--------+--------+
-//! |  relay (u16)    | reserved (0)    |  path: relay 0xFFFF = direct
+//! |  relay (u16)    |  slot  |  0     |  path: relay 0xFFFF = direct
 //! +--------+--------+--------+--------+
 //! |      weight, bytes (u32)          |  the path's SRR quantum, > 0
 //! +--------+--------+--------+--------+
 //! ```
+//!
+//! `slot` (0..=2, distinct within a PROVISION) is the channel of the flow's striping
+//! session that the path carries: a reroute that replaces one path keeps the others on
+//! their channels, and the new path takes the freed slot, so the session at both ends
+//! keeps running (the replaced channel goes down and comes back up over the new path).
 //!
 //! **TEARDOWN** (kind 3): forget flow `flow`, 12 bytes:
 //!
@@ -62,6 +67,23 @@
 //! +--------+--------+--------+--------+
 //! |   src (u16)     |   dst (u16)     |  8..12
 //! +--------+--------+--------+--------+
+//! ```
+//!
+//! **DATA** (kind 6): a datagram of a provisioned flow's striping session, with an
+//! 8-byte header in front. A relay forwards it unchanged to the flow's destination
+//! (`dir` 0) or source (`dir` 1), if the flow is provisioned through it on that slot;
+//! an end hands the payload to the session's channel `slot`. DATA carries no trailer:
+//! the payload is a braid session datagram, authenticated (and by default encrypted)
+//! end to end by the session itself, and a relay only ever sends to the two nodes of a
+//! flow an authenticated PROVISION set up.
+//!
+//! ```text
+//! +--------+--------+--------+--------+
+//! |  0xB0  |version |   6    |d|0000ss|  d: direction (1 = destination to source)
+//! +--------+--------+--------+--------+  ss: slot, 0..=2
+//! |            flow (u32)             |  4..8
+//! +--------+--------+--------+--------+
+//! |  session datagram ...                  8..
 //! ```
 //!
 //! **PING** (kind 4) and **PONG** (kind 5): the DCE's probes. A light probe is one PING
@@ -99,6 +121,10 @@ pub const KIND_TEARDOWN: u8 = 3;
 pub const KIND_PING: u8 = 4;
 /// Kind byte of a PONG.
 pub const KIND_PONG: u8 = 5;
+/// Kind byte of a DATA datagram (see [`DataHeader`]).
+pub const KIND_DATA: u8 = 6;
+/// The header in front of a DATA datagram's payload.
+pub const DATA_HEADER_LEN: usize = 8;
 /// A PONG, and a PING without padding.
 pub const PING_LEN: usize = 12;
 /// Most padding in a PING.
@@ -144,6 +170,8 @@ pub struct UpdateEntry {
 pub struct ProvisionPath {
     /// The relay; `None` for the direct path.
     pub relay: Option<NodeId>,
+    /// The session channel the path carries, `0..MAX_PROVISION_PATHS`, distinct.
+    pub slot: u8,
     /// SRR quantum, bytes (> 0).
     pub weight: u32,
 }
@@ -202,6 +230,63 @@ pub enum Repr {
         /// Destination node.
         dst: NodeId,
     },
+}
+
+/// The header of a DATA datagram (kind 6): which flow, which of its session's
+/// channels, which way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DataHeader {
+    /// The flow, as provisioned.
+    pub flow: u32,
+    /// The session channel, `0..MAX_PROVISION_PATHS`.
+    pub slot: u8,
+    /// `false`: source to destination; `true`: destination to source.
+    pub reverse: bool,
+}
+
+impl DataHeader {
+    /// Split a DATA datagram into its header and payload. Never panics.
+    pub fn parse(b: &[u8]) -> Result<(DataHeader, &[u8]), WireError> {
+        if b.len() < DATA_HEADER_LEN {
+            return Err(WireError::Truncated);
+        }
+        if b[0] != TYPE_OVERLAY || b[2] != KIND_DATA {
+            return Err(WireError::Invalid);
+        }
+        if b[1] != VERSION {
+            return Err(WireError::Version(b[1]));
+        }
+        if b[3] & 0x7C != 0 {
+            return Err(WireError::Reserved(b[3] & 0x7C));
+        }
+        let slot = b[3] & 0x03;
+        if slot as usize >= MAX_PROVISION_PATHS {
+            return Err(WireError::Invalid);
+        }
+        if b.len() == DATA_HEADER_LEN {
+            return Err(WireError::Truncated);
+        }
+        Ok((
+            DataHeader {
+                flow: read_u32(b, 4),
+                slot,
+                reverse: b[3] & 0x80 != 0,
+            },
+            &b[DATA_HEADER_LEN..],
+        ))
+    }
+
+    /// Whether `b` is a DATA datagram (its first three bytes), without checking more.
+    pub fn is_data(b: &[u8]) -> bool {
+        b.len() >= 3 && b[0] == TYPE_OVERLAY && b[2] == KIND_DATA
+    }
+
+    /// The 8 header bytes.
+    pub fn bytes(&self) -> [u8; DATA_HEADER_LEN] {
+        let f = self.flow.to_be_bytes();
+        let d = (self.slot & 0x03) | if self.reverse { 0x80 } else { 0 };
+        [TYPE_OVERLAY, VERSION, KIND_DATA, d, f[0], f[1], f[2], f[3]]
+    }
 }
 
 fn exact(len: usize, want: usize) -> Result<(), WireError> {
@@ -276,11 +361,12 @@ impl Repr {
                 for i in 0..count {
                     let at = PROVISION_HEADER_LEN + i * PROVISION_PATH_LEN;
                     let relay = read_u16(b, at);
-                    if b[at + 2] != 0 || b[at + 3] != 0 {
-                        return Err(WireError::Reserved(b[at + 2] | b[at + 3]));
+                    if b[at + 3] != 0 {
+                        return Err(WireError::Reserved(b[at + 3]));
                     }
                     paths.push(ProvisionPath {
                         relay: (relay != NO_RELAY).then_some(relay),
+                        slot: b[at + 2],
                         weight: read_u32(b, at + 4),
                     });
                 }
@@ -366,7 +452,13 @@ impl Repr {
                     if p.weight == 0 || p.relay.is_some_and(|r| r == *src || r == *dst) {
                         return Err(WireError::Invalid);
                     }
-                    if paths[..i].iter().any(|q| q.relay == p.relay) {
+                    if p.slot as usize >= MAX_PROVISION_PATHS {
+                        return Err(WireError::Invalid);
+                    }
+                    if paths[..i]
+                        .iter()
+                        .any(|q| q.relay == p.relay || q.slot == p.slot)
+                    {
                         return Err(WireError::Invalid);
                     }
                 }
@@ -453,6 +545,7 @@ impl Repr {
                 for (i, p) in paths.iter().enumerate() {
                     let at = PROVISION_HEADER_LEN + i * PROVISION_PATH_LEN;
                     b[at..at + 2].copy_from_slice(&p.relay.unwrap_or(NO_RELAY).to_be_bytes());
+                    b[at + 2] = p.slot;
                     b[at + 4..at + 8].copy_from_slice(&p.weight.to_be_bytes());
                 }
             }
@@ -516,10 +609,12 @@ mod tests {
             paths: vec![
                 ProvisionPath {
                     relay: Some(2),
+                    slot: 0,
                     weight: 6000,
                 },
                 ProvisionPath {
                     relay: None,
+                    slot: 2,
                     weight: 1500,
                 },
             ],
@@ -555,10 +650,37 @@ mod tests {
             0x02, 0x00, 0x00, 0x00,
             0x00, 0x00, 0x00, 0x00,
             0x00, 0x02, 0x00, 0x00, 0x00, 0x00, 0x17, 0x70,
-            0xFF, 0xFF, 0x00, 0x00, 0x00, 0x00, 0x05, 0xDC,
+            0xFF, 0xFF, 0x02, 0x00, 0x00, 0x00, 0x05, 0xDC,
         ];
         assert_eq!(bytes, want);
         assert_eq!(Repr::parse(&bytes), Ok(provision()));
+    }
+
+    #[test]
+    fn data_vector() {
+        let h = DataHeader {
+            flow: 0x0102_0304,
+            slot: 2,
+            reverse: true,
+        };
+        let mut d = h.bytes().to_vec();
+        assert_eq!(d, [0xB0, 1, 6, 0x82, 1, 2, 3, 4]);
+        assert_eq!(DataHeader::parse(&d), Err(WireError::Truncated));
+        d.extend_from_slice(b"xy");
+        assert!(DataHeader::is_data(&d));
+        assert_eq!(DataHeader::parse(&d), Ok((h, &b"xy"[..])));
+        let mut b = d.clone();
+        b[3] = 0x03;
+        assert_eq!(DataHeader::parse(&b), Err(WireError::Invalid));
+        let mut b = d.clone();
+        b[3] = 0x42;
+        assert_eq!(DataHeader::parse(&b), Err(WireError::Reserved(0x40)));
+        let mut b = d.clone();
+        b[2] = KIND_PING;
+        assert!(!DataHeader::is_data(&b));
+        assert_eq!(DataHeader::parse(&b), Err(WireError::Invalid));
+        // Not an ALCP message.
+        assert!(Repr::parse(&d).is_err());
     }
 
     #[test]
@@ -613,6 +735,16 @@ mod tests {
         let mut b = good.clone();
         b[28..30].copy_from_slice(&[0, 2]);
         assert_eq!(Repr::parse(&b), Err(WireError::Invalid));
+        // A slot out of range, a slot used twice, the byte after the slot not zero.
+        let mut b = good.clone();
+        b[30] = 3;
+        assert_eq!(Repr::parse(&b), Err(WireError::Invalid));
+        let mut b = good.clone();
+        b[30] = 0;
+        assert_eq!(Repr::parse(&b), Err(WireError::Invalid));
+        let mut b = good.clone();
+        b[31] = 1;
+        assert_eq!(Repr::parse(&b), Err(WireError::Reserved(1)));
         // UPDATE: loss above one, count that does not match, peer = origin.
         let u = update().to_vec().unwrap();
         let mut b = u.clone();
@@ -672,6 +804,7 @@ mod tests {
             lifetime_ms: 0,
             paths: vec![ProvisionPath {
                 relay: None,
+                slot: 0,
                 weight: 1,
             }],
         };

@@ -27,7 +27,8 @@ enum LabCommand {
         #[arg(long, default_value_t = 1)]
         seed: u64,
     },
-    /// Remove everything the lab created (also after a crash).
+    /// Remove everything the labs created (brl-* and the overlay's bro-*; also after a
+    /// crash).
     Down,
     /// Change one link of the running lab (`lab up`): its rate (tbf), delay, jitter
     /// and loss (the emulator, within about 50 ms), or take it down and up.
@@ -158,6 +159,51 @@ enum LabCommand {
         #[arg(long, default_value_t = 1)]
         seed: u64,
     },
+    /// The GALO overlay (seed 003) in five namespaces: source bro-s (node 0), relays
+    /// bro-r1..3 (nodes 1-3), destination bro-d (node 4), one hop per node pair through
+    /// router bro-x (tbf rate, braid's emulator for delay). One `braid node` per
+    /// namespace; the source stripes a flow to the destination over up to three paths
+    /// (TUN 10.77.0.1 -> 10.77.0.2). In one run: TCP (iperf3) over the direct hop alone,
+    /// TCP through the overlay, and TCP through the overlay while the relay of the best
+    /// path is killed. Builds the lab and removes it afterwards, also on Ctrl-C (needs
+    /// root and iperf3).
+    Overlay {
+        /// The direct hop source-destination, RATE/DELAY[/LOSS][/jJITTER] as for `lab
+        /// up`. Rate and delay apply both ways, loss from the lower-numbered node to the
+        /// higher (the flow's direction).
+        #[arg(long, default_value = "4mbit/40ms")]
+        direct: String,
+        /// The hops through relays 1, 2 and 3 (each used for source-relay and
+        /// relay-destination), comma-separated.
+        #[arg(long, default_value = "10mbit/10ms,8mbit/15ms,6mbit/20ms")]
+        relays: String,
+        /// The hops between two relays (probed, never on a two-hop path of this flow).
+        #[arg(long, default_value = "10mbit/10ms")]
+        between: String,
+        /// Length of each of the two plain TCP measurements, e.g. 10s.
+        #[arg(long, default_value = "10s")]
+        duration: String,
+        /// Length of the measurement with the relay kill in its middle (0s: none).
+        #[arg(long, default_value = "12s")]
+        kill_duration: String,
+        /// Paths per flow, 1 to 3.
+        #[arg(long, default_value_t = 3)]
+        max_paths: usize,
+        /// Adaptive weights in the flow's session (`[flow] adaptive = true`): the SRR
+        /// quanta follow what each path delivers instead of staying at the shares the
+        /// probes measured.
+        #[arg(long)]
+        adaptive: bool,
+        /// Print one JSON object instead of the table.
+        #[arg(long)]
+        json: bool,
+        /// Also draw a chart (.svg or .png).
+        #[arg(long)]
+        plot: Option<std::path::PathBuf>,
+        /// Seed of the emulator's loss process.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
     /// The stream generator of `lab stream`: constant-rate records with sequence
     /// number and send time, to standard output or a UDP address.
     #[command(hide = true)]
@@ -252,7 +298,8 @@ pub fn run(a: Args) -> Result<()> {
             Ok(())
         }
         LabCommand::Down => {
-            let removed = topo::down()?;
+            let mut removed = topo::down()?;
+            removed.extend(braid_lab::overlay::down()?);
             if removed.is_empty() {
                 println!("no lab was up");
             } else {
@@ -444,6 +491,71 @@ pub fn run(a: Args) -> Result<()> {
                     r.links.join(",")
                 );
                 braid_lab::stream::draw(&r, &title, &p)
+                    .map_err(|e| anyhow::anyhow!("plot: {e}"))?;
+                eprintln!("wrote {}", p.display());
+            }
+            Ok(())
+        }
+        LabCommand::Overlay {
+            direct,
+            relays,
+            between,
+            duration,
+            kill_duration,
+            max_paths,
+            adaptive,
+            json,
+            plot,
+            seed,
+        } => {
+            let spec =
+                |flag: &str, v: &str| LinkSpec::parse(v).with_context(|| format!("{flag} '{v}'"));
+            let relay_specs = LinkSpec::parse_list(&relays).context("--relays")?;
+            if relay_specs.len() != 3 {
+                bail!(
+                    "--relays: three hop specs, one per relay ({} given)",
+                    relay_specs.len()
+                );
+            }
+            let secs = |flag: &str, v: &str, min: u64| {
+                braid_proto::units::parse_duration(v)
+                    .ok()
+                    .filter(|d| d.as_secs() >= min)
+                    .with_context(|| format!("{flag} '{v}': expected e.g. 10s (at least {min}s)"))
+            };
+            if !(1..=3).contains(&max_paths) {
+                bail!("--max-paths {max_paths}: 1, 2 or 3");
+            }
+            if let Some(p) = &plot {
+                if braid_sim::plot::Format::from_path(p).is_none() {
+                    bail!("--plot {}: must end in .svg or .png", p.display());
+                }
+            }
+            let kill = secs("--kill-duration", &kill_duration, 0)?;
+            if !kill.is_zero() && kill.as_secs() < 4 {
+                bail!("--kill-duration: 0s, or at least 4s");
+            }
+            let opt = braid_lab::overlay::OverlayOptions {
+                matrix: braid_lab::overlay::Matrix {
+                    direct: spec("--direct", &direct)?,
+                    relays: relay_specs,
+                    between: spec("--between", &between)?,
+                },
+                duration: secs("--duration", &duration, 1)?,
+                kill_duration: kill,
+                max_paths,
+                adaptive,
+                exe: std::env::current_exe().context("locating the braid binary")?,
+                seed,
+            };
+            let r = braid_lab::overlay::run_overlay(&opt, |line| eprintln!("{line}"))?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&r.to_json())?);
+            } else {
+                print!("{}", r.table());
+            }
+            if let Some(p) = plot {
+                braid_lab::overlay::draw(&r, &format!("braid lab overlay: direct {direct}"), &p)
                     .map_err(|e| anyhow::anyhow!("plot: {e}"))?;
                 eprintln!("wrote {}", p.display());
             }

@@ -1,6 +1,6 @@
 //! `braid node`: run one member of a GALO overlay (seed 003): measure the peers, exchange
 //! authenticated UPDATEs, choose paths to the configured destinations and print every
-//! route change.
+//! route change; relay provisioned flows; stripe this node's own flow (`[flow]`).
 
 use std::path::PathBuf;
 
@@ -13,7 +13,8 @@ pub struct Args {
     /// Node configuration (TOML; see docs/overlay.md).
     #[arg(long)]
     config: PathBuf,
-    /// Print the accessibility table this often, in seconds (0: never).
+    /// Print the accessibility table and the flow counters this often, in seconds (0:
+    /// never).
     #[arg(long, default_value_t = 0.0)]
     table_every: f64,
 }
@@ -33,6 +34,7 @@ pub fn run(a: Args) -> Result<()> {
         eprintln!("node {me} listening on {}", node.local_addr()?);
         let printer = tokio::spawn(async move {
             let mut shown = 0;
+            let mut shown_slots: Option<(u32, Vec<Option<String>>)> = None;
             let mut last_table = std::time::Instant::now();
             loop {
                 tokio::time::sleep(std::time::Duration::from_millis(100)).await;
@@ -46,8 +48,39 @@ pub fn run(a: Args) -> Result<()> {
                     println!("route to {}: {} [{}]", c.dst, paths.join(" + "), c.reason);
                 }
                 shown = s.changes.len();
+                if let Some(f) = &s.flow {
+                    let now = Some((f.flow, f.slots.clone()));
+                    if now != shown_slots {
+                        let slots: Vec<String> = f
+                            .slots
+                            .iter()
+                            .enumerate()
+                            .map(|(i, p)| format!("{i}: {}", p.as_deref().unwrap_or("unused")))
+                            .collect();
+                        println!(
+                            "flow {:08x} {}->{}: slots {}",
+                            f.flow,
+                            f.src,
+                            f.dst,
+                            slots.join(", ")
+                        );
+                        shown_slots = now;
+                    }
+                }
                 if a.table_every > 0.0 && last_table.elapsed().as_secs_f64() >= a.table_every {
                     last_table = std::time::Instant::now();
+                    println!(
+                        "relaying {} flow(s): {} DATA datagrams forwarded, {} dropped",
+                        s.relayed.len(),
+                        s.stats.forwarded,
+                        s.stats.data_dropped
+                    );
+                    if let Some(f) = &s.flow {
+                        println!(
+                            "flow {:08x}: sent per slot {:?}, received per slot {:?}",
+                            f.flow, f.sent, f.received
+                        );
+                    }
                     let now = braid_io::node::wall_now();
                     for from in 0..s.table.nodes() as u16 {
                         for to in 0..s.table.nodes() as u16 {

@@ -1,0 +1,102 @@
+//! `braid lab overlay` end to end, short: five `braid node`s in namespaces, a TCP flow
+//! striped through relays beats the direct hop, and survives the kill of the relay of
+//! its best path. Needs root, iproute2, ping, iperf3 and /dev/net/tun; says why when it
+//! skips. About 40 s.
+
+use std::process::Command;
+
+mod common;
+
+fn skip_reason() -> Option<String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("not root: network namespaces need CAP_NET_ADMIN".into());
+    }
+    if let Some(why) = common::missing_tool(&[
+        ("ip", "iproute2"),
+        ("tc", "iproute2"),
+        ("ping", "iputils-ping"),
+        ("iperf3", "iperf3"),
+    ]) {
+        return Some(why);
+    }
+    if !std::path::Path::new("/dev/net/tun").exists() {
+        return Some("/dev/net/tun is missing".into());
+    }
+    None
+}
+
+#[test]
+fn overlay_flow_goes_through_relays_and_survives_a_relay_kill() {
+    let name = "overlay_flow_goes_through_relays_and_survives_a_relay_kill";
+    if let Some(why) = skip_reason() {
+        common::skip(name, &why);
+        return;
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_braid"))
+        .args([
+            "lab",
+            "overlay",
+            "--direct",
+            "3mbit/40ms",
+            "--relays",
+            "8mbit/10ms,8mbit/10ms,6mbit/15ms",
+            "--duration",
+            "3s",
+            "--kill-duration",
+            "8s",
+            "--json",
+        ])
+        .output()
+        .expect("run braid lab overlay");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "braid lab overlay failed: {stderr}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON result");
+    let after = Command::new("ip").args(["netns", "list"]).output().unwrap();
+    assert!(
+        !String::from_utf8_lossy(&after.stdout).contains("bro-"),
+        "the overlay lab left namespaces"
+    );
+    let f = |k: &str| v[k].as_f64().unwrap_or(-1.0);
+    let paths: Vec<String> = v["paths"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p.as_str().unwrap().to_string())
+        .collect();
+    let relayed = paths
+        .iter()
+        .filter(|p| p.matches("->").count() == 2)
+        .count();
+    assert!(relayed >= 2, "two paths or more through relays: {paths:?}");
+    // Three relayed paths of 6-8 Mbit/s against a 3 Mbit/s direct hop.
+    assert!(
+        f("overlay_bps") > 1.5 * f("direct_bps"),
+        "striped {} vs direct {} bit/s",
+        f("overlay_bps"),
+        f("direct_bps")
+    );
+    let killed = v["killed"].as_u64().expect("a relay was killed");
+    let reroute = f("reroute_ms");
+    assert!(
+        (0.0..1000.0).contains(&reroute),
+        "rerouted {reroute} ms after the kill (want < 1 s)"
+    );
+    let after: Vec<&str> = v["paths_after"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p.as_str().unwrap())
+        .collect();
+    assert!(
+        !after.is_empty() && after.iter().all(|p| !p.contains(&format!("->{killed}->"))),
+        "paths after the kill avoid relay {killed}: {after:?}"
+    );
+    // The flow goes on over the remaining paths, better than the direct hop alone.
+    assert!(
+        f("after_kill_bps") > f("direct_bps"),
+        "after the kill {} vs direct {} bit/s",
+        f("after_kill_bps"),
+        f("direct_bps")
+    );
+}
