@@ -814,7 +814,6 @@ fn arq_with_equalization_keeps_the_delay_steady_through_repairs() {
     assert!(lo >= 60 * MS && hi <= 90 * MS, "{lo}..{hi} µs");
 }
 
-<<<<<<< HEAD
 fn skewed(credits: bool) -> impl Fn(&mut Config) {
     move |c: &mut Config| {
         c.receiver.buffer_packets = 192;
@@ -953,7 +952,8 @@ fn a_sender_within_its_credit_is_never_refused() {
             }
         }
     }
-=======
+}
+
 #[test]
 fn set_weights_moves_the_stripe_and_survives_a_new_epoch() {
     let mut p = Pair::new(2, Mode::Logical, &[5, 5]);
@@ -987,5 +987,4 @@ fn set_weights_moves_the_stripe_and_survives_a_new_epoch() {
         inversions * 100 < p.delivered.len(),
         "{inversions} inversions"
     );
->>>>>>> overlay-lab
 }
