@@ -28,6 +28,7 @@ pub mod config;
 pub mod keys;
 pub mod node;
 pub mod observe;
+pub mod offload;
 pub mod relay;
 pub mod session;
 pub mod stats;

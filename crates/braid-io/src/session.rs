@@ -345,6 +345,11 @@ impl Session {
         self.rx.recv().await
     }
 
+    /// The next message if one is already waiting.
+    pub fn try_recv(&mut self) -> Option<Bytes> {
+        self.rx.try_recv().ok()
+    }
+
     /// A snapshot of the counters and channel states.
     pub async fn stats(&self) -> Result<SessionStats, SessionError> {
         let (tx, rx) = oneshot::channel();
