@@ -410,25 +410,7 @@ fn build(m: &Matrix, exe: &Path, seed: u64) -> Result<(), LabError> {
         .join(",");
     let log = dir.join("emulator.log");
     let logf = fs::File::create(&log).map_err(io_err(&log))?;
-    let logf2 = logf.try_clone().map_err(io_err(&log))?;
-    let child = Command::new("ip")
-        .args(["netns", "exec", NS_ROUTER])
-        .arg(exe)
-        .args([
-            "lab",
-            "emulate",
-            "--links",
-            &spec_text,
-            "--seed",
-            &seed.to_string(),
-        ])
-        .arg("--state-dir")
-        .arg(&dir)
-        .stdin(Stdio::null())
-        .stdout(logf)
-        .stderr(logf2)
-        .spawn()
-        .map_err(|e| LabError::Emulator(e.to_string()))?;
+    let child = crate::topo::spawn_emulator(exe, NS_ROUTER, &spec_text, seed, &dir, logf)?;
     // Detached: `down` ends it with the namespace's other processes.
     std::mem::forget(child);
     let n = specs.len();

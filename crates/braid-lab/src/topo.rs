@@ -142,6 +142,40 @@ pub fn change(i: usize, action: &crate::spec::Action) -> Result<(), LabError> {
     })
 }
 
+/// Start `braid lab emulate` for `links` (comma-separated specs) in namespace `ns`, its
+/// output to `log`, its counters and control files in `dir`. The caller detaches it.
+pub fn spawn_emulator(
+    exe: &Path,
+    ns: &str,
+    links: &str,
+    seed: u64,
+    dir: &Path,
+    log: fs::File,
+) -> Result<std::process::Child, LabError> {
+    let log2 = log.try_clone().map_err(|err| LabError::Io {
+        path: dir.join("emulator.log").display().to_string(),
+        err,
+    })?;
+    Command::new("ip")
+        .args(["netns", "exec", ns])
+        .arg(exe)
+        .args([
+            "lab",
+            "emulate",
+            "--links",
+            links,
+            "--seed",
+            &seed.to_string(),
+        ])
+        .arg("--state-dir")
+        .arg(dir)
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(log2)
+        .spawn()
+        .map_err(|e| LabError::Emulator(e.to_string()))
+}
+
 /// Namespaces of the lab that exist now.
 pub fn existing_namespaces() -> Vec<String> {
     let list = run(&["ip", "netns", "list"]).unwrap_or_default();
@@ -252,28 +286,7 @@ fn build(links: &[LinkSpec], exe: &Path, seed: u64) -> Result<(), LabError> {
         path: dir.join("emulator.log").display().to_string(),
         err,
     })?;
-    let log2 = log.try_clone().map_err(|err| LabError::Io {
-        path: "emulator.log".into(),
-        err,
-    })?;
-    let child = Command::new("ip")
-        .args(["netns", "exec", NS_ROUTER])
-        .arg(exe)
-        .args([
-            "lab",
-            "emulate",
-            "--links",
-            &spec_text,
-            "--seed",
-            &seed.to_string(),
-        ])
-        .arg("--state-dir")
-        .arg(&dir)
-        .stdin(Stdio::null())
-        .stdout(log)
-        .stderr(log2)
-        .spawn()
-        .map_err(|e| LabError::Emulator(e.to_string()))?;
+    let child = spawn_emulator(exe, NS_ROUTER, &spec_text, seed, &dir, log)?;
     write_state(&dir.join("emulator.pid"), &child.id().to_string())?;
     // Detach: the emulator outlives this command.
     std::mem::forget(child);
