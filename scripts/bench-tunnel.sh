@@ -1,21 +1,37 @@
 #!/usr/bin/env bash
-# Forwarding cost of braid over one unshaped veth pair, next to raw UDP between the same
-# two network namespaces, measured in the same run, at 1400- and 200-byte payloads:
-#   raw      one plain UDP socket per end (`braid bench udp-send` -> `udp-sink`)
-#   session  `braid bench send` -> `braid bench sink` over one braid channel (no TUN)
-#   tun-MODE plain UDP through `braid tunnel` at both ends (TUN -> braid -> veth -> braid
-#            -> TUN), once per security mode: encrypt (the default), auth, none
-# Every sender is backlogged (as fast as it can); the receive rate is the figure.
-# Needs root. Usage: sudo scripts/bench-tunnel.sh [DURATION, default 4s]
+# Forwarding cost of braid over one unshaped veth pair between two network namespaces,
+# everything measured in the same run:
+#   tcp-plain    iperf3 TCP straight over the veth
+#   tcp-MODE     iperf3 TCP through `braid tunnel` at both ends, per security mode
+#                (encrypt, the default; auth; none), with the CPU time of the two tunnel
+#                processes (utime+stime from /proc/PID/stat) per Gbit/s carried
+#   tcp-wg       iperf3 TCP through wireguard-go (user space, encrypting), if installed
+#   udp-raw      one plain UDP socket per end (`braid bench udp-send` -> `udp-sink`)
+#   udp-session  `braid bench send` -> `braid bench sink` over one braid channel (no TUN)
+#   udp-MODE     plain UDP through `braid tunnel` at both ends, per security mode
+# at 1400- and 200-byte UDP payloads. Every sender is backlogged (as fast as it can); the
+# receive rate is the figure.
+#
+# BASE=/path/to/an/older/braid runs every tunnel row a second time with that binary
+# (labelled base-...), so before and after are compared in one run.
+#
+# Needs root. Usage: sudo [BASE=old-braid] scripts/bench-tunnel.sh [DURATION [JSON-FILE]]
+# DURATION defaults to 4s; the JSON (every row, the ratios, the load) goes to JSON-FILE
+# if given.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" = 0 ] || { echo "bench-tunnel.sh: needs root (network namespaces, TUN)" >&2; exit 1; }
 DUR=${1:-4s}
+JSON_OUT=${2:-}
+SECS=${DUR%s}
 cargo build --release -q -p braid
 B=$PWD/target/release/braid
+BASE=${BASE:-}
+MODES=${MODES:-encrypt auth none}
 N1=bfw1-$$; N2=bfw2-$$
 TMP=$(mktemp -d)
 PIDS=()
+TPIDS=()
 cleanup() {
     for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
     wait 2>/dev/null || true
@@ -34,6 +50,7 @@ ip -n "$N1" link set dev bfa$$ up; ip -n "$N2" link set dev bfb$$ up
 KEY=$("$B" genkey)
 KEYFILE=$TMP/bench.key
 (umask 077; "$B" genkey > "$KEYFILE")
+: > "$TMP/results"
 write_configs() { # security mode
     for end in 1 2; do
         other=$((3 - end))
@@ -53,10 +70,10 @@ CFG
     done
 }
 
-start_tunnels() {
+start_tunnels() { # binary
     TPIDS=()
-    ip netns exec "$N1" "$B" tunnel --config "$TMP/t1.toml" 2>"$TMP/t1.log" & TPIDS+=($!)
-    ip netns exec "$N2" "$B" tunnel --config "$TMP/t2.toml" 2>"$TMP/t2.log" & TPIDS+=($!)
+    ip netns exec "$N1" "$1" tunnel --config "$TMP/t1.toml" 2>"$TMP/t1.log" & TPIDS+=($!)
+    ip netns exec "$N2" "$1" tunnel --config "$TMP/t2.toml" 2>"$TMP/t2.log" & TPIDS+=($!)
     PIDS+=("${TPIDS[@]}")
     for i in $(seq 100); do
         "$B" status --control "$TMP/t1.sock" --json 2>/dev/null | grep -q '"peer_seen": true' && return
@@ -68,46 +85,164 @@ start_tunnels() {
 stop_tunnels() {
     kill "${TPIDS[@]}" 2>/dev/null || true
     wait "${TPIDS[@]}" 2>/dev/null || true
+    TPIDS=()
 }
 
-run() { # label size sink-cmd send-cmd
+# CPU seconds (user + system, all threads) used so far by the processes TPIDS.
+cpu_ticks() {
+    local t=0 p
+    for p in "${TPIDS[@]}"; do
+        [ -r "/proc/$p/stat" ] || continue
+        # Fields 14 and 15 after the ")" that ends the command name.
+        t=$((t + $(sed 's/.*) //' "/proc/$p/stat" | awk '{print $12 + $13}')))
+    done
+    echo "$t"
+}
+HZ=$(getconf CLK_TCK)
+
+record() { # label kind size pps bps loss cpu_s
+    echo "$*" >> "$TMP/results"
+}
+
+udp() { # label size sink-cmd send-cmd
     local label=$1 size=$2
     ip netns exec "$N2" $3 --json > "$TMP/sink.json" 2>"$TMP/sink.err" &
     local sp=$!
     sleep 0.5
+    local c0; c0=$(cpu_ticks)
     ip netns exec "$N1" $4 --size "$size" --duration "$DUR" --json > "$TMP/send.json" 2>"$TMP/send.err"
     wait $sp || { cat "$TMP/sink.err" >&2; exit 1; }
-    python3 - "$label" "$size" "$TMP/send.json" "$TMP/sink.json" "$TMP/results" <<'PY'
+    local c1; c1=$(cpu_ticks)
+    python3 - "$label" "$size" "$TMP/send.json" "$TMP/sink.json" "$(( (c1 - c0) ))" "$HZ" "$SECS" >> "$TMP/results" <<'PY'
 import json, sys
-label, size, send, sink, results = sys.argv[1:]
+label, size, send, sink, ticks, hz, secs = sys.argv[1:]
 s, r = json.load(open(send)), json.load(open(sink))
-print(f"{label:<12} {size:>5} {s['offered_pps']/1e3:12.1f} {r['pps']/1e3:12.1f} {r['goodput_bps']/1e9:10.3f} {r['loss_ratio']*100:8.2f}")
-open(results, "a").write(f"{label} {size} {r['pps']} {r['goodput_bps']}\n")
+cpu = int(ticks) / int(hz)
+print(f"udp {label} {size} {s['offered_pps']} {r['pps']} {r['goodput_bps']} {r['loss_ratio']} {cpu}")
 PY
+    tail -1 "$TMP/results" | awk '{printf "%-6s %-16s %5s %10.1f %10.1f %8.3f %7.2f %7.2f\n", $1, $2, $3, $4/1e3, $5/1e3, $6/1e9, $7*100, $8}'
+}
+
+tcp() { # label ip
+    local label=$1 ip=$2
+    ip netns exec "$N2" iperf3 -s -1 -B "$ip" -p 5201 > /dev/null 2>&1 &
+    local sp=$!
+    sleep 0.5
+    local c0; c0=$(cpu_ticks)
+    ip netns exec "$N1" iperf3 -c "$ip" -p 5201 -t "$SECS" -J > "$TMP/iperf.json" 2>"$TMP/iperf.err" || true
+    local c1; c1=$(cpu_ticks)
+    wait $sp 2>/dev/null || true
+    python3 - "$label" "$TMP/iperf.json" "$(( (c1 - c0) ))" "$HZ" >> "$TMP/results" <<'PY'
+import json, sys
+label, path, ticks, hz = sys.argv[1:]
+try:
+    j = json.load(open(path))
+    bps = j["end"]["sum_received"]["bits_per_second"]
+    retr = j["end"]["sum_sent"].get("retransmits", 0)
+    secs = j["end"]["sum_received"]["seconds"]
+except (KeyError, ValueError):
+    bps, retr, secs = 0.0, 0, 1.0
+print(f"tcp {label} 0 0 0 {bps} {retr} {int(ticks) / int(hz)}")
+PY
+    tail -1 "$TMP/results" | awk -v s="$SECS" '{g=$6/1e9; printf "%-6s %-16s %5s %10s %10s %8.3f %7s %7.2f  %s\n", $1, $2, "-", "-", "-", g, $7" rtx", $8, (g>0 && $8>0) ? sprintf("%.2f CPU-s/s per Gbit/s", $8/s/g) : ""}'
+}
+
+wg_up() { # -> 0 if wireguard-go is running in both namespaces
+    command -v wireguard-go >/dev/null && command -v wg >/dev/null || return 1
+    local k1 k2
+    k1=$(wg genkey); k2=$(wg genkey)
+    TPIDS=()
+    for end in 1 2; do
+        local ns=$N1 other=2 key=$k1 peer=$k2
+        [ "$end" = 2 ] && { ns=$N2; other=1; key=$k2; peer=$k1; }
+        WG_PROCESS_FOREGROUND=1 ip netns exec "$ns" wireguard-go "bwg$end" > "$TMP/wg$end.log" 2>&1 &
+        TPIDS+=($!)
+        PIDS+=($!)
+    done
+    sleep 1
+    for end in 1 2; do
+        local ns=$N1 other=2 key=$k1 peer=$k2
+        [ "$end" = 2 ] && { ns=$N2; other=1; key=$k2; peer=$k1; }
+        echo "$key" > "$TMP/wg$end.key"
+        ip netns exec "$ns" wg set "bwg$end" private-key "$TMP/wg$end.key" listen-port 7200 \
+            peer "$(echo "$peer" | wg pubkey)" endpoint "10.203.0.$other:7200" allowed-ips 10.79.0.0/24 || return 1
+        ip -n "$ns" addr add "10.79.0.$end/24" dev "bwg$end"
+        ip -n "$ns" link set dev "bwg$end" up
+    done
+    ip netns exec "$N1" ping -c 1 -W 2 10.79.0.2 > /dev/null 2>&1 || return 1
 }
 
 echo "braid forwarding cost over one unshaped veth pair ($(nproc) cores, ${DUR} per run, backlogged senders)"
-printf "%-12s %5s %12s %12s %10s %8s\n" path bytes "sent kpps" "recv kpps" "recv Gb/s" "loss %"
+echo "load: $(cat /proc/loadavg)"
+LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
+printf "%-6s %-16s %5s %10s %10s %8s %7s %7s\n" kind path bytes "sent kpps" "recv kpps" "Gbit/s" "loss %" "cpu s"
+tcp plain 10.203.0.2
 for size in 1400 200; do
-    run raw "$size" "$B bench udp-sink --bind 10.203.0.2:9000 --idle 1s" "$B bench udp-send --to 10.203.0.2:9000"
-    run session "$size" "$B bench sink --channel 10.203.0.2:7100,10.203.0.1:7100 --key-file $KEYFILE --idle 1s" \
+    udp raw "$size" "$B bench udp-sink --bind 10.203.0.2:9000 --idle 1s" "$B bench udp-send --to 10.203.0.2:9000"
+    udp session "$size" "$B bench sink --channel 10.203.0.2:7100,10.203.0.1:7100 --key-file $KEYFILE --idle 1s" \
         "$B bench send --channel 10.203.0.1:7100,10.203.0.2:7100 --key-file $KEYFILE"
 done
-for mode in encrypt auth none; do
-    write_configs "$mode"
-    start_tunnels
-    for size in 1400 200; do
-        run "tun-$mode" "$size" "$B bench udp-sink --bind 10.78.0.2:9000 --idle 1s" "$B bench udp-send --to 10.78.0.2:9000"
+BINS=("$B")
+[ -n "$BASE" ] && BINS=("$BASE" "$B")
+for bin in "${BINS[@]}"; do
+    prefix=""
+    [ "$bin" != "$B" ] && prefix="base-"
+    for mode in $MODES; do
+        write_configs "$mode"
+        start_tunnels "$bin"
+        tcp "${prefix}$mode" 10.78.0.2
+        for size in 1400 200; do
+            udp "${prefix}$mode" "$size" "$B bench udp-sink --bind 10.78.0.2:9000 --idle 1s" "$B bench udp-send --to 10.78.0.2:9000"
+        done
+        stop_tunnels
     done
-    stop_tunnels
 done
+if wg_up; then
+    tcp wireguard-go 10.79.0.2
+    stop_tunnels
+else
+    stop_tunnels
+    echo "(wireguard-go not installed or did not come up: no wireguard-go row)"
+fi
+echo "load: $(cat /proc/loadavg)"
 echo
-echo "ratio of received packet rate to raw UDP at the same size:"
-python3 - "$TMP/results" <<'PY'
-import sys
-rows = [l.split() for l in open(sys.argv[1])]
-raw = {r[1]: float(r[2]) for r in rows if r[0] == "raw"}
+python3 - "$TMP/results" "$DUR" "$(nproc)" "$LOAD_BEFORE" "$(cut -d' ' -f1-3 /proc/loadavg)" "$JSON_OUT" <<'PY'
+import json, sys
+path, dur, cores, load0, load1, out = sys.argv[1:]
+secs = float(dur.rstrip("s"))
+rows = []
+for l in open(path):
+    kind, label, size, sent, pps, bps, x, cpu = l.split()
+    r = {"kind": kind, "path": label, "cpu_s": float(cpu)}
+    if kind == "udp":
+        r.update(size=int(size), sent_pps=float(sent), recv_pps=float(pps),
+                 recv_bps=float(bps), loss=float(x))
+    else:
+        r.update(bps=float(bps), retransmits=int(x))
+        gbps = float(bps) / 1e9
+        r["cpu_per_gbps"] = float(cpu) / secs / gbps if gbps > 0 and float(cpu) > 0 else None
+    rows.append(r)
+raw = {r["size"]: r["recv_pps"] for r in rows if r["kind"] == "udp" and r["path"] == "raw"}
+plain = next((r["bps"] for r in rows if r["kind"] == "tcp" and r["path"] == "plain"), None)
+print("ratios (same run):")
 for r in rows:
-    if r[0] != "raw":
-        print(f"  {r[0]:<12} {r[1]:>5} B: {float(r[2]) / raw[r[1]]:.2f} x raw")
+    if r["kind"] == "udp" and r["path"] != "raw" and raw.get(r["size"]):
+        r["vs_raw"] = r["recv_pps"] / raw[r["size"]]
+        print(f"  udp {r['path']:<16} {r['size']:>5} B: {r['vs_raw']:.2f} x raw UDP packet rate")
+    if r["kind"] == "tcp" and r["path"] != "plain" and plain:
+        r["vs_plain"] = r["bps"] / plain
+        c = f", {r['cpu_per_gbps']:.2f} CPU-seconds per second per Gbit/s" if r["cpu_per_gbps"] else ""
+        print(f"  tcp {r['path']:<16} {r['bps'] / 1e9:.3f} Gbit/s = {r['vs_plain']:.3f} x plain TCP{c}")
+for r in rows:
+    if r["path"].startswith("base-"):
+        now = next((x for x in rows if x["kind"] == r["kind"] and x["path"] == r["path"][5:]
+                    and x.get("size") == r.get("size")), None)
+        key = "bps" if r["kind"] == "tcp" else "recv_pps"
+        if now and r[key] > 0:
+            now["vs_base"] = now[key] / r[key]
+            print(f"  {r['kind']} {now['path']:<16} {r.get('size', ''):>5}: {now['vs_base']:.2f} x the BASE binary")
+doc = {"duration_s": secs, "cores": int(cores), "load_before": load0, "load_after": load1, "rows": rows}
+if out:
+    json.dump(doc, open(out, "w"), indent=1)
+    print(f"JSON: {out}")
 PY
