@@ -29,6 +29,7 @@ pub mod keys;
 pub mod node;
 pub mod node_flow;
 pub mod observe;
+pub mod offload;
 pub mod relay;
 pub mod session;
 pub mod stats;

@@ -8,6 +8,7 @@
 //! and sleeps until its next timeout. The protocol itself, and its tests in virtual
 //! time, are in braid-proto. See `docs/tunnel.md` for the full design.
 
+use std::io::IoSliceMut;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -17,6 +18,8 @@ use braid_proto::session::{self as machine, members_of, Event};
 use braid_proto::wire;
 use braid_proto::Instant;
 use bytes::Bytes;
+use quinn_udp::{RecvMeta, UdpSocketState};
+use tokio::io::Interest;
 use tokio::net::UdpSocket;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
@@ -223,9 +226,20 @@ impl Session {
     pub async fn start(cfg: SessionConfig) -> Result<Session, SessionError> {
         cfg.validate().map_err(SessionError::Config)?;
         let mut socks = Vec::new();
+        let mut states = Vec::new();
         let mut locals = Vec::new();
         for (i, c) in cfg.channels.iter().enumerate() {
             let s = bind(i, c, cfg.socket_buffer)?;
+            // Batched I/O: recvmmsg, UDP GRO on receive and GSO on send where the
+            // kernel has them (one datagram per call otherwise).
+            let state = UdpSocketState::new((&s).into()).map_err(|error| SessionError::Bind {
+                index: i,
+                name: c.name.clone(),
+                addr: c.local,
+                hint: " (setting the socket options for batched I/O)",
+                error,
+            })?;
+            states.push(Arc::new(state));
             locals.push(s.local_addr().map_err(|error| SessionError::Bind {
                 index: i,
                 name: c.name.clone(),
@@ -260,6 +274,7 @@ impl Session {
             readers.push(tokio::spawn(reader(
                 i,
                 s.clone(),
+                states[i].clone(),
                 net_tx.clone(),
                 budgets[i].clone(),
                 limits,
@@ -276,7 +291,15 @@ impl Session {
             max_datagram: cfg.max_inner() as usize,
             overhead: cfg.data_overhead() as usize,
         };
-        let driver = Driver::new(cfg, socks, locals.clone(), deliver_tx, peer_tx, budgets)?;
+        let driver = Driver::new(
+            cfg,
+            socks,
+            states,
+            locals.clone(),
+            deliver_tx,
+            peer_tx,
+            budgets,
+        )?;
         let task = tokio::spawn(driver.run(net_rx, data_rx, cmd_rx, close_rx, readers));
         Ok(Session {
             sender,
@@ -321,6 +344,11 @@ impl Session {
     /// The next message from the peer, in order; `None` once the session has stopped.
     pub async fn recv(&mut self) -> Option<Bytes> {
         self.rx.recv().await
+    }
+
+    /// The next message if one is already waiting.
+    pub fn try_recv(&mut self) -> Option<Bytes> {
+        self.rx.try_recv().ok()
     }
 
     /// A snapshot of the counters and channel states.
@@ -386,6 +414,31 @@ const RX_QUEUE_PACKETS: usize = 8192;
 /// Bytes queued from all readers to the driver, at most (shared out per channel).
 const RX_QUEUE_BYTES: usize = 8 << 20;
 
+/// The most bytes in one GSO train (a UDP payload's limit, with room to spare).
+const GSO_MAX_BYTES: usize = 65000;
+
+/// How many datagrams from the start of `q` go in one GSO train: equal sizes, the last
+/// one possibly shorter, at most `max_segments` and [`GSO_MAX_BYTES`] in all. At least 1
+/// when `q` is not empty.
+fn gso_run(q: &[Bytes], max_segments: usize) -> usize {
+    let Some(first) = q.first() else { return 0 };
+    let seg = first.len();
+    let mut n = 1;
+    let mut total = seg;
+    while n < q.len() && n < max_segments && total + q[n].len() <= GSO_MAX_BYTES {
+        let l = q[n].len();
+        if l > seg || l == 0 {
+            break;
+        }
+        n += 1;
+        total += l;
+        if l < seg {
+            break;
+        }
+    }
+    n
+}
+
 /// What one channel's reader may have queued for the driver.
 #[derive(Clone, Copy)]
 struct Limits {
@@ -413,42 +466,69 @@ impl Budget {
     }
 }
 
+/// Datagrams per receive call without GRO (recvmmsg); with GRO, buffers per call.
+const RX_BATCH: usize = 32;
+const RX_GRO_BUFFERS: usize = 8;
+/// Room for the largest UDP payload, and so for any GRO train.
+const GRO_BUFFER: usize = 1 << 16;
+
 async fn reader(
     channel: usize,
     sock: Arc<UdpSocket>,
-    out: mpsc::Sender<(usize, Bytes)>,
+    state: Arc<UdpSocketState>,
+    out: mpsc::Sender<(usize, Vec<Bytes>)>,
     budget: Arc<Budget>,
     limits: Limits,
 ) {
-    // One byte more than the largest datagram: a longer one fills it and is dropped.
-    let mut buf = vec![0u8; limits.datagram + 1];
+    // Without GRO: one byte more than the largest datagram, so a longer one fills its
+    // buffer and is dropped. With GRO a buffer holds a train of equal segments.
+    let (count, size) = if state.gro_segments() > 1 {
+        (RX_GRO_BUFFERS.min(quinn_udp::BATCH_SIZE), GRO_BUFFER)
+    } else {
+        (RX_BATCH.min(quinn_udp::BATCH_SIZE), limits.datagram + 1)
+    };
+    let mut bufs: Vec<Vec<u8>> = (0..count).map(|_| vec![0u8; size]).collect();
+    let mut metas = vec![RecvMeta::default(); count];
     loop {
-        match sock.recv(&mut buf).await {
-            Ok(n) if n > limits.datagram => {
-                budget.oversize.fetch_add(1, Ordering::Relaxed);
+        let r = {
+            let mut iovs: Vec<IoSliceMut<'_>> =
+                bufs.iter_mut().map(|b| IoSliceMut::new(b)).collect();
+            sock.async_io(Interest::READABLE, || {
+                state.recv((&*sock).into(), &mut iovs, &mut metas)
+            })
+            .await
+        };
+        let n = match r {
+            Ok(n) => n,
+            // ICMP errors from a connected UDP socket (peer not running yet): ignore.
+            Err(e) => {
+                debug!(channel, "recv error: {e}");
+                tokio::time::sleep(StdDuration::from_millis(1)).await;
+                continue;
             }
-            Ok(n) => {
+        };
+        let mut batch = Vec::with_capacity(n * 4);
+        for (m, buf) in metas.iter().zip(&bufs).take(n) {
+            let len = m.len.min(buf.len());
+            let stride = if m.stride == 0 { len } else { m.stride };
+            for d in buf[..len].chunks(stride.max(1)) {
+                if d.len() > limits.datagram || stride > limits.datagram {
+                    budget.oversize.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
                 let full = budget.packets.load(Ordering::Relaxed) >= limits.packets
-                    || budget.bytes.load(Ordering::Relaxed) + n > limits.bytes;
+                    || budget.bytes.load(Ordering::Relaxed) + d.len() > limits.bytes;
                 if full {
                     budget.queue_drops.fetch_add(1, Ordering::Relaxed);
                     continue;
                 }
                 budget.packets.fetch_add(1, Ordering::Relaxed);
-                budget.bytes.fetch_add(n, Ordering::Relaxed);
-                if out
-                    .send((channel, Bytes::copy_from_slice(&buf[..n])))
-                    .await
-                    .is_err()
-                {
-                    return;
-                }
+                budget.bytes.fetch_add(d.len(), Ordering::Relaxed);
+                batch.push(Bytes::copy_from_slice(d));
             }
-            // ICMP errors from a connected UDP socket (peer not running yet): ignore.
-            Err(e) => {
-                debug!(channel, "recv error: {e}");
-                tokio::time::sleep(StdDuration::from_millis(1)).await;
-            }
+        }
+        if !batch.is_empty() && out.send((channel, batch)).await.is_err() {
+            return;
         }
     }
 }
@@ -463,7 +543,12 @@ struct Driver {
     cfg: SessionConfig,
     origin: std::time::Instant,
     socks: Vec<Arc<UdpSocket>>,
+    states: Vec<Arc<UdpSocketState>>,
     locals: Vec<SocketAddr>,
+    /// Per channel: the datagrams of one round of transmits, in order.
+    outq: Vec<Vec<Bytes>>,
+    /// One GSO train, reused.
+    train: Vec<u8>,
     deliver: mpsc::Sender<Bytes>,
     peer_seen: watch::Sender<bool>,
     /// Messages dropped because the application did not read fast enough.
@@ -478,6 +563,7 @@ impl Driver {
     fn new(
         cfg: SessionConfig,
         socks: Vec<Arc<UdpSocket>>,
+        states: Vec<Arc<UdpSocketState>>,
         locals: Vec<SocketAddr>,
         deliver: mpsc::Sender<Bytes>,
         peer_seen: watch::Sender<bool>,
@@ -493,7 +579,10 @@ impl Driver {
             machine,
             origin: std::time::Instant::now(),
             tx_errors: vec![0; socks.len()],
+            outq: vec![Vec::new(); socks.len()],
+            train: Vec::with_capacity(GSO_MAX_BYTES),
             socks,
+            states,
             locals,
             deliver,
             peer_seen,
@@ -509,7 +598,7 @@ impl Driver {
 
     async fn run(
         mut self,
-        mut net: mpsc::Receiver<(usize, Bytes)>,
+        mut net: mpsc::Receiver<(usize, Vec<Bytes>)>,
         mut data: mpsc::Receiver<Bytes>,
         mut cmd: mpsc::Receiver<Cmd>,
         mut close: watch::Receiver<bool>,
@@ -532,17 +621,13 @@ impl Driver {
                     None => break,
                 },
                 d = net.recv() => {
-                    let Some((c, d)) = d else { break };
+                    let Some((c, batch)) = d else { break };
                     let now = self.now();
-                    self.budgets[c].release(d.len());
-                    self.machine.handle_datagram(now, c, d);
-                    // Take what else is already waiting, up to a batch.
-                    for _ in 0..64 {
+                    self.take_datagrams(now, c, batch);
+                    // Take what else is already waiting, up to a few batches.
+                    for _ in 0..8 {
                         match net.try_recv() {
-                            Ok((c, d)) => {
-                                self.budgets[c].release(d.len());
-                                self.machine.handle_datagram(now, c, d);
-                            }
+                            Ok((c, batch)) => self.take_datagrams(now, c, batch),
                             Err(_) => break,
                         }
                     }
@@ -586,16 +671,69 @@ impl Driver {
         }
     }
 
+    fn take_datagrams(&mut self, now: Instant, c: usize, batch: Vec<Bytes>) {
+        for d in batch {
+            self.budgets[c].release(d.len());
+            self.machine.handle_datagram(now, c, d);
+        }
+    }
+
+    /// Send what the machine has to send: per channel in the machine's order, runs of
+    /// equal-size datagrams (the last may be shorter) as one GSO train where the kernel
+    /// can, otherwise one datagram per call.
     async fn send_out(&mut self) {
         while let Some(t) = self.machine.poll_transmit() {
-            let sock = &self.socks[t.channel];
-            let r = match sock.try_send(&t.bytes) {
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => sock.send(&t.bytes).await,
-                r => r,
-            };
-            if r.is_err() {
-                self.tx_errors[t.channel] += 1;
+            self.outq[t.channel].push(t.bytes);
+        }
+        for c in 0..self.outq.len() {
+            if self.outq[c].is_empty() {
+                continue;
             }
+            let q = std::mem::take(&mut self.outq[c]);
+            let max_segments = self.states[c].max_gso_segments().max(1);
+            let mut i = 0;
+            while i < q.len() {
+                let n = gso_run(&q[i..], max_segments);
+                if n == 1 {
+                    self.send_train(c, &q[i], q[i].len(), 1).await;
+                } else {
+                    let mut train = std::mem::take(&mut self.train);
+                    train.clear();
+                    for d in &q[i..i + n] {
+                        train.extend_from_slice(d);
+                    }
+                    let seg = q[i].len();
+                    self.send_train(c, &train, seg, n).await;
+                    self.train = train;
+                }
+                i += n;
+            }
+            let mut q = q;
+            q.clear();
+            self.outq[c] = q;
+        }
+    }
+
+    /// Send `n` datagrams of `seg` bytes (the last may be shorter) in one call.
+    async fn send_train(&mut self, c: usize, bytes: &[u8], seg: usize, n: usize) {
+        let sock = &self.socks[c];
+        let state = &self.states[c];
+        let t = quinn_udp::Transmit {
+            destination: self.cfg.channels[c].remote,
+            ecn: None,
+            contents: bytes,
+            segment_size: (n > 1).then_some(seg),
+            src_ip: None,
+        };
+        let send = || state.try_send(sock.as_ref().into(), &t);
+        let r = match sock.try_io(Interest::WRITABLE, send) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                sock.async_io(Interest::WRITABLE, send).await
+            }
+            r => r,
+        };
+        if r.is_err() {
+            self.tx_errors[c] += n as u64;
         }
     }
 

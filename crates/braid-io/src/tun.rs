@@ -15,6 +15,7 @@ use tokio::io::unix::AsyncFd;
 const TUNSETIFF: libc::Ioctl = 0x4004_54ca;
 const IFF_TUN: libc::c_short = 0x0001;
 const IFF_NO_PI: libc::c_short = 0x1000;
+const IFF_VNET_HDR: libc::c_short = 0x4000;
 
 /// Why a TUN device could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -50,6 +51,8 @@ pub enum TunError {
 pub struct TunDevice {
     fd: OwnedFd,
     name: String,
+    /// Every packet carries a virtio-net header (see [`crate::offload`]).
+    vnet: bool,
 }
 
 impl AsRawFd for TunDevice {
@@ -89,6 +92,12 @@ fn sockaddr_in(a: Ipv4Addr) -> libc::sockaddr {
 impl TunDevice {
     /// Create (or attach to) the TUN device `name` (1 to 15 bytes), non-blocking.
     pub fn open(name: &str) -> Result<TunDevice, TunError> {
+        TunDevice::open_with(name, false)
+    }
+
+    /// Like [`TunDevice::open`]; with `vnet`, every packet read or written carries a
+    /// virtio-net header (`IFF_VNET_HDR`), so that merged TCP segments can be written.
+    pub fn open_with(name: &str, vnet: bool) -> Result<TunDevice, TunError> {
         if name.is_empty() || name.len() >= libc::IFNAMSIZ {
             return Err(TunError::Setup {
                 name: name.into(),
@@ -117,7 +126,7 @@ impl TunDevice {
         // SAFETY: raw is a freshly opened descriptor we own.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
         let mut req = ifreq(name);
-        req.ifr_ifru.ifru_flags = IFF_TUN | IFF_NO_PI;
+        req.ifr_ifru.ifru_flags = IFF_TUN | IFF_NO_PI | if vnet { IFF_VNET_HDR } else { 0 };
         // SAFETY: TUNSETIFF takes a pointer to an ifreq.
         if unsafe { libc::ioctl(fd.as_raw_fd(), TUNSETIFF, &mut req) } < 0 {
             let e = io::Error::last_os_error();
@@ -139,7 +148,11 @@ impl TunDevice {
             .take_while(|&&c| c != 0)
             .map(|&c| c as u8 as char)
             .collect();
-        Ok(TunDevice { fd, name: actual })
+        Ok(TunDevice {
+            fd,
+            name: actual,
+            vnet,
+        })
     }
 
     /// The device name the kernel gave.
@@ -149,6 +162,27 @@ impl TunDevice {
 
     /// Read one IP packet; `WouldBlock` when none is waiting.
     pub fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.vnet {
+            return self.recv_vnet(buf);
+        }
+        self.read(buf)
+    }
+
+    /// Read a frame and move its packet to the front of `buf`; frames that are not one
+    /// whole packet (never sent while no offload is turned on) read as empty.
+    fn recv_vnet(&self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.read(buf)?;
+        match crate::offload::finish_read(&mut buf[..n]) {
+            Some(r) => {
+                let len = r.len();
+                buf.copy_within(r, 0);
+                Ok(len)
+            }
+            None => Ok(0),
+        }
+    }
+
+    fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
         // SAFETY: buf is valid for buf.len() bytes.
         byte_count(unsafe {
             libc::read(
@@ -159,8 +193,27 @@ impl TunDevice {
         })
     }
 
+    /// Write one frame, `head` then `body`, in one call.
+    fn send2(&self, head: &[u8], body: &[u8]) -> io::Result<usize> {
+        let iov = [
+            libc::iovec {
+                iov_base: head.as_ptr() as *mut libc::c_void,
+                iov_len: head.len(),
+            },
+            libc::iovec {
+                iov_base: body.as_ptr() as *mut libc::c_void,
+                iov_len: body.len(),
+            },
+        ];
+        // SAFETY: both buffers are valid for their lengths for the whole call.
+        byte_count(unsafe { libc::writev(self.fd.as_raw_fd(), iov.as_ptr(), 2) })
+    }
+
     /// Write one IP packet; `WouldBlock` when the device queue is full.
     pub fn send(&self, pkt: &[u8]) -> io::Result<usize> {
+        if self.vnet {
+            return self.send2(&[0; crate::offload::VNET_HDR_LEN], pkt);
+        }
         // SAFETY: pkt is valid for pkt.len() bytes.
         byte_count(unsafe {
             libc::write(
@@ -172,11 +225,24 @@ impl TunDevice {
     }
 }
 
+impl TunDevice {
+    fn send_frame(&self, frame: &[u8]) -> io::Result<usize> {
+        let (h, b) = frame.split_at(frame.len().min(crate::offload::VNET_HDR_LEN));
+        self.send2(h, b)
+    }
+}
+
 impl Tun {
     /// Create (or attach to) the TUN device `name`. Must be called inside a tokio
     /// runtime.
     pub fn create(name: &str) -> Result<Tun, TunError> {
-        let dev = TunDevice::open(name)?;
+        Tun::create_with(name, false)
+    }
+
+    /// Like [`Tun::create`]; with `vnet`, a device with virtio-net headers, to which
+    /// [`Tun::send_frame`] can write merged TCP segments.
+    pub fn create_with(name: &str, vnet: bool) -> Result<Tun, TunError> {
+        let dev = TunDevice::open_with(name, vnet)?;
         let name = dev.name.clone();
         // SAFETY: the TunDevice owns its descriptor and keeps it open for as long as
         // the AsyncFd holds it.
@@ -267,6 +333,23 @@ impl Tun {
         loop {
             let mut g = self.fd.readable().await?;
             let r = g.try_io(|dev| dev.get_ref().recv(buf));
+            if let Ok(r) = r {
+                return r;
+            }
+        }
+    }
+
+    /// Whether packets carry virtio-net headers.
+    pub fn vnet(&self) -> bool {
+        self.fd.get_ref().vnet
+    }
+
+    /// Write one frame built by [`crate::offload::build`] (header included) on a
+    /// device made with `vnet`.
+    pub async fn send_frame(&self, frame: &[u8]) -> io::Result<usize> {
+        loop {
+            let mut g = self.fd.writable().await?;
+            let r = g.try_io(|dev| dev.get_ref().send_frame(frame));
             if let Ok(r) = r {
                 return r;
             }

@@ -227,11 +227,13 @@ fn tunnel_carries_tcp_between_namespaces() {
     assert!(sent.starts_with("8388608 "), "{sent}");
     assert_eq!(sent, got, "TCP stream intact through the tunnel");
 
-    // Both channels carried the stream, both ways (data and ACKs).
+    // Both channels carried the stream, both ways (data and ACKs). The receiving end
+    // hands in-order segments to its kernel merged (crate offload), so the kernel
+    // acknowledges far less often than once per two segments: fewer ACKs come back.
     for ctl in [&ca, &cb] {
         let s = status(ctl).unwrap();
         for c in s["channels"].as_array().unwrap() {
-            assert!(c["rx_data_packets"].as_u64().unwrap() > 100, "{c}");
+            assert!(c["rx_data_packets"].as_u64().unwrap() > 20, "{c}");
             assert_eq!(c["state"], "up");
         }
         assert_eq!(s["auth_failures"], 0);
