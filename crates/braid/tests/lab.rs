@@ -133,8 +133,9 @@ fn lab_links_have_their_rate_delay_and_loss() {
     let bps = tcp["end"]["sum_received"]["bits_per_second"]
         .as_f64()
         .unwrap();
-    // Close to the rate, never above it. One cubic flow over tbf's 20 ms queue got 0.85-0.95
-    // of it on a quiet machine, 0.69-0.84 on this one while other labs and builds ran.
+    // Close to the rate, never above it: 0.85-0.95 of it as a rule. Here it got 0.64-0.84
+    // for hours while the host's default congestion control had been set to bbr (which
+    // new namespaces inherit); back to cubic it passed again. The bound leaves room.
     assert!(
         bps > 0.65 * 40e6 && bps < 40e6,
         "TCP on a 40 Mbit/s link: {bps}"
