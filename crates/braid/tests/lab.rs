@@ -20,22 +20,7 @@ fn braid(args: &[&str]) -> std::process::Output {
 }
 
 fn skip_reason() -> Option<String> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return Some("not root: network namespaces need CAP_NET_ADMIN".into());
-    }
-    if let Some(why) = common::missing_tool(&[
-        ("ip", "iproute2"),
-        ("tc", "iproute2"),
-        ("ping", "iputils-ping"),
-        ("iperf3", "iperf3"),
-    ]) {
-        return Some(why);
-    }
-    if !std::path::Path::new("/dev/net/tun").exists() {
-        return Some("/dev/net/tun is missing".into());
-    }
-    None
+    common::lab_skip_reason()
 }
 
 fn in_ns(ns: &str, args: &[&str]) -> String {

@@ -26,3 +26,25 @@ pub fn missing_tool(tools: &[(&str, &str)]) -> Option<String> {
             .then(|| format!("`{cmd}` is not installed (apt-get install {pkg})"))
     })
 }
+
+/// Why a namespace lab test cannot run here (root, iproute2, ping, iperf3, /dev/net/tun),
+/// or `None`.
+#[allow(dead_code)] // not every test binary that includes `common` runs a lab
+pub fn lab_skip_reason() -> Option<String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("not root: network namespaces need CAP_NET_ADMIN".into());
+    }
+    if let Some(why) = missing_tool(&[
+        ("ip", "iproute2"),
+        ("tc", "iproute2"),
+        ("ping", "iputils-ping"),
+        ("iperf3", "iperf3"),
+    ]) {
+        return Some(why);
+    }
+    if !std::path::Path::new("/dev/net/tun").exists() {
+        return Some("/dev/net/tun is missing".into());
+    }
+    None
+}
