@@ -98,7 +98,7 @@ pub struct SessionConfig {
     /// CoDel on the channels' queueing delay, with ECN marks (see
     /// `braid_proto::aqm`); `None`: off.
     pub aqm: Option<braid_proto::aqm::AqmConfig>,
-    /// In-bond repair (see `braid_proto::session::arq`); `None`: off.
+    /// In-bond repair (see `braid_proto::errctl::link`); `None`: off.
     pub arq: Option<braid_proto::session::ArqConfig>,
     /// Credit-based flow control per channel (see `braid_proto::session::credits`);
     /// `None`: off.

@@ -848,6 +848,9 @@ impl Driver {
                 arq_repaired: c.arq.repaired,
                 arq_given_up: c.arq.given_up,
                 arq_resent: c.arq.resent,
+                arq_premature: c.arq.premature,
+                arq_expired: c.arq.expired,
+                arq_rejected: c.arq.rejected,
                 credit_balance: c.credit_balance.map_or(-1.0, |b| b as f64),
             })
             .collect();

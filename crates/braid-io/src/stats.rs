@@ -109,6 +109,16 @@ pub struct ChannelSnapshot {
     /// This channel's datagrams we sent again at the peer's request.
     #[serde(default)]
     pub arq_resent: u64,
+    /// Requests for this channel's datagrams not answered: the last copy had left
+    /// less than a round trip of the repair path before (the answer was on its way).
+    #[serde(default)]
+    pub arq_premature: u64,
+    /// Requests for datagrams no longer kept (older than a second).
+    #[serde(default)]
+    pub arq_expired: u64,
+    /// Requests for datagrams never sent: rejected (a broken or hostile peer).
+    #[serde(default)]
+    pub arq_rejected: u64,
     /// Credits on: packets our data may still put into the peer's buffer for this
     /// channel (-1: credits off).
     #[serde(default)]
@@ -278,6 +288,31 @@ impl SessionStats {
                 self.credit_refused,
                 self.tx_queued,
                 self.channels.iter().map(|c| c.overflow_drops).sum::<u64>(),
+            );
+        }
+        if self
+            .channels
+            .iter()
+            .any(|c| c.arq_missing + c.arq_resent + c.arq_rejected > 0)
+        {
+            let per: Vec<String> = self
+                .channels
+                .iter()
+                .map(|c| {
+                    format!(
+                        "{}={}/{}/{}",
+                        c.name, c.arq_missing, c.arq_repaired, c.arq_given_up
+                    )
+                })
+                .collect();
+            let _ = writeln!(
+                s,
+                "repair: missing/repaired/given up {}  resent {}  premature {}  expired {}  rejected {}",
+                per.join(" "),
+                self.channels.iter().map(|c| c.arq_resent).sum::<u64>(),
+                self.channels.iter().map(|c| c.arq_premature).sum::<u64>(),
+                self.channels.iter().map(|c| c.arq_expired).sum::<u64>(),
+                self.channels.iter().map(|c| c.arq_rejected).sum::<u64>(),
             );
         }
         for c in &self.channels {
@@ -518,5 +553,29 @@ mod tests {
         ] {
             assert!(text.contains(name), "{name} missing:\n{text}");
         }
+    }
+
+    #[test]
+    fn the_table_shows_in_bond_repair_only_when_it_did_something() {
+        let mut s = SessionStats::default();
+        let mut c = ChannelSnapshot {
+            name: "lte".into(),
+            state: "up".into(),
+            ..Default::default()
+        };
+        s.channels = vec![c.clone()];
+        assert!(!s.table().contains("repair:"), "{}", s.table());
+        c.arq_missing = 7;
+        c.arq_repaired = 6;
+        c.arq_given_up = 1;
+        c.arq_resent = 3;
+        c.arq_premature = 2;
+        c.arq_rejected = 4;
+        s.channels = vec![c];
+        let t = s.table();
+        assert!(
+            t.contains("repair: missing/repaired/given up lte=7/6/1  resent 3  premature 2  expired 0  rejected 4"),
+            "{t}"
+        );
     }
 }

@@ -461,3 +461,45 @@ fn live_mode_releases_before_the_segment_ends() {
         assert_eq!(got[0].first, 0);
     }
 }
+
+/// The round trip the premature-request filter uses grows to the one acknowledgements
+/// show (over a bond: the paths plus the resequencing waits), so a request repeated
+/// within it gets no duplicate; segments with a packet sent twice give no sample.
+#[test]
+fn the_sender_measures_the_round_trip_from_acknowledgements() {
+    let cfg = config(Tolerance::reliable(4), 4, 10_000);
+    let configured = cfg.rtt;
+    let mut tx = Sender::new(cfg);
+    let ms = |x: u64| Instant::from_micros(x * 1000);
+    for i in 0..8 {
+        tx.handle_packet(ms(0), payload(i)).unwrap();
+    }
+    for _ in 0..8 {
+        tx.poll_transmit(ms(0)).unwrap(); // segments 0 and 1, whole
+    }
+    assert_eq!(tx.rtt(), configured);
+    let pack = |cum_ack, segment| PackRepr { cum_ack, segment }.to_vec();
+    let snak = |segment, ranges: Vec<(u16, u16)>| {
+        SnakRepr {
+            cum_ack: 0,
+            segment,
+            ranges,
+        }
+        .to_vec()
+    };
+    // Segment 1 loses packet 2: asked for at 100 ms and sent again.
+    tx.handle_datagram(ms(100), &snak(1, vec![(2, 2)]));
+    assert!(tx.poll_transmit(ms(100)).is_some());
+    // Segment 0 is acknowledged 120 ms after its last packet left: the sample.
+    tx.handle_datagram(ms(120), &pack(1, 0));
+    assert_eq!(tx.rtt(), Duration::from_millis(120));
+    // The request repeated 60 ms after the repair left is premature now (it was not
+    // with the configured 2.2 ms).
+    tx.handle_datagram(ms(160), &snak(1, vec![(2, 2)]));
+    assert_eq!(tx.stats().premature_requests, 1);
+    while tx.poll_transmit(ms(160)).is_some() {} // keep-alives only
+    assert_eq!(tx.stats().retransmissions, 1);
+    // Segment 1's acknowledgement, 400 ms after its repair, is no sample (Karn).
+    tx.handle_datagram(ms(500), &pack(2, 1));
+    assert_eq!(tx.rtt(), Duration::from_millis(120));
+}

@@ -26,7 +26,7 @@
 //! **Losses that are congestion.** A tail-drop bottleneck with a short buffer can
 //! overflow before CoDel's first interval is over (TCP's slow start doubles its rate
 //! every round trip). With in-bond repair on, such a drop would be hidden like a
-//! random one. So a loss the receiver finds on a channel (`session::arq`) while that
+//! random one. So a loss the receiver finds on a channel (`errctl::link`) while that
 //! channel's queueing delay is above target is taken as congestion: it is repaired all
 //! the same, and the next packet delivered carries a signal ([`Aqm::on_loss`]; at most
 //! one per interval, as TCP reacts once per round trip anyway). A loss on a channel

@@ -44,6 +44,7 @@
 
 pub mod analysis;
 mod check;
+pub mod link;
 mod receiver;
 mod sender;
 mod stats;
@@ -53,7 +54,15 @@ pub use receiver::{Receiver, Segment};
 pub use sender::{SendError, Sender};
 pub use stats::Stats;
 
-use crate::time::Duration;
+use crate::time::{Duration, Instant};
+
+/// The premature-request filter both profiles share (seed 002, §4.2): a request for a
+/// packet whose last copy left at `last_sent`, less than one round trip `rtt` before
+/// `now`, cannot have seen that copy's fate, so it is not answered; the copy is on its
+/// way, and answering would only send a duplicate.
+pub fn premature(last_sent: Instant, now: Instant, rtt: Duration) -> bool {
+    now < last_sent + rtt
+}
 
 /// Most control datagrams the receiver queues before the driver polls them.
 pub const MAX_CONTROL_QUEUE: usize = 1024;

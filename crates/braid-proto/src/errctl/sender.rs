@@ -7,7 +7,7 @@ use std::collections::{BTreeSet, VecDeque};
 use bytes::Bytes;
 
 use super::{Config, Stats};
-use crate::time::Instant;
+use crate::time::{Duration, Instant};
 use crate::wire::errctl::{DataKind, DataRepr, PackRepr, SnakRepr, DATA_HEADER_LEN};
 use crate::wire::seq::extend;
 use crate::wire::{TYPE_PACK, TYPE_SNAK};
@@ -35,6 +35,9 @@ struct TxSeg {
     closed: bool,
     /// Acknowledged, or given up: its packets are freed.
     done: bool,
+    /// A packet of it was sent more than once (its acknowledgement is no round-trip
+    /// sample: Karn's rule).
+    resent: bool,
     /// Acknowledged: its window slot can be freed once it reaches the front. A segment
     /// given up at the deadline keeps its slot until the receiver acknowledges it too,
     /// so the sender never runs more than a window ahead of the receiver.
@@ -60,6 +63,8 @@ pub struct Sender {
     end_seg: Option<u64>,
     /// The receiver acknowledged the end of the stream (it has every segment).
     end_acked: bool,
+    /// Smoothed round trip measured from acknowledgements (see [`Sender::rtt`]).
+    srtt: Option<Duration>,
     stats: Stats,
 }
 
@@ -78,6 +83,7 @@ impl Sender {
             finished: false,
             end_seg: None,
             end_acked: false,
+            srtt: None,
             stats: Stats::default(),
         }
     }
@@ -85,6 +91,16 @@ impl Sender {
     /// Counters so far.
     pub fn stats(&self) -> &Stats {
         &self.stats
+    }
+
+    /// The round trip the premature-request filter uses: the configured one, or the
+    /// one measured, if longer. The measured one is the time from a segment's last
+    /// packet leaving to its acknowledgement (segments sent once only), smoothed; over a
+    /// bond it includes the resequencing wait at both ends, which a ping of the paths
+    /// does not show, and a filter on too short a round trip answers a repeated request
+    /// with a duplicate.
+    pub fn rtt(&self) -> Duration {
+        self.srtt.map_or(self.cfg.rtt, |m| m.max(self.cfg.rtt))
     }
 
     /// The oldest segment not yet acknowledged (or given up).
@@ -137,6 +153,7 @@ impl Sender {
                 first_sent: None,
                 closed: false,
                 done: false,
+                resent: false,
                 acked: false,
             });
         }
@@ -186,6 +203,7 @@ impl Sender {
                 self.last_new = Some((number, idx));
                 self.stats.packets_sent += 1;
             } else {
+                seg.resent = true;
                 self.stats.retransmissions += 1;
             }
             let payload = seg.packets[i].clone();
@@ -289,7 +307,7 @@ impl Sender {
                 Err(_) => self.stats.snaks_rejected += 1,
             },
             Some(&TYPE_PACK) => match PackRepr::parse(b) {
-                Ok(p) => self.handle_pack(&p),
+                Ok(p) => self.handle_pack(now, &p),
                 Err(_) => self.stats.packs_rejected += 1,
             },
             _ => self.stats.packs_rejected += 1,
@@ -326,7 +344,7 @@ impl Sender {
             .is_some_and(|s| s.done || (s.closed && s.extent == s.packets.len()))
     }
 
-    fn handle_pack(&mut self, p: &PackRepr) {
+    fn handle_pack(&mut self, now: Instant, p: &PackRepr) {
         let cum = extend(p.cum_ack, self.base);
         let seg = extend(p.segment, self.base);
         // The end acknowledgement: cumulative ack and segment both one past the last
@@ -344,6 +362,7 @@ impl Sender {
             return;
         }
         self.stats.packs_received += 1;
+        self.rtt_sample(now, seg);
         self.release_below(cum);
         if let Some(s) = seg
             .checked_sub(self.base)
@@ -354,6 +373,26 @@ impl Sender {
             s.packets = Vec::new();
         }
         self.pop_done();
+    }
+
+    /// The first acknowledgement of segment `seg`, at `now`: a round-trip sample if the
+    /// segment went out whole and once.
+    fn rtt_sample(&mut self, now: Instant, seg: u64) {
+        let Some(s) = seg
+            .checked_sub(self.base)
+            .and_then(|i| self.segs.get(i as usize))
+        else {
+            return;
+        };
+        let whole = s.closed && s.extent == s.packets.len();
+        let last = s.sent.iter().flatten().max().copied();
+        if let (false, false, true, Some(last)) = (s.done, s.resent, whole, last) {
+            let sample = now.saturating_since(last);
+            self.srtt = Some(match self.srtt {
+                None => sample,
+                Some(r) => Duration::from_micros((r.as_micros() * 7 + sample.as_micros()) / 8),
+            });
+        }
     }
 
     /// Validate a SNAK against what was sent; on success queue every requested packet
@@ -383,7 +422,7 @@ impl Sender {
         self.stats.snaks_received += 1;
         self.release_below(cum);
         self.pop_done();
-        let rtt = self.cfg.rtt;
+        let rtt = self.rtt();
         let Some(t) = seg
             .checked_sub(self.base)
             .and_then(|i| self.segs.get(i as usize))
@@ -397,7 +436,7 @@ impl Sender {
         for &(a, z) in &s.ranges {
             for idx in a..=z {
                 match t.sent[usize::from(idx)] {
-                    Some(at) if now >= at + rtt => {
+                    Some(at) if !super::premature(at, now, rtt) => {
                         self.xmtq.insert((seg, idx));
                     }
                     _ => self.stats.premature_requests += 1,

@@ -32,7 +32,6 @@
 //! Every input takes `now`, an [`Instant`] from the driver's origin.
 
 mod adapt;
-pub mod arq;
 pub mod credits;
 pub mod crypto;
 mod epoch;
@@ -52,7 +51,8 @@ use crate::time::{Duration, Instant};
 use crate::wire::{self, marker, session::Msg};
 use crate::{Resequencer, StripeConfig, Striper};
 
-pub use arq::{ArqChannelStats, ArqConfig};
+use crate::errctl::link as arq;
+pub use crate::errctl::link::{ArqChannelStats, ArqConfig};
 pub use credits::{CreditConfig, CreditCounters};
 use crypto::{Crypto, Established, Keys, Reject};
 pub use crypto::{HandshakeStats, SecurityMode, KEY_LEN};
@@ -115,7 +115,7 @@ pub struct Config {
     /// the peer measures each channel's queueing delay from them, and CoDel marks (ECN
     /// CE) or drops the IP packets it delivers while a queue stands. `None`: off.
     pub aqm: Option<AqmConfig>,
-    /// In-bond repair (`session::arq`): lost sealed datagrams are asked for again and
+    /// In-bond repair (`errctl::link`): lost sealed datagrams are asked for again and
     /// resent on the fastest channel, below the resequencer, in every mode. Needs
     /// security `encrypt` or `auth` (the sealing counter finds the gaps). `None`: off.
     pub arq: Option<ArqConfig>,
@@ -464,8 +464,8 @@ pub struct Session {
     set_quanta: Option<Vec<u32>>,
     aqm: Option<Aqm>,
     /// In-bond repair: per channel, what we receive and what we sent.
-    arq_rx: Vec<arq::RxChan>,
-    arq_tx: Vec<arq::TxRing>,
+    arq_rx: Vec<arq::LinkReceiver>,
+    arq_tx: Vec<arq::LinkSender>,
     /// Credits for our transmit direction (what the peer lends us) and our receive
     /// direction (what we lend the peer), for the current epochs.
     credit_tx: Option<credits::Tx>,
@@ -513,8 +513,8 @@ impl Session {
                 .then(|| adapt::Adapt::new(sc.weights.clone(), now)),
             set_quanta: None,
             aqm: cfg.aqm.map(|a| Aqm::new(a, n)),
-            arq_rx: (0..n).map(|_| arq::RxChan::default()).collect(),
-            arq_tx: (0..n).map(|_| arq::TxRing::default()).collect(),
+            arq_rx: (0..n).map(|_| arq::LinkReceiver::default()).collect(),
+            arq_tx: (0..n).map(|_| arq::LinkSender::default()).collect(),
             credit_tx: cfg.credits.map(|c| credits::Tx::new(&c, n, 0)),
             credit_rx,
             credit_n: CreditCounters::default(),
@@ -641,7 +641,7 @@ impl Session {
                         self.chans[c].fb_rx.accepted(d.len());
                         self.stamp(now, c, &inner);
                     }
-                    match (self.cfg.arq, arq::sealed_id(&d)) {
+                    match (self.cfg.arq, sealed_id(&d)) {
                         (Some(a), Some((key, counter))) => {
                             let mut out = Vec::new();
                             let missing = self.arq_rx[sealed_for].stats.missing;
@@ -764,7 +764,7 @@ impl Session {
         if self.cfg.arq.is_none() || !matches!(first, Reject::Replay | Reject::BadTag) {
             return Err(first);
         }
-        let Some((key, counter)) = arq::sealed_id(d) else {
+        let Some((key, counter)) = sealed_id(d) else {
             return Err(first);
         };
         for other in 0..self.n {
@@ -879,9 +879,17 @@ impl Session {
             return;
         }
         let via = self.fastest(Some(lost)).unwrap_or(lost);
+        // Once per round trip of the path a repair takes (there on `via`, the request
+        // back on the peer's fastest: about `via`'s smoothed round trip, which counts
+        // its standing queue): a request repeated sooner has not seen the last copy.
+        let rtt = self.chans[via]
+            .fb_tx
+            .estimate()
+            .srtt
+            .unwrap_or(RESEND_HOLDOFF)
+            .max(RESEND_HOLDOFF);
         for &k in &r.counters {
-            if let Some(b) = self.arq_tx[lost].take_for_resend(self.clock, r.key_index, k) {
-                self.arq_rx[lost].stats.resent += 1;
+            if let Ok(b) = self.arq_tx[lost].take_for_resend(self.clock, r.key_index, k, rtt) {
                 self.out.push_back(Transmit {
                     channel: via,
                     kind: DatagramKind::Repair,
@@ -1016,7 +1024,11 @@ impl Session {
     pub fn buffered(&self) -> usize {
         self.rx.reseq.buffered()
             + self.tx.pending.len()
-            + self.arq_rx.iter().map(arq::RxChan::held).sum::<usize>()
+            + self
+                .arq_rx
+                .iter()
+                .map(arq::LinkReceiver::held)
+                .sum::<usize>()
     }
 
     /// Fuzzing only: seal `inner` for channel `c` with our current keys, as if we had
@@ -1060,7 +1072,9 @@ impl Session {
             },
         };
         if self.cfg.arq.is_some() && self.crypto.mode != SecurityMode::None {
-            self.arq_tx[c].push(self.clock, &bytes);
+            if let Some((key, counter)) = sealed_id(&bytes) {
+                self.arq_tx[c].push(self.clock, key, counter, &bytes);
+            }
         }
         self.out.push_back(Transmit {
             channel: c,
@@ -1182,6 +1196,17 @@ impl Session {
         }
     }
 }
+
+/// The counters of a sealed datagram: (key index, counter), if it is one. In-bond
+/// repair numbers datagrams by them (`errctl::link`).
+fn sealed_id(d: &[u8]) -> Option<(u32, u64)> {
+    let h = wire::secure::Header::parse(d).ok()?;
+    Some((h.index, h.counter))
+}
+
+/// Least spacing of the answers to requests for one datagram, while the repair path's
+/// round trip is not measured (and its floor).
+const RESEND_HOLDOFF: Duration = Duration::from_millis(10);
 
 #[cfg(test)]
 mod tests;

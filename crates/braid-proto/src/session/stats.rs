@@ -183,7 +183,7 @@ impl Session {
                     rx_bps: c.n.rx_bps,
                     striper: t,
                     resequencer: r,
-                    arq: self.arq_rx[i].stats,
+                    arq: self.arq_rx[i].stats.merged(&self.arq_tx[i].stats),
                     credit_balance: balances.as_ref().map(|b| b[i]),
                 }
             })

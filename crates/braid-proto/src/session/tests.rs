@@ -744,6 +744,71 @@ fn arq_repairs_a_lossy_channel_in_every_mode() {
 }
 
 #[test]
+fn arq_answers_a_repeated_request_once_per_round_trip_of_the_repair_path() {
+    // The receiver asks again after about 1.5 base round trips of the fastest channel.
+    // When a queue stands on that channel (its delay triples here), a repair takes
+    // longer than that: the repeated requests must not each get a copy.
+    let mut p = pair_with(3, Mode::Logical, &[5, 20, 60], arq_on);
+    p.ab[2].drop_every = 50;
+    p.run_until(at_ms(1000));
+    p.ab[0].delay = Duration::from_millis(15);
+    p.ba[0].delay = Duration::from_millis(15);
+    p.run_until(at_ms(4000));
+    p.every = Duration::ZERO;
+    p.run_until(at_ms(4500));
+    p.assert_no_duplicates();
+    assert_eq!(p.delivered.len() as u64, p.next_id, "everything arrives");
+    let rx = p.b.stats(p.now).channels[2].arq;
+    let tx = p.a.stats(p.now).channels[2].arq;
+    assert!(rx.missing >= 30, "{rx:?}");
+    assert_eq!(rx.repaired, rx.missing, "{rx:?}");
+    assert!(rx.requests > rx.missing, "requests were repeated: {rx:?}");
+    assert!(tx.premature > 0, "{tx:?}");
+    // About one copy per loss: a few more while A's smoothed round trip catches up
+    // with the new delay. (Answering every request, as before, sent 78 for 44.)
+    assert!(
+        tx.resent >= rx.repaired && tx.resent * 10 <= rx.repaired * 11,
+        "{tx:?} for {rx:?}"
+    );
+    assert_eq!((tx.rejected, tx.expired), (0, 0), "{tx:?}");
+}
+
+#[test]
+fn arq_rejects_requests_for_datagrams_never_sent() {
+    let mut p = pair_with(2, Mode::Seq, &[5, 5], arq_on);
+    p.run_until(at_ms(300));
+    // A request as the peer would send it, naming A's current keys (from a datagram A
+    // sealed) but counters far beyond anything A sealed on channel 1.
+    p.sent_a = Some(Vec::new());
+    p.run_until(at_ms(310));
+    let sealed = p.sent_a.take().unwrap();
+    let (_, d) = sealed
+        .iter()
+        .find(|(c, _)| *c == 1)
+        .expect("A sent on channel 1");
+    let (key_index, counter) = sealed_id(d).unwrap();
+    let m = Msg::Resend(wire::session::Resend {
+        channel: 0,
+        lost_channel: 1,
+        key_index,
+        counters: vec![counter + 1_000, counter + 1_001],
+    });
+    let forged = p.b.crypto.seal(0, &m.to_vec(), true).unwrap();
+    let before = p.a.stats(p.now).channels[1].arq;
+    p.a.handle_datagram(p.now, 0, forged);
+    let after = p.a.stats(p.now).channels[1].arq;
+    assert_eq!(after.rejected, before.rejected + 2, "{after:?}");
+    assert_eq!(after.resent, before.resent, "nothing sent again");
+    while let Some(t) = p.a.poll_transmit() {
+        assert_ne!(
+            t.kind,
+            DatagramKind::Repair,
+            "no repair for a forged request"
+        );
+    }
+}
+
+#[test]
 fn arq_gives_up_after_its_wait_when_no_repair_can_come() {
     let mut p = pair_with(2, Mode::Seq, &[5, 5], arq_on);
     p.run_until(at_ms(500));

@@ -64,7 +64,7 @@
 //! else. An echo of 0 with delay 0 means "nothing heard yet".
 //!
 //! **Resend** (kind 5, 12 + 8 n bytes, 1 ≤ n ≤ 32), sent by a receiver with in-bond
-//! repair on (`session::arq`) on every channel that is up: sealed datagrams it found
+//! repair on (`errctl::link`) on every channel that is up: sealed datagrams it found
 //! missing on one channel, by their sealing counters.
 //!
 //! ```text

@@ -1,21 +1,34 @@
-//! In-bond repair of lost datagrams, per channel, below the resequencer ("link ARQ").
+//! Error control inside the bond: the in-bond profile of this module ("link ARQ").
 //!
-//! Every sealed datagram carries its channel's sealing counter (`wire::secure`): on one
-//! channel the counters go up by one, whatever the datagram is (data, marker, hello).
-//! A gap in them is a datagram the channel lost. With repair on:
+//! The tunnel repairs what its channels lose with the same scheme as the application
+//! profile ([`super::Sender`], [`super::Receiver`]), cut down to what a bond's channel
+//! needs, and below the resequencer so that every striping mode profits:
+//!
+//! | seed 002 | here |
+//! |---|---|
+//! | tolerance (W, E, B) | (W, 0, 0) per channel: every loss is repaired, within the deadline |
+//! | shipment sequence number | the channel's sealing counter (`wire::secure`): one per datagram, data or control, new numbers for nothing else, so **no header is added** |
+//! | gap detection | a counter above the next expected one (a channel is FIFO: reorder distance 0) |
+//! | loss timer, SNAK repeated every interval | [`LinkReceiver::requests`]: the missing counters, asked for again while missing |
+//! | selective retransmission from the sender's buffer | [`LinkSender::take_for_resend`]: the same sealed bytes, once per round trip of the repair path (the premature-request filter, [`super::premature`]) |
+//! | requests for packets never sent are rejected and counted | the same ([`ArqChannelStats::rejected`]) |
+//! | deadline, then the packet is given up | [`ArqConfig::wait`]; counted ([`ArqChannelStats::given_up`]) |
+//! | PACK | none: the sender's buffer is bounded by age and count instead (a channel carries hundreds of thousands of datagrams a second; acknowledging them would cost more than it saves) |
+//!
+//! How the session uses it (`session::Session`, with `arq` set):
 //!
 //! * the **sender** keeps its last sealed datagrams per channel, as they went out
-//!   ([`TxRing`]);
-//! * the **receiver** ([`RxChan`]) holds what arrives on a channel behind a gap, asks
-//!   for the missing counters on every channel that is up (a `Resend` session message,
-//!   repeated while it waits), and releases the channel's datagrams in counter order as
-//!   soon as the gap is filled, or when its wait runs out (then the datagram is lost,
-//!   as without repair);
-//! * the sender answers by sending the **same sealed bytes** again on its fastest
-//!   channel. They are not re-sealed and not wrapped, so a repair is no larger than the
-//!   original and needs no room in the MTU. The receiver recognises one when it fails
-//!   to open on the channel it came in on but carries a counter it is missing on
-//!   another: the channel index is in the AEAD nonce, so it opens there and nowhere else.
+//!   ([`LinkSender`]);
+//! * the **receiver** ([`LinkReceiver`]) holds what arrives on a channel behind a gap,
+//!   asks for the missing counters on the fastest other channel that is up (a `Resend`
+//!   session message, `wire::session`), and releases the channel's datagrams in
+//!   counter order as soon as the gap is filled, or when the wait runs out (then the
+//!   datagram is lost, as without repair);
+//! * the sender answers on its fastest channel with the **same sealed bytes**: not
+//!   re-sealed and not wrapped, so a repair is no larger than the original and needs no
+//!   room in the MTU. The receiver recognises one when it fails to open on the channel
+//!   it came in on but carries a counter it is missing on another: the channel index is
+//!   in the AEAD nonce, so it opens there and nowhere else.
 //!
 //! Because the hole is filled before the datagram reaches the resequencer, this works
 //! the same in every mode: logical reception sees its channel's FIFO stream intact (no
@@ -28,13 +41,12 @@ use std::collections::{BTreeMap, VecDeque};
 use bytes::Bytes;
 
 use crate::time::{Duration, Instant};
-use crate::wire::secure;
 
 /// In-bond repair settings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ArqConfig {
     /// How long the receiver holds a channel's later datagrams for a missing one before
-    /// giving it up.
+    /// giving it up (the deadline).
     pub wait: Duration,
 }
 
@@ -50,35 +62,41 @@ impl Default for ArqConfig {
 
 /// A gap wider than this is not waited for (a channel that was down, a peer that
 /// restarted): the datagrams after it go through at once.
-pub(super) const MAX_GAP: u64 = 256;
+pub const MAX_GAP: u64 = 256;
 /// Most datagrams held per channel; beyond, the oldest gap is given up.
 const HOLD_MAX: usize = 8192;
 /// Most datagrams the sender keeps per channel, and for how long.
 const RING_MAX: usize = 8192;
 const RING_AGE: Duration = Duration::from_secs(1);
 
-/// The counters of a sealed datagram: (key index, counter), if it is one.
-pub(super) fn sealed_id(d: &[u8]) -> Option<(u32, u64)> {
-    let h = secure::Header::parse(d).ok()?;
-    Some((h.index, h.counter))
+/// Why a requested datagram is not sent again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NotResent {
+    /// Its last copy left less than a round trip of the repair path ago: the request
+    /// cannot have seen it (counted in [`ArqChannelStats::premature`]).
+    Premature,
+    /// No longer kept (older than the buffer): counted in [`ArqChannelStats::expired`].
+    Expired,
+    /// Never sent: a counter above the highest sealed under that key, or a key never
+    /// used. Counted in [`ArqChannelStats::rejected`]; a peer asking for it is broken or
+    /// hostile, and is not answered.
+    Rejected,
 }
-
-/// A request repeated within this long of an answer is not answered again (the
-/// answer is on its way).
-const RESEND_HOLDOFF: Duration = Duration::from_millis(10);
 
 /// The sender's copies of what it sealed on one channel: when, key index, counter,
 /// bytes, and when last sent again.
 #[derive(Default)]
-pub(super) struct TxRing {
+pub struct LinkSender {
     items: VecDeque<(Instant, u32, u64, Bytes, Option<Instant>)>,
+    /// Highest counter sealed per key index (the current and the one before).
+    highest: [(u32, Option<u64>); 2],
+    /// Sender-side counters (the receiver-side ones stay zero).
+    pub stats: ArqChannelStats,
 }
 
-impl TxRing {
-    pub fn push(&mut self, now: Instant, sealed: &Bytes) {
-        let Some((key, counter)) = sealed_id(sealed) else {
-            return;
-        };
+impl LinkSender {
+    /// Keep `sealed`, sealed at `now` under key `key` with `counter`.
+    pub fn push(&mut self, now: Instant, key: u32, counter: u64, sealed: &Bytes) {
         while self.items.len() >= RING_MAX
             || self
                 .items
@@ -87,23 +105,55 @@ impl TxRing {
         {
             self.items.pop_front();
         }
+        match self
+            .highest
+            .iter_mut()
+            .find(|(k, h)| *k == key && h.is_some())
+        {
+            Some((_, h)) => *h = Some(h.unwrap_or(0).max(counter)),
+            None => {
+                self.highest[1] = self.highest[0];
+                self.highest[0] = (key, Some(counter));
+            }
+        }
         self.items
             .push_back((now, key, counter, sealed.clone(), None));
     }
 
-    /// The datagram sealed with key `key` (as its header names it) and `counter`, to
-    /// send again at `now`, unless it was sent again only just now.
-    pub fn take_for_resend(&mut self, now: Instant, key: u32, counter: u64) -> Option<Bytes> {
-        let (_, _, _, b, resent) = self
+    /// The datagram sealed with key `key` and `counter`, to send again at `now`, unless
+    /// its last copy left less than `rtt` ago (the round trip of the path the repair
+    /// takes) or it is not (or no longer) kept. Counted either way.
+    pub fn take_for_resend(
+        &mut self,
+        now: Instant,
+        key: u32,
+        counter: u64,
+        rtt: Duration,
+    ) -> Result<Bytes, NotResent> {
+        let sent = self
+            .highest
+            .iter()
+            .any(|&(k, h)| k == key && h.is_some_and(|h| counter <= h));
+        if !sent {
+            self.stats.rejected += 1;
+            return Err(NotResent::Rejected);
+        }
+        let Some((at, _, _, b, resent)) = self
             .items
             .iter_mut()
             .rev()
-            .find(|(_, k, c, ..)| *k == key && *c == counter)?;
-        if resent.is_some_and(|t| now.saturating_since(t) < RESEND_HOLDOFF) {
-            return None;
+            .find(|(_, k, c, ..)| *k == key && *c == counter)
+        else {
+            self.stats.expired += 1;
+            return Err(NotResent::Expired);
+        };
+        if super::premature(resent.unwrap_or(*at), now, rtt) {
+            self.stats.premature += 1;
+            return Err(NotResent::Premature);
         }
         *resent = Some(now);
-        Some(b.clone())
+        self.stats.resent += 1;
+        Ok(b.clone())
     }
 }
 
@@ -131,11 +181,32 @@ pub struct ArqChannelStats {
     pub requests: u64,
     /// Datagrams of this channel we sent again for the peer.
     pub resent: u64,
+    /// Requests of the peer for this channel not answered because the last copy had
+    /// left less than a round trip of the repair path before (the answer is on its way).
+    pub premature: u64,
+    /// Requests for datagrams no longer kept.
+    pub expired: u64,
+    /// Requests for datagrams never sent (rejected; a broken or hostile peer).
+    pub rejected: u64,
 }
 
-/// The receiver's view of one channel.
+impl ArqChannelStats {
+    /// Receiver-side and sender-side counters of one channel together (each side
+    /// fills its own fields).
+    pub fn merged(&self, tx: &ArqChannelStats) -> ArqChannelStats {
+        ArqChannelStats {
+            resent: self.resent + tx.resent,
+            premature: self.premature + tx.premature,
+            expired: self.expired + tx.expired,
+            rejected: self.rejected + tx.rejected,
+            ..*self
+        }
+    }
+}
+
+/// The receiver's view of one channel: gap detection, held datagrams, requests.
 #[derive(Default)]
-pub(super) struct RxChan {
+pub struct LinkReceiver {
     /// Key index being followed, and the one before (datagrams still in flight under
     /// it go straight through).
     key: Option<u32>,
@@ -145,10 +216,11 @@ pub(super) struct RxChan {
     /// Datagrams waiting behind a gap, with their arrival times.
     held: BTreeMap<u64, (Bytes, Instant)>,
     missing: BTreeMap<u64, Miss>,
+    /// Receiver-side counters (the sender-side ones stay zero).
     pub stats: ArqChannelStats,
 }
 
-impl RxChan {
+impl LinkReceiver {
     /// Is `counter` under `key` one we are waiting for?
     pub fn is_missing(&self, key: u32, counter: u64) -> bool {
         self.key == Some(key) && self.missing.contains_key(&counter)
@@ -315,7 +387,7 @@ mod tests {
 
     #[test]
     fn in_order_goes_straight_through() {
-        let mut r = RxChan::default();
+        let mut r = LinkReceiver::default();
         let mut out = vec![];
         for k in 0..5 {
             r.accept(ms(k), W, 7, k, b(k as u8), false, &mut out);
@@ -326,7 +398,7 @@ mod tests {
 
     #[test]
     fn a_gap_holds_later_datagrams_until_repaired_then_releases_in_order() {
-        let mut r = RxChan::default();
+        let mut r = LinkReceiver::default();
         let mut out = vec![];
         r.accept(ms(0), W, 7, 0, b(0), false, &mut out);
         r.accept(ms(1), W, 7, 3, b(3), false, &mut out); // 1, 2 missing
@@ -356,7 +428,7 @@ mod tests {
 
     #[test]
     fn a_datagram_not_repaired_in_time_is_given_up() {
-        let mut r = RxChan::default();
+        let mut r = LinkReceiver::default();
         let mut out = vec![];
         r.accept(ms(0), W, 7, 0, b(0), false, &mut out);
         r.accept(ms(1), W, 7, 2, b(2), false, &mut out);
@@ -374,7 +446,7 @@ mod tests {
 
     #[test]
     fn urgent_control_is_not_held_but_fills_or_opens_gaps() {
-        let mut r = RxChan::default();
+        let mut r = LinkReceiver::default();
         let mut out = vec![];
         r.accept(ms(0), W, 7, 0, b(0), false, &mut out);
         r.accept(ms(1), W, 7, 2, b(2), false, &mut out); // 1 missing, 2 held
@@ -391,7 +463,7 @@ mod tests {
 
     #[test]
     fn wide_gaps_and_new_keys_are_not_waited_for() {
-        let mut r = RxChan::default();
+        let mut r = LinkReceiver::default();
         let mut out = vec![];
         r.accept(ms(0), W, 7, 0, b(0), false, &mut out);
         r.accept(ms(1), W, 7, 2 + MAX_GAP, b(1), false, &mut out);
@@ -410,31 +482,48 @@ mod tests {
     }
 
     #[test]
-    fn ring_finds_by_key_and_counter_and_forgets_old() {
-        let mut t = TxRing::default();
-        let sealed = |key: u32, c: u64| {
-            let mut v = vec![0xB8, 1, 0, 0];
-            v.extend_from_slice(&key.to_be_bytes());
-            v.extend_from_slice(&c.to_be_bytes());
-            v.extend_from_slice(&[0; 20]);
-            Bytes::from(v)
-        };
-        t.push(ms(0), &sealed(1, 0));
-        t.push(ms(1), &sealed(1, 1));
-        t.push(ms(2), &sealed(2, 0));
-        assert_eq!(t.take_for_resend(ms(3), 1, 1), Some(sealed(1, 1)));
-        assert_eq!(t.take_for_resend(ms(3), 2, 0), Some(sealed(2, 0)));
-        assert_eq!(t.take_for_resend(ms(3), 2, 1), None);
-        // Asked again within the hold-off: not sent again yet.
-        assert!(t.take_for_resend(ms(5), 1, 1).is_none());
-        assert!(t.take_for_resend(ms(14), 1, 1).is_some());
-        t.push(ms(1500), &sealed(2, 1));
+    fn sender_answers_once_per_round_trip_and_rejects_what_it_never_sent() {
+        let mut t = LinkSender::default();
+        let sealed = |key: u32, c: u64| Bytes::from(vec![key as u8, c as u8]);
+        let rtt = Duration::from_millis(10);
+        t.push(ms(0), 1, 0, &sealed(1, 0));
+        t.push(ms(1), 1, 1, &sealed(1, 1));
+        t.push(ms(2), 2, 0, &sealed(2, 0));
+        assert_eq!(t.take_for_resend(ms(20), 1, 1, rtt), Ok(sealed(1, 1)));
+        assert_eq!(t.take_for_resend(ms(20), 2, 0, rtt), Ok(sealed(2, 0)));
+        // Never sent: above the highest counter of the key, or a key never used.
         assert_eq!(
-            t.take_for_resend(ms(1500), 1, 0),
-            None,
+            t.take_for_resend(ms(20), 2, 1, rtt),
+            Err(NotResent::Rejected)
+        );
+        assert_eq!(
+            t.take_for_resend(ms(20), 9, 0, rtt),
+            Err(NotResent::Rejected)
+        );
+        // Asked again within a round trip of the repair: not sent again yet.
+        assert_eq!(
+            t.take_for_resend(ms(25), 1, 1, rtt),
+            Err(NotResent::Premature)
+        );
+        assert!(t.take_for_resend(ms(30), 1, 1, rtt).is_ok());
+        // A request for a datagram sent less than a round trip ago is premature too.
+        t.push(ms(40), 2, 1, &sealed(2, 1));
+        assert_eq!(
+            t.take_for_resend(ms(45), 2, 1, rtt),
+            Err(NotResent::Premature)
+        );
+        t.push(ms(1500), 2, 2, &sealed(2, 2));
+        assert_eq!(
+            t.take_for_resend(ms(1500), 1, 0, rtt),
+            Err(NotResent::Expired),
             "older than a second"
         );
-        t.push(ms(1500), &Bytes::from_static(b"not sealed"));
         assert_eq!(t.items.len(), 1);
+        let s = t.stats;
+        assert_eq!(
+            (s.resent, s.rejected, s.premature, s.expired),
+            (3, 2, 2, 1),
+            "{s:?}"
+        );
     }
 }
