@@ -301,6 +301,12 @@ pub struct SendSummary {
     pub retransmissions: u64,
     /// Segments given up at the deadline before being acknowledged.
     pub segments_expired: u64,
+    /// Repair requests not answered because the last copy left less than a round trip
+    /// (and an acknowledgement interval) before: the copy was on its way.
+    pub premature_requests: u64,
+    /// The round trip the sender used at the end, ms: `--rtt`, or the one it measured
+    /// from acknowledgements if longer.
+    pub rtt_ms: f64,
     /// The receiver acknowledged the whole stream, its end included.
     pub complete: bool,
     /// From the offer's acceptance to the end acknowledgement.
@@ -321,7 +327,7 @@ impl SendSummary {
     pub fn text(&self) -> String {
         format!(
             "sent {} ({} packets) in {:.2}s, {}; tolerance ({},{},{}), deadline {}\n\
-             retransmitted {} packets ({:.2} %), {} segments given up at the deadline; {}\n",
+             retransmitted {} packets ({:.2} %), {} requests premature (round trip {:.1} ms), {} segments given up at the deadline; {}\n",
             human_bytes(self.bytes),
             self.packets,
             self.duration_s,
@@ -333,6 +339,8 @@ impl SendSummary {
                 .map_or("none".to_string(), |d| format!("{d} ms")),
             self.retransmissions,
             pct(self.retransmissions, self.packets),
+            self.premature_requests,
+            self.rtt_ms,
             self.segments_expired,
             if self.complete {
                 "the receiver has everything"
@@ -712,6 +720,8 @@ pub async fn send<R: AsyncRead + Unpin>(
         packets: tx.packets,
         retransmissions: s.retransmissions,
         segments_expired: s.segments_expired,
+        premature_requests: s.premature_requests,
+        rtt_ms: tx.ec.rtt().as_micros() as f64 / 1e3,
         complete: tx.ec.is_done(),
         duration_s,
         rate_bps: rate(tx.bytes, duration_s),

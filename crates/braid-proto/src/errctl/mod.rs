@@ -38,7 +38,10 @@
 //!
 //! Departures from the paper: the enforcement window is the segment (the paper's advice
 //! for pipelined applications, §3.1); the premature-request filter is kept per packet
-//! rather than per packet group; packet and segment numbers wrap at 2^16 and 2^32 on the
+//! rather than per packet group, and its round trip is the longer of the configured one
+//! and the one measured from acknowledgements, plus one acknowledgement interval (the
+//! receiver repeats its SNAKs that often, and without the margin a repeated SNAK
+//! reaching the sender just after one round trip got a duplicate); packet and segment numbers wrap at 2^16 and 2^32 on the
 //! wire; flow control (the PACK's window limit) is left out: the receiver holds as many
 //! segments as the sender's window.
 
@@ -59,7 +62,8 @@ use crate::time::{Duration, Instant};
 /// The premature-request filter both profiles share (seed 002, §4.2): a request for a
 /// packet whose last copy left at `last_sent`, less than one round trip `rtt` before
 /// `now`, cannot have seen that copy's fate, so it is not answered; the copy is on its
-/// way, and answering would only send a duplicate.
+/// way, and answering would only send a duplicate. Callers add a margin to the round
+/// trip for the spacing of repeated requests and for jitter.
 pub fn premature(last_sent: Instant, now: Instant, rtt: Duration) -> bool {
     now < last_sent + rtt
 }

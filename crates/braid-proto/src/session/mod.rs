@@ -882,12 +882,16 @@ impl Session {
         // Once per round trip of the path a repair takes (there on `via`, the request
         // back on the peer's fastest: about `via`'s smoothed round trip, which counts
         // its standing queue): a request repeated sooner has not seen the last copy.
-        let rtt = self.chans[via]
+        // A quarter more for jitter: the peer asks again every 1.5 base round trips,
+        // so its last request before the repair arrived reaches us about a round
+        // trip after the repair left.
+        let srtt = self.chans[via]
             .fb_tx
             .estimate()
             .srtt
             .unwrap_or(RESEND_HOLDOFF)
             .max(RESEND_HOLDOFF);
+        let rtt = srtt + Duration::from_micros(srtt.as_micros() / 4);
         for &k in &r.counters {
             if let Ok(b) = self.arq_tx[lost].take_for_resend(self.clock, r.key_index, k, rtt) {
                 self.out.push_back(Transmit {
