@@ -103,6 +103,9 @@ pub struct SessionConfig {
     /// Credit-based flow control per channel (see `braid_proto::session::credits`);
     /// `None`: off.
     pub credits: Option<braid_proto::session::CreditConfig>,
+    /// Bad-link demotion (see `braid_proto::session::demote`); on by default, `None`:
+    /// off.
+    pub demote: Option<braid_proto::session::DemoteConfig>,
 }
 
 impl std::fmt::Debug for SessionConfig {
@@ -147,6 +150,7 @@ impl SessionConfig {
             aqm: None,
             arq: None,
             credits: None,
+            demote: Some(braid_proto::session::DemoteConfig::default()),
         }
     }
 
@@ -261,6 +265,7 @@ impl SessionConfig {
             aqm: self.aqm,
             arq: self.arq,
             credits: self.credits,
+            demote: self.demote,
         }
     }
 
@@ -355,6 +360,11 @@ struct RawSession {
     credits: Option<bool>,
     credit_window: Option<u32>,
     credit_pool: Option<u32>,
+    demote: Option<bool>,
+    demote_loss: Option<f64>,
+    demote_after: Option<String>,
+    promote_after: Option<String>,
+    demote_rtt_ratio: Option<f64>,
     repair: Option<String>,
     trigger_every: Option<u32>,
     max_wait: Option<String>,
@@ -606,6 +616,55 @@ impl FileConfig {
             cfg.arq = (!d.is_zero()).then(|| braid_proto::session::ArqConfig {
                 wait: braid_proto::Duration::from_micros(d.as_micros() as u64),
             });
+        }
+        if let Some(on) = s.demote {
+            cfg.demote = on.then(braid_proto::session::DemoteConfig::default);
+        }
+        if s.demote_loss.is_some()
+            || s.demote_after.is_some()
+            || s.promote_after.is_some()
+            || s.demote_rtt_ratio.is_some()
+        {
+            let Some(d) = &mut cfg.demote else {
+                return Err(err(
+                    "session.demote",
+                    "is false: demote_loss, demote_after, promote_after and demote_rtt_ratio \
+                     need it on"
+                        .into(),
+                ));
+            };
+            if let Some(l) = s.demote_loss {
+                if !(l > 0.0 && l < 1.0) {
+                    return Err(err(
+                        "session.demote_loss",
+                        format!("{l}: expected a share of datagrams above 0 and below 1"),
+                    ));
+                }
+                d.loss = l;
+            }
+            for (key, v) in [
+                ("demote_after", &s.demote_after),
+                ("promote_after", &s.promote_after),
+            ] {
+                let Some(v) = v else { continue };
+                let name = format!("session.{key}");
+                let t = parse_duration(v).map_err(|r| err(&name, r.to_string()))?;
+                let t = braid_proto::Duration::from_micros(t.as_micros() as u64);
+                if key == "demote_after" {
+                    d.after = t;
+                } else {
+                    d.promote_after = t;
+                }
+            }
+            if let Some(r) = s.demote_rtt_ratio {
+                if !(r == 0.0 || (1.5..=1000.0).contains(&r)) {
+                    return Err(err(
+                        "session.demote_rtt_ratio",
+                        format!("{r}: expected 0 (off) or a ratio from 1.5 to 1000"),
+                    ));
+                }
+                d.rtt_ratio = r;
+            }
         }
         if let Some(v) = &s.repair {
             let d = parse_duration(v).map_err(|r| err("session.repair", r.to_string()))?;
@@ -884,6 +943,42 @@ remote = "127.0.0.1:7102"
             ("aqm_target = \"10ms\"", "session.aqm_target"),
             ("aqm = true\naqm_interval = \"0s\"", "session.aqm_interval"),
             ("arq = \"soon\"", "session.arq"),
+        ] {
+            let e = FileConfig::parse("t.toml", &with(extra), None)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(key), "{extra}: {e}");
+        }
+        // Bad-link demotion: on by default, with these keys.
+        let c = FileConfig::parse("t.toml", &with(""), None).unwrap();
+        assert_eq!(
+            c.session.session_config().demote,
+            Some(braid_proto::session::DemoteConfig::default())
+        );
+        let c = FileConfig::parse(
+            "t.toml",
+            &with(
+                "demote_loss = 0.3\ndemote_after = \"2s\"\npromote_after = \"10s\"\n\
+                 demote_rtt_ratio = 8.0",
+            ),
+            None,
+        )
+        .unwrap();
+        let d = c.session.session_config().demote.unwrap();
+        assert_eq!(d.loss, 0.3);
+        assert_eq!(d.after, braid_proto::Duration::from_secs(2));
+        assert_eq!(d.promote_after, braid_proto::Duration::from_secs(10));
+        assert_eq!(d.rtt_ratio, 8.0);
+        let c = FileConfig::parse("t.toml", &with("demote = false"), None).unwrap();
+        assert!(c.session.session_config().demote.is_none());
+        for (extra, key) in [
+            ("demote = false\ndemote_loss = 0.3", "session.demote"),
+            ("demote_loss = 1.5", "session.demote_loss"),
+            ("demote_loss = 0.0", "session.demote_loss"),
+            ("demote_after = \"later\"", "session.demote_after"),
+            ("demote_after = \"30ms\"", "demote_after"),
+            ("promote_after = \"0s\"", "promote_after"),
+            ("demote_rtt_ratio = 1.1", "session.demote_rtt_ratio"),
         ] {
             let e = FileConfig::parse("t.toml", &with(extra), None)
                 .unwrap_err()

@@ -765,6 +765,16 @@ impl Driver {
                 Event::ChannelUp { channel } => {
                     info!(channel, "channel {channel} ({}) up again", name(channel))
                 }
+                Event::ChannelDemoted { channel, reason } => warn!(
+                    channel,
+                    "channel {channel} ({}) demoted: {reason}; it carries only probes until it recovers",
+                    name(channel)
+                ),
+                Event::ChannelPromoted { channel } => info!(
+                    channel,
+                    "channel {channel} ({}) promoted: healthy again, back in the transmit set",
+                    name(channel)
+                ),
                 Event::PeerHearsUs { channel, hears: true } => {
                     info!(channel, "peer hears us again on channel {channel} ({})", name(channel))
                 }
@@ -839,6 +849,16 @@ impl Driver {
                 delivery_bps: c.estimate.delivery_bps.unwrap_or(-1.0),
                 loss_ratio: c.estimate.loss.unwrap_or(-1.0),
                 quantum: u64::from(c.quantum),
+                role: match c.state {
+                    braid_proto::session::LinkState::Up => c.role.name().into(),
+                    other => other.name().into(),
+                },
+                weight: u64::from(c.weight),
+                demoted: c.role != braid_proto::session::Role::Active,
+                probing: c.role == braid_proto::session::Role::Probing,
+                role_since_s: c.role_since.as_secs_f64(),
+                demotions: c.demotions,
+                window_loss_ratio: c.window_loss.unwrap_or(-1.0),
                 queue_delay_ms: s
                     .aqm
                     .as_ref()

@@ -93,6 +93,28 @@ pub struct ChannelSnapshot {
     pub loss_ratio: f64,
     /// SRR quantum in bytes: adapted to what the channel delivers, or as configured.
     pub quantum: u64,
+    /// The channel's place in the bond: `active`, `demoted` or `probing` (bad-link
+    /// demotion), or `down` / `wait` while the peer is not heard on it.
+    #[serde(default)]
+    pub role: String,
+    /// Its weight in the stripe now: its quantum while in the transmit set, else 0.
+    #[serde(default)]
+    pub weight: u64,
+    /// 1 while demoted or probing (out of the transmit set for being a net cost).
+    #[serde(default)]
+    pub demoted: bool,
+    /// 1 while demoted and probing healthy (promoted after `promote_after`).
+    #[serde(default)]
+    pub probing: bool,
+    /// Seconds since `role` last changed between active, demoted and probing.
+    #[serde(default)]
+    pub role_since_s: f64,
+    /// Times the channel was demoted.
+    #[serde(default)]
+    pub demotions: u64,
+    /// Loss over the demotion window (`demote_after`) (-1: not measured).
+    #[serde(default)]
+    pub window_loss_ratio: f64,
     /// Queueing delay the AQM measures on this channel, ms (-1: AQM off or no recent
     /// timestamped marker).
     #[serde(default)]
@@ -269,9 +291,9 @@ impl SessionStats {
         );
         let _ = writeln!(
             s,
-            "{:<3} {:<8} {:<5} {:>8} {:<4} {:<5} {:>10} {:>10} {:>9} {:>9} {:>7} {:>6} {:>7} {:>7} {:>7} {:>7} {:>6} {:>6}",
-            "ch", "name", "state", "since", "peer", "sets", "tx pkts", "rx pkts", "tx bit/s", "rx bit/s",
-            "rtt ms", "loss%", "queue ms", "mk tx", "mk rx", "resync", "auth", "replay"
+            "{:<3} {:<8} {:<5} {:>8} {:<4} {:<5} {:<7} {:>7} {:>10} {:>10} {:>9} {:>9} {:>9} {:>7} {:>7} {:>6} {:>7} {:>7} {:>7} {:>7} {:>6} {:>6}",
+            "ch", "name", "state", "since", "peer", "sets", "role", "weight", "tx pkts", "rx pkts", "tx bit/s", "rx bit/s",
+            "dlv bit/s", "rtt ms", "min ms", "loss%", "queue ms", "mk tx", "mk rx", "resync", "auth", "replay"
         );
         if self.channels.iter().any(|c| c.credit_balance >= 0.0) {
             let balances: Vec<String> = self
@@ -323,18 +345,22 @@ impl SessionStats {
             );
             let _ = writeln!(
                 s,
-                "{:<3} {:<8} {:<5} {:>7.1}s {:<4} {:<5} {:>10} {:>10} {:>9} {:>9} {:>7} {:>6} {:>7} {:>7} {:>7} {:>7} {:>6} {:>6}",
+                "{:<3} {:<8} {:<5} {:>7.1}s {:<4} {:<5} {:<7} {:>7} {:>10} {:>10} {:>9} {:>9} {:>9} {:>7} {:>7} {:>6} {:>7} {:>7} {:>7} {:>7} {:>6} {:>6}",
                 c.index,
                 c.name,
                 c.state,
                 c.state_since_s,
                 if c.peer_hears_us { "up" } else { "down" },
                 sets,
+                c.role,
+                c.weight,
                 c.tx_data_packets,
                 c.rx_data_packets,
                 si(c.tx_bps),
                 si(c.rx_bps),
+                if c.delivery_bps < 0.0 { "-".to_string() } else { si(c.delivery_bps) },
                 known(c.srtt_ms, 1.0, 1),
+                known(c.rtt_min_ms, 1.0, 1),
                 known(c.loss_ratio, 100.0, 2),
                 known(c.queue_delay_ms, 1.0, 1),
                 c.tx_markers + c.tx_triggers,
@@ -363,7 +389,11 @@ impl SessionStats {
                 s,
                 " {}={} tx {}bit/s rx {}bit/s resync {};",
                 c.name,
-                c.state,
+                if c.state == "up" {
+                    c.role.as_str()
+                } else {
+                    c.state.as_str()
+                },
                 si(c.tx_bps),
                 si(c.rx_bps),
                 c.resyncs
@@ -476,6 +506,9 @@ fn is_gauge(field: &str) -> bool {
                 | "in_tx_set"
                 | "in_rx_set"
                 | "quantum"
+                | "weight"
+                | "demoted"
+                | "probing"
                 | "tx_queued"
                 | "credit_balance"
         )
@@ -550,6 +583,15 @@ mod tests {
             "braid_tx_epoch ",
             "braid_channel_up{",
             "braid_channel_rx_queue_drops_total{",
+            "braid_channel_weight{",
+            "braid_channel_demoted{",
+            "braid_channel_probing{",
+            "braid_channel_demotions_total{",
+            "braid_channel_srtt_ms{",
+            "braid_channel_rtt_min_ms{",
+            "braid_channel_delivery_bps{",
+            "braid_channel_loss_ratio{",
+            "braid_channel_window_loss_ratio{",
         ] {
             assert!(text.contains(name), "{name} missing:\n{text}");
         }

@@ -1086,6 +1086,8 @@ fn session_variant(st: &Tab, sc: StripeConfig) -> Result<Variant, ScenarioError>
         "credits",
         "credit_window",
         "credit_pool",
+        "demote",
+        "demote_loss",
     ])?;
     let Policy::Causal(scheduler) = sc.policy else {
         return Err(st.cx.err(
@@ -1145,6 +1147,23 @@ fn session_variant(st: &Tab, sc: StripeConfig) -> Result<Variant, ScenarioError>
         let wait = units::parse_duration_us(v).map_err(|e| st.err("arq", &e.to_string()))?;
         cfg.arq = (wait > braid_proto::Duration::ZERO)
             .then_some(braid_proto::session::ArqConfig { wait });
+    }
+    // Bad-link demotion: on by default, as in the tunnel.
+    if !st.bool_or("demote", true)? {
+        cfg.demote = None;
+    } else if let Some(v) = st.t.get("demote_loss") {
+        let l = v
+            .as_float()
+            .filter(|l| *l > 0.0 && *l < 1.0)
+            .ok_or_else(|| {
+                st.err(
+                    "demote_loss",
+                    "expected a share of datagrams above 0 and below 1",
+                )
+            })?;
+        if let Some(d) = &mut cfg.demote {
+            d.loss = l;
+        }
     }
     if st.bool_or("aqm", false)? {
         cfg.aqm = Some(braid_proto::aqm::AqmConfig::default());

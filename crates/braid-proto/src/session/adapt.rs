@@ -132,7 +132,7 @@ fn shortfall(e: &Estimate) -> bool {
 }
 
 /// Is its round trip above its recent minimum by a quarter and 5 ms?
-fn standing_queue(e: &Estimate) -> bool {
+pub(crate) fn standing_queue(e: &Estimate) -> bool {
     match (e.srtt, e.rtt_min) {
         (Some(s), Some(m)) => {
             let standing = s.as_micros().saturating_sub(m.as_micros());

@@ -408,8 +408,11 @@ pub(crate) struct Crypto {
     older: std::collections::VecDeque<Keypair>,
     peer_run: Option<u64>,
     pub stats: HandshakeStats,
-    /// Per channel: sealing counters missing below the highest accepted (every key so
-    /// far), less those that arrived late. The channels are FIFO, so this counts loss.
+    /// Per channel: sealing counters skipped over when a higher one was accepted (every
+    /// key so far). The channels are FIFO, so this counts what the channel lost; one that
+    /// turns up later (an in-bond repair, on another channel) is still counted: the
+    /// channel lost it, and repairs filling gaps must not hide a lossy channel from the
+    /// feedback (and a count that never goes down is one the estimator can difference).
     missing: Vec<u64>,
 }
 
@@ -741,7 +744,7 @@ impl Crypto {
             d.slice(HEADER_LEN..body_end)
         };
         let gap = k.windows[c].mark(h.counter);
-        self.missing[c] = self.missing[c].saturating_add_signed(gap);
+        self.missing[c] = self.missing[c].saturating_add(gap.max(0) as u64);
         let established = match slot {
             Slot::Pending(i) => {
                 let p = self.pending.remove(i);

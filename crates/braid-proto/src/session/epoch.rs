@@ -150,7 +150,8 @@ impl Session {
         if now - at > self.cfg.dead_after {
             return;
         }
-        let desired = self.peer.mask & self.all;
+        // Demoted channels stay out while another channel is there (`super::demote`).
+        let desired = self.without_demoted(self.peer.mask & self.all);
         if desired == 0 {
             return;
         }
@@ -292,8 +293,26 @@ impl Session {
                 self.end_channel(c, now);
             }
         }
-        let new_set = self.rx.pending.as_ref().map_or(0, |p| p.new_set);
-        if new_set & !self.rx.end_seen == 0 {
+        self.rx_maybe_commit(now);
+    }
+
+    /// Commit the pending switch once its end has come on every channel of the new set,
+    /// and on every old channel we still hear the peer on: a channel that left the set
+    /// for being a net cost (`super::demote`) still carries the old epoch's last data,
+    /// which must reach the old resequencer before it is drained. (A channel that left
+    /// because it died is down here too: nothing more comes on it, nothing waits.)
+    pub(super) fn rx_maybe_commit(&mut self, now: Instant) {
+        let Some(p) = &self.rx.pending else {
+            return;
+        };
+        let up = self
+            .chans
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.state == super::LinkState::Up)
+            .fold(0, |m, (i, _)| m | bit(i));
+        let wait_for = p.new_set | (p.old_set & up);
+        if wait_for & !self.rx.end_seen == 0 {
             self.commit_rx(now);
         }
     }

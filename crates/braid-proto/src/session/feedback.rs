@@ -103,6 +103,10 @@ pub(crate) struct Estimator {
     /// Reports ignored: counts that went backwards (a restarted peer) or a timestamp
     /// that did not move.
     pub stale: u64,
+    /// Datagrams received and found missing over every accepted interval (the long-run
+    /// counts bad-link demotion differences over its own window, `super::demote`).
+    got_total: u64,
+    missing_total: u64,
 }
 
 /// The estimates for one channel, as reported in statistics.
@@ -144,6 +148,8 @@ impl Estimator {
                 self.stale += 1;
                 self.intervals.clear();
             } else {
+                self.got_total += f.rx_datagrams - prev.rx_datagrams;
+                self.missing_total += f.missing - prev.missing;
                 push_bounded(
                     &mut self.intervals,
                     Interval {
@@ -166,6 +172,13 @@ impl Estimator {
             Some(s) => Duration::from_micros((7 * s.as_micros() + rtt.as_micros()) / 8),
         });
         push_bounded(&mut self.rtts, rtt, RTT_WINDOW);
+    }
+
+    /// Datagrams the peer received on the channel and found missing on it, summed over
+    /// every interval accepted since this estimator started (cumulative; they start over
+    /// with a new estimator, when the channel goes down or comes back).
+    pub fn totals(&self) -> (u64, u64) {
+        (self.got_total, self.missing_total)
     }
 
     /// The current estimates.
@@ -241,6 +254,8 @@ mod tests {
         let est = e.estimate();
         assert!((est.delivery_bps.unwrap() - 72e6).abs() < 1.0);
         assert!((est.loss.unwrap() - 0.1).abs() < 1e-9);
+        let k = MIN_INTERVALS as u64;
+        assert_eq!(e.totals(), (450 * k, 50 * k));
         // A restarted peer's counts go back: the interval is dropped, not negative.
         e.on_report(at(1000), &report(1010, 3, 0));
         assert_eq!(e.stale, 1);

@@ -64,6 +64,8 @@ pub(super) struct Chan {
     pub fb_rx: super::feedback::RxCounts,
     /// What the peer's feedback tells us of it.
     pub fb_tx: super::feedback::Estimator,
+    /// Is it a net cost (`super::demote`)?
+    pub demote: super::demote::ChanDemote,
 }
 
 impl Chan {
@@ -78,6 +80,7 @@ impl Chan {
             n: ChanCounters::default(),
             fb_rx: Default::default(),
             fb_tx: Default::default(),
+            demote: super::demote::ChanDemote::new(now),
         }
     }
 }
@@ -117,6 +120,7 @@ impl Session {
 
     pub(super) fn heartbeat(&mut self, now: Instant) {
         self.liveness(now);
+        self.demote_step(now);
         // A handshake when one is due (no keys yet, or time for fresh ones), on every
         // channel: the first to get through wins.
         if let Some(init) = self.crypto.initiation(now) {
@@ -184,6 +188,7 @@ impl Session {
     }
 
     fn liveness(&mut self, now: Instant) {
+        let mut went_down = false;
         let dead = self.cfg.dead_after;
         let rejoin = self.cfg.rejoin_after;
         let hb2 = self.cfg.heartbeat + self.cfg.heartbeat;
@@ -199,6 +204,8 @@ impl Session {
                         // What it reported before it failed says nothing of it when it
                         // returns (and its last interval spans the outage).
                         c.fb_tx = Default::default();
+                        c.demote.restart_window();
+                        went_down = true;
                         self.events
                             .push_back(Event::ChannelDown { channel: i, silent });
                     }
@@ -212,12 +219,17 @@ impl Session {
                             // And again now that it is back: the first reports after the
                             // outage count what the outage lost.
                             c.fb_tx = Default::default();
+                            c.demote.restart_window();
                             self.events.push_back(Event::ChannelUp { channel: i });
                         }
                     }
                 }
                 LinkState::Waiting => {}
             }
+        }
+        if went_down {
+            // A pending receive switch may have been waiting for the end on it.
+            self.rx_maybe_commit(now);
         }
     }
 

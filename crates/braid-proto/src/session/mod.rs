@@ -34,6 +34,7 @@
 mod adapt;
 pub mod credits;
 pub mod crypto;
+pub mod demote;
 mod epoch;
 pub mod feedback;
 mod liveness;
@@ -56,6 +57,7 @@ pub use crate::errctl::link::{ArqChannelStats, ArqConfig};
 pub use credits::{CreditConfig, CreditCounters};
 use crypto::{Crypto, Established, Keys, Reject};
 pub use crypto::{HandshakeStats, SecurityMode, KEY_LEN};
+pub use demote::{DemoteConfig, Role};
 pub use liveness::LinkState;
 pub use stats::{ChannelInfo, SessionStats};
 
@@ -123,6 +125,11 @@ pub struct Config {
     /// receive buffer for each channel is lent out as credit, so skewed channels slow
     /// the sender down instead of overflowing the receiver. `None`: off.
     pub credits: Option<CreditConfig>,
+    /// Bad-link demotion (`session::demote`): a channel whose loss makes it a net cost
+    /// leaves the transmit set (probes only) and comes back when it recovers. Works in
+    /// every mode and with every scheduler (it changes the set through an epoch
+    /// switch). `None`: off; on by default.
+    pub demote: Option<DemoteConfig>,
 }
 
 impl std::fmt::Debug for Config {
@@ -154,6 +161,7 @@ impl std::fmt::Debug for Config {
             .field("aqm", &self.aqm)
             .field("arq", &self.arq)
             .field("credits", &self.credits)
+            .field("demote", &self.demote)
             .finish()
     }
 }
@@ -190,6 +198,7 @@ impl Config {
             aqm: None,
             arq: None,
             credits: None,
+            demote: Some(DemoteConfig::default()),
         }
     }
 
@@ -244,6 +253,9 @@ impl Config {
         }
         if self.heartbeat == Duration::ZERO {
             return Err("heartbeat must be above zero".into());
+        }
+        if let Some(d) = &self.demote {
+            d.validate(self.heartbeat)?;
         }
         if self.dead_after < self.heartbeat + self.heartbeat {
             return Err(format!(
@@ -378,6 +390,20 @@ pub enum Event {
     },
     /// We hear the peer on this channel again.
     ChannelUp {
+        /// Channel index.
+        channel: usize,
+    },
+    /// Transmit direction: the channel is a net cost (`session::demote`); it leaves
+    /// the transmit set at the next epoch and carries only probes.
+    ChannelDemoted {
+        /// Channel index.
+        channel: usize,
+        /// Why, in words.
+        reason: String,
+    },
+    /// Transmit direction: a demoted channel looked healthy long enough; it rejoins
+    /// the transmit set at the next epoch.
+    ChannelPromoted {
         /// Channel index.
         channel: usize,
     },
@@ -805,6 +831,7 @@ impl Session {
             .min_by_key(|&c| {
                 (
                     Some(c) == avoid,
+                    self.chans[c].demote.role != Role::Active,
                     self.chans[c]
                         .fb_tx
                         .estimate()

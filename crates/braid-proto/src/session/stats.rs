@@ -60,6 +60,17 @@ pub struct ChannelInfo {
     pub estimate: super::feedback::Estimate,
     /// Its SRR quantum in bytes (adapted, or as configured).
     pub quantum: u32,
+    /// Its weight in the stripe now: its quantum while it is in our transmit set, 0
+    /// while it is out (down, demoted or probing).
+    pub weight: u32,
+    /// Its place in the bond (`session::demote`): active, demoted or probing.
+    pub role: super::Role,
+    /// How long `role` has held.
+    pub role_since: Duration,
+    /// Times it was demoted.
+    pub demotions: u64,
+    /// Its loss over the demotion window (`demote_after`), when one was measured.
+    pub window_loss: Option<f64>,
     /// Sealed datagrams whose tag did not verify (forged, corrupted, other keys).
     pub auth_failures: u64,
     /// Datagrams dropped because they were not sealed (where sealing is required) or
@@ -151,12 +162,17 @@ impl Session {
                     r += &rs.channels[k];
                 }
                 let c = &self.chans[i];
+                let quantum = match &self.adapt {
+                    Some(a) => a.quanta[i],
+                    None => self.cfg.stripe_config(&[i]).weights[0],
+                };
+                let in_tx_set = self.tx.set & bit(i) != 0;
                 ChannelInfo {
                     state: c.state,
                     state_since: now.saturating_since(c.since),
                     state_changes: c.changes,
                     peer_hears_us: c.peer_hears_us,
-                    in_tx_set: self.tx.set & bit(i) != 0,
+                    in_tx_set,
                     in_rx_set: self.rx.set & bit(i) != 0,
                     tx_datagrams: c.n.tx_datagrams,
                     tx_bytes: c.n.tx_bytes,
@@ -171,10 +187,12 @@ impl Session {
                     rx_hellos: c.n.rx_hellos,
                     rx_feedback: c.n.rx_feedback,
                     estimate: c.fb_tx.estimate(),
-                    quantum: match &self.adapt {
-                        Some(a) => a.quanta[i],
-                        None => self.cfg.stripe_config(&[i]).weights[0],
-                    },
+                    quantum,
+                    weight: if in_tx_set { quantum } else { 0 },
+                    role: c.demote.role,
+                    role_since: now.saturating_since(c.demote.since),
+                    demotions: c.demote.demotions,
+                    window_loss: c.demote.window_loss,
                     auth_failures: c.n.auth_failures,
                     unauthenticated: c.n.unauthenticated,
                     replays: c.n.replays,

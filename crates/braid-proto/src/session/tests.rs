@@ -17,11 +17,23 @@ struct Link {
     /// Drop every `drop_every`-th datagram (0: none).
     drop_every: u64,
     offered: u64,
+    /// Drop each datagram with this probability (0: none), from a fixed seed.
+    loss: f64,
+    rng: u64,
 }
 
 impl Link {
     fn put(&mut self, now: Instant, d: Bytes) {
         self.offered += 1;
+        // xorshift64*: the same losses every run.
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        let random =
+            (self.rng.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 53) as f64;
+        if self.loss > 0.0 && random < self.loss {
+            return;
+        }
         if self.up && (self.drop_every == 0 || !self.offered.is_multiple_of(self.drop_every)) {
             self.queue.push_back((now + self.delay, d));
         }
@@ -86,6 +98,8 @@ impl Pair {
             queue: VecDeque::new(),
             drop_every: 0,
             offered: 0,
+            loss: 0.0,
+            rng: 0x9e37_79b9_7f4a_7c15 ^ (i as u64 + 1),
         };
         Pair {
             now: Instant::ZERO,
@@ -1053,3 +1067,6 @@ fn set_weights_moves_the_stripe_and_survives_a_new_epoch() {
         "{inversions} inversions"
     );
 }
+
+/// Bad-link demotion (`session::demote`) between two sessions.
+mod demote;

@@ -57,7 +57,7 @@
 //! 16..24:  authenticated datagrams received on this channel, this run (u64)
 //! 24..32:  their bytes (u64)
 //! 32..40:  datagrams the receiver found missing on this channel (u64): gaps in the
-//!          channel's sealing counter, less those that turned up late
+//!          channel's sealing counter (a datagram repaired later still counts)
 //! ```
 //!
 //! The counts are cumulative, so a lost feedback message costs one sample, nothing
