@@ -666,13 +666,20 @@ impl FileConfig {
                 d.rtt_ratio = r;
             }
         }
+        // `repair` is the old name of `arq`: the tunnel's repair is the error-control
+        // module's in-bond profile now, in every mode (it was `seq` mode's NAK repair
+        // in the resequencer, which the simulator keeps as a comparison point).
         if let Some(v) = &s.repair {
+            if s.arq.is_some() {
+                return Err(err(
+                    "session.repair",
+                    "`repair` is the old name of `arq`: set only `arq`".into(),
+                ));
+            }
             let d = parse_duration(v).map_err(|r| err("session.repair", r.to_string()))?;
-            cfg.receiver.repair = if d.is_zero() {
-                None
-            } else {
-                Some(braid_proto::Duration::from_micros(d.as_micros() as u64))
-            };
+            cfg.arq = (!d.is_zero()).then(|| braid_proto::session::ArqConfig {
+                wait: braid_proto::Duration::from_micros(d.as_micros() as u64),
+            });
         }
         if let Some(t) = s.trigger_every {
             if t == 0 {
@@ -938,11 +945,20 @@ remote = "127.0.0.1:7102"
         assert!(s.stripe_config(&[0, 1]).markers.timestamps);
         let c = FileConfig::parse("t.toml", &with("arq = \"0s\""), None).unwrap();
         assert!(c.session.session_config().arq.is_none());
+        // `repair`, the old name, turns on the same in-bond repair (every mode), not
+        // the resequencer's NAK repair.
+        let c = FileConfig::parse("t.toml", &with("repair = \"120ms\""), None).unwrap();
+        let s = c.session.session_config();
+        assert_eq!(s.arq.unwrap().wait, braid_proto::Duration::from_millis(120));
+        assert_eq!(s.receiver.repair, None);
+        let c = FileConfig::parse("t.toml", &with("repair = \"0s\""), None).unwrap();
+        assert!(c.session.session_config().arq.is_none());
         assert!(!c.session.stripe_config(&[0, 1]).markers.timestamps);
         for (extra, key) in [
             ("aqm_target = \"10ms\"", "session.aqm_target"),
             ("aqm = true\naqm_interval = \"0s\"", "session.aqm_interval"),
             ("arq = \"soon\"", "session.arq"),
+            ("arq = \"100ms\"\nrepair = \"100ms\"", "session.repair"),
         ] {
             let e = FileConfig::parse("t.toml", &with(extra), None)
                 .unwrap_err()

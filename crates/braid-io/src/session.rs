@@ -110,8 +110,9 @@ enum Cmd {
 ///
 /// Messages are datagrams: in `logical` mode they arrive in order except after losses
 /// (quasi-FIFO), in `seq` mode exactly in order, in `trr` mode never out of order with
-/// losses allowed. Nothing is retransmitted unless `receiver.repair` is set (`seq`
-/// mode: lost packets are repaired after a NAK).
+/// losses allowed. Nothing is retransmitted unless in-bond repair is on (`arq`, every
+/// mode: `braid_proto::errctl::link`) or `receiver.repair` (`seq` mode's NAK repair in
+/// the resequencer, which the tunnel's config no longer sets).
 pub struct Session {
     sender: SessionSender,
     cmd: mpsc::Sender<Cmd>,

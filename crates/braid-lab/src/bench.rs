@@ -38,8 +38,6 @@ pub struct BenchOptions {
     pub weights: Option<Vec<u32>>,
     /// Adaptive weights in the tunnel (`session.adaptive`).
     pub adaptive: bool,
-    /// In-tunnel repair wait (`session.repair`, `seq` mode), e.g. `100ms`; `None`: off.
-    pub repair: Option<String>,
     /// AQM in the tunnel (`session.aqm`), with ECN turned on for TCP at both ends.
     pub aqm: bool,
     /// In-bond repair wait (`session.arq`), e.g. `100ms`; `None`: the tunnel's default.
@@ -515,10 +513,6 @@ fn tunnel_config(opt: &BenchOptions, mode: &str, end_a: bool) -> String {
     );
     if let Some(a) = &opt.arq {
         s += &format!("arq = \"{a}\"\n");
-    }
-    if let Some(r) = &opt.repair {
-        // Repair is a seq-mode feature; the other modes ignore the key.
-        s += &format!("repair = \"{r}\"\n");
     }
     if let Some(b) = opt.buffer_packets {
         s += &format!("buffer_packets = {b}\n");

@@ -63,10 +63,6 @@ enum LabCommand {
         /// tunnel).
         #[arg(long)]
         adaptive: bool,
-        /// In-tunnel repair in `seq` mode (`repair = DURATION` in the tunnel: how long
-        /// the receiver waits for a resent packet), e.g. 100ms. Off by default.
-        #[arg(long, value_name = "DURATION")]
-        repair: Option<String>,
         /// AQM in the tunnel (`aqm = true`): CoDel on the channels' queueing delay,
         /// marking ECN CE; turns ECN on for TCP in the lab's end hosts.
         #[arg(long)]
@@ -314,7 +310,6 @@ pub fn run(a: Args) -> Result<()> {
             no_mptcp,
             weights,
             adaptive,
-            repair,
             aqm,
             arq,
             credits,
@@ -360,7 +355,7 @@ pub fn run(a: Args) -> Result<()> {
                     Some(ws)
                 }
             };
-            for (flag, v) in [("--repair", &repair), ("--arq", &arq)] {
+            for (flag, v) in [("--arq", &arq)] {
                 if let Some(r) = v {
                     braid_proto::units::parse_duration(r)
                         .with_context(|| format!("{flag} '{r}': expected e.g. 100ms"))?;
@@ -390,7 +385,6 @@ pub fn run(a: Args) -> Result<()> {
                 mptcp: !no_mptcp,
                 weights,
                 adaptive,
-                repair,
                 aqm,
                 arq,
                 credits,
