@@ -37,6 +37,11 @@ use crate::rng::{streams, Rng};
 /// 20..28 (see [`packet_stamp`]).
 pub const MIN_PACKET: u32 = 28;
 
+/// Event code of the TCP source's acknowledgement arrivals (`Ev::Ack`).
+const ACK: u128 = 0x4000;
+/// Event code of the TCP source's retransmission timer (`Ev::TcpTimer`).
+const TCP_TIMER: u128 = 0x4001;
+
 /// Event codes from this one up are reverse arrivals (`Ev::ArriveBack`), one per
 /// channel; forward events use codes 2..=129.
 const BACK: u128 = 0x8000;
@@ -169,6 +174,8 @@ pub struct RunResult {
     pub session: Option<SessionResult>,
     /// Error-control runs only: efficiency, segment delays, repairs.
     pub errctl: Option<crate::errctl::ErrCtlResult>,
+    /// TCP source only: what the flow did.
+    pub tcp: Option<crate::tcp::TcpResult>,
 }
 
 /// What a session run measures beyond the striping figures.
@@ -259,6 +266,9 @@ pub enum RunError {
     /// The error-control run cannot be carried out.
     #[error("[errctl]: {0}")]
     ErrCtl(String),
+    /// The TCP source's settings cannot be used.
+    #[error("tcp source: {0}")]
+    Tcp(String),
     /// A packet size below the simulator's minimum.
     #[error("packet size {0} bytes is below the simulator's minimum of {MIN_PACKET} bytes")]
     PacketTooSmall(u32),
@@ -276,6 +286,10 @@ enum Ev {
     ArriveBack(u32),
     /// The measurement window ends; the source stops.
     Stop,
+    /// TCP source: the head of the acknowledgement path arrives at the sender.
+    Ack,
+    /// TCP source: the retransmission timer may be due.
+    TcpTimer,
 }
 
 struct Queued {
@@ -351,6 +365,7 @@ enum SrcKind {
     Cbr(Rate),
     Poisson(Rate, f64),
     Trace,
+    Tcp,
 }
 
 struct Source {
@@ -388,6 +403,8 @@ struct Sim {
     hard_stop: Option<Nanos>,
     drain: Nanos,
     events: u64,
+    /// The TCP source, when the traffic is one.
+    tcp: Option<Box<crate::tcp::TcpFlow>>,
 }
 
 /// Run one configuration to completion.
@@ -443,6 +460,13 @@ fn merge(mut a: RunResult, b: RunResult) -> RunResult {
     a.wait_timeouts += b.wait_timeouts;
     a.channels.extend(b.channels);
     a.events += b.events;
+    a.tcp = match (a.tcp, b.tcp) {
+        (Some(mut x), Some(y)) => {
+            x.merge(&y);
+            Some(x)
+        }
+        (x, y) => x.or(y),
+    };
     a
 }
 
@@ -544,6 +568,7 @@ fn run_sim(
                 Arrivals::Cbr(r) => SrcKind::Cbr(*r),
                 Arrivals::Poisson(r) => SrcKind::Poisson(*r, cfg.traffic.sizes.mean()),
                 Arrivals::Trace(_) => SrcKind::Trace,
+                Arrivals::Tcp(_) => SrcKind::Tcp,
             },
             trace: match &cfg.traffic.arrivals {
                 Arrivals::Trace(t) => t.clone(),
@@ -578,7 +603,39 @@ fn run_sim(
         hard_stop: None,
         drain: cfg.drain,
         events: 0,
+        tcp: None,
     };
+    if let Arrivals::Tcp(spec) = &cfg.traffic.arrivals {
+        let crate::model::Sizes::Fixed(seg) = cfg.traffic.sizes else {
+            return Err(RunError::Tcp(
+                "segments need one fixed size (sizes = \"fixed\")".into(),
+            ));
+        };
+        if seg < crate::tcp::MIN_TCP_PACKET || seg <= spec.header_bytes {
+            return Err(RunError::Tcp(format!(
+                "segments of {seg} bytes: need at least {} bytes and more than header_bytes ({})",
+                crate::tcp::MIN_TCP_PACKET,
+                spec.header_bytes
+            )));
+        }
+        if cfg.duration.is_none() {
+            return Err(RunError::Tcp(
+                "needs duration_s (the flow runs until the window ends)".into(),
+            ));
+        }
+        if cfg.traffic.start >= sim.window_end {
+            return Err(RunError::Tcp(
+                "the flow starts (start_s) at or after the window's end (duration_s)".into(),
+            ));
+        }
+        let ack_delay = spec.ack_delay.resolve(&cfg.channels);
+        sim.tcp = Some(Box::new(crate::tcp::TcpFlow::new(
+            spec,
+            seg,
+            ack_delay,
+            sim.window_end,
+        )));
+    }
     if let Some(d) = cfg.duration {
         sim.schedule(d, Ev::Stop);
     }
@@ -604,6 +661,8 @@ impl Sim {
             Ev::TxDone(c) => 2 + 2 * u128::from(c),
             Ev::Arrive(c) => 3 + 2 * u128::from(c),
             Ev::ArriveBack(c) => BACK + u128::from(c),
+            Ev::Ack => ACK,
+            Ev::TcpTimer => TCP_TIMER,
         };
         // 48 bits of insertion number: 2.8e14 events before it could wrap.
         let key = (u128::from(t) << 64) | (u128::from(self.evseq & 0xFFFF_FFFF_FFFF) << 16) | code;
@@ -617,6 +676,8 @@ impl Sim {
         let ev = match code {
             0 => Ev::Source,
             1 => Ev::Stop,
+            c if c == ACK as u32 => Ev::Ack,
+            c if c == TCP_TIMER as u32 => Ev::TcpTimer,
             c if c >= BACK as u32 => Ev::ArriveBack(c - BACK as u32),
             c if c % 2 == 0 => Ev::TxDone((c - 2) / 2),
             c => Ev::Arrive((c - 3) / 2),
@@ -676,6 +737,8 @@ impl Sim {
                 Ev::ArriveBack(c) => self.arrive_back(c as usize),
                 Ev::Source => self.source_event()?,
                 Ev::Stop => self.stop_source(),
+                Ev::Ack => self.tcp_ack(),
+                Ev::TcpTimer => self.tcp_timer(),
             }
         }
     }
@@ -700,6 +763,15 @@ impl Sim {
         let id = self.src.next_id;
         self.src.next_id += 1;
         let p = self.arena.packet(id, self.now, size as usize);
+        self.hand_over(p);
+        if self.out_of_packets() {
+            self.stop_source();
+        }
+    }
+
+    /// Give one application packet to the sending end.
+    #[inline]
+    fn hand_over(&mut self, p: Bytes) {
         let now = self.now_us();
         let drop_tail = !matches!(self.src.kind, SrcKind::Backlogged);
         match &mut self.ends {
@@ -720,9 +792,74 @@ impl Sim {
                 self.flush_striper(drop_tail);
             }
         }
-        if self.out_of_packets() {
-            self.stop_source();
+    }
+
+    /// TCP source: send what the windows allow, then make sure the retransmission
+    /// timer has an event.
+    fn tcp_send(&mut self) {
+        if self.src.stopped || self.now >= self.window_end {
+            return;
         }
+        loop {
+            let now = self.now;
+            let Some(flow) = self.tcp.as_mut() else {
+                return;
+            };
+            let Some((seg, _)) = flow.snd.poll_send(now) else {
+                break;
+            };
+            let p = flow.packet(now, seg);
+            self.events += 1;
+            self.hand_over(p);
+        }
+        self.tcp_arm();
+    }
+
+    fn tcp_arm(&mut self) {
+        if self.src.stopped {
+            return;
+        }
+        let Some(flow) = self.tcp.as_mut() else {
+            return;
+        };
+        if let Some(d) = flow.snd.deadline() {
+            if flow.timer_at.is_none_or(|t| t > d) {
+                flow.timer_at = Some(d);
+                self.schedule(d, Ev::TcpTimer);
+            }
+        }
+    }
+
+    fn tcp_timer(&mut self) {
+        let now = self.now;
+        let Some(flow) = self.tcp.as_mut() else {
+            return;
+        };
+        if flow.timer_at == Some(now) {
+            flow.timer_at = None;
+        }
+        if self.src.stopped {
+            return;
+        }
+        flow.snd.on_timeout(now);
+        self.tcp_send();
+    }
+
+    /// TCP source: the acknowledgement at the head of the return path arrives.
+    fn tcp_ack(&mut self) {
+        let now = self.now;
+        let Some(flow) = self.tcp.as_mut() else {
+            return;
+        };
+        let Some((_, ack)) = flow.acks.pop_front() else {
+            return;
+        };
+        let next = flow.acks.front().map(|a| a.0);
+        flow.snd.on_ack(now, ack);
+        if let Some(t) = next {
+            self.schedule(t, Ev::Ack);
+        }
+        self.tcp_send();
     }
 
     /// The channel the striper will pick for `size` bytes (id-independent: baselines
@@ -782,6 +919,7 @@ impl Sim {
         }
         match self.src.kind {
             SrcKind::Backlogged => return self.pump_backlogged(),
+            SrcKind::Tcp => self.tcp_send(),
             SrcKind::Cbr(rate) => {
                 let size = self.src.sizes.next(&mut self.src.rng);
                 self.offer(size);
@@ -974,6 +1112,10 @@ impl Sim {
     #[inline]
     fn drain_deliveries(&mut self) {
         while let Some(p) = self.ends.poll_deliver() {
+            if self.tcp.is_some() {
+                self.tcp_deliver(&p);
+                continue;
+            }
             if let Some((id, sent)) = packet_stamp(&p) {
                 if let Ends::Session(s) = &mut self.ends {
                     if s.duplicate(id) {
@@ -983,6 +1125,30 @@ impl Sim {
                 self.rx
                     .on_delivery(self.now, id, sent, p.len() as u64, self.window_end);
             }
+        }
+    }
+
+    /// TCP source: a packet reaches the receiving host; its acknowledgement starts back.
+    fn tcp_deliver(&mut self, p: &[u8]) {
+        let Some(st) = crate::tcp::stamp(p) else {
+            return;
+        };
+        if let Ends::Session(s) = &mut self.ends {
+            if s.duplicate(st.tx) {
+                return;
+            }
+        }
+        self.rx
+            .on_delivery(self.now, st.tx, st.sent, p.len() as u64, self.window_end);
+        let now = self.now;
+        let Some(flow) = self.tcp.as_mut() else {
+            return;
+        };
+        let ack = flow.rcv.on_segment(now, st);
+        let at = now.saturating_add(flow.ack_delay);
+        flow.acks.push_back((at, ack));
+        if flow.acks.len() == 1 {
+            self.schedule(at, Ev::Ack);
         }
     }
 
@@ -1069,6 +1235,10 @@ impl Sim {
             events: self.events,
             session,
             errctl: None,
+            tcp: self
+                .tcp
+                .as_ref()
+                .map(|f| f.result(duration_ns.saturating_sub(cfg.traffic.start) as f64 / 1e9)),
         }
     }
 }

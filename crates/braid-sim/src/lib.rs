@@ -6,7 +6,8 @@
 //!
 //! * [`model`]: channel models (rate, delay, FIFO jitter, MTU, drop-tail queue, Bernoulli,
 //!   Gilbert–Elliott and scripted loss, link down/up, corruption) and traffic sources
-//!   (backlogged, constant rate, Poisson, trace replay; fixed, alternating, uniform,
+//!   (backlogged, constant rate, Poisson, trace replay, a closed-loop TCP-like flow
+//!   ([`tcp`]); fixed, alternating, uniform,
 //!   bimodal and Internet-mix sizes);
 //! * [`engine`]: the event loop for one run;
 //! * [`errctl`]: seed 002's error control over one channel (`[errctl]` runs);
@@ -33,6 +34,7 @@ pub mod plot;
 pub mod report;
 pub mod rng;
 pub mod scenario;
+pub mod tcp;
 mod toml_cx;
 
 pub use engine::{run, ChannelResult, RunConfig, RunError, RunResult, Variant};

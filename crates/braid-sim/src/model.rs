@@ -421,6 +421,9 @@ pub enum Arrivals {
     Poisson(Rate),
     /// Replay of a trace: (time since start, size) per packet, time non-decreasing.
     Trace(Vec<(Nanos, u32)>),
+    /// A closed-loop TCP-like flow ([`crate::tcp`]): segments of the fixed size, sent
+    /// as its windows allow, acknowledged by the receiver after a delay.
+    Tcp(crate::tcp::TcpSpec),
 }
 
 /// A traffic rate.

@@ -75,6 +75,8 @@ pub fn metric_label(metric: &str) -> String {
         "latency_max_ms" => "max latency (ms)".into(),
         "marker_overhead" => "control overhead (fraction of bytes)".into(),
         "resync_max_s" => "longest resynchronization (s)".into(),
+        "tcp_goodput_bps" => "TCP goodput (Mbit/s)".into(),
+        "tcp_retransmits" => "TCP retransmissions".into(),
         m => m.into(),
     }
 }

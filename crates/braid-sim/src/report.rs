@@ -100,6 +100,10 @@ pub struct RunReport {
     /// `violations`, `retransmissions`, `snaks`, `packs` and more.
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub errctl: Option<crate::errctl::ErrCtlResult>,
+    /// TCP source only (`source = "tcp"`): `goodput_bps`, `retransmits`,
+    /// `ce_marks_seen`, `cwnd_max`, `rto_count`, `goodput_series_bps` and more.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tcp: Option<crate::tcp::TcpResult>,
 }
 
 impl RunReport {
@@ -118,6 +122,8 @@ impl RunReport {
             "marker_overhead" => self.marker_overhead,
             "resync_max_s" => self.resync_s.iter().copied().fold(0.0, f64::max),
             "throughput_efficiency" => self.errctl.as_ref()?.throughput_efficiency,
+            "tcp_goodput_bps" => self.tcp.as_ref()?.goodput_bps,
+            "tcp_retransmits" => self.tcp.as_ref()?.retransmits as f64,
             _ => return None,
         })
     }
@@ -158,6 +164,7 @@ fn to_report(job: &Job, r: RunResult) -> RunReport {
         goodput_series_bps: r.goodput_series_bps.clone(),
         session: r.session,
         errctl: r.errctl,
+        tcp: r.tcp,
     }
 }
 
@@ -329,6 +336,42 @@ impl Report {
                 r.marker_overhead * 100.0,
                 resync
             );
+        }
+        if self.runs.iter().any(|r| r.tcp.is_some()) {
+            let _ = writeln!(
+                out,
+                "\n{:<lw$}  {:>pw$}{:>9} {:>8} {:>8} {:>6} {:>5} {:>8} {:>8}",
+                "tcp",
+                "",
+                "Mbit/s",
+                "retrans",
+                "ce",
+                "ecn-",
+                "rto",
+                "cwnd_max",
+                "srtt ms",
+                pw = if pw > 0 { pw + 2 } else { 0 },
+            );
+            for (r, p) in self.runs.iter().zip(&params) {
+                let Some(t) = &r.tcp else {
+                    continue;
+                };
+                let _ = write!(out, "{:<lw$}  ", r.label);
+                if pw > 0 {
+                    let _ = write!(out, "{p:<pw$}  ");
+                }
+                let _ = writeln!(
+                    out,
+                    "{:>9.3} {:>8} {:>8} {:>6} {:>5} {:>8.0} {:>8.1}",
+                    t.goodput_bps / 1e6,
+                    t.retransmits,
+                    t.ce_marks_seen,
+                    t.ecn_reductions,
+                    t.rto_count,
+                    t.cwnd_max,
+                    t.srtt_ms
+                );
+            }
         }
         out
     }

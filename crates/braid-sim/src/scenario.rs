@@ -58,6 +58,8 @@ pub const PLOT_METRICS: &[&str] = &[
     "marker_overhead",
     "resync_max_s",
     "throughput_efficiency",
+    "tcp_goodput_bps",
+    "tcp_retransmits",
 ];
 
 /// Plot settings.
@@ -873,6 +875,36 @@ fn build_job(
         .collect::<Result<Vec<_>, _>>()?;
 
     let traffic = parse_traffic(t)?;
+    if let Arrivals::Tcp(spec) = &traffic.arrivals {
+        if packets.is_some() {
+            return Err(t.err(
+                "packets",
+                "the tcp source runs for `duration_s`; leave `packets` out",
+            ));
+        }
+        if duration.is_none() {
+            return Err(t.err("duration_s", "missing; the tcp source needs `duration_s`"));
+        }
+        let (seg, _) = traffic.sizes.range();
+        if seg < crate::tcp::MIN_TCP_PACKET {
+            return Err(t.err(
+                "traffic.bytes",
+                &format!(
+                    "segments of {seg} bytes are below the tcp source's minimum of {} bytes (IPv4 header, transmission id, send time, segment number)",
+                    crate::tcp::MIN_TCP_PACKET
+                ),
+            ));
+        }
+        if spec.header_bytes >= seg {
+            return Err(t.err(
+                "traffic.header_bytes",
+                &format!(
+                    "expected fewer header bytes than the segment's {seg}, found {}",
+                    spec.header_bytes
+                ),
+            ));
+        }
+    }
 
     let mode_name = rh
         .receiver
@@ -1432,6 +1464,87 @@ fn parse_channel(c: &Tab) -> Result<ChannelSpec, ScenarioError> {
     Ok(s)
 }
 
+/// `[traffic]` keys that only the `tcp` source takes.
+const TCP_KEYS: &[&str] = &[
+    "cc",
+    "header_bytes",
+    "ack_delay_ms",
+    "rwnd_packets",
+    "init_cwnd",
+    "min_rto_ms",
+    "hystart",
+    "ecn",
+];
+
+/// The `tcp` source's keys (`crate::tcp`).
+fn parse_tcp(tr: &Tab) -> Result<crate::tcp::TcpSpec, ScenarioError> {
+    use crate::tcp::{AckDelay, Cc, TcpSpec};
+    let d = TcpSpec::default();
+    let cc = match tr.str_opt("cc")? {
+        None | Some("cubic") => Cc::Cubic,
+        Some("reno") => Cc::Reno,
+        Some(o) => {
+            return Err(tr.err(
+                "cc",
+                &format!("unknown congestion control \"{o}\"; expected \"cubic\" or \"reno\""),
+            ))
+        }
+    };
+    let header_bytes = tr.u32_in(
+        "header_bytes",
+        Some(d.header_bytes),
+        0,
+        65_535,
+        "a whole number of bytes from 0 to 65535",
+    )?;
+    let ack_delay = match tr.t.get("ack_delay_ms") {
+        None => AckDelay::Fastest,
+        Some(Value::String(v)) if v == "fastest" => AckDelay::Fastest,
+        Some(Value::String(v)) if v == "slowest" => AckDelay::Slowest,
+        Some(Value::String(v)) => {
+            return Err(tr.err(
+                "ack_delay_ms",
+                &format!("expected milliseconds >= 0, \"fastest\" or \"slowest\", found \"{v}\""),
+            ))
+        }
+        Some(_) => AckDelay::Fixed(ms(tr.f64_req(
+            "ack_delay_ms",
+            "milliseconds from 0 to 1e9, \"fastest\" or \"slowest\"",
+            time_ms,
+        )?)),
+    };
+    let rwnd = tr.u32_in(
+        "rwnd_packets",
+        Some(d.rwnd),
+        1,
+        1 << 24,
+        "a whole number of segments from 1 to 16777216",
+    )?;
+    let init_cwnd = tr.u32_in(
+        "init_cwnd",
+        Some(d.init_cwnd),
+        1,
+        1 << 16,
+        "a whole number of segments from 1 to 65536",
+    )?;
+    let min_rto = ms(tr.f64_or(
+        "min_rto_ms",
+        200.0,
+        "a number of milliseconds > 0 (at most 1e9)",
+        pos_time_ms,
+    )?);
+    Ok(TcpSpec {
+        cc,
+        header_bytes,
+        ack_delay,
+        rwnd,
+        init_cwnd,
+        min_rto,
+        hystart: tr.bool_or("hystart", d.hystart)?,
+        ecn: tr.bool_or("ecn", d.ecn)?,
+    })
+}
+
 fn parse_traffic(t: &Tab) -> Result<TrafficSpec, ScenarioError> {
     let Some(tr) = t.table("traffic")? else {
         return Err(t.err(
@@ -1453,8 +1566,26 @@ fn parse_traffic(t: &Tab) -> Result<TrafficSpec, ScenarioError> {
         "p_small",
         "mix",
         "start_s",
+        "cc",
+        "header_bytes",
+        "ack_delay_ms",
+        "rwnd_packets",
+        "init_cwnd",
+        "min_rto_ms",
+        "hystart",
+        "ecn",
     ])?;
     let source = tr.str_opt("source")?.unwrap_or("backlogged");
+    if source != "tcp" {
+        for k in TCP_KEYS {
+            if tr.t.contains_key(*k) {
+                return Err(tr.err(
+                    k,
+                    &format!("only for source \"tcp\" (the source is \"{source}\")"),
+                ));
+            }
+        }
+    }
     let rate = || -> Result<Rate, ScenarioError> {
         match (tr.t.contains_key("rate_mbps"), tr.t.contains_key("pps")) {
             (true, false) => Ok(Rate::Bits(
@@ -1505,18 +1636,30 @@ fn parse_traffic(t: &Tab) -> Result<TrafficSpec, ScenarioError> {
             };
             Arrivals::Trace(entries)
         }
+        "tcp" => Arrivals::Tcp(parse_tcp(&tr)?),
         other => {
             return Err(tr.err(
                 "source",
-                &format!("unknown source \"{other}\"; expected backlogged, cbr, poisson or trace"),
+                &format!(
+                    "unknown source \"{other}\"; expected backlogged, cbr, poisson, trace or tcp"
+                ),
             ))
         }
     };
     let size_what = "a whole number of bytes";
     let one = |k: &str| tr.u32_in(k, None, 1, u32::MAX, size_what);
     let kind = tr.str_opt("sizes")?.unwrap_or("fixed");
+    if source == "tcp" && kind != "fixed" {
+        return Err(tr.err(
+            "sizes",
+            &format!(
+                "source \"tcp\" sends segments of one size: expected \"fixed\", found \"{kind}\""
+            ),
+        ));
+    }
     let sizes = match kind {
         "fixed" => Sizes::Fixed(match tr.t.get("bytes") {
+            None if source == "tcp" => 1448,
             None => 1000,
             Some(_) => one("bytes")?,
         }),

@@ -1,0 +1,355 @@
+//! The closed-loop TCP source (`source = "tcp"`) and the simulated twins of the
+//! congestion lab cases.
+
+use std::path::Path;
+
+use braid_sim::report::{run_scenario, Report};
+use braid_sim::scenario::{self, Scenario};
+use braid_sim::tcp::{Ack, Cc, TcpSender, TcpSpec};
+
+fn parse(text: &str) -> Scenario {
+    scenario::parse(text, "test.toml", Path::new("."), "test")
+        .unwrap_or_else(|e| panic!("scenario should parse: {e}"))
+}
+
+fn parse_err(text: &str) -> String {
+    match scenario::parse(text, "bad.toml", Path::new("."), "bad") {
+        Ok(_) => panic!("scenario should be rejected:\n{text}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+fn run(sc: &Scenario, seed: u64) -> Report {
+    run_scenario(sc, seed, 1, &|_, _| {}).unwrap_or_else(|e| panic!("run failed: {e}"))
+}
+
+/// One channel, no session: `rate` Mbit/s, 10 ms, a queue of about a BDP.
+fn one_channel(rate: f64, extra: &str) -> String {
+    format!(
+        r#"
+duration_s = 6
+drain_s = 0.5
+[[channel]]
+rate_mbps = {rate}
+delay_ms = 10
+queue_packets = 60
+{extra}
+[traffic]
+source = "tcp"
+bytes = 1440
+header_bytes = 52
+[[run]]
+label = "alone"
+scheduler = "sum"
+"#
+    )
+}
+
+#[test]
+fn tcp_over_one_clean_channel_reaches_its_rate() {
+    for cc in ["cubic", "reno"] {
+        let text = one_channel(20.0, "").replace(
+            "header_bytes = 52",
+            &format!("header_bytes = 52\ncc = \"{cc}\""),
+        );
+        let r = run(&parse(&text), 1);
+        let t = r.runs[0].tcp.as_ref().expect("tcp");
+        // Payload share of each packet: 1388 of 1440 bytes.
+        let max = 20e6 * 1388.0 / 1440.0;
+        assert!(
+            t.goodput_bps > 0.8 * max,
+            "{cc}: {:.2} Mbit/s of {:.2}",
+            t.goodput_bps / 1e6,
+            max / 1e6
+        );
+        assert!(t.goodput_bps <= max * 1.001, "{cc}: above the link's rate");
+        assert_eq!(t.rto_count, 0, "{cc}: no timeout on a clean link");
+        assert_eq!(t.cc, cc);
+        // 60 goodput bins of 100 ms.
+        assert_eq!(t.goodput_series_bps.len(), 60);
+        // A drop-tail queue makes the flow lose when it overfills it (slow start).
+        assert!(t.retransmits > 0, "{cc}: never filled the queue?");
+    }
+}
+
+#[test]
+fn rwnd_caps_the_window_and_the_rate() {
+    // 20 segments per 20 ms round trip at most: 20 × 1388 × 8 / 0.02 s ≈ 11 Mbit/s.
+    let text =
+        one_channel(50.0, "").replace("header_bytes = 52", "header_bytes = 52\nrwnd_packets = 20");
+    let r = run(&parse(&text), 1);
+    let t = r.runs[0].tcp.as_ref().expect("tcp");
+    assert!(t.cwnd_max <= 20.0, "cwnd {}", t.cwnd_max);
+    assert_eq!(t.retransmits, 0, "never fills the 60-packet queue");
+    let cap = 20.0 * 1388.0 * 8.0 / 0.020;
+    assert!(
+        t.goodput_bps < cap && t.goodput_bps > 0.8 * cap,
+        "{:.2} Mbit/s, cap {:.2}",
+        t.goodput_bps / 1e6,
+        cap / 1e6
+    );
+}
+
+#[test]
+fn a_link_down_longer_than_the_rto_makes_a_timeout_and_the_flow_recovers() {
+    let text = one_channel(10.0, "[[channel.down]]\nstart_s = 2\nend_s = 3");
+    let r = run(&parse(&text), 1);
+    let t = r.runs[0].tcp.as_ref().expect("tcp");
+    assert!(t.rto_count >= 2, "timeouts with backoff: {}", t.rto_count);
+    let s = &t.goodput_series_bps;
+    let after: f64 = s[50..60].iter().sum::<f64>() / 10.0;
+    assert!(after > 5e6, "back to speed after the outage: {after}");
+    assert!(s[25..30].iter().all(|&x| x == 0.0), "nothing while down");
+}
+
+fn acks_for_window(s: &mut TcpSender, now: u64, ce_on: Option<u64>) -> (u64, u64) {
+    let mut sent = Vec::new();
+    while let Some((seg, retx)) = s.poll_send(0) {
+        assert!(!retx);
+        sent.push(seg);
+    }
+    let mut cum = 0;
+    for &seg in &sent {
+        cum = seg + 1;
+        s.on_ack(
+            now,
+            Ack {
+                cum,
+                seg,
+                ce: ce_on == Some(seg),
+                echo: 0,
+            },
+        );
+    }
+    (sent.len() as u64, cum)
+}
+
+#[test]
+fn a_ce_mark_reduces_the_window_once_per_window_without_retransmitting() {
+    for (cc, beta) in [(Cc::Cubic, 0.7), (Cc::Reno, 0.5)] {
+        let spec = TcpSpec {
+            cc,
+            hystart: false,
+            ..TcpSpec::default()
+        };
+        let mut s = TcpSender::new(&spec);
+        // Slow start for a few windows: 10, 20, 40 segments.
+        for _ in 0..3 {
+            acks_for_window(&mut s, 50_000_000, None);
+        }
+        let before = s.cwnd();
+        assert_eq!(before, 80.0, "{cc:?}: slow start doubles");
+        // The next window: its first segment arrives marked CE.
+        let mut sent = Vec::new();
+        while let Some((seg, _)) = s.poll_send(100_000_000) {
+            sent.push(seg);
+        }
+        let first = sent[0];
+        s.on_ack(
+            150_000_000,
+            Ack {
+                cum: first + 1,
+                seg: first,
+                ce: true,
+                echo: 100_000_000,
+            },
+        );
+        let after = s.cwnd();
+        assert!(
+            (after - before * beta).abs() < 1e-9,
+            "{cc:?}: {before} -> {after}"
+        );
+        assert_eq!(s.stats.ecn_reductions, 1);
+        // A second mark in the same window of data does not reduce again.
+        s.on_ack(
+            150_000_000,
+            Ack {
+                cum: first + 2,
+                seg: first + 1,
+                ce: true,
+                echo: 100_000_000,
+            },
+        );
+        assert_eq!(s.cwnd(), after, "{cc:?}: once per window");
+        assert_eq!(s.stats.ecn_reductions, 1);
+        assert_eq!(s.stats.ce_echoes, 2);
+        // Nothing is sent again: the rest of the window is acknowledged, no loss.
+        let mut cum = first + 2;
+        for &seg in &sent[2..] {
+            cum = seg + 1;
+            s.on_ack(
+                160_000_000,
+                Ack {
+                    cum,
+                    seg,
+                    ce: false,
+                    echo: 100_000_000,
+                },
+            );
+        }
+        assert_eq!(s.outstanding(), 0);
+        while let Some((_, retx)) = s.poll_send(170_000_000) {
+            assert!(!retx, "{cc:?}: a CE mark must not cause a retransmission");
+        }
+        assert_eq!(s.stats.retransmits, 0);
+        assert_eq!(s.stats.loss_reductions, 0);
+        // After the window, the next mark reduces again.
+        let _ = cum;
+        let w = s.cwnd();
+        s.on_ack(
+            200_000_000,
+            Ack {
+                cum: s.outstanding() + cum,
+                seg: cum,
+                ce: true,
+                echo: 170_000_000,
+            },
+        );
+        assert!(s.cwnd() < w, "{cc:?}: a new window, a new reduction");
+    }
+}
+
+/// A scaled-down twin of the lab's loss case (100/50/20 Mbit/s → 20/10/4, same delays,
+/// 1 % loss on link 2) through the session in seq mode, plain and with arq+aqm.
+fn scaled_loss_twin() -> Scenario {
+    parse(
+        r#"
+duration_s = 9
+drain_s = 0.5
+max_packet = 1445
+[[channel]]
+rate_mbps = 20
+delay_ms = 5
+queue_packets = 50
+overhead_bytes = 42
+[[channel]]
+rate_mbps = 10
+delay_ms = 20
+queue_packets = 30
+overhead_bytes = 42
+[[channel]]
+rate_mbps = 4
+delay_ms = 60
+queue_packets = 20
+overhead_bytes = 42
+loss = 0.01
+[traffic]
+source = "tcp"
+bytes = 1440
+ack_delay_ms = "slowest"
+start_s = 1
+[markers]
+max_interval_ms = 5
+[receiver]
+equalize = true
+[session]
+security = "auth"
+[[run]]
+label = "plain"
+scheduler = "srr"
+receiver = "seq"
+[[run]]
+label = "arq+aqm"
+scheduler = "srr"
+receiver = "seq"
+set = { "session.arq" = "100ms", "session.aqm" = true }
+"#,
+    )
+}
+
+#[test]
+fn random_loss_on_one_link_repair_and_aqm_carry_tcp_much_further() {
+    let sc = scaled_loss_twin();
+    let (mut plain, mut fixed) = (0.0, 0.0);
+    for seed in 1..=3 {
+        let r = run(&sc, seed);
+        let p = r.runs[0].tcp.as_ref().expect("tcp");
+        let a = r.runs[1].tcp.as_ref().expect("tcp");
+        plain += p.goodput_bps;
+        fixed += a.goodput_bps;
+        assert!(
+            a.goodput_bps > p.goodput_bps,
+            "seed {seed}: arq+aqm {:.2} vs plain {:.2} Mbit/s",
+            a.goodput_bps / 1e6,
+            p.goodput_bps / 1e6
+        );
+        assert!(p.retransmits >= 20, "seed {seed}: plain TCP sees the loss");
+        assert!(
+            a.retransmits * 10 < p.retransmits,
+            "seed {seed}: repaired inside the bond: {} vs {}",
+            a.retransmits,
+            p.retransmits
+        );
+        assert!(
+            a.ce_marks_seen > 0,
+            "seed {seed}: congestion signalled by CE"
+        );
+    }
+    // Measured: plain 8.10 / 8.92 / 6.53, arq+aqm 20.49 / 9.89 / 14.43 Mbit/s (seeds
+    // 1, 2, 3; 1.9 times in all) of the links' 32.4 Mbit/s of payload.
+    assert!(
+        fixed > 1.5 * plain,
+        "arq+aqm {:.2} vs plain {:.2} Mbit/s over three seeds",
+        fixed / 1e6,
+        plain / 1e6
+    );
+}
+
+#[test]
+fn same_seed_same_result_other_seed_other_losses() {
+    let sc = parse(&one_channel(10.0, "loss = 0.005"));
+    let a = run(&sc, 7);
+    let b = run(&sc, 7);
+    assert_eq!(a.to_json(), b.to_json());
+    let c = run(&sc, 8);
+    assert_ne!(
+        a.runs[0].tcp.as_ref().map(|t| t.retransmits),
+        None,
+        "a tcp run"
+    );
+    assert_ne!(a.to_json(), c.to_json(), "another seed draws other losses");
+}
+
+#[test]
+fn bad_tcp_keys_are_named() {
+    let base = one_channel(10.0, "");
+    let e = parse_err(&base.replace("bytes = 1440", "bytes = 1440\ncc = \"vegas\""));
+    assert!(e.contains("traffic.cc") && e.contains("vegas"), "{e}");
+    let e = parse_err(&base.replace("bytes = 1440", "bytes = 40"));
+    assert!(e.contains("traffic.bytes") && e.contains("44"), "{e}");
+    let e = parse_err(&base.replace("header_bytes = 52", "header_bytes = 1440"));
+    assert!(e.contains("traffic.header_bytes"), "{e}");
+    let e = parse_err(&base.replace("bytes = 1440", "bytes = 1440\nack_delay_ms = \"soon\""));
+    assert!(e.contains("traffic.ack_delay_ms"), "{e}");
+    let e = parse_err(&base.replace("bytes = 1440", "bytes = 1440\nrwnd_packets = 0"));
+    assert!(e.contains("traffic.rwnd_packets"), "{e}");
+    let e = parse_err(&base.replace("source = \"tcp\"", "source = \"tcp\"\nsizes = \"imix\""));
+    assert!(e.contains("traffic.sizes"), "{e}");
+    let e = parse_err(&base.replace("duration_s = 6", "packets = 100"));
+    assert!(e.contains("packets"), "{e}");
+    // TCP keys on another source.
+    let e = parse_err(
+        &base
+            .replace("source = \"tcp\"", "source = \"cbr\"\nrate_mbps = 1")
+            .replace("header_bytes = 52", "rwnd_packets = 10"),
+    );
+    assert!(
+        e.contains("traffic.rwnd_packets") && e.contains("only for source"),
+        "{e}"
+    );
+}
+
+#[test]
+fn the_congestion_twins_load() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios/congestion");
+    for f in [
+        "tcp-nodelay.toml",
+        "tcp-delay.toml",
+        "tcp-loss.toml",
+        "tcp-rate-drop.toml",
+        "tcp-wrong-weights.toml",
+    ] {
+        let sc = scenario::load(&dir.join(f)).unwrap_or_else(|e| panic!("{f}: {e}"));
+        assert!(sc.jobs.len() >= 5, "{f}");
+    }
+}
