@@ -1552,29 +1552,27 @@ fn parse_traffic(t: &Tab) -> Result<TrafficSpec, ScenarioError> {
             "missing; expected a [traffic] table (source and sizes)",
         ));
     };
-    tr.check_keys(&[
-        "source",
-        "rate_mbps",
-        "pps",
-        "file",
-        "sizes",
-        "bytes",
-        "min",
-        "max",
-        "small",
-        "large",
-        "p_small",
-        "mix",
-        "start_s",
-        "cc",
-        "header_bytes",
-        "ack_delay_ms",
-        "rwnd_packets",
-        "init_cwnd",
-        "min_rto_ms",
-        "hystart",
-        "ecn",
-    ])?;
+    tr.check_keys(
+        &[
+            "source",
+            "rate_mbps",
+            "pps",
+            "file",
+            "sizes",
+            "bytes",
+            "min",
+            "max",
+            "small",
+            "large",
+            "p_small",
+            "mix",
+            "start_s",
+        ]
+        .iter()
+        .chain(TCP_KEYS)
+        .copied()
+        .collect::<Vec<_>>(),
+    )?;
     let source = tr.str_opt("source")?.unwrap_or("backlogged");
     if source != "tcp" {
         for k in TCP_KEYS {

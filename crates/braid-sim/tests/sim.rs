@@ -2,24 +2,11 @@
 
 use std::path::Path;
 
-use braid_sim::report::{run_scenario, Report};
-use braid_sim::scenario::{self, Scenario};
+use braid_sim::report::run_scenario;
+use braid_sim::scenario;
 
-fn parse(text: &str) -> Scenario {
-    scenario::parse(text, "test.toml", Path::new("."), "test")
-        .unwrap_or_else(|e| panic!("scenario should parse: {e}"))
-}
-
-fn parse_err(text: &str) -> String {
-    match scenario::parse(text, "bad.toml", Path::new("."), "bad") {
-        Ok(_) => panic!("scenario should be rejected:\n{text}"),
-        Err(e) => e.to_string(),
-    }
-}
-
-fn run(sc: &Scenario, seed: u64) -> Report {
-    run_scenario(sc, seed, 1, &|_, _| {}).unwrap_or_else(|e| panic!("run failed: {e}"))
-}
+mod common;
+use common::{parse, parse_err, run};
 
 const TWO_CHANNELS: &str = r#"
 duration_s = 3

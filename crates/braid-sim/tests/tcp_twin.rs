@@ -3,25 +3,11 @@
 
 use std::path::Path;
 
-use braid_sim::report::{run_scenario, Report};
 use braid_sim::scenario::{self, Scenario};
+
+mod common;
 use braid_sim::tcp::{Ack, Cc, TcpSender, TcpSpec};
-
-fn parse(text: &str) -> Scenario {
-    scenario::parse(text, "test.toml", Path::new("."), "test")
-        .unwrap_or_else(|e| panic!("scenario should parse: {e}"))
-}
-
-fn parse_err(text: &str) -> String {
-    match scenario::parse(text, "bad.toml", Path::new("."), "bad") {
-        Ok(_) => panic!("scenario should be rejected:\n{text}"),
-        Err(e) => e.to_string(),
-    }
-}
-
-fn run(sc: &Scenario, seed: u64) -> Report {
-    run_scenario(sc, seed, 1, &|_, _| {}).unwrap_or_else(|e| panic!("run failed: {e}"))
-}
+use common::{parse, parse_err, run};
 
 /// One channel, no session: `rate` Mbit/s, 10 ms, a queue of about a BDP.
 fn one_channel(rate: f64, extra: &str) -> String {
