@@ -1115,6 +1115,8 @@ fn session_variant(st: &Tab, sc: StripeConfig) -> Result<Variant, ScenarioError>
         "adaptive",
         "arq",
         "aqm",
+        "aqm_target",
+        "aqm_interval",
         "credits",
         "credit_window",
         "credit_pool",
@@ -1198,7 +1200,26 @@ fn session_variant(st: &Tab, sc: StripeConfig) -> Result<Variant, ScenarioError>
         }
     }
     if st.bool_or("aqm", false)? {
-        cfg.aqm = Some(braid_proto::aqm::AqmConfig::default());
+        let mut a = braid_proto::aqm::AqmConfig::default();
+        for (k, slot) in [
+            ("aqm_target", &mut a.target),
+            ("aqm_interval", &mut a.interval),
+        ] {
+            if let Some(v) = st.str_opt(k)? {
+                let d = units::parse_duration_us(v).map_err(|e| st.err(k, &e.to_string()))?;
+                if d == Duration::ZERO {
+                    return Err(st.err(k, "must be above zero"));
+                }
+                *slot = d;
+            }
+        }
+        cfg.aqm = Some(a);
+    } else {
+        for k in ["aqm_target", "aqm_interval"] {
+            if st.t.contains_key(k) {
+                return Err(st.err(k, "needs `aqm = true`"));
+            }
+        }
     }
     // Credits per channel (seed 004 in the session); the window defaults to the
     // receive buffer less the markers' room, as in the tunnel.
