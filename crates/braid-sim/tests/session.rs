@@ -237,6 +237,22 @@ fn repair_and_aqm_keys_are_checked() {
     assert!(e.contains("arq"), "{e}");
     let sc = parse(&base.replace(key, "\narq = \"100ms\"\naqm = true\n"));
     assert_eq!(sc.jobs.len(), 6);
+    let sc = parse(&base.replace(
+        key,
+        "\narq = \"100ms\"\naqm = true\naqm_target = \"10ms\"\naqm_interval = \"200ms\"\n",
+    ));
+    assert_eq!(sc.jobs.len(), 6);
+    for (extra, k) in [
+        ("aqm_target = \"10ms\"\n", "session.aqm_target"),
+        (
+            "aqm = true\naqm_interval = \"0s\"\n",
+            "session.aqm_interval",
+        ),
+        ("aqm = true\naqm_target = \"soon\"\n", "session.aqm_target"),
+    ] {
+        let e = parse_err(&base.replace(key, &format!("{key}{extra}")));
+        assert!(e.contains(k), "{extra}: {e}");
+    }
 }
 
 /// `scenarios/credit/skewed-channels.toml`: the claims of docs/reproducing.md.
