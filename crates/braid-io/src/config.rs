@@ -356,6 +356,7 @@ struct RawSession {
     aqm: Option<bool>,
     aqm_target: Option<String>,
     aqm_interval: Option<String>,
+    aqm_loss_signal: Option<bool>,
     arq: Option<String>,
     credits: Option<bool>,
     credit_window: Option<u32>,
@@ -610,6 +611,12 @@ impl FileConfig {
             } else {
                 a.interval = d;
             }
+        }
+        if let Some(on) = s.aqm_loss_signal {
+            let Some(a) = &mut cfg.aqm else {
+                return Err(err("session.aqm_loss_signal", "needs `aqm = true`".into()));
+            };
+            a.loss_signal = on;
         }
         if let Some(v) = &s.arq {
             let d = parse_duration(v).map_err(|r| err("session.arq", r.to_string()))?;
@@ -939,6 +946,7 @@ remote = "127.0.0.1:7102"
         let s = c.session.session_config();
         assert_eq!(s.arq.unwrap().wait, braid_proto::Duration::from_millis(150));
         let a = s.aqm.unwrap();
+        assert!(a.loss_signal, "on by default");
         assert_eq!(a.target, braid_proto::Duration::from_millis(10));
         assert_eq!(a.interval, braid_proto::Duration::from_millis(100));
         // Markers carry the send time only when the AQM needs it.
@@ -957,6 +965,7 @@ remote = "127.0.0.1:7102"
         for (extra, key) in [
             ("aqm_target = \"10ms\"", "session.aqm_target"),
             ("aqm = true\naqm_interval = \"0s\"", "session.aqm_interval"),
+            ("aqm_loss_signal = false", "session.aqm_loss_signal"),
             ("arq = \"soon\"", "session.arq"),
             ("arq = \"100ms\"\nrepair = \"100ms\"", "session.repair"),
         ] {

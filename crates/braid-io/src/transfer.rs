@@ -126,6 +126,9 @@ impl TransferConfig {
             w => w,
         };
         c.deadline = us(self.deadline.unwrap_or(NO_DEADLINE));
+        // Over a bond the round trip includes the resequencing at both ends, which a
+        // ping of the paths (`--rtt`) does not show: measure it (no duplicate repairs).
+        c.adaptive_rtt = true;
         c.validate()
             .map_err(|e| TransferError::Config(format!("transfer settings: {e}")))?;
         Ok(c)
@@ -159,6 +162,7 @@ fn parse_offer(m: &[u8]) -> Option<Config> {
     let mut c = Config::new(t, Duration::from_micros(u64_at(14).max(1000)));
     c.window = u32::from_be_bytes(m[10..14].try_into().expect("4 bytes"));
     c.deadline = Duration::from_micros(u64_at(22));
+    c.adaptive_rtt = true; // as `TransferConfig::errctl` (only a sender uses it)
     c.validate().ok().map(|_| c)
 }
 

@@ -40,6 +40,9 @@ pub struct BenchOptions {
     pub adaptive: bool,
     /// AQM in the tunnel (`session.aqm`), with ECN turned on for TCP at both ends.
     pub aqm: bool,
+    /// With the AQM: whether a loss behind a standing queue is signalled too
+    /// (`session.aqm_loss_signal`; `None`: the tunnel's default).
+    pub aqm_loss_signal: Option<bool>,
     /// In-bond repair wait (`session.arq`), e.g. `100ms`; `None`: the tunnel's default.
     pub arq: Option<String>,
     /// Credit-based flow control per channel in the tunnel (`session.credits`).
@@ -513,6 +516,9 @@ fn tunnel_config(opt: &BenchOptions, mode: &str, end_a: bool) -> String {
     );
     if let Some(a) = &opt.arq {
         s += &format!("arq = \"{a}\"\n");
+    }
+    if let (true, Some(on)) = (opt.aqm, opt.aqm_loss_signal) {
+        s += &format!("aqm_loss_signal = {on}\n");
     }
     if let Some(b) = opt.buffer_packets {
         s += &format!("buffer_packets = {b}\n");

@@ -467,7 +467,8 @@ fn live_mode_releases_before_the_segment_ends() {
 /// within it gets no duplicate; segments with a packet sent twice give no sample.
 #[test]
 fn the_sender_measures_the_round_trip_from_acknowledgements() {
-    let cfg = config(Tolerance::reliable(4), 4, 10_000);
+    let mut cfg = config(Tolerance::reliable(4), 4, 10_000);
+    cfg.adaptive_rtt = true;
     let configured = cfg.rtt;
     let mut tx = Sender::new(cfg);
     let ms = |x: u64| Instant::from_micros(x * 1000);
@@ -502,4 +503,22 @@ fn the_sender_measures_the_round_trip_from_acknowledgements() {
     // Segment 1's acknowledgement, 400 ms after its repair, is no sample (Karn).
     tx.handle_datagram(ms(500), &pack(2, 1));
     assert_eq!(tx.rtt(), Duration::from_millis(120));
+
+    // Without adaptive_rtt (the paper's filter, on the configured round trip only) the
+    // same repeated request is answered.
+    let mut tx = Sender::new(config(Tolerance::reliable(4), 4, 10_000));
+    for i in 0..8 {
+        tx.handle_packet(ms(0), payload(i)).unwrap();
+    }
+    for _ in 0..8 {
+        tx.poll_transmit(ms(0)).unwrap();
+    }
+    tx.handle_datagram(ms(100), &snak(1, vec![(2, 2)]));
+    assert!(tx.poll_transmit(ms(100)).is_some());
+    tx.handle_datagram(ms(120), &pack(1, 0));
+    assert_eq!(tx.rtt(), configured);
+    tx.handle_datagram(ms(160), &snak(1, vec![(2, 2)]));
+    while tx.poll_transmit(ms(160)).is_some() {}
+    assert_eq!(tx.stats().retransmissions, 2);
+    assert_eq!(tx.stats().premature_requests, 0);
 }

@@ -1117,6 +1117,7 @@ fn session_variant(st: &Tab, sc: StripeConfig) -> Result<Variant, ScenarioError>
         "aqm",
         "aqm_target",
         "aqm_interval",
+        "aqm_loss_signal",
         "credits",
         "credit_window",
         "credit_pool",
@@ -1213,9 +1214,10 @@ fn session_variant(st: &Tab, sc: StripeConfig) -> Result<Variant, ScenarioError>
                 *slot = d;
             }
         }
+        a.loss_signal = st.bool_or("aqm_loss_signal", a.loss_signal)?;
         cfg.aqm = Some(a);
     } else {
-        for k in ["aqm_target", "aqm_interval"] {
+        for k in ["aqm_target", "aqm_interval", "aqm_loss_signal"] {
             if st.t.contains_key(k) {
                 return Err(st.err(k, "needs `aqm = true`"));
             }

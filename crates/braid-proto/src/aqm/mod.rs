@@ -55,6 +55,11 @@ pub struct AqmConfig {
     /// How long the delay must stay above target before the first signal, and the
     /// base spacing of signals (RFC 8289: 100 ms, a typical round trip).
     pub interval: Duration,
+    /// A loss found on a channel whose queue stands is signalled too (at most once
+    /// per interval), not only a standing queue: catches a short tail-drop buffer
+    /// that overflows before CoDel's first interval is over. See the module docs for
+    /// what it costs a single flow with a long round trip.
+    pub loss_signal: bool,
 }
 
 impl Default for AqmConfig {
@@ -62,6 +67,7 @@ impl Default for AqmConfig {
         AqmConfig {
             target: Duration::from_millis(5),
             interval: Duration::from_millis(100),
+            loss_signal: true,
         }
     }
 }
@@ -193,7 +199,7 @@ impl Aqm {
         let spaced = self
             .last_loss_signal
             .is_none_or(|t| now.saturating_since(t) >= self.cfg.interval);
-        if queued && spaced {
+        if queued && spaced && self.cfg.loss_signal {
             self.pending = true;
             self.last_loss_signal = Some(now);
             self.stats.loss_signals += 1;

@@ -38,10 +38,11 @@
 //!
 //! Departures from the paper: the enforcement window is the segment (the paper's advice
 //! for pipelined applications, §3.1); the premature-request filter is kept per packet
-//! rather than per packet group, and its round trip is the longer of the configured one
-//! and the one measured from acknowledgements, plus one acknowledgement interval (the
-//! receiver repeats its SNAKs that often, and without the margin a repeated SNAK
-//! reaching the sender just after one round trip got a duplicate); packet and segment numbers wrap at 2^16 and 2^32 on the
+//! rather than per packet group, and with `adaptive_rtt` its round trip is the longer of
+//! the configured one and the one measured from acknowledgements, plus one
+//! acknowledgement interval (the receiver repeats its SNAKs that often, and without the
+//! margin a repeated SNAK reaching the sender just after one round trip got a
+//! duplicate over a bond); packet and segment numbers wrap at 2^16 and 2^32 on the
 //! wire; flow control (the PACK's window limit) is left out: the receiver holds as many
 //! segments as the sender's window.
 
@@ -124,6 +125,12 @@ pub struct Config {
     /// The network's maximum resequencing distance m, in shipments: a gap larger than
     /// this means loss (0 on one FIFO channel).
     pub reorder: u32,
+    /// Sender: the premature-request filter uses the longer of `rtt` and the round
+    /// trip measured from acknowledgements, plus one `ack_interval` ([`Sender::rtt`]).
+    /// Off, it uses `rtt` alone, as the paper does (its analysis and the simulator's
+    /// reproduction assume that); on, for paths whose round trip is not known well or
+    /// varies, such as a bond's (`braid send` turns it on).
+    pub adaptive_rtt: bool,
 }
 
 impl Config {
@@ -141,6 +148,7 @@ impl Config {
             keepalive: Duration::from_micros(r / 2),
             deadline: Duration::from_micros(r * 60),
             reorder: 0,
+            adaptive_rtt: false,
         }
     }
 

@@ -93,14 +93,17 @@ impl Sender {
         &self.stats
     }
 
-    /// The round trip the premature-request filter uses: the configured one, or the
-    /// one measured, if longer. The measured one is the time from a segment's last
+    /// The round trip the premature-request filter uses: the configured one, or with
+    /// `adaptive_rtt` the one measured, if longer. The measured one is the time from a segment's last
     /// packet leaving to its acknowledgement (segments sent once only), smoothed; over a
     /// bond it includes the resequencing wait at both ends, which a ping of the paths
     /// does not show, and a filter on too short a round trip answers a repeated request
     /// with a duplicate.
     pub fn rtt(&self) -> Duration {
-        self.srtt.map_or(self.cfg.rtt, |m| m.max(self.cfg.rtt))
+        match self.srtt {
+            Some(m) if self.cfg.adaptive_rtt => m.max(self.cfg.rtt),
+            _ => self.cfg.rtt,
+        }
     }
 
     /// The oldest segment not yet acknowledged (or given up).
@@ -434,7 +437,11 @@ impl Sender {
         // sent before then reaches us up to a round trip after the repair left, later
         // with any jitter; without the margin, about every repair went out twice over
         // a bond (`docs/lab.md`).
-        let rtt = self.rtt() + self.cfg.ack_interval;
+        let rtt = if self.cfg.adaptive_rtt {
+            self.rtt() + self.cfg.ack_interval
+        } else {
+            self.cfg.rtt
+        };
         let Some(t) = seg
             .checked_sub(self.base)
             .and_then(|i| self.segs.get(i as usize))

@@ -67,6 +67,10 @@ enum LabCommand {
         /// marking ECN CE; turns ECN on for TCP in the lab's end hosts.
         #[arg(long)]
         aqm: bool,
+        /// With --aqm: signal a loss found behind a standing queue too (`on`, the
+        /// tunnel's default) or leave congestion to CoDel's delay signal alone (`off`).
+        #[arg(long, value_name = "on|off", value_parser = parse_on_off, requires = "aqm")]
+        aqm_loss_signal: Option<bool>,
         /// In-bond repair in the tunnel, every mode (`arq = DURATION`: how long the
         /// receiver holds a channel for a lost datagram asked for again), e.g. 200ms;
         /// 0s turns it off.
@@ -311,6 +315,7 @@ pub fn run(a: Args) -> Result<()> {
             weights,
             adaptive,
             aqm,
+            aqm_loss_signal,
             arq,
             credits,
             buffer_packets,
@@ -386,6 +391,7 @@ pub fn run(a: Args) -> Result<()> {
                 weights,
                 adaptive,
                 aqm,
+                aqm_loss_signal,
                 arq,
                 credits,
                 buffer_packets,
@@ -686,4 +692,13 @@ fn stream_options(
         exe: std::env::current_exe().context("locating the braid binary")?,
         seed,
     })
+}
+
+/// `on` or `off` (also `true`/`false`).
+fn parse_on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" | "true" => Ok(true),
+        "off" | "false" => Ok(false),
+        _ => Err(format!("'{s}': expected on or off")),
+    }
 }
