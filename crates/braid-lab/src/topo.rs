@@ -225,6 +225,11 @@ fn build(links: &[LinkSpec], exe: &Path, seed: u64) -> Result<(), LabError> {
         sh(n, "ip link set dev lo up")?;
         sh(n, "sysctl -qw net.ipv4.conf.all.rp_filter=0")?;
         sh(n, "sysctl -qw net.ipv4.conf.default.rp_filter=0")?;
+        // Every TCP measurement starts from scratch: by default Linux keeps a finished
+        // connection's ssthresh per destination and starts the next one with it, and
+        // the braid modes all measure towards the same tunnel address, one after
+        // the other.
+        sh(n, "sysctl -qw net.ipv4.tcp_no_metrics_save=1")?;
     }
     sh(NS_ROUTER, "sysctl -qw net.ipv4.ip_forward=1")?;
     for (i, l) in links.iter().enumerate() {
