@@ -31,6 +31,9 @@ pub struct ChannelConfig {
     pub weight: u32,
     /// The path MTU of this channel, in bytes (IP packet size).
     pub mtu: u32,
+    /// Pace this channel at this rate, bit/s on the wire (`session::pacing`): set it
+    /// a little below the link's rate. `None`: not paced.
+    pub pace_bps: Option<u64>,
 }
 
 impl ChannelConfig {
@@ -43,6 +46,7 @@ impl ChannelConfig {
             device: None,
             weight: 1,
             mtu: 1500,
+            pace_bps: None,
         }
     }
 
@@ -266,6 +270,14 @@ impl SessionConfig {
             arq: self.arq,
             credits: self.credits,
             demote: self.demote,
+            pacing: self.channels.iter().any(|c| c.pace_bps.is_some()).then(|| {
+                braid_proto::session::PacingConfig::new(
+                    self.channels
+                        .iter()
+                        .map(|c| c.pace_bps.unwrap_or(0) as f64)
+                        .collect(),
+                )
+            }),
         }
     }
 
@@ -383,6 +395,7 @@ struct RawChannel {
     device: Option<String>,
     weight: Option<u32>,
     mtu: Option<u32>,
+    pace: Option<String>,
 }
 
 /// Parse `A.B.C.D/len`.
@@ -466,6 +479,13 @@ impl FileConfig {
             if !(576..=65535).contains(&mtu) {
                 return Err(err(&k("mtu"), format!("{mtu} is outside 576..=65535")));
             }
+            let pace_bps = match &c.pace {
+                None => None,
+                Some(v) => Some(
+                    braid_proto::units::parse_rate(v)
+                        .map_err(|e| err(&k("pace"), e.to_string()))?,
+                ),
+            };
             channels.push(ChannelConfig {
                 name: c.name.clone().unwrap_or_else(|| format!("ch{i}")),
                 local,
@@ -473,6 +493,7 @@ impl FileConfig {
                 device: c.device.clone(),
                 weight,
                 mtu,
+                pace_bps,
             });
         }
         let file_path = |f: &str| match dir {
@@ -974,6 +995,26 @@ remote = "127.0.0.1:7102"
                 .to_string();
             assert!(e.contains(key), "{extra}: {e}");
         }
+        // Pacing: per channel, at a rate; off unless a channel has one.
+        assert!(FileConfig::parse("t.toml", &with(""), None)
+            .unwrap()
+            .session
+            .session_config()
+            .pacing
+            .is_none());
+        let paced = GOOD.replacen("weight = 2", "weight = 2\npace = \"95mbit\"", 1);
+        let pc = FileConfig::parse("t.toml", &paced, None)
+            .unwrap()
+            .session
+            .session_config()
+            .pacing
+            .expect("pacing on");
+        assert_eq!(pc.rates_bps, vec![95e6, 0.0]);
+        let bad = GOOD.replacen("weight = 2", "weight = 2\npace = \"fast\"", 1);
+        let e = FileConfig::parse("t.toml", &bad, None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("channel[0].pace"), "{e}");
         // Bad-link demotion: on by default, with these keys.
         let c = FileConfig::parse("t.toml", &with(""), None).unwrap();
         assert_eq!(

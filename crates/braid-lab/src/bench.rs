@@ -43,6 +43,9 @@ pub struct BenchOptions {
     /// With the AQM: whether a loss behind a standing queue is signalled too
     /// (`session.aqm_loss_signal`; `None`: the tunnel's default).
     pub aqm_loss_signal: Option<bool>,
+    /// Pace each channel at this share of its link's rate (`channel.pace`); `None`:
+    /// no pacing.
+    pub pace: Option<f64>,
     /// In-bond repair wait (`session.arq`), e.g. `100ms`; `None`: the tunnel's default.
     pub arq: Option<String>,
     /// Credit-based flow control per channel in the tunnel (`session.credits`).
@@ -539,8 +542,17 @@ fn tunnel_config(opt: &BenchOptions, mode: &str, end_a: bool) -> String {
             None => (l.rate_bps / 1_000_000).max(1),
         };
         s += &format!(
-            "[[channel]]\nname = \"link{i}\"\nlocal = \"{local}:{port}\"\nremote = \"{remote}:{port}\"\nweight = {weight}\nmtu = 1500\n\n"
+            "[[channel]]\nname = \"link{i}\"\nlocal = \"{local}:{port}\"\nremote = \"{remote}:{port}\"\nweight = {weight}\nmtu = 1500\n"
         );
+        if let Some(share) = opt.pace {
+            // The shaper counts IP bytes; the pacer adds 42 bytes of framing, so
+            // `share` of the rate leaves the tbf's queue empty.
+            s += &format!(
+                "pace = \"{}\"\n",
+                (l.rate_bps as f64 * share).round() as u64
+            );
+        }
+        s += "\n";
     }
     s
 }

@@ -1118,6 +1118,9 @@ fn session_variant(st: &Tab, sc: StripeConfig) -> Result<Variant, ScenarioError>
         "aqm_target",
         "aqm_interval",
         "aqm_loss_signal",
+        "pace_mbps",
+        "pace_burst",
+        "pace_codel",
         "credits",
         "credit_window",
         "credit_pool",
@@ -1220,6 +1223,31 @@ fn session_variant(st: &Tab, sc: StripeConfig) -> Result<Variant, ScenarioError>
         for k in ["aqm_target", "aqm_interval", "aqm_loss_signal"] {
             if st.t.contains_key(k) {
                 return Err(st.err(k, "needs `aqm = true`"));
+            }
+        }
+    }
+    // Pacing per channel at given rates (Mbit/s on the wire, 0: not paced), with CoDel
+    // on the transmit queue it builds unless `pace_codel = false`.
+    match st.num_list("pace_mbps", "a rate in Mbit/s >= 0, one per channel")? {
+        Some(r) => {
+            let mut p =
+                braid_proto::session::PacingConfig::new(r.iter().map(|x| x * 1e6).collect());
+            if let Some(v) = st.str_opt("pace_burst")? {
+                p.burst = units::parse_duration_us(v)
+                    .map_err(|e| st.err("pace_burst", &e.to_string()))?;
+            }
+            if !st.bool_or("pace_codel", true)? {
+                p.codel = None;
+            }
+            p.validate(cfg.channels.len())
+                .map_err(|e| st.err("pace_mbps", &e))?;
+            cfg.pacing = Some(p);
+        }
+        None => {
+            for k in ["pace_burst", "pace_codel"] {
+                if st.t.contains_key(k) {
+                    return Err(st.err(k, "needs `pace_mbps`"));
+                }
             }
         }
     }

@@ -37,8 +37,9 @@ pub(super) struct Tx {
     pub members: Vec<usize>,
     pub striper: Striper,
     pub switching: Option<Switch>,
-    /// Application packets held during a switch.
-    pub pending: VecDeque<Bytes>,
+    /// Application packets held (during a switch, or waiting for credit or a
+    /// channel's pacing), with when they came.
+    pub pending: VecDeque<(Bytes, Instant)>,
     /// Counters of earlier epochs' stripers, per physical channel.
     pub base: Vec<ChannelStats>,
     pub changes: u64,

@@ -38,6 +38,7 @@ pub mod demote;
 mod epoch;
 pub mod feedback;
 mod liveness;
+mod pacing;
 mod stats;
 
 use std::collections::VecDeque;
@@ -59,6 +60,7 @@ use crypto::{Crypto, Established, Keys, Reject};
 pub use crypto::{HandshakeStats, SecurityMode, KEY_LEN};
 pub use demote::{DemoteConfig, Role};
 pub use liveness::LinkState;
+pub use pacing::{PacingConfig, PacingStats};
 pub use stats::{ChannelInfo, SessionStats};
 
 /// One channel as the session sees it.
@@ -130,6 +132,9 @@ pub struct Config {
     /// every mode and with every scheduler (it changes the set through an epoch
     /// switch). `None`: off; on by default.
     pub demote: Option<DemoteConfig>,
+    /// Pacing per channel at configured rates, with CoDel on the transmit queue it
+    /// builds (`session::pacing`). `None`: off (the default).
+    pub pacing: Option<PacingConfig>,
 }
 
 impl std::fmt::Debug for Config {
@@ -162,6 +167,7 @@ impl std::fmt::Debug for Config {
             .field("arq", &self.arq)
             .field("credits", &self.credits)
             .field("demote", &self.demote)
+            .field("pacing", &self.pacing)
             .finish()
     }
 }
@@ -199,6 +205,7 @@ impl Config {
             arq: None,
             credits: None,
             demote: Some(DemoteConfig::default()),
+            pacing: None,
         }
     }
 
@@ -253,6 +260,9 @@ impl Config {
         }
         if self.heartbeat == Duration::ZERO {
             return Err("heartbeat must be above zero".into());
+        }
+        if let Some(p) = &self.pacing {
+            p.validate(self.channels.len())?;
         }
         if let Some(d) = &self.demote {
             d.validate(self.heartbeat)?;
@@ -495,6 +505,8 @@ pub struct Session {
     /// Credits for our transmit direction (what the peer lends us) and our receive
     /// direction (what we lend the peer), for the current epochs.
     credit_tx: Option<credits::Tx>,
+    /// Pacing per channel, if on.
+    pacer: Option<pacing::Pacer>,
     credit_rx: Option<credits::Rx>,
     /// Credit counters of past epochs, and the session's own.
     credit_n: CreditCounters,
@@ -542,6 +554,10 @@ impl Session {
             arq_rx: (0..n).map(|_| arq::LinkReceiver::default()).collect(),
             arq_tx: (0..n).map(|_| arq::LinkSender::default()).collect(),
             credit_tx: cfg.credits.map(|c| credits::Tx::new(&c, n, 0)),
+            pacer: cfg
+                .pacing
+                .as_ref()
+                .map(|p| pacing::Pacer::new(p, cfg.max_datagram, now)),
             credit_rx,
             credit_n: CreditCounters::default(),
             clock: now,
@@ -580,10 +596,11 @@ impl Session {
         self.clock = self.clock.max(now);
         self.counters.sent_packets += 1;
         self.counters.sent_bytes += p.len() as u64;
-        let waiting = self.credit_tx.is_some() && !self.tx.pending.is_empty();
+        let gated = self.credit_tx.is_some() || self.pacer.is_some();
+        let waiting = gated && !self.tx.pending.is_empty();
         if self.tx.switching.is_some() || !self.crypto.ready() || waiting {
             if self.tx.pending.len() < self.cfg.queue_packets {
-                self.tx.pending.push_back(p);
+                self.tx.pending.push_back((p, now));
             } else {
                 self.counters.queue_drops += 1;
             }
@@ -593,9 +610,9 @@ impl Session {
             return;
         }
         if !self.take_credit(now, &p) {
-            // No credit on the channel the striper names next: the packet waits (and
-            // everything after it, so the stripe keeps its order).
-            self.tx.pending.push_back(p);
+            // No credit or no tokens on the channel the striper names next: the packet
+            // waits (and everything after it, so the stripe keeps its order).
+            self.tx.pending.push_back((p, now));
             return;
         }
         if self.tx.striper.handle_packet(now, p).is_err() {
@@ -607,11 +624,20 @@ impl Session {
     /// Credits on: take one for the channel `p` will go on (`true`: send it now).
     /// Credits off: always `true`.
     fn take_credit(&mut self, now: Instant, p: &Bytes) -> bool {
+        if self.credit_tx.is_none() && self.pacer.is_none() {
+            return true;
+        }
+        let k = self.tx.striper.next_channel(p);
+        let phys = self.tx.members.get(k).copied().unwrap_or(0);
+        if let Some(pc) = &mut self.pacer {
+            if !pc.ready(now, phys) {
+                pc.stats.waits += 1;
+                return false;
+            }
+        }
         let Some(ct) = &mut self.credit_tx else {
             return true;
         };
-        let k = self.tx.striper.next_channel(p);
-        let phys = self.tx.members.get(k).copied().unwrap_or(0);
         // The striper may put a marker and a trigger on the channel just before the
         // packet; they take their credit after it is counted, so keep room for them.
         ct.send
@@ -624,12 +650,23 @@ impl Session {
         if self.tx.switching.is_some() || !self.crypto.ready() {
             return;
         }
-        while let Some(p) = self.tx.pending.front() {
-            let p = p.clone();
+        while let Some((p, queued)) = self.tx.pending.front() {
+            let (p, queued) = (p.clone(), *queued);
             if !self.take_credit(now, &p) {
                 break;
             }
             self.tx.pending.pop_front();
+            let p = match &mut self.pacer {
+                None => p,
+                Some(pc) => {
+                    // Its time in this queue is the bond's congestion: CoDel on it.
+                    let mut b = p.to_vec();
+                    if !pc.on_dequeue(now, queued, &mut b) {
+                        continue;
+                    }
+                    Bytes::from(b)
+                }
+            };
             if self.tx.striper.handle_packet(now, p).is_err() {
                 self.counters.queue_drops += 1;
             }
@@ -921,6 +958,9 @@ impl Session {
         let rtt = srtt + Duration::from_micros(srtt.as_micros() / 4);
         for &k in &r.counters {
             if let Ok(b) = self.arq_tx[lost].take_for_resend(self.clock, r.key_index, k, rtt) {
+                if let Some(pc) = &mut self.pacer {
+                    pc.charge(self.clock, via, b.len());
+                }
                 self.out.push_back(Transmit {
                     channel: via,
                     kind: DatagramKind::Repair,
@@ -952,7 +992,21 @@ impl Session {
         if let Some(t) = self.credit_timeout() {
             d = d.min(t);
         }
+        if let Some(t) = self.pacing_timeout() {
+            d = d.min(t);
+        }
         d
+    }
+
+    /// Pacing: when the channel the next held packet goes on has tokens again.
+    fn pacing_timeout(&self) -> Option<Instant> {
+        let pc = self.pacer.as_ref()?;
+        if self.tx.switching.is_some() {
+            return None;
+        }
+        let (p, _) = self.tx.pending.front()?;
+        let k = self.tx.striper.next_channel(p);
+        pc.ready_at(self.tx.members.get(k).copied()?)
     }
 
     /// Time passed: markers, receiver timeouts, hellos and liveness that are due.
@@ -966,6 +1020,9 @@ impl Session {
         self.rx.reseq.handle_timeout(now);
         self.drain_deliver(now);
         self.credit_timers(now);
+        if self.pacer.is_some() && !self.tx.pending.is_empty() {
+            self.pump(now);
+        }
         if now >= self.next_hello {
             self.next_hello = now + self.cfg.heartbeat;
             self.heartbeat(now);
@@ -1106,6 +1163,9 @@ impl Session {
             if let Some((key, counter)) = sealed_id(&bytes) {
                 self.arq_tx[c].push(self.clock, key, counter, &bytes);
             }
+        }
+        if let Some(pc) = &mut self.pacer {
+            pc.charge(self.clock, c, bytes.len());
         }
         self.out.push_back(Transmit {
             channel: c,

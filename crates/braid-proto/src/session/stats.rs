@@ -139,6 +139,8 @@ pub struct SessionStats {
     pub credits: Option<super::CreditCounters>,
     /// Packets waiting in the transmit queue (for credit or an epoch switch).
     pub queued: usize,
+    /// Pacing counters (`None`: pacing off).
+    pub pacing: Option<super::PacingStats>,
     /// Per channel.
     pub channels: Vec<ChannelInfo>,
 }
@@ -227,6 +229,7 @@ impl Session {
             quanta_changes: self.adapt.as_ref().map_or(0, |a| a.changes),
             aqm: self.aqm.as_ref().map(|a| a.stats(now)),
             credits: self.credit_counters(),
+            pacing: self.pacer.as_ref().map(|p| p.stats),
             queued: self.tx.pending.len(),
             channels,
         }

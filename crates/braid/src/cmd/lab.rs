@@ -71,6 +71,11 @@ enum LabCommand {
         /// tunnel's default) or leave congestion to CoDel's delay signal alone (`off`).
         #[arg(long, value_name = "on|off", value_parser = parse_on_off, requires = "aqm")]
         aqm_loss_signal: Option<bool>,
+        /// Pace each channel of the tunnel at this share of its link's rate
+        /// (`pace` per channel: no burst overfills the link's short queue; CoDel marks
+        /// what waits in the tunnel instead), e.g. 0.95.
+        #[arg(long, value_name = "SHARE")]
+        pace: Option<f64>,
         /// In-bond repair in the tunnel, every mode (`arq = DURATION`: how long the
         /// receiver holds a channel for a lost datagram asked for again), e.g. 200ms;
         /// 0s turns it off.
@@ -316,6 +321,7 @@ pub fn run(a: Args) -> Result<()> {
             adaptive,
             aqm,
             aqm_loss_signal,
+            pace,
             arq,
             credits,
             buffer_packets,
@@ -360,6 +366,11 @@ pub fn run(a: Args) -> Result<()> {
                     Some(ws)
                 }
             };
+            if let Some(p) = pace {
+                if !(p.is_finite() && p > 0.0 && p <= 2.0) {
+                    bail!("--pace {p}: expected a share of the link's rate above 0, e.g. 0.95");
+                }
+            }
             for (flag, v) in [("--arq", &arq)] {
                 if let Some(r) = v {
                     braid_proto::units::parse_duration(r)
@@ -392,6 +403,7 @@ pub fn run(a: Args) -> Result<()> {
                 adaptive,
                 aqm,
                 aqm_loss_signal,
+                pace,
                 arq,
                 credits,
                 buffer_packets,

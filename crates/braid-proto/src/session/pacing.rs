@@ -1,0 +1,277 @@
+//! Pacing per channel at a known rate, with CoDel on the queue it builds at the bond's
+//! ingress (issue 11, part 2).
+//!
+//! A channel's bottleneck (a modem, a shaper) usually has a short queue. One TCP flow
+//! striped over the bond sends in bursts (slow start doubles its window every round
+//! trip, and a window's worth of acknowledgements releases a window's worth of data at
+//! once), and a burst striped onto a channel overflows that short queue long before the
+//! bond is full. Repair hides the drops, the AQM then signals them, and the flow's slow
+//! start ends at a fraction of the bond's capacity (the simulated twins:
+//! `docs/reproducing.md`).
+//!
+//! With pacing, each channel is sent no faster than its rate (a token bucket with a
+//! small burst), so its bottleneck queue stays short; what the channels cannot take yet
+//! waits in the session's transmit queue, in order (the striper names the channel of
+//! the next packet, and the packet waits for that channel's tokens, as it waits for
+//! credit). That queue is where the bond's congestion now is, and it is managed like a
+//! router's: CoDel on each packet's time in it marks ECN-capable IP packets CE (drops
+//! other IP packets) as they leave it, so the inner TCP backs off before the queue
+//! overflows.
+//!
+//! The rates are configured (the links' rates, as a bonding router's SQM is set up).
+//! Every datagram on a channel, data, markers, control and repairs, uses its tokens, with
+//! `overhead` bytes for the headers below (UDP/IP, link).
+
+use crate::aqm::{mark_ce, AqmConfig, Codel, Ecn};
+use crate::time::{Duration, Instant};
+
+/// Pacing settings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PacingConfig {
+    /// Rate of each physical channel, bit/s on the wire (`overhead` included); 0: not
+    /// paced.
+    pub rates_bps: Vec<f64>,
+    /// Tokens a channel may save up, as time at its rate (at least two datagrams).
+    pub burst: Duration,
+    /// Bytes below our datagram on the wire (UDP/IP, link framing).
+    pub overhead: u32,
+    /// CoDel on the time packets wait in the transmit queue; `None`: no signals there.
+    pub codel: Option<AqmConfig>,
+}
+
+impl PacingConfig {
+    /// Pace at these rates (bit/s), a 2 ms burst, 42 bytes of overhead (UDP/IPv4 and
+    /// Ethernet), CoDel with RFC 8289's 5 ms and 100 ms.
+    pub fn new(rates_bps: Vec<f64>) -> PacingConfig {
+        PacingConfig {
+            rates_bps,
+            burst: Duration::from_millis(2),
+            overhead: 42,
+            codel: Some(AqmConfig::default()),
+        }
+    }
+
+    /// Check against `n` channels.
+    pub fn validate(&self, n: usize) -> Result<(), String> {
+        if self.rates_bps.len() != n {
+            return Err(format!(
+                "pacing: {} rates for {n} channels",
+                self.rates_bps.len()
+            ));
+        }
+        if self.rates_bps.iter().any(|r| !r.is_finite() || *r < 0.0) {
+            return Err("pacing: rates must be 0 (not paced) or above".into());
+        }
+        if self.burst == Duration::ZERO {
+            return Err("pacing: the burst must be above zero".into());
+        }
+        Ok(())
+    }
+}
+
+/// Counters of the pacer and its queue.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PacingStats {
+    /// Times a packet had to wait for a channel's tokens.
+    pub waits: u64,
+    /// Packets marked CE for their time in the transmit queue.
+    pub ce_marks: u64,
+    /// Packets dropped for it (IP, not ECN-capable).
+    pub drops: u64,
+}
+
+/// One channel's token bucket.
+#[derive(Clone, Debug)]
+struct Bucket {
+    /// Bytes per microsecond.
+    rate: f64,
+    /// Most tokens saved up, bytes.
+    cap: f64,
+    tokens: f64,
+    at: Instant,
+}
+
+impl Bucket {
+    fn refill(&mut self, now: Instant) {
+        let dt = now.saturating_since(self.at).as_micros() as f64;
+        self.tokens = (self.tokens + dt * self.rate).min(self.cap);
+        self.at = self.at.max(now);
+    }
+}
+
+/// The pacer of one session end.
+pub(crate) struct Pacer {
+    buckets: Vec<Option<Bucket>>,
+    overhead: f64,
+    codel: Option<Codel>,
+    pub stats: PacingStats,
+}
+
+impl Pacer {
+    pub fn new(cfg: &PacingConfig, max_datagram: u32, now: Instant) -> Pacer {
+        let buckets = cfg
+            .rates_bps
+            .iter()
+            .map(|&r| {
+                (r > 0.0).then(|| {
+                    let rate = r / 8.0 / 1e6;
+                    let two = 2.0 * f64::from(max_datagram + cfg.overhead);
+                    let cap = (rate * cfg.burst.as_micros() as f64).max(two);
+                    Bucket {
+                        rate,
+                        cap,
+                        tokens: cap,
+                        at: now,
+                    }
+                })
+            })
+            .collect();
+        Pacer {
+            buckets,
+            overhead: f64::from(cfg.overhead),
+            codel: cfg.codel.map(|c| Codel::new(c.target, c.interval)),
+            stats: PacingStats::default(),
+        }
+    }
+
+    /// May a packet go on channel `c` at `now`? (A channel with tokens left may take
+    /// one datagram whatever its size: the bucket goes below zero and refills first.)
+    pub fn ready(&mut self, now: Instant, c: usize) -> bool {
+        match self.buckets.get_mut(c).and_then(Option::as_mut) {
+            None => true,
+            Some(b) => {
+                b.refill(now);
+                b.tokens >= 0.0
+            }
+        }
+    }
+
+    /// When channel `c` will be ready, if it is not.
+    pub fn ready_at(&self, c: usize) -> Option<Instant> {
+        let b = self.buckets.get(c)?.as_ref()?;
+        if b.tokens >= 0.0 {
+            return None;
+        }
+        let us = (-b.tokens / b.rate).ceil() as u64;
+        Some(b.at + Duration::from_micros(us.max(1)))
+    }
+
+    /// A datagram of `len` bytes went out on channel `c`.
+    pub fn charge(&mut self, now: Instant, c: usize, len: usize) {
+        if let Some(b) = self.buckets.get_mut(c).and_then(Option::as_mut) {
+            b.refill(now);
+            b.tokens -= len as f64 + self.overhead;
+        }
+    }
+
+    /// A packet leaves the transmit queue at `now` after waiting since `queued`: CoDel
+    /// may mark it CE (in place). `false`: drop it (an IP packet that is not
+    /// ECN-capable, while CoDel signals).
+    pub fn on_dequeue(&mut self, now: Instant, queued: Instant, p: &mut [u8]) -> bool {
+        let Some(codel) = &mut self.codel else {
+            return true;
+        };
+        if !codel.on_dequeue(now, now.saturating_since(queued)) {
+            return true;
+        }
+        match mark_ce(p) {
+            Ecn::Marked | Ecn::AlreadyCe => {
+                self.stats.ce_marks += 1;
+                true
+            }
+            Ecn::NotEct => {
+                self.stats.drops += 1;
+                false
+            }
+            Ecn::NotIp => true,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn us(x: u64) -> Instant {
+        Instant::from_micros(x)
+    }
+
+    #[test]
+    fn a_paced_channel_goes_at_its_rate_after_its_burst() {
+        // 8 Mbit/s = 1 byte/µs; a 2 ms burst = 2000 bytes (above two 958-byte datagrams).
+        let cfg = PacingConfig {
+            overhead: 0,
+            ..PacingConfig::new(vec![8e6, 0.0])
+        };
+        let mut p = Pacer::new(&cfg, 958, us(0));
+        let mut sent = 0u64;
+        let mut t = 0u64;
+        while t <= 100_000 {
+            if p.ready(us(t), 0) {
+                p.charge(us(t), 0, 1000);
+                sent += 1000;
+            }
+            t += 10;
+        }
+        // 100 ms at 1 byte/µs, plus the burst, plus the one datagram that may overdraw.
+        assert!((100_000..=103_000).contains(&sent), "{sent}");
+        // Channel 1 is not paced.
+        for _ in 0..1000 {
+            assert!(p.ready(us(t), 1));
+            p.charge(us(t), 1, 1500);
+        }
+        assert_eq!(p.ready_at(1), None);
+    }
+
+    #[test]
+    fn ready_at_is_when_the_tokens_are_back() {
+        let cfg = PacingConfig {
+            overhead: 0,
+            ..PacingConfig::new(vec![8e6])
+        };
+        let mut p = Pacer::new(&cfg, 500, us(0));
+        p.charge(us(0), 0, 5000); // 2000 - 5000 = -3000 bytes
+        assert!(!p.ready(us(0), 0));
+        assert_eq!(p.ready_at(0), Some(us(3000)));
+        assert!(!p.ready(us(2999), 0));
+        assert!(p.ready(us(3000), 0));
+    }
+
+    #[test]
+    fn the_queue_marks_ect_packets_once_they_wait_too_long() {
+        let mut p = Pacer::new(&PacingConfig::new(vec![8e6]), 1000, us(0));
+        let mut pkt = vec![0u8; 40];
+        pkt[0] = 0x45;
+        pkt[1] = 0x02; // ECT(0)
+                       // A short wait: nothing.
+        assert!(p.on_dequeue(us(10_000), us(9_000), &mut pkt));
+        // 20 ms of waiting for more than an interval: CE.
+        let mut marked = false;
+        for k in 0..300u64 {
+            let now = us(20_000 + k * 1_000);
+            let mut q = pkt.clone();
+            assert!(p.on_dequeue(now, us(k * 1_000), &mut q));
+            marked |= q[1] & 0x03 == 0x03;
+        }
+        assert!(marked && p.stats.ce_marks > 0, "{:?}", p.stats);
+        // Not ECN-capable: dropped while CoDel signals.
+        let mut plain = pkt.clone();
+        plain[1] = 0;
+        let mut dropped = false;
+        for k in 300..600u64 {
+            let mut q = plain.clone();
+            dropped |= !p.on_dequeue(us(20_000 + k * 1_000), us(k * 1_000), &mut q);
+        }
+        assert!(dropped && p.stats.drops > 0);
+    }
+
+    #[test]
+    fn settings_are_checked() {
+        assert!(PacingConfig::new(vec![1e6, 2e6]).validate(2).is_ok());
+        assert!(PacingConfig::new(vec![1e6]).validate(2).is_err());
+        assert!(PacingConfig::new(vec![f64::NAN, 0.0]).validate(2).is_err());
+        let mut c = PacingConfig::new(vec![1e6]);
+        c.burst = Duration::ZERO;
+        assert!(c.validate(1).is_err());
+    }
+}
