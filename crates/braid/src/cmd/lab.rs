@@ -412,17 +412,9 @@ pub fn run(a: Args) -> Result<()> {
                 seed,
             };
             let r = braid_lab::bench::run(&opt, |line| eprintln!("{line}"))?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&r.to_json())?);
-            } else {
-                print!("{}", r.table());
-            }
-            if let Some(p) = plot {
-                braid_lab::chart::draw(&r, &format!("braid lab bench: {links}"), &p)
-                    .map_err(|e| anyhow::anyhow!("plot: {e}"))?;
-                eprintln!("wrote {}", p.display());
-            }
-            Ok(())
+            report(json, r.to_json(), r.table(), plot, |p| {
+                braid_lab::chart::draw(&r, &format!("braid lab bench: {links}"), p)
+            })
         }
         LabCommand::Chart { from, out, title } => {
             let text = std::fs::read_to_string(&from)
@@ -491,22 +483,14 @@ pub fn run(a: Args) -> Result<()> {
                     braid_lab::stream::run(&opt, |line| eprintln!("{line}"))?
                 }
             };
-            if json {
-                println!("{}", serde_json::to_string_pretty(&r.to_json())?);
-            } else {
-                print!("{}", r.table());
-            }
-            if let Some(p) = plot {
-                let title = format!(
-                    "braid lab stream: {:.0} Mbit/s over {}",
-                    r.rate_bps as f64 / 1e6,
-                    r.links.join(",")
-                );
-                braid_lab::stream::draw(&r, &title, &p)
-                    .map_err(|e| anyhow::anyhow!("plot: {e}"))?;
-                eprintln!("wrote {}", p.display());
-            }
-            Ok(())
+            let title = format!(
+                "braid lab stream: {:.0} Mbit/s over {}",
+                r.rate_bps as f64 / 1e6,
+                r.links.join(",")
+            );
+            report(json, r.to_json(), r.table(), plot, |p| {
+                braid_lab::stream::draw(&r, &title, p)
+            })
         }
         LabCommand::Overlay {
             direct,
@@ -561,17 +545,9 @@ pub fn run(a: Args) -> Result<()> {
                 seed,
             };
             let r = braid_lab::overlay::run_overlay(&opt, |line| eprintln!("{line}"))?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&r.to_json())?);
-            } else {
-                print!("{}", r.table());
-            }
-            if let Some(p) = plot {
-                braid_lab::overlay::draw(&r, &format!("braid lab overlay: direct {direct}"), &p)
-                    .map_err(|e| anyhow::anyhow!("plot: {e}"))?;
-                eprintln!("wrote {}", p.display());
-            }
-            Ok(())
+            report(json, r.to_json(), r.table(), plot, |p| {
+                braid_lab::overlay::draw(&r, &format!("braid lab overlay: direct {direct}"), p)
+            })
         }
         LabCommand::StreamGen {
             rate,
@@ -704,6 +680,27 @@ fn stream_options(
         exe: std::env::current_exe().context("locating the braid binary")?,
         seed,
     })
+}
+
+/// Print a lab run's result as JSON or as a table, and draw its chart to `plot` if
+/// asked (with `draw`).
+fn report<E: std::fmt::Display>(
+    json: bool,
+    value: serde_json::Value,
+    table: String,
+    plot: Option<std::path::PathBuf>,
+    draw: impl FnOnce(&std::path::Path) -> std::result::Result<(), E>,
+) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(&value)?);
+    } else {
+        print!("{table}");
+    }
+    if let Some(p) = plot {
+        draw(&p).map_err(|e| anyhow::anyhow!("plot: {e}"))?;
+        eprintln!("wrote {}", p.display());
+    }
+    Ok(())
 }
 
 /// `on` or `off` (also `true`/`false`).
