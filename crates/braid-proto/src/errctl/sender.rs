@@ -381,6 +381,9 @@ impl Sender {
     /// The first acknowledgement of segment `seg`, at `now`: a round-trip sample if the
     /// segment went out whole and once.
     fn rtt_sample(&mut self, now: Instant, seg: u64) {
+        if !self.cfg.adaptive_rtt {
+            return; // [`Sender::rtt`] would not use it
+        }
         let Some(s) = seg
             .checked_sub(self.base)
             .and_then(|i| self.segs.get(i as usize))

@@ -656,16 +656,21 @@ impl Session {
                 break;
             }
             self.tx.pending.pop_front();
+            // Its time in this queue is the bond's congestion: CoDel on it (a copy of
+            // the packet only to mark it).
+            let signal = self
+                .pacer
+                .as_mut()
+                .is_some_and(|pc| pc.on_dequeue(now, queued));
             let p = match &mut self.pacer {
-                None => p,
-                Some(pc) => {
-                    // Its time in this queue is the bond's congestion: CoDel on it.
+                Some(pc) if signal => {
                     let mut b = p.to_vec();
-                    if !pc.on_dequeue(now, queued, &mut b) {
+                    if !pc.signal(&mut b) {
                         continue;
                     }
                     Bytes::from(b)
                 }
+                _ => p,
             };
             if self.tx.striper.handle_packet(now, p).is_err() {
                 self.counters.queue_drops += 1;

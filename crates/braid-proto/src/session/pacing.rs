@@ -164,16 +164,17 @@ impl Pacer {
         }
     }
 
-    /// A packet leaves the transmit queue at `now` after waiting since `queued`: CoDel
-    /// may mark it CE (in place). `false`: drop it (an IP packet that is not
-    /// ECN-capable, while CoDel signals).
-    pub fn on_dequeue(&mut self, now: Instant, queued: Instant, p: &mut [u8]) -> bool {
-        let Some(codel) = &mut self.codel else {
-            return true;
-        };
-        if !codel.on_dequeue(now, now.saturating_since(queued)) {
-            return true;
-        }
+    /// A packet leaves the transmit queue at `now` after waiting since `queued`: does
+    /// CoDel signal congestion on it? (Then [`Pacer::signal`] it.)
+    pub fn on_dequeue(&mut self, now: Instant, queued: Instant) -> bool {
+        self.codel
+            .as_mut()
+            .is_some_and(|c| c.on_dequeue(now, now.saturating_since(queued)))
+    }
+
+    /// Carry the congestion signal on `p`: marked CE in place, or `false` to drop it
+    /// (an IP packet that is not ECN-capable).
+    pub fn signal(&mut self, p: &mut [u8]) -> bool {
         match mark_ce(p) {
             Ecn::Marked | Ecn::AlreadyCe => {
                 self.stats.ce_marks += 1;
@@ -244,13 +245,15 @@ mod tests {
         pkt[0] = 0x45;
         pkt[1] = 0x02; // ECT(0)
                        // A short wait: nothing.
-        assert!(p.on_dequeue(us(10_000), us(9_000), &mut pkt));
+        assert!(!p.on_dequeue(us(10_000), us(9_000)));
         // 20 ms of waiting for more than an interval: CE.
         let mut marked = false;
         for k in 0..300u64 {
             let now = us(20_000 + k * 1_000);
             let mut q = pkt.clone();
-            assert!(p.on_dequeue(now, us(k * 1_000), &mut q));
+            if p.on_dequeue(now, us(k * 1_000)) {
+                assert!(p.signal(&mut q));
+            }
             marked |= q[1] & 0x03 == 0x03;
         }
         assert!(marked && p.stats.ce_marks > 0, "{:?}", p.stats);
@@ -260,7 +263,7 @@ mod tests {
         let mut dropped = false;
         for k in 300..600u64 {
             let mut q = plain.clone();
-            dropped |= !p.on_dequeue(us(20_000 + k * 1_000), us(k * 1_000), &mut q);
+            dropped |= p.on_dequeue(us(20_000 + k * 1_000), us(k * 1_000)) && !p.signal(&mut q);
         }
         assert!(dropped && p.stats.drops > 0);
     }
