@@ -632,6 +632,12 @@ fn tunnel_run(
         .map(|s| s.success())
         .unwrap_or(false);
         if ok {
+            // Let the tunnel settle before measuring: its heartbeats (every 50 ms)
+            // measure the channels' skew for the delay equalizer and their round
+            // trips for the repair margin. A flow started at the first ping saw its
+            // first round trips unequalized (15 ms, then 155 ms: HyStart leaves slow
+            // start at the jump), which a tunnel that has been up for a second does not.
+            std::thread::sleep(Duration::from_secs(1));
             break;
         }
         if Instant::now() > deadline {

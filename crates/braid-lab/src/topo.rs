@@ -230,6 +230,17 @@ fn build(links: &[LinkSpec], exe: &Path, seed: u64) -> Result<(), LabError> {
         // the braid modes all measure towards the same tunnel address, one after
         // the other.
         sh(n, "sysctl -qw net.ipv4.tcp_no_metrics_save=1")?;
+        // Room for one TCP flow to fill the whole bond: 170 Mbit/s at a 155 ms round
+        // trip is 3.3 MB in flight, and Linux's default send buffer (4 MiB, about
+        // 2 MB of payload once the kernel's per-packet overhead is counted) held a
+        // single flow through the tunnel at 2 MB in flight, some 105 Mbit/s, where the
+        // ceiling's three flows have a buffer each. 32 MiB, as for any long fat pipe.
+        for v in [
+            "net.ipv4.tcp_wmem=4096 16384 33554432",
+            "net.ipv4.tcp_rmem=4096 131072 33554432",
+        ] {
+            run(&["ip", "netns", "exec", n, "sysctl", "-qw", v])?;
+        }
     }
     sh(NS_ROUTER, "sysctl -qw net.ipv4.ip_forward=1")?;
     for (i, l) in links.iter().enumerate() {
