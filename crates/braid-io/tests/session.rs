@@ -322,12 +322,14 @@ async fn a_flooded_port_does_not_starve_the_others_and_oversize_is_dropped_uncop
     let got = stream_paced(&a, &mut b, 0, 3_000, 20).await;
     let sent = flood.join().unwrap();
     // The stream gets through, in order. The flooded port's reader cannot tell A's
-    // datagrams from the flood before they are opened, so on a loaded machine a few of
-    // A's datagrams on channel 0 are dropped with the flood (measured: up to 47 of the
-    // 1 500 sent on it, with two builds running, about 3 Gbit/s of flood); the other
-    // port loses none.
+    // datagrams from the flood before they are opened, so some of A's datagrams on
+    // channel 0 are dropped with the flood, how many depending on how fast this machine
+    // opens datagrams against how fast the flood thread sends them (measured: up to 47
+    // of the 1 500 sent on it with two builds running; 336-580 on a slower day of the
+    // same 2-core VM, at HEAD before and after the change that found it); the other
+    // port loses none. Starved, channel 0 would bring nothing: at least half of it.
     let sb = b.stats().await.unwrap();
-    assert!(got.len() >= 2_850, "only {} of 3000 got through", got.len());
+    assert!(got.len() >= 2_250, "only {} of 3000 got through", got.len());
     assert!(
         got.windows(2).all(|w| w[1] > w[0]),
         "out of order\n{}",
