@@ -909,6 +909,7 @@ impl Driver {
             arq_repaired: channels.iter().map(|c| c.arq_repaired).sum(),
             aqm_ce_marks: s.aqm.as_ref().map_or(0, |a| a.ce_marks),
             aqm_drops: s.aqm.as_ref().map_or(0, |a| a.drops),
+            aqm_spared: s.aqm.as_ref().map_or(0, |a| a.spared),
             aqm_loss_signals: s.aqm.as_ref().map_or(0, |a| a.loss_signals),
             tx_queued: s.queued as f64,
             credit_stalls: s.credits.map_or(0, |c| c.stalls),

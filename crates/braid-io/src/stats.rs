@@ -225,6 +225,10 @@ pub struct SessionStats {
     /// AQM: packets dropped as a congestion signal (not ECN-capable).
     #[serde(default)]
     pub aqm_drops: u64,
+    /// Congestion signals the AQM did not give because the packet was small and not
+    /// ECN-capable (a SYN, a pure ACK: dropping it frees no queue).
+    #[serde(default)]
+    pub aqm_spared: u64,
     /// AQM: losses taken as congestion (their channel's queue stood above target).
     #[serde(default)]
     pub aqm_loss_signals: u64,

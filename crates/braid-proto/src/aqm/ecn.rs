@@ -2,6 +2,15 @@
 //! an IPv4 header (updating its checksum incrementally, RFC 1624) or in an IPv6 traffic
 //! class.
 
+/// A packet that is not ECN-capable and shorter than this is never dropped as a
+/// congestion signal: a TCP SYN, a pure ACK, a DNS query. Dropping it frees no queue
+/// (it carries no bytes to speak of) and costs much: a lost SYN stalls its connection
+/// for a second (the initial retransmission timeout). In the lab the tunnel's AQM
+/// dropped SYNs and ACKs on the idle return direction, whose one-way delay looked like
+/// a queue whenever the link emulator ran late. The signal is then not given at all;
+/// the next data packet carries the next one.
+pub const SPARE_BELOW: usize = 128;
+
 /// What [`mark_ce`] found and did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Ecn {

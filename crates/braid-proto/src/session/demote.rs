@@ -26,10 +26,15 @@
 //!   counted from at least [`MIN_DATAGRAMS`] datagrams. That is well above what in-bond
 //!   repair or TCP copes with cheaply (1–2 % random loss never comes near it), and it
 //!   costs the bond more than the channel adds: every loss stalls in-order delivery for
-//!   a repair or a resynchronization. Loss is congestion, not a bad link, while the
+//!   a repair or a resynchronization. Datagrams the peer found missing while the
+//!   channel's queue stood above the AQM's target (reported apart in its feedback,
+//!   with `aqm` and in-bond repair on) are congestion, not a bad link, and do not count:
+//!   TCP's slow start overflowing a short buffer loses a fifth of a channel's datagrams
+//!   for a moment, and took two healthy channels out of the bond in the lab, leaving
+//!   the lossy one. Loss is congestion, not a bad link, also while the
 //!   channel's round trip shows a standing queue (smoothed above the minimum by a
-//!   quarter and 5 ms; not judged with in-bond repair on, whose holds inflate a lossy
-//!   channel's round trip too). With adaptive weights on, a lossy channel is judged only
+//!   quarter and 5 ms; the round trip is timed by the reports' arrival, so in-bond
+//!   repair's holds do not count). With adaptive weights on, a lossy channel is judged only
 //!   once the weights have cut its quantum to an eighth of the largest and it still
 //!   loses: loss from a share too large for it is the weights' to correct, and they do;
 //! * *delay* (off unless `rtt_ratio` is set): its minimum round trip stays above
@@ -167,9 +172,9 @@ pub(super) struct ChanDemote {
     pub since: Instant,
     /// Times demoted.
     pub demotions: u64,
-    /// The peer's cumulative (received, missing) counts at each judgement, covering
-    /// the last window.
-    samples: VecDeque<(Instant, u64, u64)>,
+    /// The peer's cumulative (received, missing, missing for congestion) counts at
+    /// each judgement, covering the last window.
+    samples: VecDeque<(Instant, u64, u64, u64)>,
     /// The latest loss over a whole window, if one was measured.
     pub window_loss: Option<f64>,
     slow_since: Option<Instant>,
@@ -199,27 +204,34 @@ impl ChanDemote {
     }
 
     /// Record the peer's cumulative counts at `now` and return the loss over the last
-    /// `window`: `None` until a whole window with enough datagrams is covered.
-    fn measure(&mut self, now: Instant, got: u64, missing: u64, window: Duration) -> Option<f64> {
+    /// `window` that was not congestion: `None` until a whole window with enough
+    /// datagrams is covered.
+    fn measure(
+        &mut self,
+        now: Instant,
+        (got, missing, congested): (u64, u64, u64),
+        window: Duration,
+    ) -> Option<f64> {
         if self
             .samples
             .back()
-            .is_some_and(|&(_, g, m)| got < g || missing < m)
+            .is_some_and(|&(_, g, m, k)| got < g || missing < m || congested < k)
         {
             // A new estimator (counts went back): the old samples mean nothing now.
             self.samples.clear();
         }
-        self.samples.push_back((now, got, missing));
+        self.samples.push_back((now, got, missing, congested));
         // Keep one sample at least `window` old: the window's start.
         while self.samples.len() >= 2 && now.saturating_since(self.samples[1].0) >= window {
             self.samples.pop_front();
         }
-        let &(t0, g0, m0) = self.samples.front()?;
+        let &(t0, g0, m0, k0) = self.samples.front()?;
         let loss = if now.saturating_since(t0) < window {
             None
         } else {
             let (dg, dm) = (got - g0, missing - m0);
-            (dg + dm >= MIN_DATAGRAMS).then(|| dm as f64 / (dg + dm) as f64)
+            let dk = (congested - k0).min(dm);
+            (dg + dm >= MIN_DATAGRAMS).then(|| (dm - dk) as f64 / (dg + dm) as f64)
         };
         self.window_loss = loss;
         loss
@@ -264,7 +276,8 @@ impl Session {
             .map(|c| {
                 let ch = &mut self.chans[c];
                 let (got, missing) = ch.fb_tx.totals();
-                ch.demote.measure(now, got, missing, cfg.after)
+                let congested = ch.fb_tx.congested_total();
+                ch.demote.measure(now, (got, missing, congested), cfg.after)
             })
             .collect();
         let est: Vec<_> = self.chans.iter().map(|c| c.fb_tx.estimate()).collect();
@@ -296,10 +309,12 @@ impl Session {
             let d = &mut self.chans[c].demote;
             match d.role {
                 Role::Active => {
-                    // Loss behind a standing queue is congestion, not a bad link. (With
-                    // in-bond repair the test is not made: the repairs' holds inflate
-                    // a lossy channel's round trip as a queue would.)
-                    let queued = self.cfg.arq.is_none() && super::adapt::standing_queue(&est[c]);
+                    // Loss behind a standing queue is congestion, not a bad link: TCP's
+                    // slow start overflowing the channel's buffer, which the AQM
+                    // signals and TCP corrects within a round trip. (The round trip
+                    // is timed by the reports' arrival, so in-bond repair's holds do
+                    // not inflate it.)
+                    let queued = super::adapt::standing_queue(&est[c]);
                     let lossy = loss[c].is_some_and(|l| l >= cfg.loss) && !queued && cut[c];
                     let slow = slow && self.small_share(c, &est);
                     let d = &mut self.chans[c].demote;
@@ -427,7 +442,7 @@ mod tests {
         let w = Duration::from_secs(1);
         // Per 50 ms report, 3 datagrams received and 1 missing: a quarter lost.
         for k in 0..=20u64 {
-            let l = d.measure(at(50 * k), 3 * k, k, w);
+            let l = d.measure(at(50 * k), (3 * k, k, 0), w);
             if k < 20 {
                 assert_eq!(l, None, "{k}: not a whole window yet");
             } else {
@@ -435,13 +450,29 @@ mod tests {
             }
         }
         // The window slides: only its last second counts.
-        let l = d.measure(at(1500), 60 + 40, 20, w).unwrap();
+        let l = d.measure(at(1500), (60 + 40, 20, 0), w).unwrap();
         assert!((l - 0.0).abs() < 1e-9 || l < 0.25, "{l}");
         // Counts that go back (a new estimator) start the window over.
-        assert_eq!(d.measure(at(1100), 1, 0, w), None);
+        assert_eq!(d.measure(at(1100), (1, 0, 0), w), None);
         assert_eq!(d.samples.len(), 1);
         // Too few datagrams in a whole window: no verdict.
-        assert_eq!(d.measure(at(2200), 10, 5, w), None);
+        assert_eq!(d.measure(at(2200), (10, 5, 0), w), None);
+    }
+
+    #[test]
+    fn loss_the_peer_found_behind_a_standing_queue_does_not_count() {
+        let mut d = ChanDemote::new(Instant::ZERO);
+        let w = Duration::from_secs(1);
+        // Per report, 3 received and 1 missing; all of it congestion, then half.
+        for k in 0..=20u64 {
+            d.measure(at(50 * k), (3 * k, k, k), w);
+        }
+        assert_eq!(d.window_loss, Some(0.0));
+        for k in 21..=40u64 {
+            d.measure(at(50 * k), (3 * k, k, 20 + (k - 20) / 2), w);
+        }
+        let l = d.window_loss.unwrap();
+        assert!((l - 0.125).abs() < 0.02, "{l}");
     }
 
     #[test]

@@ -42,6 +42,9 @@ pub(crate) struct RxCounts {
     pub bytes: u64,
     /// The latest peer timestamp heard on the channel, and when.
     pub peer_ts: Option<(u32, Instant)>,
+    /// Datagrams found missing on the channel while its queue stood above the AQM's
+    /// target (congestion).
+    pub congested: u64,
 }
 
 impl RxCounts {
@@ -66,6 +69,7 @@ impl RxCounts {
             rx_datagrams: self.datagrams,
             rx_bytes: self.bytes,
             missing,
+            congested: self.congested.min(missing),
         }
     }
 }
@@ -107,6 +111,7 @@ pub(crate) struct Estimator {
     /// counts bad-link demotion differences over its own window, `super::demote`).
     got_total: u64,
     missing_total: u64,
+    congested_total: u64,
 }
 
 /// The estimates for one channel, as reported in statistics.
@@ -143,13 +148,15 @@ impl Estimator {
             let us = u64::from(f.timestamp.wrapping_sub(prev.timestamp));
             let back = f.rx_datagrams < prev.rx_datagrams
                 || f.rx_bytes < prev.rx_bytes
-                || f.missing < prev.missing;
+                || f.missing < prev.missing
+                || f.congested < prev.congested;
             if back || us == 0 || us >= u64::from(u32::MAX / 2) {
                 self.stale += 1;
                 self.intervals.clear();
             } else {
                 self.got_total += f.rx_datagrams - prev.rx_datagrams;
                 self.missing_total += f.missing - prev.missing;
+                self.congested_total += f.congested - prev.congested;
                 push_bounded(
                     &mut self.intervals,
                     Interval {
@@ -179,6 +186,12 @@ impl Estimator {
     /// with a new estimator, when the channel goes down or comes back).
     pub fn totals(&self) -> (u64, u64) {
         (self.got_total, self.missing_total)
+    }
+
+    /// Of [`Estimator::totals`]' missing datagrams, those the peer found while the
+    /// channel's queue stood (congestion), summed the same way.
+    pub fn congested_total(&self) -> u64 {
+        self.congested_total
     }
 
     /// The current estimates.
@@ -242,6 +255,7 @@ mod tests {
             rx_datagrams: n,
             rx_bytes: n * 1000,
             missing,
+            congested: 0,
         };
         e.on_report(at(0), &report(10, 100, 0));
         assert_eq!(e.estimate().delivery_bps, None, "one report is no interval");
@@ -274,6 +288,7 @@ mod tests {
             rx_datagrams: 0,
             rx_bytes: 0,
             missing: 0,
+            congested: 0,
         };
         e.on_report(at(100), &f);
         assert_eq!(e.estimate().srtt, None);

@@ -181,8 +181,19 @@ impl Session {
     }
 
     /// The peer's feedback on channel `c`.
+    ///
+    /// A report that came as an in-bond repair (lost, asked for and sent again on
+    /// another channel) is passed over: its counts are cumulative, so the next report
+    /// carries them, and its timestamps would time the repair too: its echo would give
+    /// a round trip longer by the repair's time, echoing its timestamp would give the
+    /// peer one (a lossy channel then showed a "standing queue" of 19 ms over its
+    /// 40 ms round trip, and was not demoted for its loss), and a repair older than
+    /// the latest report would look like counts going back.
     pub(super) fn on_feedback(&mut self, c: usize, f: Feedback, now: Instant) {
         self.chans[c].n.rx_feedback += 1;
+        if self.rx_repaired {
+            return;
+        }
         self.chans[c].fb_rx.peer_ts = Some((f.timestamp, now));
         self.chans[c].fb_tx.on_report(now, &f);
     }

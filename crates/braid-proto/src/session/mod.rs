@@ -510,6 +510,10 @@ pub struct Session {
     credit_rx: Option<credits::Rx>,
     /// Credit counters of past epochs, and the session's own.
     credit_n: CreditCounters,
+    /// The datagram being processed came as an in-bond repair, on another channel than
+    /// the one it was sealed for, later than it was sent: a feedback report in it
+    /// counts, but its timestamps time nothing (see [`Session::on_feedback`]).
+    rx_repaired: bool,
     /// The latest `now` we were given.
     clock: Instant,
     next_hello: Instant,
@@ -550,6 +554,7 @@ impl Session {
                 .adapts()
                 .then(|| adapt::Adapt::new(sc.weights.clone(), now)),
             set_quanta: None,
+            rx_repaired: false,
             aqm: cfg.aqm.map(|a| Aqm::new(a, n)),
             arq_rx: (0..n).map(|_| arq::LinkReceiver::default()).collect(),
             arq_tx: (0..n).map(|_| arq::LinkSender::default()).collect(),
@@ -707,6 +712,9 @@ impl Session {
                     self.heard(c, now);
                     if sealed_for == c {
                         self.chans[c].fb_rx.accepted(d.len());
+                        if let Some(aqm) = &mut self.aqm {
+                            aqm.on_bytes(now, c, d.len());
+                        }
                         self.stamp(now, c, &inner);
                     }
                     match (self.cfg.arq, sealed_id(&d)) {
@@ -727,16 +735,25 @@ impl Session {
                             };
                             self.arq_rx[sealed_for]
                                 .accept(now, a.wait, key, counter, inner, urgent, &mut out);
-                            if self.arq_rx[sealed_for].stats.missing > missing {
+                            let found = self.arq_rx[sealed_for].stats.missing - missing;
+                            if found > 0 {
                                 // Repaired or not, a drop behind a standing queue is
-                                // congestion: the AQM passes it on to the traffic.
+                                // congestion: the AQM passes it on to the traffic, and
+                                // the feedback tells the sender (whose bad-link
+                                // demotion must not take it for a bad link).
                                 if let Some(aqm) = &mut self.aqm {
-                                    aqm.on_loss(now, sealed_for);
+                                    if aqm.on_loss(now, sealed_for, found) {
+                                        self.chans[sealed_for].fb_rx.congested += found;
+                                    }
                                 }
                             }
+                            // Feedback is never held behind a gap, so one in `out`
+                            // is this datagram's own.
+                            self.rx_repaired = sealed_for != c;
                             for (i, arrived) in out {
                                 self.on_inner(now, arrived, sealed_for, i);
                             }
+                            self.rx_repaired = false;
                             self.arq_requests(now);
                         }
                         _ => self.on_inner(now, now, c, inner),
@@ -796,7 +813,7 @@ impl Session {
     /// `now` when in-bond repair held it).
     fn on_inner(&mut self, now: Instant, arrived: Instant, c: usize, inner: Bytes) {
         match inner.first().copied() {
-            Some(wire::TYPE_SESSION) => self.on_ctrl(c, &inner, now),
+            Some(wire::TYPE_SESSION) => self.on_ctrl(c, &inner, now, arrived),
             Some(wire::TYPE_CREDIT) => self.on_credit(now, c, &inner),
             Some(wire::TYPE_NAK) => {
                 // The peer's receiver asks our striper for lost packets.
@@ -929,14 +946,22 @@ impl Session {
     /// little longer: about what a repair takes (the fastest channel's round trip, plus
     /// 5 ms to see the gap), so a repaired loss costs the traffic no stall and TCP sees
     /// a steady round trip (a stall at each repair ends its slow start early: HyStart).
+    ///
+    /// The round trip is the channel's *minimum*, not its smoothed one: the smoothed
+    /// one counts the channel's standing queue, which the traffic already waits in, so
+    /// the margin grew with every queue TCP's slow start built and TCP saw the queue
+    /// twice (in the lab, a round trip rising from 155 to 207 ms at a third of the
+    /// bond's rate, and HyStart leaving slow start there). A repair that meets a queue
+    /// stalls the traffic for that queue's time instead, which is what TCP would see
+    /// on one link.
     fn repair_margin(&mut self) {
         if self.cfg.arq.is_none() || !self.cfg.receiver.equalize {
             return;
         }
-        let srtt = self
+        let rtt = self
             .fastest(None)
-            .and_then(|c| self.chans[c].fb_tx.estimate().srtt);
-        if let Some(r) = srtt {
+            .and_then(|c| self.chans[c].fb_tx.estimate().rtt_min);
+        if let Some(r) = rtt {
             self.rx.reseq.set_hold_margin(r + Duration::from_millis(5));
         }
     }
@@ -1274,7 +1299,8 @@ impl Session {
         self.peer.seen = true;
     }
 
-    fn on_ctrl(&mut self, c: usize, pkt: &[u8], now: Instant) {
+    /// A session message; `arrived` as for [`Session::on_inner`].
+    fn on_ctrl(&mut self, c: usize, pkt: &[u8], now: Instant, arrived: Instant) {
         let Ok(m) = Msg::parse(pkt) else {
             self.chans[c].n.malformed += 1;
             return;
@@ -1287,7 +1313,10 @@ impl Session {
             Msg::Hello(h) => self.on_hello(c, h, now),
             Msg::End(e) => self.rx_on_end(c, e, now),
             Msg::Ack(a) => self.tx_on_ack(a, now),
-            Msg::Feedback(f) => self.on_feedback(c, f, now),
+            // Timed by its arrival: a report held behind a loss that in-bond repair
+            // filled would otherwise add the repair's wait to the channel's round
+            // trip, which then looked like a standing queue.
+            Msg::Feedback(f) => self.on_feedback(c, f, arrived),
             Msg::Resend(r) => self.on_resend(&r),
         }
     }

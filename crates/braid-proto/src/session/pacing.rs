@@ -78,6 +78,9 @@ pub struct PacingStats {
     pub ce_marks: u64,
     /// Packets dropped for it (IP, not ECN-capable).
     pub drops: u64,
+    /// Signals not given because the packet was a small one that is not ECN-capable
+    /// (`aqm::ecn::SPARE_BELOW`: a SYN, a pure ACK).
+    pub spared: u64,
 }
 
 /// One channel's token bucket.
@@ -180,6 +183,10 @@ impl Pacer {
                 self.stats.ce_marks += 1;
                 true
             }
+            Ecn::NotEct if p.len() < crate::aqm::ecn::SPARE_BELOW => {
+                self.stats.spared += 1;
+                true
+            }
             Ecn::NotEct => {
                 self.stats.drops += 1;
                 false
@@ -241,7 +248,8 @@ mod tests {
     #[test]
     fn the_queue_marks_ect_packets_once_they_wait_too_long() {
         let mut p = Pacer::new(&PacingConfig::new(vec![8e6]), 1000, us(0));
-        let mut pkt = vec![0u8; 40];
+        // A full-size packet (small ones that cannot be marked are never dropped).
+        let mut pkt = vec![0u8; 1400];
         pkt[0] = 0x45;
         pkt[1] = 0x02; // ECT(0)
                        // A short wait: nothing.

@@ -47,7 +47,7 @@
 //! ```
 
 //!
-//! **Feedback** (kind 4, 40 bytes), sent by each end on every channel every heartbeat:
+//! **Feedback** (kind 4, 48 bytes), sent by each end on every channel every heartbeat:
 //! what it received on that channel, and a timestamp echo for the round-trip time.
 //!
 //! ```text
@@ -58,10 +58,13 @@
 //! 24..32:  their bytes (u64)
 //! 32..40:  datagrams the receiver found missing on this channel (u64): gaps in the
 //!          channel's sealing counter (a datagram repaired later still counts)
+//! 40..48:  of those, the ones found while the channel's queue stood above the AQM's
+//!          target (u64): congestion, not a bad link (0 without AQM and repair)
 //! ```
 //!
 //! The counts are cumulative, so a lost feedback message costs one sample, nothing
-//! else. An echo of 0 with delay 0 means "nothing heard yet".
+//! else. An echo of 0 with delay 0 means "nothing heard yet". A 40-byte report (from a
+//! braid before the congestion count) is read with that count 0.
 //!
 //! **Resend** (kind 5, 12 + 8 n bytes, 1 ≤ n ≤ 32), sent by a receiver with in-bond
 //! repair on (`errctl::link`) on every channel that is up: sealed datagrams it found
@@ -170,6 +173,8 @@ pub struct Feedback {
     pub rx_bytes: u64,
     /// Datagrams found missing on the channel (cumulative).
     pub missing: u64,
+    /// Of those, found while the channel's queue stood (congestion; cumulative).
+    pub congested: u64,
 }
 
 /// Sealed datagrams to send again (see the module docs).
@@ -209,7 +214,9 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
 
 const HELLO_LEN: usize = 24;
 const ACK_LEN: usize = 24;
-const FEEDBACK_LEN: usize = 40;
+const FEEDBACK_LEN: usize = 48;
+/// A report from before the congestion count.
+const FEEDBACK_LEN_V1: usize = 40;
 const END_FIXED: usize = 40;
 const END_ENTRY: usize = 16;
 const RESEND_FIXED: usize = 12;
@@ -281,7 +288,7 @@ impl Msg {
                 }))
             }
             KIND_FEEDBACK => {
-                if b.len() != FEEDBACK_LEN {
+                if b.len() != FEEDBACK_LEN && b.len() != FEEDBACK_LEN_V1 {
                     return Err(CtrlError::Length);
                 }
                 Ok(Msg::Feedback(Feedback {
@@ -292,6 +299,11 @@ impl Msg {
                     rx_datagrams: u64_at(b, 16),
                     rx_bytes: u64_at(b, 24),
                     missing: u64_at(b, 32),
+                    congested: if b.len() == FEEDBACK_LEN {
+                        u64_at(b, 40)
+                    } else {
+                        0
+                    },
                 }))
             }
             KIND_RESEND => {
@@ -366,6 +378,7 @@ impl Msg {
                 v.extend_from_slice(&f.rx_datagrams.to_be_bytes());
                 v.extend_from_slice(&f.rx_bytes.to_be_bytes());
                 v.extend_from_slice(&f.missing.to_be_bytes());
+                v.extend_from_slice(&f.congested.to_be_bytes());
             }
             Msg::Resend(r) => {
                 v.extend_from_slice(&[TYPE_SESSION, VERSION, KIND_RESEND, r.channel]);
@@ -441,9 +454,10 @@ mod tests {
             rx_datagrams: 9,
             rx_bytes: 0x0A0B,
             missing: 2,
+            congested: 1,
         });
         let b = f.to_vec();
-        assert_eq!(b.len(), 40);
+        assert_eq!(b.len(), 48);
         assert_eq!(
             &b[..16],
             &[0xB4, 1, 4, 1, 1, 2, 3, 4, 5, 6, 7, 8, 0, 0, 0, 250]
@@ -451,8 +465,16 @@ mod tests {
         assert_eq!(&b[16..24], &9u64.to_be_bytes());
         assert_eq!(&b[24..32], &[0, 0, 0, 0, 0, 0, 0x0A, 0x0B]);
         assert_eq!(&b[32..40], &2u64.to_be_bytes());
-        assert_eq!(Msg::parse(&b), Ok(f));
-        for n in 0..b.len() {
+        assert_eq!(&b[40..48], &1u64.to_be_bytes());
+        assert_eq!(Msg::parse(&b), Ok(f.clone()));
+        // A report from before the congestion count: the count is 0.
+        let Msg::Feedback(mut old) = Msg::parse(&b[..40]).unwrap() else {
+            panic!("a feedback message")
+        };
+        assert_eq!(old.congested, 0);
+        old.congested = 1;
+        assert_eq!(Msg::Feedback(old), f);
+        for n in (0..b.len()).filter(|&n| n != 40) {
             assert!(Msg::parse(&b[..n]).is_err());
         }
         let mut long = b.clone();
