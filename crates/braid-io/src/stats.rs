@@ -232,6 +232,15 @@ pub struct SessionStats {
     /// AQM: losses taken as congestion (their channel's queue stood above target).
     #[serde(default)]
     pub aqm_loss_signals: u64,
+    /// Pacing (`pace` on a channel): times a packet waited for a channel's tokens.
+    #[serde(default)]
+    pub pacing_waits: u64,
+    /// Pacing: packets marked CE for their wait in the transmit queue (CoDel).
+    #[serde(default)]
+    pub pacing_ce_marks: u64,
+    /// Pacing: packets dropped for it (not ECN-capable).
+    #[serde(default)]
+    pub pacing_drops: u64,
     /// Packets waiting in the transmit queue (for credit, or an epoch switch).
     #[serde(default)]
     pub tx_queued: f64,
