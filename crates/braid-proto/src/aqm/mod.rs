@@ -118,10 +118,10 @@ pub const LOSS_BURST_SPAN: Duration = Duration::from_millis(10);
 
 /// The channel's load is counted in bins of this length...
 const LOAD_BIN: Duration = Duration::from_millis(100);
-/// ...over this many bins (10 s).
-const LOAD_BINS: usize = 100;
+/// ...over this long.
+const LOAD_WINDOW: Duration = Duration::from_secs(10);
 /// A channel's queueing delay counts only while the channel carries at least this
-/// share of the most it carried in a bin over the last [`LOAD_BINS`] bins.
+/// share of the most it carried in a bin over the last [`LOAD_WINDOW`].
 ///
 /// A queue the bond's own traffic builds needs that traffic: once the inner TCP has
 /// backed off to a fraction of what the channel carried, a one-way delay that stays
@@ -141,21 +141,37 @@ impl Owd {
             Some((start, b)) if now.saturating_since(*start) < LOAD_BIN => *b += bytes,
             _ => {
                 self.load.push_back((now, bytes));
-                while self.load.len() > LOAD_BINS {
-                    self.load.pop_front();
-                }
+                self.forget_load(now);
             }
+        }
+    }
+
+    /// Drop the bins that started more than [`LOAD_WINDOW`] before `now`.
+    fn forget_load(&mut self, now: Instant) {
+        while self
+            .load
+            .front()
+            .is_some_and(|(start, _)| now.saturating_since(*start) > LOAD_WINDOW)
+        {
+            self.load.pop_front();
         }
     }
 
     /// Whether the channel is loaded at `now`: the last whole bin (or the current
     /// one, once it alone reaches it) carried at least [`LOAD_SHARE`] of the fullest
-    /// bin. Without any count ([`Aqm::on_bytes`] never called), every channel is.
+    /// bin of the last [`LOAD_WINDOW`]. Without any count ([`Aqm::on_bytes`] never
+    /// called), every channel is.
     fn loaded(&self, now: Instant) -> bool {
-        let peak = self.load.iter().map(|(_, b)| *b).max().unwrap_or(0);
-        if peak == 0 {
+        if self.load.is_empty() {
             return true;
         }
+        let peak = self
+            .load
+            .iter()
+            .filter(|(start, _)| now.saturating_since(*start) <= LOAD_WINDOW)
+            .map(|(_, b)| *b)
+            .max()
+            .unwrap_or(0);
         let need = (peak as f64 * LOAD_SHARE) as u64;
         let mut bins = self.load.iter().rev();
         match bins.next() {
@@ -461,6 +477,29 @@ mod tests {
         // Back at full load with the delay still up: a standing queue, signalled.
         for t in 3000..3500u64 {
             a.on_bytes(ms(t), 0, 1500);
+            a.on_stamp(ms(t), 0, (t - 20) * 1000);
+            let mut p = ect_packet();
+            a.on_deliver(ms(t), &mut p);
+            signals += u32::from(p[1] & 3 == 3);
+        }
+        assert!(signals > 0);
+    }
+
+    #[test]
+    fn an_old_peak_load_is_forgotten() {
+        let mut a = Aqm::new(AqmConfig::default(), 1);
+        a.on_stamp(ms(0), 0, 0);
+        // A second at 12 Mbit/s, then, long after, a flow at a fifth of that with a
+        // standing queue: after the window the old peak no longer silences it.
+        for t in 1..1000u64 {
+            a.on_bytes(ms(t), 0, 1500);
+            a.on_stamp(ms(t), 0, t * 1000);
+        }
+        let mut signals = 0;
+        for t in 12_000..13_000u64 {
+            if t % 5 == 0 {
+                a.on_bytes(ms(t), 0, 1500);
+            }
             a.on_stamp(ms(t), 0, (t - 20) * 1000);
             let mut p = ect_packet();
             a.on_deliver(ms(t), &mut p);
