@@ -448,64 +448,54 @@ mod tests {
         assert_eq!(a.stats(ms(600)).drops, drops);
     }
 
-    #[test]
-    fn a_delay_that_outlasts_the_load_is_not_a_queue() {
+    /// One second of 1 500 bytes a millisecond (12 Mbit/s) on channel 0, no queue.
+    fn loaded_second() -> Aqm {
         let mut a = Aqm::new(AqmConfig::default(), 1);
         a.on_stamp(ms(0), 0, 0);
-        // One second at 1 500 bytes a millisecond (12 Mbit/s), no queue.
         for t in 1..1000u64 {
             a.on_bytes(ms(t), 0, 1500);
             a.on_stamp(ms(t), 0, t * 1000);
         }
-        // The flow backs off to a tenth while the one-way delay stays 20 ms up (a
-        // jittery path, not our queue): once the last full bin is past, no signal,
-        // however long it lasts.
+        a
+    }
+
+    /// From `from` to `to` ms: 1 500 bytes every `every` ms on channel 0, its one-way
+    /// delay 20 ms above the base, a packet delivered each ms; the CE marks from
+    /// `count_from` on.
+    fn queued(a: &mut Aqm, from: u64, to: u64, every: u64, count_from: u64) -> u32 {
         let mut signals = 0;
-        for t in 1000..3000u64 {
-            if t % 10 == 0 {
+        for t in from..to {
+            if t % every == 0 {
                 a.on_bytes(ms(t), 0, 1500);
             }
             a.on_stamp(ms(t), 0, (t - 20) * 1000);
             let mut p = ect_packet();
             a.on_deliver(ms(t), &mut p);
-            if t >= 1200 {
+            if t >= count_from {
                 signals += u32::from(p[1] & 3 == 3);
             }
         }
-        assert_eq!(signals, 0);
+        signals
+    }
+
+    #[test]
+    fn a_delay_that_outlasts_the_load_is_not_a_queue() {
+        let mut a = loaded_second();
+        // The flow backs off to a tenth while the one-way delay stays 20 ms up (a
+        // jittery path, not our queue): once the last full bin is past, no signal,
+        // however long it lasts.
+        assert_eq!(queued(&mut a, 1000, 3000, 10, 1200), 0);
         assert!(!a.on_loss(ms(3000), 0, 10));
         // Back at full load with the delay still up: a standing queue, signalled.
-        for t in 3000..3500u64 {
-            a.on_bytes(ms(t), 0, 1500);
-            a.on_stamp(ms(t), 0, (t - 20) * 1000);
-            let mut p = ect_packet();
-            a.on_deliver(ms(t), &mut p);
-            signals += u32::from(p[1] & 3 == 3);
-        }
-        assert!(signals > 0);
+        assert!(queued(&mut a, 3000, 3500, 1, 3000) > 0);
     }
 
     #[test]
     fn an_old_peak_load_is_forgotten() {
-        let mut a = Aqm::new(AqmConfig::default(), 1);
-        a.on_stamp(ms(0), 0, 0);
-        // A second at 12 Mbit/s, then, long after, a flow at a fifth of that with a
-        // standing queue: after the window the old peak no longer silences it.
-        for t in 1..1000u64 {
-            a.on_bytes(ms(t), 0, 1500);
-            a.on_stamp(ms(t), 0, t * 1000);
-        }
-        let mut signals = 0;
-        for t in 12_000..13_000u64 {
-            if t % 5 == 0 {
-                a.on_bytes(ms(t), 0, 1500);
-            }
-            a.on_stamp(ms(t), 0, (t - 20) * 1000);
-            let mut p = ect_packet();
-            a.on_deliver(ms(t), &mut p);
-            signals += u32::from(p[1] & 3 == 3);
-        }
-        assert!(signals > 0);
+        let mut a = loaded_second();
+        // Long after, a flow at a fifth of that with a standing queue: after the
+        // window the old peak no longer silences it.
+        assert!(queued(&mut a, 12_000, 13_000, 5, 12_000) > 0);
     }
 
     #[test]
