@@ -11,6 +11,31 @@
 /// the next data packet carries the next one.
 pub const SPARE_BELOW: usize = 128;
 
+/// What a congestion signal did to a packet ([`signal`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Signalled {
+    /// Marked CE (or it already was): deliver it.
+    Marked,
+    /// An IP packet that cannot be marked: the signal is its drop.
+    Dropped,
+    /// A small IP packet that cannot be marked ([`SPARE_BELOW`]): delivered, no signal.
+    Spared,
+    /// Not IP: delivered untouched, no signal.
+    NotIp,
+}
+
+/// Give `p` a congestion signal, the one rule of the receiver's AQM and the pacer's
+/// CoDel: mark it CE if it is ECN-capable, else drop it, unless it is a small packet
+/// (spared) or not IP.
+pub fn signal(p: &mut [u8]) -> Signalled {
+    match mark_ce(p) {
+        Ecn::Marked | Ecn::AlreadyCe => Signalled::Marked,
+        Ecn::NotEct if p.len() < SPARE_BELOW => Signalled::Spared,
+        Ecn::NotEct => Signalled::Dropped,
+        Ecn::NotIp => Signalled::NotIp,
+    }
+}
+
 /// What [`mark_ce`] found and did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Ecn {

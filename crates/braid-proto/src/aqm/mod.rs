@@ -46,7 +46,7 @@ mod codel;
 pub mod ecn;
 
 pub use codel::Codel;
-pub use ecn::{mark_ce, Ecn};
+pub use ecn::{mark_ce, signal, Ecn, Signalled};
 
 use std::collections::VecDeque;
 
@@ -292,12 +292,16 @@ impl Aqm {
     /// sending markers says nothing).
     pub fn queue_delay(&self, now: Instant) -> Duration {
         let fresh = self.cfg.interval;
+        // Per packet delivered: the load (a scan of the bins) is looked at only for a
+        // channel that shows a queue at all.
         let us = self
             .owd
             .iter()
-            .filter(|o| o.loaded(now))
-            .filter_map(|o| o.last)
-            .filter(|(at, _)| now.saturating_since(*at) <= fresh)
+            .filter_map(|o| {
+                o.last
+                    .filter(|&(at, q)| q > 0 && now.saturating_since(at) <= fresh)
+                    .filter(|_| o.loaded(now))
+            })
             .map(|(_, q)| q)
             .max()
             .unwrap_or(0);
@@ -350,20 +354,20 @@ impl Aqm {
             return Verdict::Deliver;
         }
         self.pending = false;
-        match mark_ce(p) {
-            Ecn::Marked | Ecn::AlreadyCe => {
+        match ecn::signal(p) {
+            Signalled::Marked => {
                 self.stats.ce_marks += 1;
                 Verdict::Deliver
             }
-            Ecn::NotEct if p.len() < ecn::SPARE_BELOW => {
+            Signalled::Spared => {
                 self.stats.spared += 1;
                 Verdict::Deliver
             }
-            Ecn::NotEct => {
+            Signalled::Dropped => {
                 self.stats.drops += 1;
                 Verdict::Drop
             }
-            Ecn::NotIp => {
+            Signalled::NotIp => {
                 self.stats.not_ip += 1;
                 Verdict::Deliver
             }

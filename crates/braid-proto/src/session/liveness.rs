@@ -189,9 +189,9 @@ impl Session {
     /// peer one (a lossy channel then showed a "standing queue" of 19 ms over its
     /// 40 ms round trip, and was not demoted for its loss), and a repair older than
     /// the latest report would look like counts going back.
-    pub(super) fn on_feedback(&mut self, c: usize, f: Feedback, now: Instant) {
+    pub(super) fn on_feedback(&mut self, c: usize, f: Feedback, now: Instant, repaired: bool) {
         self.chans[c].n.rx_feedback += 1;
-        if self.rx_repaired {
+        if repaired {
             return;
         }
         self.chans[c].fb_rx.peer_ts = Some((f.timestamp, now));

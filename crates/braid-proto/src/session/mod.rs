@@ -510,10 +510,6 @@ pub struct Session {
     credit_rx: Option<credits::Rx>,
     /// Credit counters of past epochs, and the session's own.
     credit_n: CreditCounters,
-    /// The datagram being processed came as an in-bond repair, on another channel than
-    /// the one it was sealed for, later than it was sent: a feedback report in it
-    /// counts, but its timestamps time nothing (see [`Session::on_feedback`]).
-    rx_repaired: bool,
     /// The latest `now` we were given.
     clock: Instant,
     next_hello: Instant,
@@ -554,7 +550,6 @@ impl Session {
                 .adapts()
                 .then(|| adapt::Adapt::new(sc.weights.clone(), now)),
             set_quanta: None,
-            rx_repaired: false,
             aqm: cfg.aqm.map(|a| Aqm::new(a, n)),
             arq_rx: (0..n).map(|_| arq::LinkReceiver::default()).collect(),
             arq_tx: (0..n).map(|_| arq::LinkSender::default()).collect(),
@@ -747,16 +742,16 @@ impl Session {
                                     }
                                 }
                             }
-                            // Feedback is never held behind a gap, so one in `out`
-                            // is this datagram's own.
-                            self.rx_repaired = sealed_for != c;
+                            // A repair: it came on another channel than the one it
+                            // was sealed for. (Feedback is never held behind a gap, so
+                            // a report in `out` is this datagram's own.)
+                            let repaired = sealed_for != c;
                             for (i, arrived) in out {
-                                self.on_inner(now, arrived, sealed_for, i);
+                                self.on_inner(now, arrived, sealed_for, i, repaired);
                             }
-                            self.rx_repaired = false;
                             self.arq_requests(now);
                         }
-                        _ => self.on_inner(now, now, c, inner),
+                        _ => self.on_inner(now, now, c, inner, false),
                     }
                 }
                 Err(r) => {
@@ -811,9 +806,10 @@ impl Session {
 
     /// An authenticated datagram's contents; `arrived` is when it came (earlier than
     /// `now` when in-bond repair held it).
-    fn on_inner(&mut self, now: Instant, arrived: Instant, c: usize, inner: Bytes) {
+    /// `repaired`: it came as an in-bond repair, later than it was sent.
+    fn on_inner(&mut self, now: Instant, arrived: Instant, c: usize, inner: Bytes, repaired: bool) {
         match inner.first().copied() {
-            Some(wire::TYPE_SESSION) => self.on_ctrl(c, &inner, now, arrived),
+            Some(wire::TYPE_SESSION) => self.on_ctrl(c, &inner, now, arrived, repaired),
             Some(wire::TYPE_CREDIT) => self.on_credit(now, c, &inner),
             Some(wire::TYPE_NAK) => {
                 // The peer's receiver asks our striper for lost packets.
@@ -923,7 +919,7 @@ impl Session {
             let mut out = Vec::new();
             self.arq_rx[lost].release(now, &mut out);
             for (i, arrived) in out {
-                self.on_inner(now, arrived, lost, i);
+                self.on_inner(now, arrived, lost, i, false);
             }
             for (key_index, counters) in
                 self.arq_rx[lost].requests(now, every, wire::session::RESEND_MAX)
@@ -1299,8 +1295,8 @@ impl Session {
         self.peer.seen = true;
     }
 
-    /// A session message; `arrived` as for [`Session::on_inner`].
-    fn on_ctrl(&mut self, c: usize, pkt: &[u8], now: Instant, arrived: Instant) {
+    /// A session message; `arrived` and `repaired` as for [`Session::on_inner`].
+    fn on_ctrl(&mut self, c: usize, pkt: &[u8], now: Instant, arrived: Instant, repaired: bool) {
         let Ok(m) = Msg::parse(pkt) else {
             self.chans[c].n.malformed += 1;
             return;
@@ -1313,10 +1309,10 @@ impl Session {
             Msg::Hello(h) => self.on_hello(c, h, now),
             Msg::End(e) => self.rx_on_end(c, e, now),
             Msg::Ack(a) => self.tx_on_ack(a, now),
-            // Timed by its arrival: a report held behind a loss that in-bond repair
-            // filled would otherwise add the repair's wait to the channel's round
-            // trip, which then looked like a standing queue.
-            Msg::Feedback(f) => self.on_feedback(c, f, arrived),
+            // Timed by its arrival, not by when it is processed: the same instant
+            // unless in-bond repair held it (it holds no report behind a gap of the
+            // current keys), and a repaired report is passed over.
+            Msg::Feedback(f) => self.on_feedback(c, f, arrived, repaired),
             Msg::Resend(r) => self.on_resend(&r),
         }
     }

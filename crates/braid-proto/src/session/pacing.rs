@@ -22,7 +22,7 @@
 //! Every datagram on a channel, data, markers, control and repairs, uses its tokens, with
 //! `overhead` bytes for the headers below (UDP/IP, link).
 
-use crate::aqm::{mark_ce, AqmConfig, Codel, Ecn};
+use crate::aqm::{signal, AqmConfig, Codel, Signalled};
 use crate::time::{Duration, Instant};
 
 /// Pacing settings.
@@ -178,20 +178,20 @@ impl Pacer {
     /// Carry the congestion signal on `p`: marked CE in place, or `false` to drop it
     /// (an IP packet that is not ECN-capable).
     pub fn signal(&mut self, p: &mut [u8]) -> bool {
-        match mark_ce(p) {
-            Ecn::Marked | Ecn::AlreadyCe => {
+        match signal(p) {
+            Signalled::Marked => {
                 self.stats.ce_marks += 1;
                 true
             }
-            Ecn::NotEct if p.len() < crate::aqm::ecn::SPARE_BELOW => {
+            Signalled::Spared => {
                 self.stats.spared += 1;
                 true
             }
-            Ecn::NotEct => {
+            Signalled::Dropped => {
                 self.stats.drops += 1;
                 false
             }
-            Ecn::NotIp => true,
+            Signalled::NotIp => true,
         }
     }
 }
