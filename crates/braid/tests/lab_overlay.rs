@@ -42,10 +42,16 @@ fn overlay_flow_goes_through_relays_and_survives_a_relay_kill() {
     // The same retry when the striped flow did not beat the direct hop by half: seen
     // once in a fresh-clone CI run (3.5 vs 2.7 Mbit/s) after passing in the runs
     // before; one TCP flow over these shaped paths varies a lot on a 2-core host.
+    // And the same retry when the second flow (the one whose relay is killed) crawled
+    // before the kill: seen in one fresh-clone CI run and in one of six runs by hand
+    // (1.7 Mbit/s before the kill, a 128 KB burst every half second from its first
+    // second on, while the first flow over the same paths made 11.6 Mbit/s). That stall
+    // is not understood yet (docs/overlay.md, "Known problems"); this test judges the
+    // kill, which needs a flow that was going when it came.
     let weak = |o: &std::process::Output| {
         let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
         let g = |k: &str| v[k].as_f64().unwrap_or(0.0);
-        g("overlay_bps") <= 1.5 * g("direct_bps")
+        g("overlay_bps") <= 1.5 * g("direct_bps") || g("before_kill_bps") <= g("direct_bps")
     };
     let mut out = run();
     if !out.status.success() || weak(&out) {
