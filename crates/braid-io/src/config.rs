@@ -110,6 +110,9 @@ pub struct SessionConfig {
     /// Bad-link demotion (see `braid_proto::session::demote`); on by default, `None`:
     /// off.
     pub demote: Option<braid_proto::session::DemoteConfig>,
+    /// The return path (see `braid_proto::session::return_path`); on by default,
+    /// `None`: off.
+    pub return_path: Option<braid_proto::session::ReturnPathConfig>,
 }
 
 impl std::fmt::Debug for SessionConfig {
@@ -155,6 +158,7 @@ impl SessionConfig {
             arq: None,
             credits: None,
             demote: Some(braid_proto::session::DemoteConfig::default()),
+            return_path: Some(braid_proto::session::ReturnPathConfig::default()),
         }
     }
 
@@ -270,6 +274,7 @@ impl SessionConfig {
             arq: self.arq,
             credits: self.credits,
             demote: self.demote,
+            return_path: self.return_path,
             pacing: self.channels.iter().any(|c| c.pace_bps.is_some()).then(|| {
                 braid_proto::session::PacingConfig::new(
                     self.channels
@@ -378,6 +383,7 @@ struct RawSession {
     demote_after: Option<String>,
     promote_after: Option<String>,
     demote_rtt_ratio: Option<f64>,
+    return_path: Option<bool>,
     repair: Option<String>,
     trigger_every: Option<u32>,
     max_wait: Option<String>,
@@ -627,6 +633,8 @@ impl FileConfig {
                 return Err(err(&name, "needs `aqm = true`".into()));
             };
             let d = braid_proto::Duration::from_micros(d.as_micros() as u64);
+            // Configured values are used as they are, not scaled to the round trip.
+            a.scale_to_rtt = false;
             if key == "aqm_target" {
                 a.target = d;
             } else {
@@ -647,6 +655,9 @@ impl FileConfig {
         }
         if let Some(on) = s.demote {
             cfg.demote = on.then(braid_proto::session::DemoteConfig::default);
+        }
+        if let Some(on) = s.return_path {
+            cfg.return_path = on.then(braid_proto::session::ReturnPathConfig::default);
         }
         if s.demote_loss.is_some()
             || s.demote_after.is_some()
@@ -970,6 +981,13 @@ remote = "127.0.0.1:7102"
         assert!(a.loss_signal, "on by default");
         assert_eq!(a.target, braid_proto::Duration::from_millis(10));
         assert_eq!(a.interval, braid_proto::Duration::from_millis(100));
+        assert!(!a.scale_to_rtt, "a configured target is used as it is");
+        let c = FileConfig::parse("t.toml", &with("aqm = true"), None).unwrap();
+        assert!(c.session.session_config().aqm.unwrap().scale_to_rtt);
+        // The return path is on unless turned off.
+        assert!(c.session.session_config().return_path.is_some());
+        let c = FileConfig::parse("t.toml", &with("return_path = false"), None).unwrap();
+        assert!(c.session.session_config().return_path.is_none());
         // Markers carry the send time only when the AQM needs it.
         assert!(s.stripe_config(&[0, 1]).markers.timestamps);
         let c = FileConfig::parse("t.toml", &with("arq = \"0s\""), None).unwrap();

@@ -794,6 +794,18 @@ impl Driver {
                     "tx: epoch {epoch} in force over channels {} ({held} packets were held)",
                     set_str(set)
                 ),
+                Event::ReturnPath {
+                    channel: Some(c),
+                    reason,
+                } => info!(
+                    channel = c,
+                    "tx: return path on channel {c} ({}) alone: {reason}",
+                    name(c)
+                ),
+                Event::ReturnPath {
+                    channel: None,
+                    reason,
+                } => info!("tx: return path back on every channel: {reason}"),
                 Event::RxEpochEnding { epoch } => {
                     info!("rx: epoch {epoch} ends; waiting for its end on the new channels")
                 }
@@ -857,6 +869,7 @@ impl Driver {
                 weight: u64::from(c.weight),
                 demoted: c.role != braid_proto::session::Role::Active,
                 probing: c.role == braid_proto::session::Role::Probing,
+                return_path: s.return_path == Some(i),
                 role_since_s: c.role_since.as_secs_f64(),
                 demotions: c.demotions,
                 window_loss_ratio: c.window_loss.unwrap_or(-1.0),
@@ -914,6 +927,8 @@ impl Driver {
             pacing_waits: s.pacing.map_or(0, |p| p.waits),
             pacing_ce_marks: s.pacing.map_or(0, |p| p.ce_marks),
             pacing_drops: s.pacing.map_or(0, |p| p.drops),
+            return_path_channel: s.return_path.map_or(-1, |c| c as i64),
+            return_path_cuts: s.return_path_cuts,
             tx_queued: s.queued as f64,
             credit_stalls: s.credits.map_or(0, |c| c.stalls),
             credits_sent: s.credits.map_or(0, |c| c.credits_sent),

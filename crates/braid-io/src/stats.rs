@@ -106,6 +106,10 @@ pub struct ChannelSnapshot {
     /// 1 while demoted and probing healthy (promoted after `promote_after`).
     #[serde(default)]
     pub probing: bool,
+    /// 1 while it carries our return path alone (the others are out of the transmit
+    /// set meanwhile).
+    #[serde(default)]
+    pub return_path: bool,
     /// Seconds since `role` last changed between active, demoted and probing.
     #[serde(default)]
     pub role_since_s: f64,
@@ -241,6 +245,14 @@ pub struct SessionStats {
     /// Pacing: packets dropped for it (not ECN-capable).
     #[serde(default)]
     pub pacing_drops: u64,
+    /// The channel our return path rides alone (`session::return_path`: we carry
+    /// little more than the acknowledgements of the peer's flow), -1 while it uses
+    /// every channel.
+    #[serde(default = "minus_one")]
+    pub return_path_channel: i64,
+    /// Times the return path was cut to one channel.
+    #[serde(default)]
+    pub return_path_cuts: u64,
     /// Packets waiting in the transmit queue (for credit, or an epoch switch).
     #[serde(default)]
     pub tx_queued: f64,
@@ -348,6 +360,17 @@ impl SessionStats {
                 self.channels.iter().map(|c| c.arq_premature).sum::<u64>(),
                 self.channels.iter().map(|c| c.arq_expired).sum::<u64>(),
                 self.channels.iter().map(|c| c.arq_rejected).sum::<u64>(),
+            );
+        }
+        if self.return_path_cuts > 0 {
+            let _ = writeln!(
+                s,
+                "return path: {} (cut to one channel {} times)",
+                match self.channels.iter().find(|c| c.return_path) {
+                    Some(c) => format!("channel {} ({}) alone", c.index, c.name),
+                    None => "every channel".into(),
+                },
+                self.return_path_cuts
             );
         }
         for c in &self.channels {
@@ -522,6 +545,8 @@ fn is_gauge(field: &str) -> bool {
                 | "weight"
                 | "demoted"
                 | "probing"
+                | "return_path"
+                | "return_path_channel"
                 | "tx_queued"
                 | "credit_balance"
         )
@@ -534,6 +559,10 @@ fn render(
     let mut out = String::new();
     let _ = encode(&mut out, reg);
     out
+}
+
+fn minus_one() -> i64 {
+    -1
 }
 
 #[cfg(test)]

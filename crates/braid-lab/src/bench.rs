@@ -50,6 +50,8 @@ pub struct BenchOptions {
     pub arq: Option<String>,
     /// Credit-based flow control per channel in the tunnel (`session.credits`).
     pub credits: bool,
+    /// The return path in the tunnel (`session.return_path`, on by default).
+    pub return_path: bool,
     /// The tunnel's receive buffer per channel (`session.buffer_packets`); `None`: its
     /// default.
     pub buffer_packets: Option<usize>,
@@ -89,6 +91,8 @@ pub struct ModeResult {
     pub udp_offered_bps: f64,
     /// The receiving tunnel's counters after the run (its `braid status --json`).
     pub tunnel_status: Value,
+    /// The sending tunnel's (the TCP sender's side: its pacer, its return path).
+    pub sender_status: Value,
     /// With scripted changes: TCP goodput in each second, bit/s.
     pub tcp_series_bps: Vec<f64>,
 }
@@ -136,6 +140,7 @@ impl BenchResult {
                         "udp_offered_bps": r.udp_offered_bps,
                         "tcp_ratio_to_sum": r.tcp_bps / self.sum_bps.max(1.0),
                         "tunnel_status": r.tunnel_status,
+                        "sender_status": r.sender_status,
                         "tcp_series_bps": r.tcp_series_bps,
                     }),
                 )
@@ -178,6 +183,7 @@ impl BenchResult {
                         udp_goodput_bps: r["udp_goodput_bps"].as_f64().unwrap_or(0.0),
                         udp_offered_bps: r["udp_offered_bps"].as_f64().unwrap_or(0.0),
                         tunnel_status: r["tunnel_status"].clone(),
+                        sender_status: r["sender_status"].clone(),
                         tcp_series_bps: series(&r["tcp_series_bps"]),
                     },
                 ))
@@ -529,6 +535,9 @@ fn tunnel_config(opt: &BenchOptions, mode: &str, end_a: bool) -> String {
     if opt.credits {
         s += "credits = true\n";
     }
+    if !opt.return_path {
+        s += "return_path = false\n";
+    }
     s += "\n";
     for (i, l) in opt.links.iter().enumerate() {
         let (local, remote) = if end_a {
@@ -727,21 +736,25 @@ fn tunnel_run(
         cmd: "braid bench udp-sink".into(),
         reason: format!("{e}: {}", String::from_utf8_lossy(&out.stderr)),
     })?;
-    let status_sock = dir.join("tun-b.sock");
-    let status = ns_cmd(
-        NS_SERVER,
-        &[
-            opt.exe.to_str().unwrap_or("braid"),
-            "status",
-            "--control",
-            status_sock.to_str().unwrap_or_default(),
-            "--json",
-        ],
-    );
-    let tunnel_status = output(status, "braid status")
-        .ok()
-        .and_then(|t| serde_json::from_str(&t).ok())
-        .unwrap_or(Value::Null);
+    let status_of = |ns: &str, sock: &str| {
+        let sock = dir.join(sock);
+        let status = ns_cmd(
+            ns,
+            &[
+                opt.exe.to_str().unwrap_or("braid"),
+                "status",
+                "--control",
+                sock.to_str().unwrap_or_default(),
+                "--json",
+            ],
+        );
+        output(status, "braid status")
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or(Value::Null)
+    };
+    let tunnel_status = status_of(NS_SERVER, "tun-b.sock");
+    let sender_status = status_of(NS_CLIENT, "tun-a.sock");
     drop(tunnels);
     Ok(ModeResult {
         tcp_bps,
@@ -751,6 +764,7 @@ fn tunnel_run(
         udp_goodput_bps: got.goodput_bps,
         udp_offered_bps: sent.offered_bps,
         tunnel_status,
+        sender_status,
         tcp_series_bps,
     })
 }

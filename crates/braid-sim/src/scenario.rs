@@ -1217,6 +1217,8 @@ fn session_variant(st: &Tab, sc: StripeConfig) -> Result<Variant, ScenarioError>
                 *slot = d;
             }
         }
+        // Configured values are used as they are, not scaled to the round trip.
+        a.scale_to_rtt = !(st.t.contains_key("aqm_target") || st.t.contains_key("aqm_interval"));
         a.loss_signal = st.bool_or("aqm_loss_signal", a.loss_signal)?;
         cfg.aqm = Some(a);
     } else {

@@ -13,8 +13,12 @@ use crate::time::{Duration, Instant};
 #[derive(Clone, Debug)]
 pub struct Codel {
     target: Duration,
+    /// How long the delay must stay above target before the first signal.
+    first: Duration,
+    /// The spacing of signals while it stays there (divided by the root of their
+    /// count).
     interval: Duration,
-    /// When the delay will have been above target for a whole interval.
+    /// When the delay will have been above target for `first`.
     first_above: Option<Instant>,
     dropping: bool,
     /// Signals in the current dropping state.
@@ -30,6 +34,7 @@ impl Codel {
     pub fn new(target: Duration, interval: Duration) -> Codel {
         Codel {
             target,
+            first: interval,
             interval,
             first_above: None,
             dropping: false,
@@ -37,6 +42,16 @@ impl Codel {
             last_count: 0,
             next: Instant::ZERO,
         }
+    }
+
+    /// Change the target, how long a queue must stand before the first signal
+    /// (`first`) and the spacing of the next ones (`interval`; RFC 8289 uses its
+    /// interval for both). The state carries on: a standing queue stays one, and a
+    /// signal already scheduled keeps its time.
+    pub fn set_params(&mut self, target: Duration, first: Duration, interval: Duration) {
+        self.target = target;
+        self.first = first;
+        self.interval = interval;
     }
 
     fn control_law(&self, t: Instant) -> Instant {
@@ -53,7 +68,7 @@ impl Codel {
         } else {
             match self.first_above {
                 None => {
-                    self.first_above = Some(now + self.interval);
+                    self.first_above = Some(now + self.first);
                     false
                 }
                 Some(t) => now >= t,

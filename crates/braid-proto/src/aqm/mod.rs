@@ -65,6 +65,9 @@ pub struct AqmConfig {
     /// that overflows before CoDel's first interval is over. See the module docs for
     /// what it costs a single flow with a long round trip.
     pub loss_signal: bool,
+    /// Scale `target` and `interval` to the bond's round trip ([`scaled`]): they are
+    /// then the floor. Off when they were configured explicitly.
+    pub scale_to_rtt: bool,
 }
 
 impl Default for AqmConfig {
@@ -73,9 +76,38 @@ impl Default for AqmConfig {
             target: Duration::from_millis(5),
             interval: Duration::from_millis(100),
             loss_signal: true,
+            scale_to_rtt: true,
         }
     }
 }
+
+/// CoDel's target and interval for a bond whose slowest channel has the round trip
+/// `slowest` (its minimum): the interval twice that round trip, the target 5 % of the
+/// interval, neither below `floor`'s, the interval at most [`MAX_INTERVAL`]. The
+/// interval so scaled spaces the signals; the first still comes once a queue has stood
+/// for `floor.interval` (see [`Codel::set_params`]).
+///
+/// RFC 8289 sets the interval to the worst round trip of the flows through the queue
+/// and the target to 5-10 % of it; its defaults (5 ms, 100 ms) assume round trips
+/// around 100 ms. A flow through the bond has at least the bond's round trip, and the
+/// hosts behind the tunnel add theirs. With the fixed 100 ms, one TCP flow over a bond
+/// with a 60 ms link (its round trip 100-150 ms) took CoDel's second signal before its
+/// first window cut had reached the queue, cut its window two or three times at the
+/// end of slow start, and CUBIC crept back from well below the bond's capacity
+/// (`docs/lab.md`). The first signal is not delayed: a slow start that overshoots
+/// needs it as soon as RFC 8289 would give it. Bonds whose round trips stay under
+/// 50 ms keep RFC 8289's values.
+pub fn scaled(floor: &AqmConfig, slowest: Duration) -> (Duration, Duration) {
+    let interval = floor.interval.max(slowest + slowest).min(MAX_INTERVAL);
+    let target = floor
+        .target
+        .max(Duration::from_micros(interval.as_micros() / 20));
+    (target, interval)
+}
+
+/// The longest interval scaling gives (a bond with a satellite link in it: signals
+/// still come within a few seconds).
+pub const MAX_INTERVAL: Duration = Duration::from_secs(1);
 
 /// How long the base (minimum) one-way delay is remembered.
 const BASE_WINDOW_BUCKETS: usize = 10;
@@ -244,7 +276,10 @@ pub enum Verdict {
 /// The receiver's AQM over `n` channels.
 #[derive(Clone, Debug)]
 pub struct Aqm {
+    /// The settings in force (`target` and `interval` scaled, see [`Aqm::scale`]).
     cfg: AqmConfig,
+    /// The settings as configured.
+    floor: AqmConfig,
     owd: Vec<Owd>,
     codel: Codel,
     /// A congestion loss was seen: signal on the next packet delivered.
@@ -258,6 +293,7 @@ impl Aqm {
     pub fn new(cfg: AqmConfig, n: usize) -> Aqm {
         Aqm {
             cfg,
+            floor: cfg,
             owd: vec![Owd::default(); n],
             codel: Codel::new(cfg.target, cfg.interval),
             pending: false,
@@ -266,6 +302,18 @@ impl Aqm {
                 queue_delay_us: vec![None; n],
                 ..AqmStats::default()
             },
+        }
+    }
+
+    /// Scale CoDel to the bond's round trip ([`scaled`]): `slowest` is the slowest
+    /// minimum round trip among the channels we receive on. Nothing changes when the
+    /// target and interval were configured explicitly.
+    pub fn scale(&mut self, slowest: Duration) {
+        if self.floor.scale_to_rtt {
+            let (target, interval) = scaled(&self.floor, slowest);
+            self.cfg.target = target;
+            self.cfg.interval = interval;
+            self.codel.set_params(target, self.floor.interval, interval);
         }
     }
 
@@ -450,6 +498,60 @@ mod tests {
         assert!(marks >= 2 && drops >= 2, "{marks} + {drops}");
         assert_eq!(a.stats(ms(600)).ce_marks, marks);
         assert_eq!(a.stats(ms(600)).drops, drops);
+    }
+
+    #[test]
+    fn scaling_follows_the_slowest_round_trip_within_bounds() {
+        let d = AqmConfig::default();
+        let ms = Duration::from_millis;
+        // Short bonds keep RFC 8289's values.
+        assert_eq!(scaled(&d, ms(10)), (ms(5), ms(100)));
+        assert_eq!(scaled(&d, ms(50)), (ms(5), ms(100)));
+        // 5/20/60 ms one way: the 60 ms link's round trip is 120 ms.
+        assert_eq!(scaled(&d, ms(120)), (ms(12), ms(240)));
+        // A satellite link: at most a second.
+        assert_eq!(scaled(&d, ms(700)), (ms(50), ms(1000)));
+        // A configured floor above the scaled values wins.
+        let f = AqmConfig {
+            target: ms(20),
+            interval: ms(300),
+            ..d
+        };
+        assert_eq!(scaled(&f, ms(120)), (ms(20), ms(300)));
+    }
+
+    /// 10 ms of standing queue on a channel (base 10 ms), a packet a millisecond from
+    /// 41 to 600 ms: the CE marks.
+    fn marks_of_a_10ms_queue(a: &mut Aqm) -> u64 {
+        a.on_stamp(ms(40), 0, 30_000);
+        for t in 41..600u64 {
+            a.on_stamp(ms(t), 0, (t - 20) * 1000);
+            let mut p = ect_packet();
+            a.on_deliver(ms(t), &mut p);
+        }
+        a.stats(ms(600)).ce_marks
+    }
+
+    #[test]
+    fn a_long_bond_tolerates_a_queue_a_short_one_signals() {
+        // RFC 8289's 5 ms: a 10 ms queue is signalled.
+        let mut short = Aqm::new(AqmConfig::default(), 1);
+        short.scale(Duration::from_millis(10));
+        assert!(marks_of_a_10ms_queue(&mut short) >= 2);
+        // A bond with a 120 ms round trip: the target is 12 ms.
+        let mut long = Aqm::new(AqmConfig::default(), 1);
+        long.scale(Duration::from_millis(120));
+        assert_eq!(marks_of_a_10ms_queue(&mut long), 0);
+        // Unless the target was configured: then it is used as it is.
+        let mut fixed = Aqm::new(
+            AqmConfig {
+                scale_to_rtt: false,
+                ..AqmConfig::default()
+            },
+            1,
+        );
+        fixed.scale(Duration::from_millis(120));
+        assert!(marks_of_a_10ms_queue(&mut fixed) >= 2);
     }
 
     /// One second of 1 500 bytes a millisecond (12 Mbit/s) on channel 0, no queue.

@@ -121,6 +121,8 @@ impl Session {
     pub(super) fn heartbeat(&mut self, now: Instant) {
         self.liveness(now);
         self.demote_step(now);
+        self.return_path_step(now);
+        self.scale_codels();
         // A handshake when one is due (no keys yet, or time for fresh ones), on every
         // channel: the first to get through wins.
         if let Some(init) = self.crypto.initiation(now) {
@@ -137,6 +139,7 @@ impl Session {
         }
         self.send_hellos();
         self.send_feedback(now);
+        self.send_lingering_end();
         if self.tx.switching.is_some() {
             self.send_end();
         } else {
@@ -280,7 +283,26 @@ impl Session {
         }
         self.peer.mask = mask;
         self.peer.report_at = Some(now);
+        self.peer_rx_epoch(h.rx_epoch);
         self.maybe_switch(now);
+    }
+
+    /// CoDel follows the bond's round trip (`aqm::scaled`): the pacer's, from the
+    /// slowest minimum round trip among the channels we stripe over, the receiver's
+    /// AQM's, among those we receive on.
+    fn scale_codels(&mut self) {
+        let slowest = |set: &mut dyn Iterator<Item = usize>| {
+            set.filter_map(|c| self.chans[c].fb_tx.estimate().rtt_min)
+                .max()
+        };
+        let tx = slowest(&mut self.tx.members.iter().copied());
+        let rx = slowest(&mut super::members_of(self.rx.set).into_iter());
+        if let (Some(p), Some(s)) = (&mut self.pacer, tx) {
+            p.scale(s);
+        }
+        if let (Some(a), Some(s)) = (&mut self.aqm, rx) {
+            a.scale(s);
+        }
     }
 
     pub(super) fn rates(&mut self) {

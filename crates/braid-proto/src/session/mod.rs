@@ -39,6 +39,7 @@ mod epoch;
 pub mod feedback;
 mod liveness;
 mod pacing;
+pub mod return_path;
 mod stats;
 
 use std::collections::VecDeque;
@@ -61,6 +62,7 @@ pub use crypto::{HandshakeStats, SecurityMode, KEY_LEN};
 pub use demote::{DemoteConfig, Role};
 pub use liveness::LinkState;
 pub use pacing::{PacingConfig, PacingStats};
+pub use return_path::ReturnPathConfig;
 pub use stats::{ChannelInfo, SessionStats};
 
 /// One channel as the session sees it.
@@ -135,6 +137,10 @@ pub struct Config {
     /// Pacing per channel at configured rates, with CoDel on the transmit queue it
     /// builds (`session::pacing`). `None`: off (the default).
     pub pacing: Option<PacingConfig>,
+    /// The return path (`session::return_path`): while this direction carries little
+    /// more than the acknowledgements of the peer's flow, it rides the channel with the
+    /// shortest round trip alone. `None`: off; on by default.
+    pub return_path: Option<ReturnPathConfig>,
 }
 
 impl std::fmt::Debug for Config {
@@ -168,6 +174,7 @@ impl std::fmt::Debug for Config {
             .field("credits", &self.credits)
             .field("demote", &self.demote)
             .field("pacing", &self.pacing)
+            .field("return_path", &self.return_path)
             .finish()
     }
 }
@@ -206,6 +213,7 @@ impl Config {
             credits: None,
             demote: Some(DemoteConfig::default()),
             pacing: None,
+            return_path: Some(ReturnPathConfig::default()),
         }
     }
 
@@ -266,6 +274,9 @@ impl Config {
         }
         if let Some(d) = &self.demote {
             d.validate(self.heartbeat)?;
+        }
+        if let Some(r) = &self.return_path {
+            r.validate()?;
         }
         if self.dead_after < self.heartbeat + self.heartbeat {
             return Err(format!(
@@ -465,6 +476,14 @@ pub enum Event {
         /// Its channel set.
         set: u64,
     },
+    /// Transmit direction: the return path (`session::return_path`) is cut to this
+    /// channel alone (`Some`) or back to every channel (`None`), at the next epoch.
+    ReturnPath {
+        /// The channel, or `None` for all of them again.
+        channel: Option<usize>,
+        /// Why, in words.
+        reason: String,
+    },
 }
 
 /// The channels of a bit mask, increasing.
@@ -507,6 +526,8 @@ pub struct Session {
     credit_tx: Option<credits::Tx>,
     /// Pacing per channel, if on.
     pacer: Option<pacing::Pacer>,
+    /// The return path's state.
+    return_path: return_path::ReturnPath,
     credit_rx: Option<credits::Rx>,
     /// Credit counters of past epochs, and the session's own.
     credit_n: CreditCounters,
@@ -558,6 +579,7 @@ impl Session {
                 .pacing
                 .as_ref()
                 .map(|p| pacing::Pacer::new(p, cfg.max_datagram, now)),
+            return_path: return_path::ReturnPath::default(),
             credit_rx,
             credit_n: CreditCounters::default(),
             clock: now,
@@ -771,7 +793,7 @@ impl Session {
             {
                 self.chans[c].n.rx_data += 1;
                 self.chans[c].fb_rx.accepted(d.len());
-                self.rx_core(c, d, now, now);
+                self.rx_core(c, d, now, now, false);
             }
             _ => self.chans[c].n.unauthenticated += 1,
         }
@@ -820,15 +842,15 @@ impl Session {
             }
             Some(wire::TYPE_MARKER) => {
                 self.chans[c].n.rx_markers += 1;
-                self.rx_core(c, inner, now, arrived)
+                self.rx_core(c, inner, now, arrived, repaired)
             }
             Some(wire::TYPE_TRIGGER) => {
                 self.chans[c].n.rx_triggers += 1;
-                self.rx_core(c, inner, now, arrived)
+                self.rx_core(c, inner, now, arrived, repaired)
             }
             Some(_) => {
                 self.chans[c].n.rx_data += 1;
-                self.rx_core(c, inner, now, arrived)
+                self.rx_core(c, inner, now, arrived, repaired)
             }
             None => self.chans[c].n.malformed += 1,
         }
@@ -1254,9 +1276,15 @@ impl Session {
         }
     }
 
-    fn rx_core(&mut self, c: usize, pkt: Bytes, now: Instant, arrived: Instant) {
+    /// A packet for the resequencer; `repaired`: it came as an in-bond repair (after
+    /// the datagrams sent after it, so no FIFO order tells its epoch).
+    fn rx_core(&mut self, c: usize, pkt: Bytes, now: Instant, arrived: Instant, repaired: bool) {
         if self.rx.pending.is_some() && self.rx.end_seen & bit(c) != 0 {
-            self.counters.stray_drops += 1;
+            // After the old epoch's end on `c`: the new epoch's, once acknowledged (a
+            // late repair is the old epoch's, too late for it).
+            if repaired || !self.keep_early(c, pkt, arrived) {
+                self.counters.stray_drops += 1;
+            }
             return;
         }
         match self.rx.index[c] {

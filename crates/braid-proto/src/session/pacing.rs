@@ -36,12 +36,14 @@ pub struct PacingConfig {
     /// Bytes below our datagram on the wire (UDP/IP, link framing).
     pub overhead: u32,
     /// CoDel on the time packets wait in the transmit queue; `None`: no signals there.
+    /// Its target and interval follow the bond's round trip unless `scale_to_rtt` is
+    /// off ([`crate::aqm::scaled`]).
     pub codel: Option<AqmConfig>,
 }
 
 impl PacingConfig {
     /// Pace at these rates (bit/s), a 2 ms burst, 42 bytes of overhead (UDP/IPv4 and
-    /// Ethernet), CoDel with RFC 8289's 5 ms and 100 ms.
+    /// Ethernet), CoDel with RFC 8289's 5 ms and 100 ms scaled to the bond's round trip.
     pub fn new(rates_bps: Vec<f64>) -> PacingConfig {
         PacingConfig {
             rates_bps,
@@ -107,6 +109,9 @@ pub(crate) struct Pacer {
     buckets: Vec<Option<Bucket>>,
     overhead: f64,
     codel: Option<Codel>,
+    /// CoDel's floor (its configured target and interval), when it scales with the
+    /// bond's round trip.
+    scale_floor: Option<AqmConfig>,
     pub stats: PacingStats,
 }
 
@@ -133,6 +138,7 @@ impl Pacer {
             buckets,
             overhead: f64::from(cfg.overhead),
             codel: cfg.codel.map(|c| Codel::new(c.target, c.interval)),
+            scale_floor: cfg.codel.filter(|c| c.scale_to_rtt),
             stats: PacingStats::default(),
         }
     }
@@ -157,6 +163,15 @@ impl Pacer {
         }
         let us = (-b.tokens / b.rate).ceil() as u64;
         Some(b.at + Duration::from_micros(us.max(1)))
+    }
+
+    /// Scale CoDel to the bond's round trip: the slowest round trip (minimum) of the
+    /// channels we stripe over is `slowest`.
+    pub fn scale(&mut self, slowest: Duration) {
+        if let (Some(codel), Some(floor)) = (self.codel.as_mut(), &self.scale_floor) {
+            let (target, interval) = crate::aqm::scaled(floor, slowest);
+            codel.set_params(target, floor.interval, interval);
+        }
     }
 
     /// A datagram of `len` bytes went out on channel `c`.

@@ -141,6 +141,11 @@ pub struct SessionStats {
     pub queued: usize,
     /// Pacing counters (`None`: pacing off).
     pub pacing: Option<super::PacingStats>,
+    /// The channel the return path rides (`session::return_path`), while it is cut
+    /// to one.
+    pub return_path: Option<usize>,
+    /// Times the return path was cut to one channel.
+    pub return_path_cuts: u64,
     /// Per channel.
     pub channels: Vec<ChannelInfo>,
 }
@@ -231,6 +236,8 @@ impl Session {
             credits: self.credit_counters(),
             pacing: self.pacer.as_ref().map(|p| p.stats),
             queued: self.tx.pending.len(),
+            return_path: self.return_path.on,
+            return_path_cuts: self.return_path.cuts,
             channels,
         }
     }

@@ -62,6 +62,10 @@ struct Pair {
     ce_delivered: usize,
     /// When B delivered each of `delivered`.
     delivered_at: Vec<Instant>,
+    /// When B put data on each channel.
+    data_at_b: Vec<Vec<Instant>>,
+    /// What A delivered (B's packets), in order.
+    delivered_a: Vec<u64>,
 }
 
 fn config(n: usize, mode: Mode) -> Config {
@@ -117,6 +121,8 @@ impl Pair {
             sent_a: None,
             ce_delivered: 0,
             delivered_at: Vec::new(),
+            data_at_b: vec![Vec::new(); n],
+            delivered_a: Vec::new(),
         }
     }
 
@@ -131,6 +137,9 @@ impl Pair {
             self.ab[t.channel].put(self.now, t.bytes);
         }
         while let Some(t) = self.b.poll_transmit() {
+            if t.kind == DatagramKind::Data {
+                self.data_at_b[t.channel].push(self.now);
+            }
             self.ba[t.channel].put(self.now, t.bytes);
         }
         while let Some(p) = self.b.poll_deliver() {
@@ -138,7 +147,9 @@ impl Pair {
             self.delivered.push(id_of(&p));
             self.delivered_at.push(self.now);
         }
-        while self.a.poll_deliver().is_some() {}
+        while let Some(p) = self.a.poll_deliver() {
+            self.delivered_a.push(id_of(&p));
+        }
         while let Some(e) = self.a.poll_event() {
             self.events_a.push((self.now, e));
         }
@@ -1070,6 +1081,7 @@ fn set_weights_moves_the_stripe_and_survives_a_new_epoch() {
 
 /// Bad-link demotion (`session::demote`) between two sessions.
 mod demote;
+mod return_path;
 
 fn paced(rates_bps: &[f64]) -> impl Fn(&mut Config) + '_ {
     move |c: &mut Config| {

@@ -71,6 +71,11 @@ enum LabCommand {
         /// tunnel's default) or leave congestion to CoDel's delay signal alone (`off`).
         #[arg(long, value_name = "on|off", value_parser = parse_on_off, requires = "aqm")]
         aqm_loss_signal: Option<bool>,
+        /// Turn the tunnel's return path off (`return_path = false`; on by default: an
+        /// end that sends little more than the acknowledgements of the other end's flow
+        /// sends them on the channel with the shortest round trip alone)
+        #[arg(long)]
+        no_return_path: bool,
         /// Pace each channel of the tunnel at this share of its link's rate
         /// (`pace` per channel: no burst overfills the link's short queue; CoDel marks
         /// what waits in the tunnel instead), e.g. 0.95.
@@ -321,6 +326,7 @@ pub fn run(a: Args) -> Result<()> {
             adaptive,
             aqm,
             aqm_loss_signal,
+            no_return_path,
             pace,
             arq,
             credits,
@@ -406,6 +412,7 @@ pub fn run(a: Args) -> Result<()> {
                 pace,
                 arq,
                 credits,
+                return_path: !no_return_path,
                 buffer_packets,
                 changes,
                 exe: std::env::current_exe().context("locating the braid binary")?,

@@ -1,0 +1,246 @@
+//! A direction that carries little more than the acknowledgements of the peer's flow
+//! rides the channel with the shortest round trip alone, and goes back to every
+//! channel when that stops being true; delivery stays exact both ways throughout.
+
+use super::*;
+
+/// Run until `until`, B sending one of its packets every `every` (none if zero).
+fn run_with_b(p: &mut Pair, until: Instant, every: Duration, next_id: &mut u64) {
+    if every == Duration::ZERO {
+        p.run_until(until);
+        return;
+    }
+    while p.now < until {
+        let t = (p.now + every).min(until);
+        p.run_until(t);
+        p.b.handle_packet(p.now, packet(*next_id));
+        *next_id += 1;
+        p.flush();
+    }
+}
+
+fn cuts(p: &Pair) -> Vec<(Instant, Option<usize>)> {
+    p.events_b
+        .iter()
+        .filter_map(|(t, e)| match e {
+            Event::ReturnPath { channel, .. } => Some((*t, *channel)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn data_b_between(p: &Pair, c: usize, from: Instant, to: Instant) -> usize {
+    p.data_at_b[c]
+        .iter()
+        .filter(|&&t| t >= from && t < to)
+        .count()
+}
+
+fn in_order(ids: &[u64]) {
+    for w in ids.windows(2) {
+        assert_eq!(w[1], w[0] + 1, "delivered out of order or with a gap");
+    }
+}
+
+/// A sends 1.6 Mbit/s, B one packet every 20 ms (80 kbit/s), over channels whose
+/// one-way delays are 30, 5 and 60 ms.
+fn acking(mode: Mode) -> (Pair, u64) {
+    let mut p = pair_with(3, mode, &[30, 5, 60], |c| {
+        c.return_path = Some(ReturnPathConfig::default())
+    });
+    let mut next = 0;
+    run_with_b(&mut p, at_ms(4000), Duration::from_millis(20), &mut next);
+    (p, next)
+}
+
+#[test]
+fn a_return_direction_rides_the_fastest_channel_alone_in_every_mode() {
+    for mode in [Mode::Logical, Mode::Seq, Mode::Trr] {
+        let (p, sent_b) = acking(mode);
+        let c = cuts(&p);
+        assert_eq!(c.len(), 1, "{mode:?}: {:?}", p.events_b);
+        assert_eq!(c[0].1, Some(1), "{mode:?}: the 5 ms channel");
+        // A second of history, then a second of it looking like a return direction.
+        assert!(
+            c[0].0 >= at_ms(1500) && c[0].0 <= at_ms(2600),
+            "{mode:?}: cut at {:?}",
+            c[0].0
+        );
+        // After the epoch switch, B's data goes on channel 1 only; A keeps all three.
+        let after = c[0].0 + Duration::from_millis(300);
+        assert_eq!(data_b_between(&p, 0, after, at_ms(4000)), 0, "{mode:?}");
+        assert_eq!(data_b_between(&p, 2, after, at_ms(4000)), 0, "{mode:?}");
+        assert!(data_b_between(&p, 1, after, at_ms(4000)) > 50, "{mode:?}");
+        let sb = p.b.stats(p.now);
+        assert_eq!(sb.return_path, Some(1));
+        assert_eq!(sb.return_path_cuts, 1);
+        assert_eq!(
+            sb.channels.iter().map(|c| c.in_tx_set).collect::<Vec<_>>(),
+            [false, true, false],
+            "{mode:?}"
+        );
+        let sa = p.a.stats(p.now);
+        assert_eq!(sa.return_path, None, "{mode:?}: A sends the flow");
+        assert!(sa.channels.iter().all(|c| c.in_tx_set), "{mode:?}");
+        // Both directions delivered everything, in order, once: A's last 100 ms may
+        // still be on their way, and of B's, only what it sent in the last few
+        // milliseconds (over the 5 ms channel now, not the 60 ms one).
+        in_order(&p.delivered);
+        in_order(&p.delivered_a);
+        assert!(p.delivered.len() as u64 + 100 > p.next_id, "{mode:?}");
+        assert!(
+            p.delivered_a.len() as u64 + 2 >= sent_b,
+            "{mode:?}: {} of {sent_b} delivered",
+            p.delivered_a.len()
+        );
+    }
+}
+
+#[test]
+fn sending_as_much_as_we_receive_brings_every_channel_back() {
+    let (mut p, mut next) = acking(Mode::Logical);
+    assert_eq!(cuts(&p).len(), 1);
+    // B now sends a packet a millisecond too: a flow of its own.
+    run_with_b(&mut p, at_ms(6000), Duration::from_millis(1), &mut next);
+    let c = cuts(&p);
+    assert_eq!(c.len(), 2, "{:?}", c);
+    assert_eq!(c[1].1, None);
+    assert!(
+        c[1].0 <= at_ms(4000) + Duration::from_millis(600),
+        "back at {:?}",
+        c[1].0
+    );
+    let back = c[1].0 + Duration::from_millis(300);
+    for ch in [0, 2] {
+        assert!(
+            data_b_between(&p, ch, back, at_ms(6000)) > 100,
+            "channel {ch}"
+        );
+    }
+    assert_eq!(p.b.stats(p.now).return_path, None);
+    in_order(&p.delivered_a);
+}
+
+#[test]
+fn the_peer_flow_ending_brings_every_channel_back_and_idle_cuts_nothing() {
+    let (mut p, mut next) = acking(Mode::Seq);
+    assert_eq!(cuts(&p).len(), 1);
+    // A stops; B goes on with its trickle: nothing to return, so every channel again.
+    p.every = Duration::ZERO;
+    run_with_b(&mut p, at_ms(6000), Duration::from_millis(20), &mut next);
+    let c = cuts(&p);
+    assert_eq!(c.len(), 2, "{:?}", c);
+    assert_eq!(c[1].1, None);
+    assert!(c[1].0 <= at_ms(5200), "back at {:?}", c[1].0);
+    // Then a long idle stretch (B silent too): no cut.
+    run_with_b(&mut p, at_ms(9000), Duration::ZERO, &mut next);
+    assert_eq!(cuts(&p).len(), 2);
+    assert!(p.b.stats(p.now).channels.iter().all(|c| c.in_tx_set));
+}
+
+#[test]
+fn loss_on_the_chosen_channel_brings_every_channel_back_for_a_while() {
+    let (mut p, mut next) = acking(Mode::Logical);
+    assert_eq!(cuts(&p), vec![(cuts(&p)[0].0, Some(1))]);
+    // Channel 1 loses a tenth of what B sends on it.
+    p.ba[1].loss = 0.1;
+    run_with_b(&mut p, at_ms(8000), Duration::from_millis(20), &mut next);
+    let c = cuts(&p);
+    assert!(c.len() >= 2, "{:?}", c);
+    assert_eq!(c[1].1, None);
+    assert!(c[1].0 <= at_ms(5000), "back at {:?}", c[1].0);
+    // Ten holds (10 s) before it tries again.
+    assert_eq!(c.len(), 2, "{:?}", c);
+}
+
+#[test]
+fn a_queue_on_the_chosen_channel_is_not_taken_for_congestion() {
+    let (mut p, mut next) = acking(Mode::Logical);
+    assert_eq!(cuts(&p).len(), 1);
+    // The peer's flow builds a queue on channel 1 (its round trip goes from 10 to
+    // 60 ms): that is in the round trip B measures, but not in B's way.
+    p.ab[1].delay = Duration::from_millis(55);
+    run_with_b(&mut p, at_ms(8000), Duration::from_millis(20), &mut next);
+    assert_eq!(cuts(&p).len(), 1, "{:?}", p.events_b);
+    in_order(&p.delivered_a);
+}
+
+#[test]
+fn off_keeps_every_channel() {
+    let mut p = pair_with(3, Mode::Logical, &[30, 5, 60], |c| c.return_path = None);
+    let mut next = 0;
+    run_with_b(&mut p, at_ms(4000), Duration::from_millis(20), &mut next);
+    assert!(cuts(&p).is_empty());
+    assert!(p.b.stats(p.now).channels.iter().all(|c| c.in_tx_set));
+}
+
+fn event_at(events: &[(Instant, Event)], f: impl Fn(&Event) -> bool) -> Option<Instant> {
+    events.iter().find(|(_, e)| f(e)).map(|(t, _)| *t)
+}
+
+#[test]
+fn a_cut_holds_data_only_for_the_new_channels_round_trip() {
+    for mode in [Mode::Logical, Mode::Seq, Mode::Trr] {
+        let (p, _) = acking(mode);
+        let started = event_at(&p.events_b, |e| matches!(e, Event::TxSwitchStarted { .. }));
+        let in_force = event_at(&p.events_b, |e| matches!(e, Event::TxEpoch { .. }));
+        let drained = event_at(&p.events_a, |e| matches!(e, Event::RxEpoch { .. }));
+        let (started, in_force, drained) = (started.unwrap(), in_force.unwrap(), drained.unwrap());
+        // B waits for the 5 ms channel's round trip, not for the 60 ms channel's end.
+        assert!(
+            in_force - started <= Duration::from_millis(15),
+            "{mode:?}: held {:?}",
+            in_force - started
+        );
+        // A drains the old epoch when the end comes over the 60 ms channel.
+        assert!(
+            drained - started >= Duration::from_millis(55),
+            "{mode:?}: drained after {:?}",
+            drained - started
+        );
+        in_order(&p.delivered_a);
+    }
+}
+
+#[test]
+fn an_end_lost_on_a_leaving_channel_is_sent_again() {
+    let mut p = pair_with(3, Mode::Logical, &[30, 5, 60], |c| {
+        c.return_path = Some(ReturnPathConfig::default())
+    });
+    let mut next = 0;
+    // Step by a millisecond until B starts the cut, then lose what it just sent on
+    // channel 2: the epoch end there.
+    let mut t = 0;
+    while !p
+        .events_b
+        .iter()
+        .any(|(_, e)| matches!(e, Event::TxSwitchStarted { .. }))
+    {
+        t += 1;
+        assert!(t < 4000, "no cut");
+        p.run_until(at_ms(t));
+        if t % 20 == 0 {
+            p.b.handle_packet(p.now, packet(next));
+            next += 1;
+            p.flush();
+        }
+    }
+    assert!(p.ba[2].queue.pop_back().is_some());
+    run_with_b(
+        &mut p,
+        at_ms(t + 2000),
+        Duration::from_millis(20),
+        &mut next,
+    );
+    let started = at_ms(t);
+    let drained = event_at(&p.events_a, |e| matches!(e, Event::RxEpoch { .. }))
+        .expect("A's receiver reached the new epoch");
+    // Sent again at the next heartbeat (50 ms), 60 ms on the way.
+    assert!(
+        drained - started <= Duration::from_millis(200),
+        "{:?}",
+        drained - started
+    );
+    in_order(&p.delivered_a);
+    assert!(p.delivered_a.len() as u64 + 2 >= next);
+}
