@@ -97,9 +97,9 @@ pub(super) struct Rx {
     pub end_seen: u64,
     /// Old channels already ended in the resequencer.
     pub ended: u64,
-    /// The set acknowledged before the old epoch was drained (the end came on every
-    /// new channel first), while that switch is pending.
-    pub early_acked: Option<u64>,
+    /// The pending switch was acknowledged before the old epoch was drained (the end
+    /// came on every new channel first); its new set is then fixed.
+    pub early_acked: bool,
     /// What came on a new channel after its end while the old epoch was still being
     /// drained: (channel, packet, arrival), for the new resequencer.
     pub early: VecDeque<(usize, Bytes, Instant)>,
@@ -121,7 +121,7 @@ impl Rx {
             pending: None,
             end_seen: 0,
             ended: 0,
-            early_acked: None,
+            early_acked: false,
             early: VecDeque::new(),
             base: vec![ChannelStats::default(); n],
             base_global: Stats::new(0),
@@ -163,7 +163,7 @@ impl Session {
         self.rx.pending = None;
         self.rx.end_seen = 0;
         self.rx.ended = 0;
-        self.rx.early_acked = None;
+        self.rx.early_acked = false;
         self.rx.early.clear();
         self.credit_new_tx(0);
         self.credit_new_rx(0);
@@ -235,19 +235,24 @@ impl Session {
         self.send_end();
     }
 
-    pub(super) fn send_end(&mut self) {
-        let Some(sw) = &self.tx.switching else {
-            return;
-        };
-        let base = EpochEnd {
+    /// The end of the current epoch that `sw` proposes, towards `new_set`.
+    fn epoch_end(&self, sw: &Switch, new_set: u64) -> EpochEnd {
+        EpochEnd {
             channel: 0,
             old_epoch: self.tx.epoch,
             new_epoch: sw.new_epoch,
             old_set: self.tx.set,
-            new_set: sw.new_set,
+            new_set,
             sent: sw.sent,
             finals: sw.finals.clone(),
+        }
+    }
+
+    pub(super) fn send_end(&mut self) {
+        let Some(sw) = &self.tx.switching else {
+            return;
         };
+        let base = self.epoch_end(sw, sw.new_set);
         self.send_end_msg(&base);
     }
 
@@ -286,16 +291,7 @@ impl Session {
             return;
         }
         let new_epoch = sw.new_epoch;
-        let ended = EpochEnd {
-            channel: 0,
-            old_epoch: self.tx.epoch,
-            new_epoch,
-            old_set: self.tx.set,
-            new_set: a.set,
-            sent: sw.sent,
-            finals: sw.finals.clone(),
-        };
-        self.tx.lingering_end = Some(ended);
+        self.tx.lingering_end = Some(self.epoch_end(sw, a.set));
         self.tx.account();
         let members = members_of(a.set & self.all);
         self.tx.striper = Striper::new(self.cfg.stripe_config(&members)).expect("validated");
@@ -350,10 +346,10 @@ impl Session {
             });
         }
         let mut e = e;
-        if let Some(set) = self.rx.early_acked {
+        if let (true, Some(p)) = (self.rx.early_acked, &self.rx.pending) {
             // Acknowledged already: a retarget that crossed our ack changes nothing
             // (the sender takes any set it proposed), and the ack may have been lost.
-            e.new_set = set;
+            e.new_set = p.new_set;
             self.send_early_ack(&e);
         }
         self.rx.pending = Some(e);
@@ -384,11 +380,11 @@ impl Session {
         let wait_for = p.new_set | (p.old_set & up);
         if wait_for & !self.rx.end_seen == 0 {
             self.commit_rx(now);
-        } else if p.new_set & !self.rx.end_seen == 0 && self.rx.early_acked.is_none() {
+        } else if p.new_set & !self.rx.end_seen == 0 && !self.rx.early_acked {
             // The end came on every new channel: what comes on them next is the new
             // epoch's, and can wait here for the old one to drain (module docs).
             let p = p.clone();
-            self.rx.early_acked = Some(p.new_set);
+            self.rx.early_acked = true;
             self.send_early_ack(&p);
         }
     }
@@ -410,13 +406,14 @@ impl Session {
     /// epoch's, kept for the new resequencer once acknowledged (`false`: not ours to
     /// keep).
     pub(super) fn keep_early(&mut self, c: usize, pkt: Bytes, arrived: Instant) -> bool {
-        let Some(set) = self.rx.early_acked else {
-            return false;
+        let set = match &self.rx.pending {
+            Some(p) if self.rx.early_acked => p.new_set,
+            _ => return false,
         };
         if set & bit(c) == 0 {
             return false;
         }
-        let room = self.cfg.receiver.buffer_packets * members_of(set).len();
+        let room = self.cfg.receiver.buffer_packets * set.count_ones() as usize;
         if self.rx.early.len() < room {
             self.rx.early.push_back((c, pkt, arrived));
         } else {
@@ -469,7 +466,7 @@ impl Session {
         self.rx.pending = None;
         self.rx.end_seen = 0;
         self.rx.ended = 0;
-        self.rx.early_acked = None;
+        self.rx.early_acked = false;
         self.rx.changes += 1;
         self.events.push_back(Event::RxEpoch {
             epoch: p.new_epoch,

@@ -182,7 +182,7 @@ impl Session {
             }
             return;
         }
-        let light = rx >= cfg.min_rx_bps && tx > 0.0 && tx * cfg.ratio <= rx;
+        let light = self.n >= 2 && rx >= cfg.min_rx_bps && tx > 0.0 && tx * cfg.ratio <= rx;
         let rp = &mut self.return_path;
         if !light || rp.not_before.is_some_and(|t| now < t) {
             rp.light_since = None;
@@ -198,9 +198,6 @@ impl Session {
         let Some(best) = best else {
             return;
         };
-        if self.n < 2 {
-            return;
-        }
         let rp = &mut self.return_path;
         rp.on = Some(best);
         rp.cuts += 1;
