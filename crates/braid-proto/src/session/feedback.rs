@@ -8,7 +8,11 @@
 //! the datagram turns up late, which undoes it). The sender's side ([`Estimator`]) turns
 //! consecutive reports into samples: the receiver's timestamps give the interval over
 //! which bytes arrived, so the delivery rate does not depend on how the reports travel
-//! back; the timestamp echo gives the round trip without synchronised clocks.
+//! back; the timestamp echo gives the round trip without synchronised clocks. The same
+//! echo, read with the peer's timestamp, gives the one-way delay of our reports to the
+//! peer, up to the clocks' offset: above its recent minimum, it is the queue that stands
+//! on the channel in our sending direction only (a round trip also counts the queue of
+//! the peer's traffic on the way back).
 //!
 //! In security mode `none` data datagrams are not sealed, so only control datagrams
 //! carry counters: the loss estimate then rests on far fewer datagrams (hellos, markers).
@@ -23,8 +27,12 @@ use crate::wire::session::Feedback;
 
 /// Round-trip samples kept for the minimum (about 3 s at the default 50 ms heartbeat).
 const RTT_WINDOW: usize = 64;
+/// Reports over which a queue must stand (about 300 ms at 50 ms).
+const QUEUE_WINDOW: usize = 6;
 /// Reports over which the delivery rate is averaged (about 400 ms at 50 ms).
 const RATE_WINDOW: usize = 8;
+/// Reports over which the recent delivery rate is averaged.
+const RECENT_WINDOW: usize = 2;
 /// Rates are given only from this many intervals on: right after a channel starts
 /// carrying data, what arrives lags what is sent by the one-way delay, a large share of
 /// one short interval.
@@ -99,6 +107,12 @@ struct Interval {
 pub(crate) struct Estimator {
     srtt: Option<Duration>,
     rtts: VecDeque<Duration>,
+    /// One-way delays to the peer (its clock less ours, microseconds: the clocks'
+    /// offset is in every sample alike).
+    owds: VecDeque<i64>,
+    /// Smoothed queue in our sending direction (one-way delay above its minimum), the
+    /// last values.
+    queues: VecDeque<u64>,
     last: Option<Feedback>,
     intervals: VecDeque<Interval>,
     last_at: Option<Instant>,
@@ -121,9 +135,19 @@ pub struct Estimate {
     pub srtt: Option<Duration>,
     /// Smallest round trip among the last samples.
     pub rtt_min: Option<Duration>,
+    /// Queue standing on the channel in our sending direction: the one-way delay of our
+    /// reports above its minimum among the last samples, smoothed with a gain of 1/4, at
+    /// its lowest over the last [`QUEUE_WINDOW`] reports: a queue that stood that long,
+    /// as CoDel's standing queue (slow start's bursts build queues of a few milliseconds
+    /// that come and go, at a fraction of the channel's rate).
+    pub queue: Option<Duration>,
     /// Bytes the peer received on the channel per second, averaged over the last
     /// reports, in bit/s.
     pub delivery_bps: Option<f64>,
+    /// The same over the last two reports only (about 100 ms at 50 ms): what a channel
+    /// whose queue is full carries, where the longer average still counts the ramp of
+    /// a flow's slow start.
+    pub recent_bps: Option<f64>,
     /// Fraction of datagrams missing over the last reports.
     pub loss: Option<f64>,
     /// When the last report arrived: estimates of a channel that stopped reporting
@@ -142,6 +166,11 @@ impl Estimator {
             // A wrapped (negative) result means a bogus echo: skip it.
             if rtt < u64::from(u32::MAX / 2) {
                 self.rtt_sample(Duration::from_micros(rtt));
+                // When the peer heard our timestamp, by its clock, less when we sent it:
+                // the one-way delay plus the clocks' offset (wrapping, as a signed
+                // difference).
+                let heard = f.timestamp.wrapping_sub(f.echo_delay);
+                self.owd_sample(i64::from(heard.wrapping_sub(f.echo) as i32));
             }
         }
         if let Some(prev) = self.last {
@@ -173,6 +202,17 @@ impl Estimator {
         self.last = Some(*f);
     }
 
+    fn owd_sample(&mut self, owd: i64) {
+        push_bounded(&mut self.owds, owd, RTT_WINDOW);
+        let min = self.owds.iter().copied().min().unwrap_or(owd);
+        let q = (owd - min).max(0) as u64;
+        let smoothed = match self.queues.back() {
+            None => q,
+            Some(s) => (3 * s + q) / 4,
+        };
+        push_bounded(&mut self.queues, smoothed, QUEUE_WINDOW);
+    }
+
     fn rtt_sample(&mut self, rtt: Duration) {
         self.srtt = Some(match self.srtt {
             None => rtt,
@@ -198,6 +238,12 @@ impl Estimator {
     pub fn estimate(&self) -> Estimate {
         let recent = self.intervals.iter().rev().take(RATE_WINDOW);
         let (us, bytes) = recent.fold((0u64, 0u64), |(u, b), i| (u + i.us, b + i.bytes));
+        let (rus, rbytes) = self
+            .intervals
+            .iter()
+            .rev()
+            .take(RECENT_WINDOW)
+            .fold((0u64, 0u64), |(u, b), i| (u + i.us, b + i.bytes));
         let (got, missing) = self
             .intervals
             .iter()
@@ -206,8 +252,11 @@ impl Estimator {
             reported_at: self.last_at,
             srtt: self.srtt,
             rtt_min: self.rtts.iter().min().copied(),
+            queue: self.queues.iter().min().map(|&q| Duration::from_micros(q)),
             delivery_bps: (us > 0 && self.intervals.len() >= MIN_INTERVALS)
                 .then(|| bytes as f64 * 8e6 / us as f64),
+            recent_bps: (rus > 0 && self.intervals.len() >= MIN_INTERVALS)
+                .then(|| rbytes as f64 * 8e6 / rus as f64),
             loss: (got + missing > 0).then(|| missing as f64 / (got + missing) as f64),
         }
     }
@@ -274,6 +323,40 @@ mod tests {
         e.on_report(at(1000), &report(1010, 3, 0));
         assert_eq!(e.stale, 1);
         assert_eq!(e.estimate().delivery_bps, None);
+    }
+
+    #[test]
+    fn the_queue_is_the_one_way_delay_above_its_minimum() {
+        // The peer's clock runs 7 s ahead of ours. Our reports take 20 ms to reach it at
+        // first, then 40 (a queue of 20 ms in our direction); its reports come back in
+        // 5 ms and it holds our timestamp 10 ms before answering.
+        let mut e = Estimator::default();
+        let offset = 7_000;
+        let report = |e: &mut Estimator, sent_ms: u64, owd_ms: u64| {
+            let heard = sent_ms + owd_ms;
+            let f = Feedback {
+                channel: 0,
+                timestamp: timestamp(at(heard + 10 + offset)),
+                echo: timestamp(at(sent_ms)),
+                echo_delay: 10_000,
+                rx_datagrams: 0,
+                rx_bytes: 0,
+                missing: 0,
+                congested: 0,
+            };
+            e.on_report(at(heard + 15), &f);
+        };
+        for k in 0..4 {
+            report(&mut e, 1000 + 50 * k, 20);
+        }
+        assert_eq!(e.estimate().queue, Some(Duration::ZERO));
+        for k in 4..40 {
+            report(&mut e, 1000 + 50 * k, 40);
+        }
+        let q = e.estimate().queue.unwrap().as_micros();
+        assert!((19_000..=20_000).contains(&q), "{q}");
+        // The round trip counts the way back too, which carries no queue here.
+        assert_eq!(e.estimate().rtt_min, Some(Duration::from_millis(25)));
     }
 
     #[test]

@@ -554,7 +554,7 @@ impl Session {
             Some(c) => Some(credits::Rx::new(c, n, 0).map_err(ConfigError)?),
             None => None,
         };
-        Ok(Session {
+        let mut s = Session {
             n,
             all,
             crypto: Crypto::new(cfg.security, cfg.keys(), cfg.rekey_after, n, seed)
@@ -567,9 +567,10 @@ impl Session {
             deliver: VecDeque::new(),
             events: VecDeque::new(),
             counters: stats::Counters::default(),
-            adapt: cfg
-                .adapts()
-                .then(|| adapt::Adapt::new(sc.weights.clone(), now)),
+            adapt: cfg.adapts().then(|| {
+                let rates = cfg.pacing.as_ref().map_or(&[][..], |p| &p.rates_bps[..]);
+                adapt::Adapt::new(sc.weights.clone(), rates, now)
+            }),
             set_quanta: None,
             aqm: cfg.aqm.map(|a| Aqm::new(a, n)),
             arq_rx: (0..n).map(|_| arq::LinkReceiver::default()).collect(),
@@ -586,7 +587,12 @@ impl Session {
             next_hello: now,
             next_rate: now + Duration::from_secs(1),
             cfg,
-        })
+        };
+        // Adaptive weights may start elsewhere than the configured ones (from the
+        // pacing rates): the striper, like the peer's resequencer, starts from the
+        // configured ones and its markers carry the change.
+        s.reapply_quanta();
+        Ok(s)
     }
 
     /// The configuration.
