@@ -195,11 +195,9 @@ fn a_ce_mark_reduces_the_window_once_per_window_without_retransmitting() {
     }
 }
 
-/// A scaled-down twin of the lab's loss case (100/50/20 Mbit/s → 20/10/4, same delays,
-/// 1 % loss on link 2) through the session in seq mode, plain and with arq+aqm.
-fn scaled_loss_twin() -> Scenario {
-    parse(
-        r#"
+/// The lab's three links scaled down (100/50/20 Mbit/s → 20/10/4, the same delays, the
+/// same 20 ms buffers), 9 s; keys for the last link may follow.
+const SCALED_LINKS: &str = r#"
 duration_s = 9
 drain_s = 0.5
 max_packet = 1445
@@ -218,7 +216,14 @@ rate_mbps = 4
 delay_ms = 60
 queue_packets = 20
 overhead_bytes = 42
-loss = 0.01
+"#;
+
+/// A scaled-down twin of the lab's loss case (100/50/20 Mbit/s → 20/10/4, same delays,
+/// 1 % loss on link 2) through the session in seq mode, plain and with arq+aqm.
+fn scaled_loss_twin() -> Scenario {
+    parse(&format!(
+        "{SCALED_LINKS}{}",
+        r#"loss = 0.01
 [traffic]
 source = "tcp"
 bytes = 1440
@@ -240,7 +245,7 @@ scheduler = "srr"
 receiver = "seq"
 set = { "session.arq" = "100ms", "session.aqm" = true }
 "#,
-    )
+    ))
 }
 
 #[test]
@@ -286,27 +291,9 @@ fn random_loss_on_one_link_repair_and_aqm_carry_tcp_much_further() {
 /// mode: static weights, adaptive weights, and adaptive weights with every channel
 /// paced at its link's rate.
 fn scaled_wrong_weights_twin() -> Scenario {
-    parse(
-        r#"
-duration_s = 9
-drain_s = 0.5
-max_packet = 1445
-[[channel]]
-rate_mbps = 20
-delay_ms = 5
-queue_packets = 50
-overhead_bytes = 42
-[[channel]]
-rate_mbps = 10
-delay_ms = 20
-queue_packets = 30
-overhead_bytes = 42
-[[channel]]
-rate_mbps = 4
-delay_ms = 60
-queue_packets = 20
-overhead_bytes = 42
-[traffic]
+    parse(&format!(
+        "{SCALED_LINKS}{}",
+        r#"[traffic]
 source = "tcp"
 bytes = 1440
 ack_delay_ms = "fastest"
@@ -333,7 +320,7 @@ receiver = "logical"
 weights = [1445, 3613, 7225]
 set = { "session.adaptive" = true, "session.pace_mbps" = [20.0, 10.0, 4.0] }
 "#,
-    )
+    ))
 }
 
 #[test]

@@ -234,16 +234,19 @@ impl Estimator {
         self.congested_total
     }
 
-    /// The current estimates.
-    pub fn estimate(&self) -> Estimate {
-        let recent = self.intervals.iter().rev().take(RATE_WINDOW);
-        let (us, bytes) = recent.fold((0u64, 0u64), |(u, b), i| (u + i.us, b + i.bytes));
-        let (rus, rbytes) = self
+    /// The delivery rate over the last `n` intervals (bit/s), once there are enough.
+    fn rate_over(&self, n: usize) -> Option<f64> {
+        let (us, bytes) = self
             .intervals
             .iter()
             .rev()
-            .take(RECENT_WINDOW)
+            .take(n)
             .fold((0u64, 0u64), |(u, b), i| (u + i.us, b + i.bytes));
+        (us > 0 && self.intervals.len() >= MIN_INTERVALS).then(|| bytes as f64 * 8e6 / us as f64)
+    }
+
+    /// The current estimates.
+    pub fn estimate(&self) -> Estimate {
         let (got, missing) = self
             .intervals
             .iter()
@@ -253,10 +256,8 @@ impl Estimator {
             srtt: self.srtt,
             rtt_min: self.rtts.iter().min().copied(),
             queue: self.queues.iter().min().map(|&q| Duration::from_micros(q)),
-            delivery_bps: (us > 0 && self.intervals.len() >= MIN_INTERVALS)
-                .then(|| bytes as f64 * 8e6 / us as f64),
-            recent_bps: (rus > 0 && self.intervals.len() >= MIN_INTERVALS)
-                .then(|| rbytes as f64 * 8e6 / rus as f64),
+            delivery_bps: self.rate_over(RATE_WINDOW),
+            recent_bps: self.rate_over(RECENT_WINDOW),
             loss: (got + missing > 0).then(|| missing as f64 / (got + missing) as f64),
         }
     }
