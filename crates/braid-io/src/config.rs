@@ -97,7 +97,9 @@ pub struct SessionConfig {
     pub queue_packets: usize,
     /// SO_RCVBUF / SO_SNDBUF per channel socket, in bytes (0: kernel default).
     pub socket_buffer: usize,
-    /// Adaptive weights (see `braid_proto::session::Config::adaptive`); off by default.
+    /// Adaptive weights (see `braid_proto::session::Config::adaptive`). In a
+    /// configuration file: on by default when every channel has a `pace`, off
+    /// otherwise; built with [`SessionConfig::new`]: off.
     pub adaptive: bool,
     /// CoDel on the channels' queueing delay, with ECN marks (see
     /// `braid_proto::aqm`); `None`: off.
@@ -613,9 +615,13 @@ impl FileConfig {
         if let Some(e) = s.equalize {
             cfg.receiver.equalize = e;
         }
-        if let Some(a) = s.adaptive {
-            cfg.adaptive = a;
-        }
+        // Adaptive weights: on by default when every channel is paced (adaptive pacing:
+        // the pace follows a link that slows down, at no cost measured elsewhere), off
+        // otherwise (unpaced, the controller takes a single flow's slow-start queues for
+        // a change of the links and moves right weights: `docs/lab.md`).
+        cfg.adaptive = s.adaptive.unwrap_or_else(|| {
+            !cfg.channels.is_empty() && cfg.channels.iter().all(|c| c.pace_bps.is_some())
+        });
         if let Some(on) = s.aqm {
             cfg.aqm = on.then(braid_proto::aqm::AqmConfig::default);
         }
@@ -1028,6 +1034,33 @@ remote = "127.0.0.1:7102"
             .pacing
             .expect("pacing on");
         assert_eq!(pc.rates_bps, vec![95e6, 0.0]);
+        // Adaptive weights: off unless every channel is paced, then on, unless set.
+        let adaptive = |text: &str| {
+            FileConfig::parse("t.toml", text, None)
+                .unwrap()
+                .session
+                .session_config()
+                .adaptive
+        };
+        assert!(!adaptive(GOOD));
+        assert!(!adaptive(&paced), "one channel of two paced");
+        let both = paced.replace(
+            "remote = \"127.0.0.1:7102\"",
+            "remote = \"127.0.0.1:7102\"\npace = \"45mbit\"",
+        );
+        assert!(adaptive(&both), "every channel paced");
+        let off = both.replacen(
+            "heartbeat = \"20ms\"",
+            "heartbeat = \"20ms\"\nadaptive = false",
+            1,
+        );
+        assert!(!adaptive(&off));
+        let on = GOOD.replacen(
+            "heartbeat = \"20ms\"",
+            "heartbeat = \"20ms\"\nadaptive = true",
+            1,
+        );
+        assert!(adaptive(&on));
         let bad = GOOD.replacen("weight = 2", "weight = 2\npace = \"fast\"", 1);
         let e = FileConfig::parse("t.toml", &bad, None)
             .unwrap_err()

@@ -886,6 +886,7 @@ impl Driver {
                 arq_expired: c.arq.expired,
                 arq_rejected: c.arq.rejected,
                 credit_balance: c.credit_balance.map_or(-1.0, |b| b as f64),
+                pace_bps: c.pace_bps.unwrap_or(-1.0),
             })
             .collect();
         SessionStats {

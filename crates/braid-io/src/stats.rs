@@ -149,6 +149,10 @@ pub struct ChannelSnapshot {
     /// channel (-1: credits off).
     #[serde(default)]
     pub credit_balance: f64,
+    /// The rate the channel is paced at, bit/s on the wire (-1: not paced): its
+    /// configured `pace`, or below it while adaptive weights find less on its link.
+    #[serde(default)]
+    pub pace_bps: f64,
 }
 
 /// A snapshot of a whole session.
@@ -320,6 +324,21 @@ impl SessionStats {
             "ch", "name", "state", "since", "peer", "sets", "role", "weight", "tx pkts", "rx pkts", "tx bit/s", "rx bit/s",
             "dlv bit/s", "rtt ms", "min ms", "loss%", "queue ms", "mk tx", "mk rx", "resync", "auth", "replay"
         );
+        if self.channels.iter().any(|c| c.pace_bps > 0.0) {
+            let rates: Vec<String> = self
+                .channels
+                .iter()
+                .map(|c| {
+                    let r = if c.pace_bps > 0.0 {
+                        si(c.pace_bps)
+                    } else {
+                        "-".into()
+                    };
+                    format!("{}={r}", c.name)
+                })
+                .collect();
+            let _ = writeln!(s, "pacing (bit/s): {}", rates.join(" "));
+        }
         if self.channels.iter().any(|c| c.credit_balance >= 0.0) {
             let balances: Vec<String> = self
                 .channels

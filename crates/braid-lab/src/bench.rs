@@ -36,8 +36,9 @@ pub struct BenchOptions {
     pub mptcp: bool,
     /// The tunnel's channel weights (default: each link's rate in Mbit/s).
     pub weights: Option<Vec<u32>>,
-    /// Adaptive weights in the tunnel (`session.adaptive`).
-    pub adaptive: bool,
+    /// Adaptive weights in the tunnel (`session.adaptive`); `None`: the tunnel's
+    /// default (on when every channel is paced).
+    pub adaptive: Option<bool>,
     /// AQM in the tunnel (`session.aqm`), with ECN turned on for TCP at both ends.
     pub aqm: bool,
     /// With the AQM: whether a loss behind a standing queue is signalled too
@@ -518,11 +519,13 @@ fn tunnel_config(opt: &BenchOptions, mode: &str, end_a: bool) -> String {
     };
     let mut s = format!(
         "[tunnel]\nname = \"brl-tun\"\naddress = \"{addr}\"\ncontrol = \"{}/tun-{sock}.sock\"\nlog_interval = \"0s\"\n\n\
-         [session]\nmode = \"{mode}\"\nscheduler = \"srr\"\nadaptive = {}\naqm = {}\nkey = \"f1njdwrpfIzRyXbWUPz15DmEK5AHdvKw7LmAZC4M6Rw=\"\n",
+         [session]\nmode = \"{mode}\"\nscheduler = \"srr\"\naqm = {}\nkey = \"f1njdwrpfIzRyXbWUPz15DmEK5AHdvKw7LmAZC4M6Rw=\"\n",
         topo::state_dir().display(),
-        opt.adaptive,
         opt.aqm
     );
+    if let Some(a) = opt.adaptive {
+        s += &format!("adaptive = {a}\n");
+    }
     if let Some(a) = &opt.arq {
         s += &format!("arq = \"{a}\"\n");
     }

@@ -355,6 +355,69 @@ fn adaptive_weights_turn_wrong_weights_round_for_one_tcp_flow() {
     );
 }
 
+/// A scaled-down twin of the lab's paced rate drop: link 0 falls from 20 to 6.6 Mbit/s
+/// 3 s into the flow; every channel paced at its link's configured rate, static or
+/// adaptive.
+fn scaled_paced_rate_drop_twin() -> Scenario {
+    let links = SCALED_LINKS.replacen(
+        "overhead_bytes = 42\n",
+        "overhead_bytes = 42\n[[channel.change]]\nat_s = 4.0\nrate_mbps = 6.6\n",
+        1,
+    );
+    parse(&format!(
+        "{links}{}",
+        r#"[traffic]
+source = "tcp"
+bytes = 1440
+ack_delay_ms = "fastest"
+start_s = 1
+[markers]
+max_interval_ms = 5
+[receiver]
+equalize = true
+[[run]]
+label = "paced"
+scheduler = "srr"
+receiver = "logical"
+set = { "session.arq" = "100ms", "session.aqm" = true, "session.pace_mbps" = [20.0, 10.0, 4.0] }
+[[run]]
+label = "paced adaptive"
+scheduler = "srr"
+receiver = "logical"
+set = { "session.arq" = "100ms", "session.aqm" = true, "session.adaptive" = true, "session.pace_mbps" = [20.0, 10.0, 4.0] }
+"#,
+    ))
+}
+
+#[test]
+fn adaptive_pacing_follows_a_link_whose_rate_drops() {
+    let r = run(&scaled_paced_rate_drop_twin(), 1);
+    // Goodput over the flow's last 4 s (the drop came at 4 s, the run ends at 9 s).
+    let last = |i: usize| {
+        let s = &r.runs[i].tcp.as_ref().expect("tcp").goodput_series_bps;
+        let tail = &s[s.len().saturating_sub(40)..];
+        tail.iter().sum::<f64>() / tail.len().max(1) as f64
+    };
+    let (fixed, adaptive) = (last(0), last(1));
+    // What is left: 6.6 + 10 + 4 Mbit/s on the wire, about 19 Mbit/s of payload. Paced
+    // at 20 Mbit/s, link 0's queue overflows and the stripe still gives it a share
+    // proportional to 20: the bond carries about what 4 Mbit/s on link 2 allows for its
+    // share. Adaptive pacing finds link 0's new rate and the quanta follow. (Measured:
+    // static 12.3, adaptive 17.1 Mbit/s, quanta 2420 / 3613 / 1445; the unpaced
+    // controller's steps on the same estimates gave 13.9, quanta 1485 / 2840 / 1445.)
+    let q = &r.runs[1].session.as_ref().expect("session").final_quanta;
+    assert!(
+        f64::from(q[0]) < 0.9 * f64::from(q[1]),
+        "link 0 is weighted below link 1 now: quanta {q:?}"
+    );
+    assert!(
+        adaptive > 1.1 * fixed && adaptive > 0.8 * 19e6,
+        "last 4 s: adaptive {:.2} vs static {:.2} Mbit/s",
+        adaptive / 1e6,
+        fixed / 1e6
+    );
+}
+
 #[test]
 fn same_seed_same_result_other_seed_other_losses() {
     let sc = parse(&one_channel(10.0, "loss = 0.005"));

@@ -55,6 +55,18 @@ const DRAIN: f64 = 0.9;
 /// it delivers.
 const PROBE: f64 = 1.25;
 
+/// A paced channel's rate after a standing queue on its link, as a share of what the
+/// link delivered while the queue stood: below it, so the link's queue drains and the
+/// bond's queue stands at home, where CoDel tells the flows.
+const PACE_DRAIN: f64 = 0.95;
+/// A paced channel's rate is cut at most to this share of itself in one step (a
+/// delivery rate measured across a stall of the machine is not a capacity; a link
+/// that falls to a third is followed in one step).
+const PACE_MAX_CUT: f64 = 0.25;
+/// Steps without a standing queue before a paced channel below its configured rate
+/// probes upwards.
+const PACE_CALM_STEPS: u32 = 2;
+
 /// The controller's state.
 #[derive(Clone, Debug)]
 pub(crate) struct Adapt {
@@ -63,6 +75,23 @@ pub(crate) struct Adapt {
     pub quanta: Vec<u32>,
     /// Steps that changed the quanta.
     pub changes: u64,
+    /// With every channel paced: the pacing rates the controller sets.
+    pace: Option<Pace>,
+}
+
+/// Adaptive pacing: each channel's rate (bit/s on the wire), at most its configured one.
+#[derive(Clone, Debug)]
+struct Pace {
+    /// The configured rates: the most each channel is paced at.
+    max: Vec<f64>,
+    /// The rates in force.
+    rates: Vec<f64>,
+    /// Steps in a row each channel showed no standing queue.
+    calm: Vec<u32>,
+    /// Bytes below our datagrams on the wire (UDP/IP, link framing), as the pacer counts.
+    overhead: f64,
+    /// The smallest quantum to scale the others from.
+    least: u32,
 }
 
 impl Adapt {
@@ -70,20 +99,38 @@ impl Adapt {
     /// every channel's rate is configured (`rates_bps`, pacing; 0: not known), from
     /// quanta proportional to those rates (the smallest kept, the largest at most
     /// [`MAX_RATIO`] times it).
-    pub fn new(mut quanta: Vec<u32>, rates_bps: &[f64], now: Instant) -> Adapt {
+    ///
+    /// With every channel paced, the controller also sets the pacing rates
+    /// ([`Adapt::pace_rates`]; `overhead` is the bytes the pacer counts below a datagram):
+    /// a channel whose link shows a standing queue is paced just below what the link
+    /// delivers, one without probes back up towards its configured rate, and the quanta
+    /// follow the rates.
+    pub fn new(mut quanta: Vec<u32>, rates_bps: &[f64], overhead: u32, now: Instant) -> Adapt {
+        let mut pace = None;
         if rates_bps.len() == quanta.len() && rates_bps.iter().all(|r| *r > 0.0) {
             let least = quanta.iter().copied().min().unwrap_or(1);
-            let low = rates_bps.iter().copied().fold(f64::MAX, f64::min);
-            quanta = rates_bps
-                .iter()
-                .map(|r| (f64::from(least) * (r / low).min(MAX_RATIO)).round() as u32)
-                .collect();
+            let all: Vec<usize> = (0..quanta.len()).collect();
+            quanta = proportional(least, &all, rates_bps);
+            pace = Some(Pace {
+                max: rates_bps.to_vec(),
+                rates: rates_bps.to_vec(),
+                calm: vec![0; rates_bps.len()],
+                overhead: f64::from(overhead),
+                least,
+            });
         }
         Adapt {
             next: now + MIN_INTERVAL,
             quanta,
             changes: 0,
+            pace,
         }
+    }
+
+    /// With every channel paced, the rates the controller paces them at (bit/s on the
+    /// wire, per physical channel).
+    pub fn pace_rates(&self) -> Option<&[f64]> {
+        self.pace.as_ref().map(|p| &p.rates[..])
     }
 
     /// One step at `now` for the channels in `members` (physical indices) with these
@@ -115,6 +162,9 @@ impl Adapt {
         }
         let rate = |c: usize| est[c].delivery_bps;
         let load: f64 = members.iter().filter_map(|&c| rate(c)).sum();
+        if self.pace.is_some() {
+            return self.step_paced(members, est, load);
+        }
         let cong: Vec<bool> = members
             .iter()
             .map(|&c| load >= MIN_LOAD_BPS && congested(&est[c]))
@@ -161,10 +211,75 @@ impl Adapt {
         Some(new)
     }
 
+    /// A step with every channel paced. A link's queue means its pacing rate is above
+    /// what the link carries now (its rate fell, or was configured too high): the
+    /// channel is paced a little below what the link delivered while the queue stood
+    /// (cut to a quarter at most in one step). A channel below its configured rate that has shown
+    /// no queue for [`PACE_CALM_STEPS`] steps probes upwards, by 10 % and 5 % more for
+    /// each further calm step (at most half again), back to its configured rate. The
+    /// quanta are proportional to the rates, so the stripe gives each channel what its
+    /// pacer lets through, and what the channels cannot take waits at home, where
+    /// CoDel sees it.
+    fn step_paced(&mut self, members: &[usize], est: &[Estimate], load: f64) -> Option<Vec<u32>> {
+        let p = self.pace.as_mut()?;
+        if load < MIN_LOAD_BPS {
+            return None;
+        }
+        let mut moved = false;
+        for &c in members {
+            let old = p.rates[c];
+            if congested(&est[c]) {
+                p.calm[c] = 0;
+                let Some(carried) = full(&est[c]) else {
+                    continue;
+                };
+                let wire = est[c]
+                    .datagram_bytes
+                    .filter(|b| *b > 0.0)
+                    .map_or(carried, |b| carried * (b + p.overhead) / b);
+                p.rates[c] = (wire * PACE_DRAIN).max(old * PACE_MAX_CUT).min(old);
+            } else {
+                p.calm[c] = p.calm[c].saturating_add(1);
+                if p.calm[c] >= PACE_CALM_STEPS && old < p.max[c] {
+                    let more = 0.1 + 0.05 * f64::from(p.calm[c] - PACE_CALM_STEPS);
+                    p.rates[c] = (old * (1.0 + more.min(0.5))).min(p.max[c]);
+                }
+            }
+            moved |= (p.rates[c] - old).abs() > old / 100.0;
+        }
+        if !moved {
+            return None;
+        }
+        let new = proportional(p.least, members, &p.rates);
+        let changed = members.iter().zip(&new).any(|(&c, &q)| self.quanta[c] != q);
+        for (&c, &q) in members.iter().zip(&new) {
+            self.quanta[c] = q;
+        }
+        if !changed {
+            return None;
+        }
+        self.changes += 1;
+        Some(new)
+    }
+
     /// The quanta in force for these members.
     pub fn of(&self, members: &[usize]) -> Vec<u32> {
         members.iter().map(|&c| self.quanta[c]).collect()
     }
+}
+
+/// Quanta for `members` proportional to their `rates` (indexed by physical channel):
+/// the slowest gets `least`, none more than [`MAX_RATIO`] times that.
+fn proportional(least: u32, members: &[usize], rates: &[f64]) -> Vec<u32> {
+    let low = members
+        .iter()
+        .map(|&c| rates[c])
+        .fold(f64::MAX, f64::min)
+        .max(f64::MIN_POSITIVE);
+    members
+        .iter()
+        .map(|&c| (f64::from(least) * (rates[c] / low).min(MAX_RATIO)).round() as u32)
+        .collect()
 }
 
 /// What a congested channel carries: its recent delivery rate (its queue is full), or
@@ -227,6 +342,7 @@ mod tests {
             queue: None,
             delivery_bps: Some(rate_mbps * 1e6),
             recent_bps: Some(rate_mbps * 1e6),
+            datagram_bytes: None,
             loss: Some(0.0),
             reported_at: Some(Instant::ZERO),
         }
@@ -234,7 +350,7 @@ mod tests {
 
     #[test]
     fn a_congested_channel_gets_what_it_carries_and_the_others_more() {
-        let mut a = Adapt::new(vec![1500, 1500, 1500], &[], Instant::ZERO);
+        let mut a = Adapt::new(vec![1500, 1500, 1500], &[], 0, Instant::ZERO);
         // Channel 2 is given a third but carries 20 Mbit/s with a queue; 0 and 1 carry
         // 40 Mbit/s each without one.
         let e = [est(40.0, 10, 10), est(40.0, 40, 40), est(20.0, 150, 60)];
@@ -252,7 +368,7 @@ mod tests {
 
     #[test]
     fn nothing_congested_leaves_the_weights_alone() {
-        let mut a = Adapt::new(vec![1500, 3000], &[], Instant::ZERO);
+        let mut a = Adapt::new(vec![1500, 3000], &[], 42, Instant::ZERO);
         let e = [est(10.0, 10, 10), est(1.0, 50, 45)];
         assert_eq!(a.step(Instant::ZERO, &[0, 1], &e, 1500, SECOND), None);
         // Loss is not congestion.
@@ -263,7 +379,7 @@ mod tests {
 
     #[test]
     fn the_ratio_is_capped_and_the_interval_follows_the_round_trip() {
-        let mut a = Adapt::new(vec![1500, 1500], &[], Instant::ZERO);
+        let mut a = Adapt::new(vec![1500, 1500], &[], 42, Instant::ZERO);
         let e = [est(1000.0, 10, 10), est(0.001, 400, 100)];
         let q = a.step(Instant::ZERO, &[0, 1], &e, 1500, SECOND).unwrap();
         assert_eq!(q, vec![(1500.0 * MAX_RATIO) as u32, 1500]);
@@ -272,7 +388,7 @@ mod tests {
 
     #[test]
     fn a_channel_that_stopped_reporting_freezes_the_weights() {
-        let mut a = Adapt::new(vec![1500, 1500], &[], Instant::ZERO);
+        let mut a = Adapt::new(vec![1500, 1500], &[], 42, Instant::ZERO);
         let mut e = [est(40.0, 10, 10), est(20.0, 150, 60)];
         let later = Instant::ZERO + Duration::from_secs(2);
         e[0].reported_at = Some(later);
@@ -287,18 +403,87 @@ mod tests {
     #[test]
     fn configured_rates_are_the_start() {
         // Paced at 100, 50 and 20 Mbit/s, weighted the wrong way round.
-        let a = Adapt::new(vec![1500, 3750, 7500], &[100e6, 50e6, 20e6], Instant::ZERO);
+        let a = Adapt::new(
+            vec![1500, 3750, 7500],
+            &[100e6, 50e6, 20e6],
+            42,
+            Instant::ZERO,
+        );
         assert_eq!(a.of(&[0, 1, 2]), vec![7500, 3750, 1500]);
         // Not every channel paced: the weights stay.
-        let b = Adapt::new(vec![1500, 3750, 7500], &[100e6, 0.0, 20e6], Instant::ZERO);
+        let b = Adapt::new(
+            vec![1500, 3750, 7500],
+            &[100e6, 0.0, 20e6],
+            42,
+            Instant::ZERO,
+        );
         assert_eq!(b.of(&[0, 1, 2]), vec![1500, 3750, 7500]);
+    }
+
+    #[test]
+    fn a_paced_channel_whose_link_queues_is_paced_below_what_it_delivers() {
+        // Paced at 100, 50 and 20 Mbit/s; link 0 now carries 33 Mbit/s of 1472-byte
+        // datagrams (34 on the wire with 42 bytes below each) and a queue stands on it.
+        let mut a = Adapt::new(
+            vec![1500, 1500, 1500],
+            &[100e6, 50e6, 20e6],
+            42,
+            Instant::ZERO,
+        );
+        let mut e = [est(33.0, 30, 10), est(49.0, 40, 40), est(19.0, 120, 120)];
+        e[0].queue = Some(Duration::from_millis(15));
+        e[0].datagram_bytes = Some(1472.0);
+        let q = a
+            .step(Instant::ZERO, &[0, 1, 2], &e, 1500, SECOND)
+            .expect("a change");
+        let wire = 33e6 * (1472.0 + 42.0) / 1472.0;
+        let r = a.pace_rates().unwrap().to_vec();
+        assert!((r[0] - 0.95 * wire).abs() < 1.0, "{r:?}");
+        assert_eq!(&r[1..], &[50e6, 20e6]);
+        // The quanta follow the rates: the slowest keeps the smallest quantum.
+        assert_eq!(q, vec![(1500.0 * r[0] / 20e6).round() as u32, 3750, 1500]);
+        // A delivery rate measured across a stall is no capacity: cut to a quarter at
+        // most.
+        e[0].recent_bps = Some(1e6);
+        e[0].delivery_bps = Some(1e6);
+        a.step(Instant::ZERO, &[0, 1, 2], &e, 1500, SECOND);
+        assert!((a.pace_rates().unwrap()[0] - 0.95 * wire / 4.0).abs() < 1.0);
+    }
+
+    #[test]
+    fn a_paced_channel_probes_back_up_after_two_calm_steps() {
+        let mut a = Adapt::new(vec![1500, 1500], &[100e6, 50e6], 42, Instant::ZERO);
+        let mut e = [est(40.0, 30, 10), est(49.0, 40, 40)];
+        e[0].queue = Some(Duration::from_millis(15));
+        a.step(Instant::ZERO, &[0, 1], &e, 1500, SECOND)
+            .expect("cut");
+        let cut = a.pace_rates().unwrap()[0];
+        assert!((cut - 38e6).abs() < 1.0, "{cut}");
+        e[0].queue = Some(Duration::ZERO);
+        // One calm step: nothing yet.
+        assert_eq!(a.step(Instant::ZERO, &[0, 1], &e, 1500, SECOND), None);
+        // Then 10 %, 15 %, 20 % ... up to the configured rate, never above it.
+        let mut rates = vec![];
+        for _ in 0..12 {
+            a.step(Instant::ZERO, &[0, 1], &e, 1500, SECOND);
+            rates.push(a.pace_rates().unwrap()[0]);
+        }
+        assert!((rates[0] - cut * 1.1).abs() < 1.0, "{rates:?}");
+        assert!((rates[1] - cut * 1.1 * 1.15).abs() < 1.0, "{rates:?}");
+        assert_eq!(*rates.last().unwrap(), 100e6);
+        assert!(rates.windows(2).all(|w| w[1] >= w[0]));
+        // An idle bond probes nothing.
+        let mut b = Adapt::new(vec![1500, 1500], &[100e6, 50e6], 42, Instant::ZERO);
+        let idle = [est(0.3, 30, 10), est(0.2, 40, 40)];
+        assert_eq!(b.step(Instant::ZERO, &[0, 1], &idle, 1500, SECOND), None);
+        assert_eq!(b.pace_rates().unwrap(), &[100e6, 50e6]);
     }
 
     #[test]
     fn an_idle_direction_is_not_judged() {
         // Acknowledgements only (0.6 Mbit/s in all), with a round trip far above its
         // minimum: the queue is the peer's data on the way back.
-        let mut a = Adapt::new(vec![1500, 1500], &[], Instant::ZERO);
+        let mut a = Adapt::new(vec![1500, 1500], &[], 42, Instant::ZERO);
         let e = [est(0.4, 10, 10), est(0.2, 150, 60)];
         assert_eq!(a.step(Instant::ZERO, &[0, 1], &e, 1500, SECOND), None);
     }
@@ -321,7 +506,7 @@ mod tests {
     #[test]
     fn a_congested_channel_is_measured_on_its_recent_rate() {
         // Its average still counts a ramp (12 Mbit/s); the last 100 ms show 20.
-        let mut a = Adapt::new(vec![1500, 1500], &[], Instant::ZERO);
+        let mut a = Adapt::new(vec![1500, 1500], &[], 42, Instant::ZERO);
         let mut full = est(12.0, 150, 60);
         full.recent_bps = Some(20e6);
         let e = [est(40.0, 10, 10), full];

@@ -148,6 +148,10 @@ pub struct Estimate {
     /// whose queue is full carries, where the longer average still counts the ramp of
     /// a flow's slow start.
     pub recent_bps: Option<f64>,
+    /// Mean size of the datagrams the peer received on the channel over the last
+    /// reports, bytes (the rates above count these bytes; a pacer's rate counts the
+    /// headers below them too).
+    pub datagram_bytes: Option<f64>,
     /// Fraction of datagrams missing over the last reports.
     pub loss: Option<f64>,
     /// When the last report arrived: estimates of a channel that stopped reporting
@@ -247,10 +251,12 @@ impl Estimator {
 
     /// The current estimates.
     pub fn estimate(&self) -> Estimate {
-        let (got, missing) = self
+        let (got, missing, bytes) = self
             .intervals
             .iter()
-            .fold((0u64, 0u64), |(g, m), i| (g + i.datagrams, m + i.missing));
+            .fold((0u64, 0u64, 0u64), |(g, m, b), i| {
+                (g + i.datagrams, m + i.missing, b + i.bytes)
+            });
         Estimate {
             reported_at: self.last_at,
             srtt: self.srtt,
@@ -258,6 +264,7 @@ impl Estimator {
             queue: self.queues.iter().min().map(|&q| Duration::from_micros(q)),
             delivery_bps: self.rate_over(RATE_WINDOW),
             recent_bps: self.rate_over(RECENT_WINDOW),
+            datagram_bytes: (got > 0).then(|| bytes as f64 / got as f64),
             loss: (got + missing > 0).then(|| missing as f64 / (got + missing) as f64),
         }
     }

@@ -569,7 +569,8 @@ impl Session {
             counters: stats::Counters::default(),
             adapt: cfg.adapts().then(|| {
                 let rates = cfg.pacing.as_ref().map_or(&[][..], |p| &p.rates_bps[..]);
-                adapt::Adapt::new(sc.weights.clone(), rates, now)
+                let overhead = cfg.pacing.as_ref().map_or(0, |p| p.overhead);
+                adapt::Adapt::new(sc.weights.clone(), rates, overhead, now)
             }),
             set_quanta: None,
             aqm: cfg.aqm.map(|a| Aqm::new(a, n)),
@@ -1103,6 +1104,14 @@ impl Session {
             if self.tx.switching.is_none() {
                 // Refused only if the quanta do not fit the striper: then keep the old.
                 let _ = self.tx.striper.set_quanta(&q);
+            }
+        }
+        // Adaptive pacing: the pacer follows the rates the controller set.
+        if let (Some(rates), Some(pc)) = (a.pace_rates(), &mut self.pacer) {
+            for (c, &r) in rates.iter().enumerate() {
+                if pc.rate_bps(c).is_some_and(|old| old != r) {
+                    pc.set_rate(now, c, r);
+                }
             }
         }
     }

@@ -108,6 +108,10 @@ impl Bucket {
 pub(crate) struct Pacer {
     buckets: Vec<Option<Bucket>>,
     overhead: f64,
+    /// Tokens a bucket may save up, as time at its rate (µs), and never less than
+    /// `min_cap` bytes (two datagrams).
+    burst_us: f64,
+    min_cap: f64,
     codel: Option<Codel>,
     /// CoDel's floor (its configured target and interval), when it scales with the
     /// bond's round trip.
@@ -137,6 +141,8 @@ impl Pacer {
         Pacer {
             buckets,
             overhead: f64::from(cfg.overhead),
+            burst_us: cfg.burst.as_micros() as f64,
+            min_cap: 2.0 * f64::from(max_datagram + cfg.overhead),
             codel: cfg.codel.map(|c| Codel::new(c.target, c.interval)),
             scale_floor: cfg.codel.filter(|c| c.scale_to_rtt),
             stats: PacingStats::default(),
@@ -151,6 +157,25 @@ impl Pacer {
             Some(b) => {
                 b.refill(now);
                 b.tokens >= 0.0
+            }
+        }
+    }
+
+    /// Channel `c`'s pacing rate (bit/s on the wire), if it is paced.
+    pub fn rate_bps(&self, c: usize) -> Option<f64> {
+        let b = self.buckets.get(c)?.as_ref()?;
+        Some(b.rate * 8e6)
+    }
+
+    /// Pace channel `c` at `bps` (bit/s on the wire) from `now`: the tokens saved so
+    /// far stay (up to the new cap). A channel that is not paced stays unpaced.
+    pub fn set_rate(&mut self, now: Instant, c: usize, bps: f64) {
+        if let Some(b) = self.buckets.get_mut(c).and_then(Option::as_mut) {
+            if bps > 0.0 && bps.is_finite() {
+                b.refill(now);
+                b.rate = bps / 8e6;
+                b.cap = (b.rate * self.burst_us).max(self.min_cap);
+                b.tokens = b.tokens.min(b.cap);
             }
         }
     }

@@ -63,6 +63,9 @@ pub struct ChannelInfo {
     /// Its weight in the stripe now: its quantum while it is in our transmit set, 0
     /// while it is out (down, demoted or probing).
     pub weight: u32,
+    /// The rate it is paced at (bit/s on the wire), when it is paced: the configured
+    /// rate, or below it while adaptive weights have found less on its link.
+    pub pace_bps: Option<f64>,
     /// Its place in the bond (`session::demote`): active, demoted or probing.
     pub role: super::Role,
     /// How long `role` has held.
@@ -196,6 +199,7 @@ impl Session {
                     estimate: c.fb_tx.estimate(),
                     quantum,
                     weight: if in_tx_set { quantum } else { 0 },
+                    pace_bps: self.pacer.as_ref().and_then(|p| p.rate_bps(i)),
                     role: c.demote.role,
                     role_since: now.saturating_since(c.demote.since),
                     demotions: c.demote.demotions,

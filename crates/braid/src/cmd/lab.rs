@@ -59,10 +59,14 @@ enum LabCommand {
         /// link's rate in Mbit/s). With adaptive weights they are only the start.
         #[arg(long, value_name = "W1,W2,...")]
         weights: Option<String>,
-        /// Adaptive weights in the tunnel (`adaptive = true`; off by default, as in the
-        /// tunnel).
-        #[arg(long)]
+        /// Adaptive weights in the tunnel (`adaptive = true`). Without this or
+        /// --static-weights the tunnel's default holds: on with --pace (adaptive pacing:
+        /// the pace follows a link whose rate drops), off without
+        #[arg(long, conflicts_with = "static_weights")]
         adaptive: bool,
+        /// Static weights in the tunnel (`adaptive = false`), also with --pace
+        #[arg(long)]
+        static_weights: bool,
         /// AQM in the tunnel (`aqm = true`): CoDel on the channels' queueing delay,
         /// marking ECN CE; turns ECN on for TCP in the lab's end hosts.
         #[arg(long)]
@@ -324,6 +328,7 @@ pub fn run(a: Args) -> Result<()> {
             no_mptcp,
             weights,
             adaptive,
+            static_weights,
             aqm,
             aqm_loss_signal,
             no_return_path,
@@ -406,7 +411,11 @@ pub fn run(a: Args) -> Result<()> {
                 modes,
                 mptcp: !no_mptcp,
                 weights,
-                adaptive,
+                adaptive: match (adaptive, static_weights) {
+                    (true, _) => Some(true),
+                    (_, true) => Some(false),
+                    _ => None,
+                },
                 aqm,
                 aqm_loss_signal,
                 pace,
