@@ -94,7 +94,8 @@ pub struct ModeResult {
     pub tunnel_status: Value,
     /// The sending tunnel's (the TCP sender's side: its pacer, its return path).
     pub sender_status: Value,
-    /// With scripted changes: TCP goodput in each second, bit/s.
+    /// TCP in each second as iperf3's sender counts it (bytes written into the socket:
+    /// the first seconds include filling its buffer), bit/s.
     pub tcp_series_bps: Vec<f64>,
 }
 
@@ -111,7 +112,7 @@ pub struct BenchResult {
     pub braid: BTreeMap<String, ModeResult>,
     /// MPTCP, if measured.
     pub mptcp_bps: Option<f64>,
-    /// With scripted changes: MPTCP's goodput in each second, bit/s.
+    /// MPTCP in each second, counted as [`ModeResult::tcp_series_bps`], bit/s.
     pub mptcp_series_bps: Vec<f64>,
     /// Per-link emulator counters at the end.
     pub emulator: Vec<Value>,
@@ -227,7 +228,7 @@ impl BenchResult {
         if let Some(m) = self.mptcp_bps {
             s += &row("MPTCP, one subflow per link", m, "");
         }
-        // Scripted changes: each TCP run second by second.
+        // Each TCP run second by second.
         let line = |what: &str, v: &[f64]| {
             let secs: Vec<String> = v.iter().map(|b| format!("{:.0}", b / 1e6)).collect();
             format!("  {what:<18} {}\n", secs.join(" "))
@@ -242,7 +243,7 @@ impl BenchResult {
             series += &line("MPTCP", &self.mptcp_series_bps);
         }
         if !series.is_empty() {
-            s += "TCP goodput in each second (Mbit/s), with the scripted link changes:\n";
+            s += "TCP in each second (Mbit/s, as iperf3's sender counts: the first seconds fill its buffer):\n";
             s += &series;
         }
         s
@@ -670,11 +671,7 @@ fn tunnel_run(
     }
     let c = tcp_client(NS_CLIENT, &[], "10.99.0.2", None, 5201, secs);
     let tcp_json = with_changes(opt, || output(c, "iperf3 through the tunnel"))?;
-    let tcp_series_bps = if opt.changes.is_empty() {
-        Vec::new()
-    } else {
-        iperf_series(&tcp_json)
-    };
+    let tcp_series_bps = iperf_series(&tcp_json);
     let tcp_bps = iperf_bps(&tcp_json, "iperf3 through the tunnel")?;
     let tcp_retransmits = iperf_retransmits(&tcp_json);
 
@@ -825,10 +822,5 @@ fn mptcp_run(opt: &BenchOptions, n: usize, secs: u64) -> Result<(f64, Vec<f64>),
         secs,
     );
     let json = with_changes(opt, || output(c, "MPTCP iperf3"))?;
-    let series = if opt.changes.is_empty() {
-        Vec::new()
-    } else {
-        iperf_series(&json)
-    };
-    Ok((iperf_bps(&json, "MPTCP iperf3")?, series))
+    Ok((iperf_bps(&json, "MPTCP iperf3")?, iperf_series(&json)))
 }
