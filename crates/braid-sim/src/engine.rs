@@ -629,10 +629,15 @@ fn run_sim(
             ));
         }
         let ack_delay = spec.ack_delay.resolve(&cfg.channels);
+        let early = (
+            crate::tcp::AckDelay::Slowest.resolve(&cfg.channels),
+            cfg.traffic.start.saturating_add(spec.ack_slowest_for),
+        );
         sim.tcp = Some(Box::new(crate::tcp::TcpFlow::new(
             spec,
             seg,
             ack_delay,
+            early,
             sim.window_end,
         )));
     }
@@ -1145,7 +1150,7 @@ impl Sim {
             return;
         };
         let ack = flow.rcv.on_segment(now, st);
-        let at = now.saturating_add(flow.ack_delay);
+        let at = flow.ack_arrival(now);
         flow.acks.push_back((at, ack));
         if flow.acks.len() == 1 {
             self.schedule(at, Ev::Ack);

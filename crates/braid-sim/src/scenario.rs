@@ -1522,6 +1522,7 @@ const TCP_KEYS: &[&str] = &[
     "cc",
     "header_bytes",
     "ack_delay_ms",
+    "ack_slowest_for_ms",
     "rwnd_packets",
     "init_cwnd",
     "min_rto_ms",
@@ -1586,10 +1587,17 @@ fn parse_tcp(tr: &Tab) -> Result<crate::tcp::TcpSpec, ScenarioError> {
         "a number of milliseconds > 0 (at most 1e9)",
         pos_time_ms,
     )?);
+    let ack_slowest_for = ms(tr.f64_or(
+        "ack_slowest_for_ms",
+        0.0,
+        "milliseconds from 0 to 1e9",
+        time_ms,
+    )?);
     Ok(TcpSpec {
         cc,
         header_bytes,
         ack_delay,
+        ack_slowest_for,
         rwnd,
         init_cwnd,
         min_rto,

@@ -77,6 +77,9 @@ pub struct TcpSpec {
     pub header_bytes: u32,
     /// Delay of the acknowledgements from receiver to sender.
     pub ack_delay: AckDelay,
+    /// For this long from the flow's start the acknowledgements take the slowest
+    /// channel's delay instead (the tunnel's return path cuts over only after its hold).
+    pub ack_slowest_for: Nanos,
     /// Receive window, segments.
     pub rwnd: u32,
     /// Initial congestion window, segments.
@@ -95,6 +98,7 @@ impl Default for TcpSpec {
             cc: Cc::Cubic,
             header_bytes: 52,
             ack_delay: AckDelay::Fastest,
+            ack_slowest_for: 0,
             rwnd: 4096,
             init_cwnd: 10,
             min_rto: 200_000_000,
@@ -818,6 +822,9 @@ pub(crate) struct TcpFlow {
     pub rcv: TcpReceiver,
     pub acks: VecDeque<(Nanos, Ack)>,
     pub ack_delay: Nanos,
+    /// Until this time the acknowledgements take `ack_delay_early` instead.
+    pub early_until: Nanos,
+    pub ack_delay_early: Nanos,
     /// The time of the earliest timer event in the engine's queue, if any.
     pub timer_at: Option<Nanos>,
     pub seg_bytes: u32,
@@ -828,7 +835,14 @@ pub(crate) struct TcpFlow {
 }
 
 impl TcpFlow {
-    pub fn new(spec: &TcpSpec, seg_bytes: u32, ack_delay: Nanos, window_end: Nanos) -> TcpFlow {
+    /// A flow whose acknowledgements take `ack_delay`, or `early.0` until `early.1`.
+    pub fn new(
+        spec: &TcpSpec,
+        seg_bytes: u32,
+        ack_delay: Nanos,
+        early: (Nanos, Nanos),
+        window_end: Nanos,
+    ) -> TcpFlow {
         TcpFlow {
             snd: TcpSender::new(spec),
             rcv: TcpReceiver::new(
@@ -837,6 +851,8 @@ impl TcpFlow {
             ),
             acks: VecDeque::new(),
             ack_delay,
+            ack_delay_early: early.0,
+            early_until: early.1,
             timer_at: None,
             seg_bytes,
             ecn: spec.ecn,
@@ -856,6 +872,18 @@ impl TcpFlow {
         };
         self.next_tx += 1;
         packet(&mut self.buf, self.seg_bytes as usize, self.ecn, st)
+    }
+
+    /// When an acknowledgement sent at `now` arrives: after the delay in force, and
+    /// never before the one sent before it (the path is FIFO).
+    pub fn ack_arrival(&self, now: Nanos) -> Nanos {
+        let d = if now < self.early_until {
+            self.ack_delay_early
+        } else {
+            self.ack_delay
+        };
+        let last = self.acks.back().map_or(0, |a| a.0);
+        now.saturating_add(d).max(last)
     }
 
     /// The figures, `span_s` being the flow's time (start to the window's end).

@@ -418,6 +418,54 @@ fn adaptive_pacing_follows_a_link_whose_rate_drops() {
     );
 }
 
+/// The scaled links striped (logical, no session), the acknowledgements as `acks`.
+fn scaled_striped_with_acks(acks: &str) -> Scenario {
+    parse(&format!(
+        r#"{SCALED_LINKS}[traffic]
+source = "tcp"
+bytes = 1440
+{acks}
+start_s = 1
+[markers]
+max_interval_ms = 5
+[[run]]
+label = "striped"
+scheduler = "srr"
+receiver = "logical"
+"#
+    ))
+}
+
+#[test]
+fn acknowledgements_take_the_slowest_delay_for_the_first_stretch() {
+    let tcp = |acks: &str| {
+        let r = run(&scaled_striped_with_acks(acks), 1);
+        r.runs[0].tcp.clone().expect("tcp")
+    };
+    let slowest = tcp("ack_delay_ms = \"slowest\"");
+    let fastest = tcp("ack_delay_ms = \"fastest\"");
+    // Slow for longer than the run: the same flow as "slowest" throughout.
+    let always = tcp("ack_delay_ms = \"fastest\"\nack_slowest_for_ms = 60000");
+    assert_eq!(always.goodput_bps, slowest.goodput_bps);
+    assert_eq!(always.retransmits, slowest.retransmits);
+    // Slow for the first second (the tunnel's return path cuts over after its hold):
+    // the round trip falls to the fast path's afterwards, and the flow is neither.
+    let first = tcp("ack_delay_ms = \"fastest\"\nack_slowest_for_ms = 1000");
+    assert!(
+        first.min_rtt_ms < slowest.min_rtt_ms,
+        "min rtt {} vs {}",
+        first.min_rtt_ms,
+        slowest.min_rtt_ms
+    );
+    assert_ne!(first.goodput_bps, fastest.goodput_bps);
+    assert_ne!(first.goodput_bps, slowest.goodput_bps);
+    let e = parse_err(&one_channel(10.0, "").replace(
+        "header_bytes = 52",
+        "header_bytes = 52\nack_slowest_for_ms = -1",
+    ));
+    assert!(e.contains("traffic.ack_slowest_for_ms"), "{e}");
+}
+
 #[test]
 fn same_seed_same_result_other_seed_other_losses() {
     let sc = parse(&one_channel(10.0, "loss = 0.005"));
