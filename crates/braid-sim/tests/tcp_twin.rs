@@ -218,6 +218,19 @@ queue_packets = 20
 overhead_bytes = 42
 "#;
 
+/// The twins' traffic: one TCP flow from 1 s, its acknowledgements after the fastest
+/// channel's delay, markers every 5 ms, delays equalized.
+const FAST_ACKS_EQUALIZED: &str = r#"[traffic]
+source = "tcp"
+bytes = 1440
+ack_delay_ms = "fastest"
+start_s = 1
+[markers]
+max_interval_ms = 5
+[receiver]
+equalize = true
+"#;
+
 /// A scaled-down twin of the lab's loss case (100/50/20 Mbit/s → 20/10/4, same delays,
 /// 1 % loss on link 2) through the session in seq mode, plain and with arq+aqm.
 fn scaled_loss_twin() -> Scenario {
@@ -292,17 +305,8 @@ fn random_loss_on_one_link_repair_and_aqm_carry_tcp_much_further() {
 /// paced at its link's rate.
 fn scaled_wrong_weights_twin() -> Scenario {
     parse(&format!(
-        "{SCALED_LINKS}{}",
-        r#"[traffic]
-source = "tcp"
-bytes = 1440
-ack_delay_ms = "fastest"
-start_s = 1
-[markers]
-max_interval_ms = 5
-[receiver]
-equalize = true
-[[run]]
+        "{SCALED_LINKS}{FAST_ACKS_EQUALIZED}{}",
+        r#"[[run]]
 label = "static"
 scheduler = "srr"
 receiver = "logical"
@@ -365,17 +369,8 @@ fn scaled_paced_rate_drop_twin() -> Scenario {
         1,
     );
     parse(&format!(
-        "{links}{}",
-        r#"[traffic]
-source = "tcp"
-bytes = 1440
-ack_delay_ms = "fastest"
-start_s = 1
-[markers]
-max_interval_ms = 5
-[receiver]
-equalize = true
-[[run]]
+        "{links}{FAST_ACKS_EQUALIZED}{}",
+        r#"[[run]]
 label = "paced"
 scheduler = "srr"
 receiver = "logical"

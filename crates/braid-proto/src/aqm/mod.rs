@@ -83,9 +83,9 @@ impl Default for AqmConfig {
 
 /// CoDel's target and interval for a bond whose slowest channel has the round trip
 /// `slowest` (its minimum): the interval twice that round trip, the target 10 % of the
-/// interval (when the interval is scaled at all), neither below `floor`'s, the interval at most [`MAX_INTERVAL`]. The
-/// interval so scaled spaces the signals; the first still comes once a queue has stood
-/// for `floor.interval` (see [`Codel::set_params`]).
+/// interval (when the interval is scaled at all), neither below `floor`'s, the interval
+/// at most [`MAX_INTERVAL`]. The interval so scaled spaces the signals; the first still
+/// comes once a queue has stood for `floor.interval` (see [`Codel::set_params`]).
 ///
 /// RFC 8289 sets the interval to the worst round trip of the flows through the queue
 /// and the target to 5-10 % of it; its defaults (5 ms, 100 ms) assume round trips

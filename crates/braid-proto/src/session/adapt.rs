@@ -24,8 +24,11 @@
 //! * with every channel paced, the controller starts from quanta proportional to the
 //!   configured rates, not the configured weights: the pacer holds each channel to its
 //!   rate and the queue builds at home, so no channel's queue would ever show that the
-//!   weights do not match the rates. From there congestion steers as above (a rate that
-//!   drops below its configured one shows a queue).
+//!   weights do not match the rates. From there it sets the pacing rates (*adaptive
+//!   pacing*, [`Adapt::pace_rates`]): a channel whose link shows a queue (its rate fell
+//!   below its configured one) is paced just below what the link delivers, one without
+//!   probes back up to its configured rate, and the quanta follow the rates. The link's
+//!   queue drains and the bond's waits at home, where the pacer's CoDel tells TCP.
 //!
 //! Why the one-way delay: the round trip counts the peer's traffic's queue on the way
 //! back, so it had to be above its minimum by a quarter to mean anything, and then a
@@ -214,9 +217,10 @@ impl Adapt {
     /// A step with every channel paced. A link's queue means its pacing rate is above
     /// what the link carries now (its rate fell, or was configured too high): the
     /// channel is paced a little below what the link delivered while the queue stood
-    /// (cut to a quarter at most in one step). A channel below its configured rate that has shown
-    /// no queue for [`PACE_CALM_STEPS`] steps probes upwards, by 10 % and 5 % more for
-    /// each further calm step (at most half again), back to its configured rate. The
+    /// (cut to a quarter at most in one step). A channel below its configured rate that
+    /// has shown no queue for [`PACE_CALM_STEPS`] steps probes upwards, by 10 % and 5 %
+    /// more for each further calm step (at most half again), back to its configured
+    /// rate. The
     /// quanta are proportional to the rates, so the stripe gives each channel what its
     /// pacer lets through, and what the channels cannot take waits at home, where
     /// CoDel sees it.
