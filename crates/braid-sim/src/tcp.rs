@@ -823,8 +823,8 @@ pub(crate) struct TcpFlow {
     pub acks: VecDeque<(Nanos, Ack)>,
     pub ack_delay: Nanos,
     /// Until this time the acknowledgements take `ack_delay_early` instead.
-    pub early_until: Nanos,
-    pub ack_delay_early: Nanos,
+    early_until: Nanos,
+    ack_delay_early: Nanos,
     /// The time of the earliest timer event in the engine's queue, if any.
     pub timer_at: Option<Nanos>,
     pub seg_bytes: u32,

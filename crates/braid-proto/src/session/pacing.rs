@@ -121,14 +121,22 @@ pub(crate) struct Pacer {
 
 impl Pacer {
     pub fn new(cfg: &PacingConfig, max_datagram: u32, now: Instant) -> Pacer {
-        let buckets = cfg
+        let mut p = Pacer {
+            buckets: Vec::new(),
+            overhead: f64::from(cfg.overhead),
+            burst_us: cfg.burst.as_micros() as f64,
+            min_cap: 2.0 * f64::from(max_datagram + cfg.overhead),
+            codel: cfg.codel.map(|c| Codel::new(c.target, c.interval)),
+            scale_floor: cfg.codel.filter(|c| c.scale_to_rtt),
+            stats: PacingStats::default(),
+        };
+        p.buckets = cfg
             .rates_bps
             .iter()
             .map(|&r| {
                 (r > 0.0).then(|| {
                     let rate = r / 8.0 / 1e6;
-                    let two = 2.0 * f64::from(max_datagram + cfg.overhead);
-                    let cap = (rate * cfg.burst.as_micros() as f64).max(two);
+                    let cap = p.cap(rate);
                     Bucket {
                         rate,
                         cap,
@@ -138,15 +146,12 @@ impl Pacer {
                 })
             })
             .collect();
-        Pacer {
-            buckets,
-            overhead: f64::from(cfg.overhead),
-            burst_us: cfg.burst.as_micros() as f64,
-            min_cap: 2.0 * f64::from(max_datagram + cfg.overhead),
-            codel: cfg.codel.map(|c| Codel::new(c.target, c.interval)),
-            scale_floor: cfg.codel.filter(|c| c.scale_to_rtt),
-            stats: PacingStats::default(),
-        }
+        p
+    }
+
+    /// The most tokens a bucket of `rate` bytes/µs may save up.
+    fn cap(&self, rate: f64) -> f64 {
+        (rate * self.burst_us).max(self.min_cap)
     }
 
     /// May a packet go on channel `c` at `now`? (A channel with tokens left may take
@@ -170,13 +175,16 @@ impl Pacer {
     /// Pace channel `c` at `bps` (bit/s on the wire) from `now`: the tokens saved so
     /// far stay (up to the new cap). A channel that is not paced stays unpaced.
     pub fn set_rate(&mut self, now: Instant, c: usize, bps: f64) {
+        if !(bps > 0.0 && bps.is_finite()) {
+            return;
+        }
+        let rate = bps / 8e6;
+        let cap = self.cap(rate);
         if let Some(b) = self.buckets.get_mut(c).and_then(Option::as_mut) {
-            if bps > 0.0 && bps.is_finite() {
-                b.refill(now);
-                b.rate = bps / 8e6;
-                b.cap = (b.rate * self.burst_us).max(self.min_cap);
-                b.tokens = b.tokens.min(b.cap);
-            }
+            b.refill(now);
+            b.rate = rate;
+            b.cap = cap;
+            b.tokens = b.tokens.min(cap);
         }
     }
 
