@@ -32,8 +32,12 @@ pub struct ChannelConfig {
     /// The path MTU of this channel, in bytes (IP packet size).
     pub mtu: u32,
     /// Pace this channel at this rate, bit/s on the wire (`session::pacing`): set it
-    /// a little below the link's rate. `None`: not paced.
+    /// a little below the link's rate. `None`: not paced (or measured, `pace_auto`).
     pub pace_bps: Option<u64>,
+    /// Measure the channel's rate when it comes up and pace it at that
+    /// (`pace = "auto"`, `session::probe`). When any channel is measured, every
+    /// channel is, and one with a configured `pace` is paced at the lower of the two.
+    pub pace_auto: bool,
 }
 
 impl ChannelConfig {
@@ -47,6 +51,7 @@ impl ChannelConfig {
             weight: 1,
             mtu: 1500,
             pace_bps: None,
+            pace_auto: false,
         }
     }
 
@@ -277,14 +282,19 @@ impl SessionConfig {
             credits: self.credits,
             demote: self.demote,
             return_path: self.return_path,
-            pacing: self.channels.iter().any(|c| c.pace_bps.is_some()).then(|| {
-                braid_proto::session::PacingConfig::new(
-                    self.channels
-                        .iter()
-                        .map(|c| c.pace_bps.unwrap_or(0) as f64)
-                        .collect(),
-                )
-            }),
+            pacing: self
+                .channels
+                .iter()
+                .any(|c| c.pace_bps.is_some() || c.pace_auto)
+                .then(|| braid_proto::session::PacingConfig {
+                    probe: self.channels.iter().any(|c| c.pace_auto),
+                    ..braid_proto::session::PacingConfig::new(
+                        self.channels
+                            .iter()
+                            .map(|c| c.pace_bps.unwrap_or(0) as f64)
+                            .collect(),
+                    )
+                }),
         }
     }
 
@@ -487,12 +497,13 @@ impl FileConfig {
             if !(576..=65535).contains(&mtu) {
                 return Err(err(&k("mtu"), format!("{mtu} is outside 576..=65535")));
             }
+            let pace_auto = c.pace.as_deref() == Some("auto");
             let pace_bps = match &c.pace {
                 None => None,
-                Some(v) => Some(
-                    braid_proto::units::parse_rate(v)
-                        .map_err(|e| err(&k("pace"), e.to_string()))?,
-                ),
+                Some(_) if pace_auto => None,
+                Some(v) => Some(braid_proto::units::parse_rate(v).map_err(|e| {
+                    err(&k("pace"), format!("{e} (or \"auto\": measure the link)"))
+                })?),
             };
             channels.push(ChannelConfig {
                 name: c.name.clone().unwrap_or_else(|| format!("ch{i}")),
@@ -502,6 +513,7 @@ impl FileConfig {
                 weight,
                 mtu,
                 pace_bps,
+                pace_auto,
             });
         }
         let file_path = |f: &str| match dir {
@@ -620,7 +632,11 @@ impl FileConfig {
         // otherwise (unpaced, the controller takes a single flow's slow-start queues for
         // a change of the links and moves right weights: `docs/lab.md`).
         cfg.adaptive = s.adaptive.unwrap_or_else(|| {
-            !cfg.channels.is_empty() && cfg.channels.iter().all(|c| c.pace_bps.is_some())
+            !cfg.channels.is_empty()
+                && cfg
+                    .channels
+                    .iter()
+                    .all(|c| c.pace_bps.is_some() || c.pace_auto)
         });
         if let Some(on) = s.aqm {
             cfg.aqm = on.then(braid_proto::aqm::AqmConfig::default);
@@ -1065,7 +1081,29 @@ remote = "127.0.0.1:7102"
         let e = FileConfig::parse("t.toml", &bad, None)
             .unwrap_err()
             .to_string();
-        assert!(e.contains("channel[0].pace"), "{e}");
+        assert!(e.contains("channel[0].pace") && e.contains("auto"), "{e}");
+        // `pace = "auto"`: measured; with one channel measured, every channel is (the
+        // configured one at the lower rate), and adaptive weights are on by default.
+        let auto = both.replacen("pace = \"45mbit\"", "pace = \"auto\"", 1);
+        let pc = FileConfig::parse("t.toml", &auto, None)
+            .unwrap()
+            .session
+            .session_config()
+            .pacing
+            .expect("pacing on");
+        assert_eq!(pc.rates_bps, vec![95e6, 0.0]);
+        assert!(pc.probe);
+        assert!(adaptive(&auto));
+        assert!(!pc.probe || pc.rates_bps.len() == 2);
+        assert!(
+            !FileConfig::parse("t.toml", &both, None)
+                .unwrap()
+                .session
+                .session_config()
+                .pacing
+                .unwrap()
+                .probe
+        );
         // Bad-link demotion: on by default, with these keys.
         let c = FileConfig::parse("t.toml", &with(""), None).unwrap();
         assert_eq!(

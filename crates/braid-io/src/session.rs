@@ -481,7 +481,7 @@ async fn reader(
     channel: usize,
     sock: Arc<UdpSocket>,
     state: Arc<UdpSocketState>,
-    out: mpsc::Sender<(usize, Vec<Bytes>)>,
+    out: mpsc::Sender<(usize, std::time::Instant, Vec<Bytes>)>,
     budget: Arc<Budget>,
     limits: Limits,
 ) {
@@ -503,6 +503,9 @@ async fn reader(
             })
             .await
         };
+        // When they arrived (as near as a reader can tell): the driver may take several
+        // batches at once, and a capacity probe times the arrivals (`session::probe`).
+        let read_at = std::time::Instant::now();
         let n = match r {
             Ok(n) => n,
             // ICMP errors from a connected UDP socket (peer not running yet): ignore.
@@ -532,7 +535,7 @@ async fn reader(
                 batch.push(Bytes::copy_from_slice(d));
             }
         }
-        if !batch.is_empty() && out.send((channel, batch)).await.is_err() {
+        if !batch.is_empty() && out.send((channel, read_at, batch)).await.is_err() {
             return;
         }
     }
@@ -601,9 +604,14 @@ impl Driver {
         Instant::from_micros(self.origin.elapsed().as_micros() as u64)
     }
 
+    /// A reader's clock reading on the machine's clock.
+    fn at(&self, t: std::time::Instant) -> Instant {
+        Instant::from_micros(t.saturating_duration_since(self.origin).as_micros() as u64)
+    }
+
     async fn run(
         mut self,
-        mut net: mpsc::Receiver<(usize, Vec<Bytes>)>,
+        mut net: mpsc::Receiver<(usize, std::time::Instant, Vec<Bytes>)>,
         mut data: mpsc::Receiver<Bytes>,
         mut cmd: mpsc::Receiver<Cmd>,
         mut close: watch::Receiver<bool>,
@@ -626,13 +634,12 @@ impl Driver {
                     None => break,
                 },
                 d = net.recv() => {
-                    let Some((c, batch)) = d else { break };
-                    let now = self.now();
-                    self.take_datagrams(now, c, batch);
+                    let Some((c, at, batch)) = d else { break };
+                    self.take_datagrams(self.at(at), c, batch);
                     // Take what else is already waiting, up to a few batches.
                     for _ in 0..8 {
                         match net.try_recv() {
-                            Ok((c, batch)) => self.take_datagrams(now, c, batch),
+                            Ok((c, at, batch)) => self.take_datagrams(self.at(at), c, batch),
                             Err(_) => break,
                         }
                     }
@@ -776,6 +783,17 @@ impl Driver {
                     "channel {channel} ({}) promoted: healthy again, back in the transmit set",
                     name(channel)
                 ),
+                Event::ChannelMeasured {
+                    channel,
+                    bps,
+                    pace_bps,
+                } => info!(
+                    channel,
+                    "channel {channel} ({}) measured at {:.1} Mbit/s on the wire: paced at {:.1} Mbit/s",
+                    name(channel),
+                    bps as f64 / 1e6,
+                    pace_bps as f64 / 1e6
+                ),
                 Event::PeerHearsUs { channel, hears: true } => {
                     info!(channel, "peer hears us again on channel {channel} ({})", name(channel))
                 }
@@ -887,6 +905,7 @@ impl Driver {
                 arq_rejected: c.arq.rejected,
                 credit_balance: c.credit_balance.map_or(-1.0, |b| b as f64),
                 pace_bps: c.pace_bps.unwrap_or(-1.0),
+                measured_bps: c.measured_bps.unwrap_or(-1.0),
             })
             .collect();
         SessionStats {
@@ -928,6 +947,8 @@ impl Driver {
             pacing_waits: s.pacing.map_or(0, |p| p.waits),
             pacing_ce_marks: s.pacing.map_or(0, |p| p.ce_marks),
             pacing_drops: s.pacing.map_or(0, |p| p.drops),
+            probe_trains: s.probes.trains_sent,
+            probe_reports: s.probes.reports,
             return_path_channel: s.return_path.map_or(-1, |c| c as i64),
             return_path_cuts: s.return_path_cuts,
             tx_queued: s.queued as f64,

@@ -153,6 +153,10 @@ pub struct ChannelSnapshot {
     /// configured `pace`, or below it while adaptive weights find less on its link.
     #[serde(default)]
     pub pace_bps: f64,
+    /// The channel's rate as a capacity probe measured it, bit/s on the wire (-1: not
+    /// measured; `pace = "auto"`).
+    #[serde(default)]
+    pub measured_bps: f64,
 }
 
 /// A snapshot of a whole session.
@@ -249,6 +253,12 @@ pub struct SessionStats {
     /// Pacing: packets dropped for it (not ECN-capable).
     #[serde(default)]
     pub pacing_drops: u64,
+    /// Capacity probes (`pace = "auto"`): trains we sent to measure our channels.
+    #[serde(default)]
+    pub probe_trains: u64,
+    /// Capacity probes: reports of our trains that came back (channels measured).
+    #[serde(default)]
+    pub probe_reports: u64,
     /// The channel our return path rides alone (`session::return_path`: we carry
     /// little more than the acknowledgements of the peer's flow), -1 while it uses
     /// every channel.
@@ -334,7 +344,11 @@ impl SessionStats {
                     } else {
                         "-".into()
                     };
-                    format!("{}={r}", c.name)
+                    if c.measured_bps > 0.0 {
+                        format!("{}={r} (measured {})", c.name, si(c.measured_bps))
+                    } else {
+                        format!("{}={r}", c.name)
+                    }
                 })
                 .collect();
             let _ = writeln!(s, "pacing (bit/s): {}", rates.join(" "));

@@ -47,6 +47,13 @@ pub struct BenchOptions {
     /// Pace each channel at this share of its link's rate (`channel.pace`); `None`:
     /// no pacing.
     pub pace: Option<f64>,
+    /// Have the tunnel measure each link's rate and pace at that (`pace = "auto"`).
+    pub pace_auto: bool,
+    /// Pace each channel at this rate (bit/s, one per link; `None`: measured, as
+    /// `pace = "auto"`) instead of a share of its link's rate.
+    pub pace_rates: Option<Vec<Option<u64>>>,
+    /// The tunnel's security mode (`session.security`); `None`: its default (`encrypt`).
+    pub security: Option<String>,
     /// In-bond repair wait (`session.arq`), e.g. `100ms`; `None`: the tunnel's default.
     pub arq: Option<String>,
     /// Credit-based flow control per channel in the tunnel (`session.credits`).
@@ -527,6 +534,9 @@ fn tunnel_config(opt: &BenchOptions, mode: &str, end_a: bool) -> String {
     if let Some(a) = opt.adaptive {
         s += &format!("adaptive = {a}\n");
     }
+    if let Some(m) = &opt.security {
+        s += &format!("security = \"{m}\"\n");
+    }
     if let Some(a) = &opt.arq {
         s += &format!("arq = \"{a}\"\n");
     }
@@ -557,7 +567,14 @@ fn tunnel_config(opt: &BenchOptions, mode: &str, end_a: bool) -> String {
         s += &format!(
             "[[channel]]\nname = \"link{i}\"\nlocal = \"{local}:{port}\"\nremote = \"{remote}:{port}\"\nweight = {weight}\nmtu = 1500\n"
         );
-        if let Some(share) = opt.pace {
+        if let Some(rates) = &opt.pace_rates {
+            match rates[i] {
+                Some(r) => s += &format!("pace = \"{r}\"\n"),
+                None => s += "pace = \"auto\"\n",
+            }
+        } else if opt.pace_auto {
+            s += "pace = \"auto\"\n";
+        } else if let Some(share) = opt.pace {
             // The shaper counts IP bytes; the pacer adds 42 bytes of framing, so
             // `share` of the rate leaves the tbf's queue empty.
             s += &format!(

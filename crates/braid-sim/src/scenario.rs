@@ -1121,6 +1121,7 @@ fn session_variant(st: &Tab, sc: StripeConfig) -> Result<Variant, ScenarioError>
         "pace_mbps",
         "pace_burst",
         "pace_codel",
+        "pace_probe",
         "credits",
         "credit_window",
         "credit_pool",
@@ -1241,12 +1242,15 @@ fn session_variant(st: &Tab, sc: StripeConfig) -> Result<Variant, ScenarioError>
             if !st.bool_or("pace_codel", true)? {
                 p.codel = None;
             }
+            // Capacity probes (`pace = "auto"` in the tunnel): a channel at 0 is paced
+            // at its measured rate, one with a rate at the lower of the two.
+            p.probe = st.bool_or("pace_probe", false)?;
             p.validate(cfg.channels.len())
                 .map_err(|e| st.err("pace_mbps", &e))?;
             cfg.pacing = Some(p);
         }
         None => {
-            for k in ["pace_burst", "pace_codel"] {
+            for k in ["pace_burst", "pace_codel", "pace_probe"] {
                 if st.t.contains_key(k) {
                     return Err(st.err(k, "needs `pace_mbps`"));
                 }

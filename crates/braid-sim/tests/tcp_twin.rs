@@ -359,6 +359,85 @@ fn adaptive_weights_turn_wrong_weights_round_for_one_tcp_flow() {
     );
 }
 
+/// The scaled wrong-weights twin paced at rates nobody configured right: measured when
+/// the channels come up (`pace = "auto"`), and nominal rates (20 Mbit/s each, twice and
+/// five times the slower links') with and without the measurement.
+fn scaled_measured_rates_twin() -> Scenario {
+    parse(&format!(
+        "{SCALED_LINKS}{FAST_ACKS_EQUALIZED}{}",
+        r#"[[run]]
+label = "static"
+scheduler = "srr"
+receiver = "logical"
+weights = [1445, 3613, 7225]
+[[run]]
+label = "measured"
+scheduler = "srr"
+receiver = "logical"
+weights = [1445, 3613, 7225]
+set = { "session.adaptive" = true, "session.pace_mbps" = [0.0, 0.0, 0.0], "session.pace_probe" = true }
+[[run]]
+label = "nominal"
+scheduler = "srr"
+receiver = "logical"
+weights = [1445, 3613, 7225]
+set = { "session.adaptive" = true, "session.pace_mbps" = [20.0, 20.0, 20.0] }
+[[run]]
+label = "nominal, measured"
+scheduler = "srr"
+receiver = "logical"
+weights = [1445, 3613, 7225]
+set = { "session.adaptive" = true, "session.pace_mbps" = [20.0, 20.0, 20.0], "session.pace_probe" = true }
+"#,
+    ))
+}
+
+#[test]
+fn measured_rates_pace_a_bond_whose_rates_nobody_configured() {
+    let r = run(&scaled_measured_rates_twin(), 1);
+    let bps = |i: usize| r.runs[i].tcp.as_ref().expect("tcp").goodput_bps;
+    let (fixed, measured, nominal, nominal_measured) = (bps(0), bps(1), bps(2), bps(3));
+    let q = |i: usize| {
+        r.runs[i]
+            .session
+            .as_ref()
+            .expect("session")
+            .final_quanta
+            .clone()
+    };
+    // Measured, the quanta start from the links' rates (20 : 10 : 4, the smallest the
+    // largest packet) and the flow gets what it gets paced at the configured rates
+    // (27.42 Mbit/s above). (Measured: static 5.84, measured 27.43 Mbit/s, quanta
+    // 7225 / 3612 / 1445.)
+    let m = q(1);
+    assert!(
+        (f64::from(m[0]) / f64::from(m[2]) - 5.0).abs() < 0.25
+            && (f64::from(m[1]) / f64::from(m[2]) - 2.5).abs() < 0.15,
+        "quanta {m:?}"
+    );
+    assert!(
+        measured > 4.0 * fixed && measured > 0.8 * 32.4e6,
+        "measured {:.2} vs static {:.2} Mbit/s",
+        measured / 1e6,
+        fixed / 1e6
+    );
+    // Nominal rates far above the slower links': their queues overflow in the flow's
+    // slow start before adaptive pacing has seen them, and the flow leaves it early.
+    // Measured too, each channel is paced at the lower of the two from the start.
+    // (Measured: nominal 15.96, nominal and measured 27.43 Mbit/s.)
+    assert_eq!(
+        q(3),
+        m,
+        "the lower of nominal and measured is the measured rate"
+    );
+    assert!(
+        nominal_measured > 1.3 * nominal,
+        "nominal {:.2}, measured too {:.2} Mbit/s",
+        nominal / 1e6,
+        nominal_measured / 1e6
+    );
+}
+
 /// A scaled-down twin of the lab's paced rate drop: link 0 falls from 20 to 6.6 Mbit/s
 /// 3 s into the flow; every channel paced at its link's configured rate, static or
 /// adaptive.

@@ -27,8 +27,10 @@
 //!   weights do not match the rates. From there it sets the pacing rates (*adaptive
 //!   pacing*, [`Adapt::pace_rates`]): a channel whose link shows a queue (its rate fell
 //!   below its configured one) is paced just below what the link delivers, one without
-//!   probes back up to its configured rate, and the quanta follow the rates. The link's
-//!   queue drains and the bond's waits at home, where the pacer's CoDel tells TCP.
+//!   probes back up to its configured rate while it uses its pace (a channel carrying
+//!   less than four fifths of its rate is held back by something else, and its calm
+//!   proves nothing), and the quanta follow the rates. The link's queue drains and the
+//!   bond's waits at home, where the pacer's CoDel tells TCP.
 //!
 //! Why the one-way delay: the round trip counts the peer's traffic's queue on the way
 //! back, so it had to be above its minimum by a quarter to mean anything, and then a
@@ -66,8 +68,11 @@ const PACE_DRAIN: f64 = 0.95;
 /// delivery rate measured across a stall of the machine is not a capacity; a link
 /// that falls to a third is followed in one step).
 const PACE_MAX_CUT: f64 = 0.25;
-/// Steps without a standing queue before a paced channel below its configured rate
-/// probes upwards.
+/// A paced channel probes upwards only while it carries at least this share of its
+/// rate (the pace is what holds it back).
+const PACE_BUSY: f64 = 0.8;
+/// Steps without a standing queue, carrying at least [`PACE_BUSY`] of its rate, before
+/// a paced channel below its configured rate probes upwards.
 const PACE_CALM_STEPS: u32 = 2;
 
 /// The controller's state.
@@ -80,6 +85,9 @@ pub(crate) struct Adapt {
     pub changes: u64,
     /// With every channel paced: the pacing rates the controller sets.
     pace: Option<Pace>,
+    /// With some channels' rates still to be measured (`pace = "auto"`): the rates
+    /// known so far (0: not yet), and the rest of what [`Pace`] starts from.
+    learning: Option<Pace>,
 }
 
 /// Adaptive pacing: each channel's rate (bit/s on the wire), at most its configured one.
@@ -109,25 +117,70 @@ impl Adapt {
     /// delivers, one without probes back up towards its configured rate, and the quanta
     /// follow the rates.
     pub fn new(mut quanta: Vec<u32>, rates_bps: &[f64], overhead: u32, now: Instant) -> Adapt {
-        let mut pace = None;
-        if rates_bps.len() == quanta.len() && rates_bps.iter().all(|r| *r > 0.0) {
+        let (mut pace, mut learning) = (None, None);
+        if rates_bps.len() == quanta.len() {
             let least = quanta.iter().copied().min().unwrap_or(1);
-            let all: Vec<usize> = (0..quanta.len()).collect();
-            quanta = proportional(least, &all, rates_bps);
-            pace = Some(Pace {
+            let p = Pace {
                 max: rates_bps.to_vec(),
                 rates: rates_bps.to_vec(),
                 calm: vec![0; rates_bps.len()],
                 overhead: f64::from(overhead),
                 least,
-            });
+            };
+            if rates_bps.iter().all(|r| *r > 0.0) {
+                let all: Vec<usize> = (0..quanta.len()).collect();
+                quanta = proportional(least, &all, rates_bps);
+                pace = Some(p);
+            } else {
+                learning = Some(p);
+            }
         }
         Adapt {
             next: now + MIN_INTERVAL,
             quanta,
             changes: 0,
             pace,
+            learning,
         }
+    }
+
+    /// Channel `c`'s rate was measured (`session::probe`): pace it at `rate`, and
+    /// probe back up to at most `most` (bit/s on the wire). Once every channel has a
+    /// rate, adaptive pacing starts as if they had been configured: quanta
+    /// proportional to the rates. Returns whether the quanta changed.
+    pub fn learn(&mut self, c: usize, rate: f64, most: f64) -> bool {
+        if !(rate > 0.0 && most > 0.0) {
+            return false;
+        }
+        let all: Vec<usize> = (0..self.quanta.len()).collect();
+        if let Some(p) = &mut self.pace {
+            let Some(r) = p.rates.get_mut(c) else {
+                return false;
+            };
+            *r = rate;
+            p.max[c] = most;
+            p.calm[c] = 0;
+            let new = proportional(p.least, &all, &p.rates);
+            let changed = new != self.quanta;
+            self.quanta = new;
+            return changed;
+        }
+        let Some(l) = &mut self.learning else {
+            return false;
+        };
+        let Some(r) = l.rates.get_mut(c) else {
+            return false;
+        };
+        *r = rate;
+        l.max[c] = most;
+        if l.rates.iter().any(|r| *r <= 0.0) {
+            return false;
+        }
+        let p = self.learning.take().expect("checked above");
+        self.quanta = proportional(p.least, &all, &p.rates);
+        self.pace = Some(p);
+        self.changes += 1;
+        true
     }
 
     /// With every channel paced, the rates the controller paces them at (bit/s on the
@@ -218,12 +271,11 @@ impl Adapt {
     /// what the link carries now (its rate fell, or was configured too high): the
     /// channel is paced a little below what the link delivered while the queue stood
     /// (cut to a quarter at most in one step). A channel below its configured rate that
-    /// has shown no queue for [`PACE_CALM_STEPS`] steps probes upwards, by 10 % and 5 %
-    /// more for each further calm step (at most half again), back to its configured
-    /// rate. The
-    /// quanta are proportional to the rates, so the stripe gives each channel what its
-    /// pacer lets through, and what the channels cannot take waits at home, where
-    /// CoDel sees it.
+    /// has shown no queue for [`PACE_CALM_STEPS`] steps, carrying at least
+    /// [`PACE_BUSY`] of its rate, probes upwards, by 10 % and 5 % more for each further
+    /// calm step (at most half again), back to its configured rate. The quanta are
+    /// proportional to the rates, so the stripe gives each channel what its pacer lets
+    /// through, and what the channels cannot take waits at home, where CoDel sees it.
     fn step_paced(&mut self, members: &[usize], est: &[Estimate], load: f64) -> Option<Vec<u32>> {
         let p = self.pace.as_mut()?;
         if load < MIN_LOAD_BPS {
@@ -232,18 +284,26 @@ impl Adapt {
         let mut moved = false;
         for &c in members {
             let old = p.rates[c];
-            if congested(&est[c]) {
-                p.calm[c] = 0;
-                let Some(carried) = full(&est[c]) else {
-                    continue;
-                };
-                let wire = est[c]
+            // What the link carried, counted on the wire as the pacer counts.
+            let wire = full(&est[c]).map(|carried| {
+                est[c]
                     .datagram_bytes
                     .filter(|b| *b > 0.0)
-                    .map_or(carried, |b| carried * (b + p.overhead) / b);
+                    .map_or(carried, |b| carried * (b + p.overhead) / b)
+            });
+            if congested(&est[c]) {
+                p.calm[c] = 0;
+                let Some(wire) = wire else {
+                    continue;
+                };
                 p.rates[c] = (wire * PACE_DRAIN).max(old * PACE_MAX_CUT).min(old);
             } else {
-                p.calm[c] = p.calm[c].saturating_add(1);
+                // Probe only a channel that uses its pace: one that carries less is
+                // held back by something else (the flow, another channel), and its
+                // calm says nothing of what its link could take. Its calm steps
+                // start over.
+                let busy = wire.is_some_and(|w| w >= PACE_BUSY * old);
+                p.calm[c] = if busy { p.calm[c].saturating_add(1) } else { 0 };
                 if p.calm[c] >= PACE_CALM_STEPS && old < p.max[c] {
                     let more = 0.1 + 0.05 * f64::from(p.calm[c] - PACE_CALM_STEPS);
                     p.rates[c] = (old * (1.0 + more.min(0.5))).min(p.max[c]);
@@ -466,9 +526,11 @@ mod tests {
         e[0].queue = Some(Duration::ZERO);
         // One calm step: nothing yet.
         assert_eq!(a.step(Instant::ZERO, &[0, 1], &e, 1500, SECOND), None);
-        // Then 10 %, 15 %, 20 % ... up to the configured rate, never above it.
+        // Then, while the channel carries what its pacer lets through, 10 %, 15 %,
+        // 20 % ... up to the configured rate, never above it.
         let mut rates = vec![];
         for _ in 0..12 {
+            e[0].delivery_bps = Some(a.pace_rates().unwrap()[0]);
             a.step(Instant::ZERO, &[0, 1], &e, 1500, SECOND);
             rates.push(a.pace_rates().unwrap()[0]);
         }
@@ -481,6 +543,37 @@ mod tests {
         let idle = [est(0.3, 30, 10), est(0.2, 40, 40)];
         assert_eq!(b.step(Instant::ZERO, &[0, 1], &idle, 1500, SECOND), None);
         assert_eq!(b.pace_rates().unwrap(), &[100e6, 50e6]);
+    }
+
+    #[test]
+    fn a_paced_channel_that_carries_less_than_its_pace_does_not_probe() {
+        // Link 1 was cut to 20 Mbit/s; another channel's queue held the flow back, and
+        // the link now carries 12 Mbit/s without a queue: its calm says nothing of what
+        // it could take, so its rate stays (in the twin of the lab's case paced at
+        // nominal rates, probing such a channel back to a configured rate far above
+        // its link's sent the next burst into the link's queue, again and again).
+        let mut a = Adapt::new(vec![1500, 1500], &[100e6, 30e6], 42, Instant::ZERO);
+        let mut e = [est(60.0, 30, 10), est(22.0, 40, 40)];
+        e[1].queue = Some(Duration::from_millis(15));
+        a.step(Instant::ZERO, &[0, 1], &e, 1500, SECOND)
+            .expect("cut");
+        let cut = a.pace_rates().unwrap()[1];
+        assert!((cut - 0.95 * 22e6).abs() < 1.0, "{cut}");
+        e[1].queue = Some(Duration::ZERO);
+        e[1].delivery_bps = Some(12e6);
+        e[1].recent_bps = Some(12e6);
+        for _ in 0..6 {
+            a.step(Instant::ZERO, &[0, 1], &e, 1500, SECOND);
+        }
+        assert_eq!(a.pace_rates().unwrap()[1], cut);
+        // Once it carries four fifths of its rate, the pace is what holds it: after
+        // two such calm steps it probes, by 10 %.
+        e[1].delivery_bps = Some(0.8 * cut);
+        e[1].recent_bps = Some(0.8 * cut);
+        a.step(Instant::ZERO, &[0, 1], &e, 1500, SECOND);
+        assert_eq!(a.pace_rates().unwrap()[1], cut);
+        a.step(Instant::ZERO, &[0, 1], &e, 1500, SECOND);
+        assert!((a.pace_rates().unwrap()[1] - cut * 1.1).abs() < 1.0);
     }
 
     #[test]

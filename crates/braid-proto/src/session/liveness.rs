@@ -139,6 +139,7 @@ impl Session {
         }
         self.send_hellos();
         self.send_feedback(now);
+        self.probe_step(now);
         self.send_lingering_end();
         if self.tx.switching.is_some() {
             self.send_end();
@@ -234,6 +235,8 @@ impl Session {
                             // outage count what the outage lost.
                             c.fb_tx = Default::default();
                             c.demote.restart_window();
+                            // Its rate may have changed while it was away.
+                            self.probes.again(Some(i));
                             self.events.push_back(Event::ChannelUp { channel: i });
                         }
                     }

@@ -39,6 +39,7 @@ mod epoch;
 pub mod feedback;
 mod liveness;
 mod pacing;
+pub mod probe;
 pub mod return_path;
 mod stats;
 
@@ -62,6 +63,7 @@ pub use crypto::{HandshakeStats, SecurityMode, KEY_LEN};
 pub use demote::{DemoteConfig, Role};
 pub use liveness::LinkState;
 pub use pacing::{PacingConfig, PacingStats};
+pub use probe::ProbeStats;
 pub use return_path::ReturnPathConfig;
 pub use stats::{ChannelInfo, SessionStats};
 
@@ -428,6 +430,16 @@ pub enum Event {
         /// Channel index.
         channel: usize,
     },
+    /// Transmit direction: a capacity probe measured the channel's rate
+    /// (`session::probe`); it is paced at `pace_bps` from now on.
+    ChannelMeasured {
+        /// Channel index.
+        channel: usize,
+        /// The rate measured, bit/s on the wire.
+        bps: u64,
+        /// The pacing rate it gets, bit/s on the wire.
+        pace_bps: u64,
+    },
     /// The peer reports hearing us on this channel (`true`) or no longer (`false`).
     PeerHearsUs {
         /// Channel index.
@@ -528,6 +540,8 @@ pub struct Session {
     pacer: Option<pacing::Pacer>,
     /// The return path's state.
     return_path: return_path::ReturnPath,
+    /// Capacity probes: our trains and the peer's.
+    probes: probe::Probes,
     credit_rx: Option<credits::Rx>,
     /// Credit counters of past epochs, and the session's own.
     credit_n: CreditCounters,
@@ -582,6 +596,7 @@ impl Session {
                 .as_ref()
                 .map(|p| pacing::Pacer::new(p, cfg.max_datagram, now)),
             return_path: return_path::ReturnPath::default(),
+            probes: probe::Probes::new(n, cfg.pacing.as_ref().is_some_and(|p| p.probe)),
             credit_rx,
             credit_n: CreditCounters::default(),
             clock: now,
@@ -1323,6 +1338,7 @@ impl Session {
         if restart {
             self.events.push_back(Event::PeerRestarted);
             self.reset_epochs(now);
+            self.probes.again(None);
         } else {
             self.events.push_back(Event::PeerHeard);
         }
@@ -1357,6 +1373,8 @@ impl Session {
             // current keys), and a repaired report is passed over.
             Msg::Feedback(f) => self.on_feedback(c, f, arrived, repaired),
             Msg::Resend(r) => self.on_resend(&r),
+            Msg::Probe(p) => self.on_probe(c, &p, arrived, repaired),
+            Msg::ProbeReport(r) => self.on_probe_report(now, c, &r),
         }
     }
 }

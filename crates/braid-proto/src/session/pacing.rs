@@ -35,6 +35,10 @@ pub struct PacingConfig {
     pub burst: Duration,
     /// Bytes below our datagram on the wire (UDP/IP, link framing).
     pub overhead: u32,
+    /// Measure each channel's rate with a train of datagrams when it comes up
+    /// (`session::probe`): a channel whose rate is 0 is paced at the measured rate
+    /// from then on, one with a configured rate at the lower of the two.
+    pub probe: bool,
     /// CoDel on the time packets wait in the transmit queue; `None`: no signals there.
     /// Its target and interval follow the bond's round trip unless `scale_to_rtt` is
     /// off ([`crate::aqm::scaled`]).
@@ -49,6 +53,7 @@ impl PacingConfig {
             rates_bps,
             burst: Duration::from_millis(2),
             overhead: 42,
+            probe: false,
             codel: Some(AqmConfig::default()),
         }
     }
@@ -152,6 +157,29 @@ impl Pacer {
     /// The most tokens a bucket of `rate` bytes/µs may save up.
     fn cap(&self, rate: f64) -> f64 {
         (rate * self.burst_us).max(self.min_cap)
+    }
+
+    /// Pace channel `c` at `bps` (bit/s on the wire) from `now`, whether it was paced
+    /// or not (a measured rate, `session::probe`); it starts with a full burst.
+    pub fn start(&mut self, now: Instant, c: usize, bps: f64) {
+        if !(bps > 0.0 && bps.is_finite()) {
+            return;
+        }
+        let Some(slot) = self.buckets.get_mut(c) else {
+            return;
+        };
+        if slot.is_some() {
+            self.set_rate(now, c, bps);
+            return;
+        }
+        let rate = bps / 8e6;
+        let cap = self.cap(rate);
+        self.buckets[c] = Some(Bucket {
+            rate,
+            cap,
+            tokens: cap,
+            at: now,
+        });
     }
 
     /// May a packet go on channel `c` at `now`? (A channel with tokens left may take

@@ -66,6 +66,9 @@ pub struct ChannelInfo {
     /// The rate it is paced at (bit/s on the wire), when it is paced: the configured
     /// rate, or below it while adaptive weights have found less on its link.
     pub pace_bps: Option<f64>,
+    /// Its rate as a capacity probe measured it (bit/s on the wire), if one did
+    /// (`session::probe`, `pace = "auto"`).
+    pub measured_bps: Option<f64>,
     /// Its place in the bond (`session::demote`): active, demoted or probing.
     pub role: super::Role,
     /// How long `role` has held.
@@ -144,6 +147,8 @@ pub struct SessionStats {
     pub queued: usize,
     /// Pacing counters (`None`: pacing off).
     pub pacing: Option<super::PacingStats>,
+    /// Capacity probes' counters (`session::probe`).
+    pub probes: super::probe::ProbeStats,
     /// The channel the return path rides (`session::return_path`), while it is cut
     /// to one.
     pub return_path: Option<usize>,
@@ -200,6 +205,7 @@ impl Session {
                     quantum,
                     weight: if in_tx_set { quantum } else { 0 },
                     pace_bps: self.pacer.as_ref().and_then(|p| p.rate_bps(i)),
+                    measured_bps: self.probes.measured(i),
                     role: c.demote.role,
                     role_since: now.saturating_since(c.demote.since),
                     demotions: c.demote.demotions,
@@ -239,6 +245,7 @@ impl Session {
             aqm: self.aqm.as_ref().map(|a| a.stats(now)),
             credits: self.credit_counters(),
             pacing: self.pacer.as_ref().map(|p| p.stats),
+            probes: self.probes.stats,
             queued: self.tx.pending.len(),
             return_path: self.return_path.on,
             return_path_cuts: self.return_path.cuts,

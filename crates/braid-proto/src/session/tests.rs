@@ -20,6 +20,10 @@ struct Link {
     /// Drop each datagram with this probability (0: none), from a fixed seed.
     loss: f64,
     rng: u64,
+    /// Serialize at this rate (bit/s, counting the datagram's bytes; 0: at once), in
+    /// order, behind what is still being sent.
+    rate_bps: f64,
+    free_at: Instant,
 }
 
 impl Link {
@@ -35,7 +39,13 @@ impl Link {
             return;
         }
         if self.up && (self.drop_every == 0 || !self.offered.is_multiple_of(self.drop_every)) {
-            self.queue.push_back((now + self.delay, d));
+            let mut at = now;
+            if self.rate_bps > 0.0 {
+                let us = (d.len() as f64 * 8e6 / self.rate_bps).round() as u64;
+                self.free_at = self.free_at.max(now) + Duration::from_micros(us);
+                at = self.free_at;
+            }
+            self.queue.push_back((at + self.delay, d));
         }
     }
 }
@@ -104,6 +114,8 @@ impl Pair {
             offered: 0,
             loss: 0.0,
             rng: 0x9e37_79b9_7f4a_7c15 ^ (i as u64 + 1),
+            rate_bps: 0.0,
+            free_at: Instant::ZERO,
         };
         Pair {
             now: Instant::ZERO,
@@ -1159,6 +1171,123 @@ fn pacing_queues_what_the_channels_cannot_take_and_codel_signals_it() {
     assert_eq!(p.delivered.len() as u64 + pc.drops, p.next_id, "{pc:?}");
     assert_eq!(p.ce_delivered as u64, pc.ce_marks);
     assert_eq!(s.lost, 0);
+}
+
+/// Pacing at measured rates (`pace = "auto"`): both ends probe their direction. No
+/// CoDel: a CE mark rewrites the IP checksum, where the test packets keep part of
+/// their number.
+fn probed(c: &mut Config) {
+    paced(&[0.0, 0.0])(c);
+    let p = c.pacing.as_mut().unwrap();
+    p.probe = true;
+    p.codel = None;
+}
+
+fn measured(p: &Pair, c: usize) -> Vec<(Instant, u64, u64)> {
+    p.events_a
+        .iter()
+        .filter_map(|(at, e)| match e {
+            Event::ChannelMeasured {
+                channel,
+                bps,
+                pace_bps,
+            } if *channel == c => Some((*at, *bps, *pace_bps)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_probe_measures_each_channels_rate_and_paces_it() {
+    // Links of 8 and 2 Mbit/s (the datagrams' bytes; the pacer counts no overhead
+    // here), 5 and 20 ms, no traffic: a train on each when it comes up.
+    let mut p = pair_with(2, Mode::Logical, &[5, 20], |c| {
+        probed(c);
+        c.adaptive = true;
+    });
+    p.every = Duration::ZERO;
+    for (l, r) in [(0, 8e6), (1, 2e6)] {
+        p.ab[l].rate_bps = r;
+        p.ba[l].rate_bps = r;
+    }
+    p.run_until(at_ms(1000));
+    for (c, want) in [(0, 8e6), (1, 2e6)] {
+        let m = measured(&p, c);
+        assert_eq!(m.len(), 1, "channel {c}: {m:?}");
+        let (at, bps, pace) = m[0];
+        assert!(at < at_ms(400), "channel {c} measured at {at:?}");
+        assert!(
+            (bps as f64 - want).abs() < want * 0.01,
+            "channel {c}: {bps} bit/s"
+        );
+        assert!((pace as f64 - 0.97 * bps as f64).abs() < 2.0);
+        let ch = &p.a.stats(p.now).channels[c];
+        assert_eq!(ch.measured_bps, Some(bps as f64));
+        assert!((ch.pace_bps.unwrap() - pace as f64).abs() < 1.0);
+    }
+    // Adaptive weights start from the measured rates: quanta 4 : 1.
+    let q: Vec<u32> =
+        p.a.stats(p.now)
+            .channels
+            .iter()
+            .map(|c| c.quantum)
+            .collect();
+    assert!(
+        (f64::from(q[0]) / f64::from(q[1]) - 4.0).abs() < 0.05,
+        "{q:?}"
+    );
+    // Traffic over the bond is delivered exactly, in order.
+    p.every = Duration::from_millis(2);
+    p.run_until(at_ms(3000));
+    p.every = Duration::ZERO;
+    p.run_until(at_ms(4000));
+    p.assert_no_duplicates();
+    assert_eq!(p.delivered.len() as u64, p.next_id);
+    assert!(p.delivered.windows(2).all(|w| w[0] < w[1]));
+    // The peer measured our direction's links too, and nothing counts as malformed.
+    let s = p.b.stats(p.now);
+    assert!(s.channels.iter().all(|c| c.measured_bps.is_some()));
+    assert!(p.a.stats(p.now).channels.iter().all(|c| c.malformed == 0));
+}
+
+#[test]
+fn a_channel_that_comes_back_is_measured_again() {
+    let mut p = pair_with(2, Mode::Seq, &[5, 5], probed);
+    p.every = Duration::ZERO;
+    for l in 0..2 {
+        p.ab[l].rate_bps = 4e6;
+        p.ba[l].rate_bps = 4e6;
+    }
+    p.run_until(at_ms(1000));
+    assert_eq!(measured(&p, 1).len(), 1);
+    // Channel 1 goes down both ways and comes back at half the rate.
+    p.ab[1].up = false;
+    p.ba[1].up = false;
+    p.run_until(at_ms(2000));
+    p.ab[1].up = true;
+    p.ba[1].up = true;
+    p.ab[1].rate_bps = 2e6;
+    p.ba[1].rate_bps = 2e6;
+    p.run_until(at_ms(4000));
+    let m = measured(&p, 1);
+    assert_eq!(m.len(), 2, "{m:?}");
+    assert!((m[1].1 as f64 - 2e6).abs() < 2e4, "{m:?}");
+    assert_eq!(measured(&p, 0).len(), 1, "channel 0 stayed up");
+}
+
+#[test]
+fn without_a_rate_to_measure_the_channel_stays_unpaced() {
+    // Links without a rate deliver a train all at once: nothing to time, no report,
+    // three trains, then the channel stays as configured (here: unpaced).
+    let mut p = pair_with(2, Mode::Logical, &[5, 5], probed);
+    p.run_until(at_ms(4500));
+    p.every = Duration::ZERO;
+    p.run_until(at_ms(5000));
+    assert!(measured(&p, 0).is_empty() && measured(&p, 1).is_empty());
+    let s = p.a.stats(p.now);
+    assert!(s.channels.iter().all(|c| c.pace_bps.is_none()));
+    assert_eq!(s.probes.trains_sent, 6);
+    assert_eq!(p.delivered.len() as u64, p.next_id);
 }
 
 #[test]

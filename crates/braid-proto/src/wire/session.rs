@@ -1,14 +1,16 @@
-//! Session messages (hello, epoch end, epoch ack), first byte `0xB4`, spoken by the
-//! session machine ([`crate::session`]). Each is followed on the wire by the
-//! authentication trailer of [`crate::session::auth`]. All integers are big-endian.
+//! Session messages (hello, epoch end, epoch ack, feedback, resend, probe, probe
+//! report), first byte `0xB4`, spoken by the session machine ([`crate::session`]).
+//! Each is followed on the wire by the authentication trailer of
+//! [`crate::session::auth`]. All integers are big-endian.
 //!
 //! Common header:
 //!
 //! ```text
 //!  0        1        2        3
 //! +--------+--------+--------+--------+
-//! |  0xB4  |version |  kind  | channel|  kind: 1 hello, 2 epoch end, 3 epoch ack
-//! +--------+--------+--------+--------+  channel: physical index it was sent on
+//! |  0xB4  |version |  kind  | channel|  kind: 1 hello, 2 epoch end, 3 epoch ack,
+//! +--------+--------+--------+--------+  4 feedback, 5 resend, 6 probe, 7 report
+//!                                          channel: physical index it was sent on
 //! ```
 //!
 //! **Hello** (kind 1, 24 bytes), sent on every configured channel every heartbeat:
@@ -79,6 +81,32 @@
 //!
 //! The peer answers by sending the same sealed datagrams again, unchanged, on its
 //! fastest channel: the receiver recognises them by the counter it is missing.
+//!
+//! **Probe** (kind 6, at least 12 bytes), one datagram of a *train* the sender sends
+//! back to back on one channel to measure its rate (`session::probe`); padded with
+//! zeros to the size of the channel's largest datagram:
+//!
+//! ```text
+//!  4..6:   train (u16): the sender's number for the train
+//!  6..8:   index (u16) of this datagram in the train, from 0
+//!  8..10:  count (u16): datagrams in the train (index < count)
+//! 10..12:  zero | 12..: padding (zeros)
+//! ```
+//!
+//! **Probe report** (kind 7, 32 bytes), sent by the receiver of a train on the channel
+//! it came on: how fast the train's later half arrived.
+//!
+//! ```text
+//!  4..6:   train (u16)
+//!  6..8:   received (u16): datagrams of the train that arrived
+//!  8..10:  tail (u16): datagrams measured (the later half of those received, less the
+//!          first of that half, whose arrival starts the clock)
+//! 10..12:  zero
+//! 12..20:  tail bytes (u64): their datagrams' bytes on the channel (sealed, as sent)
+//! 20..28:  span (u64): microseconds they took to arrive after the half's first (a
+//!          least-squares fit of the arrival times, `session::probe`)
+//! 28..32:  zero
+//! ```
 
 use super::TYPE_SESSION;
 
@@ -94,8 +122,14 @@ pub const KIND_ACK: u8 = 3;
 pub const KIND_FEEDBACK: u8 = 4;
 /// Kind byte of a resend request.
 pub const KIND_RESEND: u8 = 5;
+/// Kind byte of a probe (one datagram of a train).
+pub const KIND_PROBE: u8 = 6;
+/// Kind byte of a probe report.
+pub const KIND_PROBE_REPORT: u8 = 7;
 /// Most counters in one resend request.
 pub const RESEND_MAX: usize = 32;
+/// Bytes of a probe before its padding (its smallest size).
+pub const PROBE_MIN_LEN: usize = 12;
 
 /// Why a session message could not be parsed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -190,6 +224,38 @@ pub struct Resend {
     pub counters: Vec<u64>,
 }
 
+/// One datagram of a train that measures a channel's rate (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Probe {
+    /// Channel it was sent on.
+    pub channel: u8,
+    /// The sender's number for the train.
+    pub train: u16,
+    /// Its place in the train, from 0.
+    pub index: u16,
+    /// Datagrams in the train.
+    pub count: u16,
+    /// Its whole length with padding (at least [`PROBE_MIN_LEN`]).
+    pub len: usize,
+}
+
+/// How fast a train arrived (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProbeReport {
+    /// Channel it was sent on (the train's).
+    pub channel: u8,
+    /// The train's number.
+    pub train: u16,
+    /// Datagrams of the train that arrived.
+    pub received: u16,
+    /// Datagrams measured.
+    pub tail: u16,
+    /// Their bytes.
+    pub tail_bytes: u64,
+    /// Microseconds over which they arrived.
+    pub span_us: u64,
+}
+
 /// Any session message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Msg {
@@ -203,6 +269,10 @@ pub enum Msg {
     Feedback(Feedback),
     /// Resend request.
     Resend(Resend),
+    /// One datagram of a rate-measuring train.
+    Probe(Probe),
+    /// The rate a train arrived at.
+    ProbeReport(ProbeReport),
 }
 
 fn u32_at(b: &[u8], at: usize) -> u32 {
@@ -220,6 +290,11 @@ const FEEDBACK_LEN_V1: usize = 40;
 const END_FIXED: usize = 40;
 const END_ENTRY: usize = 16;
 const RESEND_FIXED: usize = 12;
+const PROBE_REPORT_LEN: usize = 32;
+
+fn u16_at(b: &[u8], at: usize) -> u16 {
+    u16::from_be_bytes([b[at], b[at + 1]])
+}
 
 impl Msg {
     /// Parse a message (trailer already removed). Never panics.
@@ -324,6 +399,39 @@ impl Msg {
                     counters: (0..n).map(|i| u64_at(b, RESEND_FIXED + 8 * i)).collect(),
                 }))
             }
+            KIND_PROBE => {
+                if b.len() < PROBE_MIN_LEN {
+                    return Err(CtrlError::Length);
+                }
+                let (train, index, count) = (u16_at(b, 4), u16_at(b, 6), u16_at(b, 8));
+                if index >= count {
+                    return Err(CtrlError::Invalid);
+                }
+                Ok(Msg::Probe(Probe {
+                    channel,
+                    train,
+                    index,
+                    count,
+                    len: b.len(),
+                }))
+            }
+            KIND_PROBE_REPORT => {
+                if b.len() != PROBE_REPORT_LEN {
+                    return Err(CtrlError::Length);
+                }
+                let (received, tail) = (u16_at(b, 6), u16_at(b, 8));
+                if tail == 0 || tail >= received {
+                    return Err(CtrlError::Invalid);
+                }
+                Ok(Msg::ProbeReport(ProbeReport {
+                    channel,
+                    train: u16_at(b, 4),
+                    received,
+                    tail,
+                    tail_bytes: u64_at(b, 12),
+                    span_us: u64_at(b, 20),
+                }))
+            }
             _ => Err(CtrlError::Unknown),
         }
     }
@@ -336,6 +444,8 @@ impl Msg {
             Msg::Ack(a) => a.channel,
             Msg::Feedback(f) => f.channel,
             Msg::Resend(r) => r.channel,
+            Msg::Probe(p) => p.channel,
+            Msg::ProbeReport(r) => r.channel,
         }
     }
 
@@ -387,6 +497,23 @@ impl Msg {
                 for c in &r.counters {
                     v.extend_from_slice(&c.to_be_bytes());
                 }
+            }
+            Msg::Probe(p) => {
+                v.extend_from_slice(&[TYPE_SESSION, VERSION, KIND_PROBE, p.channel]);
+                v.extend_from_slice(&p.train.to_be_bytes());
+                v.extend_from_slice(&p.index.to_be_bytes());
+                v.extend_from_slice(&p.count.to_be_bytes());
+                v.resize(p.len.max(PROBE_MIN_LEN), 0);
+            }
+            Msg::ProbeReport(r) => {
+                v.extend_from_slice(&[TYPE_SESSION, VERSION, KIND_PROBE_REPORT, r.channel]);
+                v.extend_from_slice(&r.train.to_be_bytes());
+                v.extend_from_slice(&r.received.to_be_bytes());
+                v.extend_from_slice(&r.tail.to_be_bytes());
+                v.extend_from_slice(&[0; 2]);
+                v.extend_from_slice(&r.tail_bytes.to_be_bytes());
+                v.extend_from_slice(&r.span_us.to_be_bytes());
+                v.extend_from_slice(&[0; 4]);
             }
         }
         v
@@ -509,6 +636,56 @@ mod tests {
         big[5] = 33;
         big.extend(std::iter::repeat_n(0u8, 33 * 8));
         assert_eq!(Msg::parse(&big), Err(CtrlError::Invalid));
+    }
+
+    #[test]
+    fn probe_bytes_padding_and_limits() {
+        let p = Probe {
+            channel: 2,
+            train: 0x0102,
+            index: 3,
+            count: 48,
+            len: 20,
+        };
+        let b = Msg::Probe(p).to_vec();
+        assert_eq!(
+            b,
+            [0xB4, 1, 6, 2, 1, 2, 0, 3, 0, 48, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]
+        );
+        assert_eq!(Msg::parse(&b), Ok(Msg::Probe(p)));
+        // Any padding parses, none is too short; an index past the count is invalid.
+        assert_eq!(Msg::parse(&b[..12]), Ok(Msg::Probe(Probe { len: 12, ..p })));
+        assert_eq!(Msg::parse(&b[..11]), Err(CtrlError::Length));
+        let mut bad = b.clone();
+        bad[7] = 48;
+        assert_eq!(Msg::parse(&bad), Err(CtrlError::Invalid));
+        // A probe asked for shorter than its header still carries the header.
+        assert_eq!(Msg::Probe(Probe { len: 0, ..p }).to_vec().len(), 12);
+    }
+
+    #[test]
+    fn probe_report_bytes_and_limits() {
+        let r = ProbeReport {
+            channel: 1,
+            train: 7,
+            received: 48,
+            tail: 23,
+            tail_bytes: 34_500,
+            span_us: 2_760,
+        };
+        let b = Msg::ProbeReport(r).to_vec();
+        assert_eq!(b.len(), 32);
+        assert_eq!(&b[..12], &[0xB4, 1, 7, 1, 0, 7, 0, 48, 0, 23, 0, 0]);
+        assert_eq!(&b[12..20], &34_500u64.to_be_bytes());
+        assert_eq!(&b[20..28], &2_760u64.to_be_bytes());
+        assert_eq!(Msg::parse(&b), Ok(Msg::ProbeReport(r)));
+        assert_eq!(Msg::parse(&b[..31]), Err(CtrlError::Length));
+        // Nothing measured, or more measured than received: invalid.
+        let mut bad = b.clone();
+        bad[9] = 0;
+        assert_eq!(Msg::parse(&bad), Err(CtrlError::Invalid));
+        bad[9] = 48;
+        assert_eq!(Msg::parse(&bad), Err(CtrlError::Invalid));
     }
 
     #[test]

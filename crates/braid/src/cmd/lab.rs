@@ -82,9 +82,22 @@ enum LabCommand {
         no_return_path: bool,
         /// Pace each channel of the tunnel at this share of its link's rate
         /// (`pace` per channel: no burst overfills the link's short queue; CoDel marks
-        /// what waits in the tunnel instead), e.g. 0.95.
-        #[arg(long, value_name = "SHARE")]
-        pace: Option<f64>,
+        /// what waits in the tunnel instead), e.g. 0.95; `auto`: the tunnel measures
+        /// each link's rate when the channel comes up (`pace = "auto"`).
+        #[arg(long, value_name = "SHARE|auto")]
+        pace: Option<String>,
+        /// Pace the tunnel's channels at these rates instead, one per link, e.g.
+        /// `100mbit,100mbit,100mbit`: what a user who knows only the links' nominal
+        /// rates would configure (with adaptive pacing, the tunnel's default when paced,
+        /// a link slower than its pace is followed down). An entry `auto` has that
+        /// link measured; then every link is, and paced at most at its measured rate.
+        #[arg(long, value_name = "R1,R2,...", conflicts_with = "pace")]
+        pace_rates: Option<String>,
+        /// The tunnel's security mode (`security`): `encrypt` (the default), `auth`
+        /// (sealed, body in clear) or `none` (no envelope: 32 bytes more of each
+        /// datagram for the inner packet; in-bond repair, --arq, needs a sealing mode).
+        #[arg(long, value_name = "MODE")]
+        security: Option<String>,
         /// In-bond repair in the tunnel, every mode (`arq = DURATION`: how long the
         /// receiver holds a channel for a lost datagram asked for again), e.g. 200ms;
         /// 0s turns it off.
@@ -333,6 +346,8 @@ pub fn run(a: Args) -> Result<()> {
             aqm_loss_signal,
             no_return_path,
             pace,
+            pace_rates,
+            security,
             arq,
             credits,
             buffer_packets,
@@ -377,9 +392,56 @@ pub fn run(a: Args) -> Result<()> {
                     Some(ws)
                 }
             };
-            if let Some(p) = pace {
-                if !(p.is_finite() && p > 0.0 && p <= 2.0) {
-                    bail!("--pace {p}: expected a share of the link's rate above 0, e.g. 0.95");
+            let (pace, pace_auto) = match pace.as_deref() {
+                None => (None, false),
+                Some("auto") => (None, true),
+                Some(v) => {
+                    let p = v
+                        .parse::<f64>()
+                        .ok()
+                        .filter(|p| p.is_finite() && *p > 0.0 && *p <= 2.0)
+                        .with_context(|| {
+                            format!(
+                                "--pace {v}: expected a share of the link's rate above 0 \
+                                 (at most 2), e.g. 0.95, or auto"
+                            )
+                        })?;
+                    (Some(p), false)
+                }
+            };
+            let pace_rates = match &pace_rates {
+                None => None,
+                Some(list) => {
+                    let rs = list
+                        .split(',')
+                        .map(|x| match x.trim() {
+                            "auto" => Some(None),
+                            r => braid_proto::units::parse_rate(r)
+                                .ok()
+                                .filter(|&r| r > 0)
+                                .map(Some),
+                        })
+                        .collect::<Option<Vec<Option<u64>>>>()
+                        .with_context(|| {
+                            format!(
+                                "--pace-rates '{list}': rates above 0 or auto, e.g. 100mbit,50mbit"
+                            )
+                        })?;
+                    if rs.len() != specs.len() {
+                        bail!("--pace-rates: {} rates for {} links", rs.len(), specs.len());
+                    }
+                    Some(rs)
+                }
+            };
+            if let Some(m) = &security {
+                if braid_proto::session::SecurityMode::from_name(m).is_none() {
+                    bail!("--security '{m}': expected encrypt, auth or none");
+                }
+                let arq_on = arq.as_deref().is_some_and(|a| {
+                    braid_proto::units::parse_duration(a).is_ok_and(|d| !d.is_zero())
+                });
+                if m == "none" && arq_on {
+                    bail!("--arq needs --security encrypt or auth (repair finds losses by the sealing counter)");
                 }
             }
             for (flag, v) in [("--arq", &arq)] {
@@ -419,6 +481,9 @@ pub fn run(a: Args) -> Result<()> {
                 aqm,
                 aqm_loss_signal,
                 pace,
+                pace_auto,
+                pace_rates,
+                security,
                 arq,
                 credits,
                 return_path: !no_return_path,

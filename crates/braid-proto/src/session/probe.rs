@@ -1,0 +1,515 @@
+//! Capacity probes: each channel's rate, measured when it comes up, for pacing
+//! (`pace = "auto"`, issue 11).
+//!
+//! Adaptive pacing follows a link whose rate falls below its pace, but it cannot find a
+//! rate nobody configured: an unpaced channel shows a queue only once a flow overfills
+//! it, and the first such queue is slow start's overflow, seen while the link still
+//! carries a fraction of its rate (`docs/reproducing.md`). A configured rate far above
+//! the link's has the same problem: the flow's first bursts overfill the link before
+//! the controller has seen a queue, and the flow leaves slow start early.
+//!
+//! So the sender measures before it needs the rate. When a channel comes up (the peer
+//! hears us on it and we hear the peer), it sends a *train*: [`TRAIN_LEN`] datagrams of
+//! the channel's largest size, back to back. The link's bottleneck spaces them at its
+//! rate once its burst allowance is spent (a token bucket lets the first few through at
+//! once), so the receiver times the later half of the datagrams that arrived: their
+//! bytes over the time they took, fitted to the arrival times. It reports that in a
+//! probe report (`wire::session`, kinds 6 and 7), once the train's last datagram arrived
+//! or [`REPORT_AFTER`] after the latest one. The sender turns it into a rate on the
+//! wire, counting the bytes below each datagram as its pacer does, and paces the
+//! channel at [`PACE_SHARE`] of it (or at its configured rate, if that is lower). With
+//! adaptive weights the measured rate is also the most the controller probes back up
+//! to ([`super::adapt`]).
+//!
+//! A train that gets no report within [`RETRY_AFTER`] is sent again, at most
+//! [`MAX_TRAINS`] times; then the channel keeps its configured pace (or none). A channel
+//! that goes down is measured again when it comes back, and every channel when the
+//! peer restarts.
+//!
+//! The train is sized to fit a short bottleneck queue: 48 datagrams are 72 KiB at 1500
+//! bytes, less than the lab's 20 Mbit/s link holds (tbf's 32 KiB burst and 20 ms of
+//! queue). A train that overflows a queue still measures the link (the queue drains at
+//! the link's rate while it drops), but its losses count as the channel's for a moment.
+
+use super::LinkState;
+use crate::time::{Duration, Instant};
+use crate::wire::secure;
+use crate::wire::session::{Msg, Probe, ProbeReport};
+
+/// Datagrams in a train.
+pub const TRAIN_LEN: u16 = 48;
+/// The receiver reports a train this long after its latest datagram, if the train's
+/// last one has not arrived.
+pub const REPORT_AFTER: Duration = Duration::from_millis(200);
+/// The sender sends a train again when no report came this long after it.
+pub const RETRY_AFTER: Duration = Duration::from_secs(1);
+/// Trains per channel before the sender gives up.
+pub const MAX_TRAINS: u32 = 3;
+/// A channel is paced at this share of its measured rate.
+pub const PACE_SHARE: f64 = 0.97;
+/// Fewest datagrams of a train that must arrive for a measurement.
+const MIN_RECEIVED: usize = 8;
+/// Most arrivals kept of one train (a peer cannot make us keep more).
+const MAX_ARRIVALS: usize = 1024;
+
+/// What the sender knows of one channel's measurement.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum TxState {
+    /// A train is to be sent as soon as the channel is up both ways.
+    Due,
+    /// Train `train` went out at `at`, the `tries`-th.
+    Sent { train: u16, at: Instant, tries: u32 },
+    /// Measured (bit/s on the wire).
+    Done(f64),
+    /// No report after [`MAX_TRAINS`] trains.
+    GaveUp,
+}
+
+/// The train being received on one channel.
+#[derive(Clone, Debug)]
+struct RxTrain {
+    train: u16,
+    count: u16,
+    /// Arrival time and bytes on the channel of each datagram, in arrival order.
+    arrivals: Vec<(Instant, u64)>,
+    reported: bool,
+}
+
+/// Counters of the probes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProbeStats {
+    /// Trains sent.
+    pub trains_sent: u64,
+    /// Reports received for our trains.
+    pub reports: u64,
+    /// Reports sent for the peer's trains.
+    pub reports_sent: u64,
+}
+
+/// Both directions' probes of one session end.
+#[derive(Clone, Debug)]
+pub(crate) struct Probes {
+    /// Our trains (`None`: we do not measure).
+    tx: Option<Vec<TxState>>,
+    next_train: u16,
+    /// The peer's trains, per channel.
+    rx: Vec<Option<RxTrain>>,
+    pub stats: ProbeStats,
+}
+
+impl Probes {
+    /// For `n` channels; `measure`: we send trains (the peer's are always answered).
+    pub fn new(n: usize, measure: bool) -> Probes {
+        Probes {
+            tx: measure.then(|| vec![TxState::Due; n]),
+            next_train: 0,
+            rx: vec![None; n],
+            stats: ProbeStats::default(),
+        }
+    }
+
+    /// Measure channel `c` again (it came back up; `None`: every channel, the peer
+    /// restarted).
+    pub fn again(&mut self, c: Option<usize>) {
+        if let Some(tx) = &mut self.tx {
+            match c {
+                Some(c) => {
+                    if let Some(s) = tx.get_mut(c) {
+                        *s = TxState::Due;
+                    }
+                }
+                None => tx.iter_mut().for_each(|s| *s = TxState::Due),
+            }
+        }
+    }
+
+    /// The channels to send a train on at `now`, given which are up both ways, with
+    /// the train's number; each is marked sent.
+    pub fn due(&mut self, now: Instant, up: impl Fn(usize) -> bool) -> Vec<(usize, u16)> {
+        let mut out = Vec::new();
+        let Some(tx) = &mut self.tx else {
+            return out;
+        };
+        for (c, s) in tx.iter_mut().enumerate() {
+            let tries = match *s {
+                TxState::Due => 0,
+                TxState::Sent { at, tries, .. } if now.saturating_since(at) >= RETRY_AFTER => {
+                    if tries >= MAX_TRAINS {
+                        *s = TxState::GaveUp;
+                        continue;
+                    }
+                    tries
+                }
+                _ => continue,
+            };
+            if !up(c) {
+                continue;
+            }
+            let train = self.next_train;
+            self.next_train = self.next_train.wrapping_add(1);
+            *s = TxState::Sent {
+                train,
+                at: now,
+                tries: tries + 1,
+            };
+            self.stats.trains_sent += 1;
+            out.push((c, train));
+        }
+        out
+    }
+
+    /// A report on channel `c` for one of our trains: the rate on the wire (bit/s),
+    /// counting `overhead` bytes below each datagram, if it answers the train we wait
+    /// for there and measured something.
+    pub fn on_report(&mut self, c: usize, r: &ProbeReport, overhead: u32) -> Option<f64> {
+        let s = self.tx.as_mut()?.get_mut(c)?;
+        let TxState::Sent { train, .. } = *s else {
+            return None;
+        };
+        if train != r.train || r.span_us == 0 || r.tail == 0 {
+            return None;
+        }
+        self.stats.reports += 1;
+        let bytes = r.tail_bytes as f64 + f64::from(r.tail) * f64::from(overhead);
+        let bps = bytes * 8e6 / r.span_us as f64;
+        *s = TxState::Done(bps);
+        Some(bps)
+    }
+
+    /// Channel `c`'s measured rate (bit/s on the wire), if it has one.
+    pub fn measured(&self, c: usize) -> Option<f64> {
+        match self.tx.as_ref()?.get(c)? {
+            TxState::Done(bps) => Some(*bps),
+            _ => None,
+        }
+    }
+
+    /// Are we still waiting for a measurement of some channel?
+    #[cfg(test)]
+    pub fn pending(&self) -> bool {
+        self.tx.as_ref().is_some_and(|tx| {
+            tx.iter()
+                .any(|s| matches!(s, TxState::Due | TxState::Sent { .. }))
+        })
+    }
+
+    /// A datagram of the peer's train arrived on channel `c` at `at`, `wire_len` bytes
+    /// as sent. Returns the report to send now if it was the train's last.
+    pub fn on_probe(
+        &mut self,
+        c: usize,
+        p: &Probe,
+        at: Instant,
+        wire_len: usize,
+    ) -> Option<ProbeReport> {
+        let slot = self.rx.get_mut(c)?;
+        if slot.as_ref().is_none_or(|t| t.train != p.train) {
+            *slot = Some(RxTrain {
+                train: p.train,
+                count: p.count,
+                arrivals: Vec::with_capacity(usize::from(p.count).min(MAX_ARRIVALS)),
+                reported: false,
+            });
+        }
+        let t = slot.as_mut()?;
+        if t.reported || t.arrivals.len() >= MAX_ARRIVALS {
+            return None;
+        }
+        t.arrivals.push((at, wire_len as u64));
+        if p.index + 1 == t.count {
+            return self.report(c);
+        }
+        None
+    }
+
+    /// Reports due at `now` for trains whose last datagram never came: `(channel,
+    /// report)`.
+    pub fn overdue(&mut self, now: Instant) -> Vec<(usize, ProbeReport)> {
+        let late: Vec<usize> = (0..self.rx.len())
+            .filter(|&c| {
+                self.rx[c].as_ref().is_some_and(|t| {
+                    !t.reported
+                        && t.arrivals
+                            .last()
+                            .is_some_and(|(at, _)| now.saturating_since(*at) >= REPORT_AFTER)
+                })
+            })
+            .collect();
+        late.into_iter()
+            .filter_map(|c| self.report(c).map(|r| (c, r)))
+            .collect()
+    }
+
+    /// The report of channel `c`'s train (it is reported once, measured or not).
+    fn report(&mut self, c: usize) -> Option<ProbeReport> {
+        let t = self.rx.get_mut(c)?.as_mut()?;
+        t.reported = true;
+        let (tail, tail_bytes, span_us) = measure(&t.arrivals)?;
+        self.stats.reports_sent += 1;
+        Some(ProbeReport {
+            channel: c as u8,
+            train: t.train,
+            received: t.arrivals.len() as u16,
+            tail,
+            tail_bytes,
+            span_us,
+        })
+    }
+}
+
+/// The later half of a train's arrivals: (datagrams after the half's first, their
+/// bytes, the time they took, microseconds). The first half is left out: a token
+/// bucket at the bottleneck lets a burst through at once. The time is fitted (least
+/// squares of arrival time on the bytes arrived before it), not the last arrival less
+/// the first: a receiver that takes several datagrams with one clock reading (a batch
+/// read) would otherwise be off by a batch at each end.
+fn measure(arrivals: &[(Instant, u64)]) -> Option<(u16, u64, u64)> {
+    if arrivals.len() < MIN_RECEIVED {
+        return None;
+    }
+    let half = &arrivals[arrivals.len() / 2..];
+    let t0 = half[0].0;
+    // (bytes that arrived after the half's first, up to and with this one; its time).
+    let mut points = Vec::with_capacity(half.len());
+    let mut bytes = 0u64;
+    for (i, (at, len)) in half.iter().enumerate() {
+        if i > 0 {
+            bytes += len;
+        }
+        points.push((bytes as f64, at.saturating_since(t0).as_micros() as f64));
+    }
+    let n = points.len() as f64;
+    let mx = points.iter().map(|p| p.0).sum::<f64>() / n;
+    let my = points.iter().map(|p| p.1).sum::<f64>() / n;
+    let sxx: f64 = points.iter().map(|p| (p.0 - mx) * (p.0 - mx)).sum();
+    let sxy: f64 = points.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
+    if sxx <= 0.0 {
+        return None;
+    }
+    let span = (sxy / sxx * bytes as f64).round();
+    if span.is_nan() || span < 1.0 {
+        return None;
+    }
+    Some(((half.len() - 1) as u16, bytes, span as u64))
+}
+
+impl super::Session {
+    /// Every heartbeat, once we have keys: send the trains that are due, on channels
+    /// up both ways, and the reports of the peer's trains whose end never came.
+    pub(super) fn probe_step(&mut self, now: Instant) {
+        for (c, r) in self.probes.overdue(now) {
+            self.send_ctrl(c, &Msg::ProbeReport(r));
+        }
+        let chans = &self.chans;
+        let due = self.probes.due(now, |c| {
+            chans[c].state == LinkState::Up && chans[c].peer_hears_us
+        });
+        // Control messages are always sealed: the train's datagrams are the largest
+        // the channel carries.
+        let len = (self.cfg.max_datagram as usize).saturating_sub(secure::OVERHEAD);
+        for (c, train) in due {
+            for index in 0..TRAIN_LEN {
+                let p = Probe {
+                    channel: c as u8,
+                    train,
+                    index,
+                    count: TRAIN_LEN,
+                    len,
+                };
+                self.send_ctrl(c, &Msg::Probe(p));
+            }
+        }
+    }
+
+    /// A datagram of the peer's train on channel `c`, `len` bytes before sealing. A
+    /// repaired one (sent again on another channel) is no sample of this channel.
+    pub(super) fn on_probe(&mut self, c: usize, p: &Probe, arrived: Instant, repaired: bool) {
+        if repaired {
+            return;
+        }
+        if let Some(r) = self
+            .probes
+            .on_probe(c, p, arrived, p.len + secure::OVERHEAD)
+        {
+            self.send_ctrl(c, &Msg::ProbeReport(r));
+        }
+    }
+
+    /// The peer's report of our train on channel `c`: pace the channel at
+    /// [`PACE_SHARE`] of the measured rate, or at its configured rate if that is
+    /// lower, and tell adaptive pacing the most it may probe up to.
+    pub(super) fn on_probe_report(&mut self, now: Instant, c: usize, r: &ProbeReport) {
+        let Some(pc) = &mut self.pacer else {
+            return;
+        };
+        let overhead = self.cfg.pacing.as_ref().map_or(0, |p| p.overhead);
+        let Some(bps) = self.probes.on_report(c, r, overhead) else {
+            return;
+        };
+        let configured = self
+            .cfg
+            .pacing
+            .as_ref()
+            .and_then(|p| p.rates_bps.get(c).copied())
+            .filter(|r| *r > 0.0);
+        let most = configured.map_or(bps, |r| r.min(bps));
+        let rate = configured.map_or(bps * PACE_SHARE, |r| r.min(bps * PACE_SHARE));
+        pc.start(now, c, rate);
+        self.events.push_back(super::Event::ChannelMeasured {
+            channel: c,
+            bps: bps.round() as u64,
+            pace_bps: rate.round() as u64,
+        });
+        if let Some(a) = &mut self.adapt {
+            // A new epoch's striper takes the quanta up when it starts.
+            if a.learn(c, rate, most) && self.tx.switching.is_none() {
+                self.reapply_quanta();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn us(t: u64) -> Instant {
+        Instant::ZERO + Duration::from_micros(t)
+    }
+
+    fn probe(train: u16, index: u16) -> Probe {
+        Probe {
+            channel: 0,
+            train,
+            index,
+            count: TRAIN_LEN,
+            len: 1472,
+        }
+    }
+
+    #[test]
+    fn the_later_half_gives_the_rate_after_the_burst() {
+        // 48 datagrams of 1500 bytes: the first 20 at once (a token bucket's burst),
+        // then one every 120 us (100 Mbit/s).
+        let mut p = Probes::new(1, false);
+        let mut report = None;
+        for i in 0..TRAIN_LEN {
+            let t = if i < 20 {
+                10
+            } else {
+                10 + 120 * u64::from(i - 19)
+            };
+            report = p.on_probe(0, &probe(5, i), us(t), 1500);
+        }
+        let r = report.expect("reported at the last datagram");
+        assert_eq!((r.train, r.received, r.tail), (5, 48, 23));
+        assert_eq!(r.tail_bytes, 23 * 1500);
+        assert_eq!(r.span_us, 23 * 120);
+        // The sender counts 42 bytes below each datagram: 1542 bytes per 120 us.
+        let mut s = Probes::new(1, true);
+        let due = s.due(us(0), |_| true);
+        assert_eq!(due, vec![(0, 0)]);
+        let r = ProbeReport { train: 0, ..r };
+        let bps = s.on_report(0, &r, 42).expect("a rate");
+        assert!((bps - 1542.0 * 8.0 / 120e-6).abs() < 1.0, "{bps}");
+        assert_eq!(s.measured(0), Some(bps));
+        assert!(!s.pending());
+    }
+
+    #[test]
+    fn a_train_whose_end_is_lost_is_reported_late_and_once() {
+        let mut p = Probes::new(2, false);
+        for i in 0..30 {
+            assert_eq!(
+                p.on_probe(1, &probe(9, i), us(1000 * u64::from(i)), 1000),
+                None
+            );
+        }
+        assert!(p.overdue(us(29_000 + 199_000)).is_empty());
+        let late = p.overdue(us(29_000 + 200_000));
+        assert_eq!(late.len(), 1);
+        assert_eq!(late[0].0, 1);
+        assert_eq!((late[0].1.received, late[0].1.tail), (30, 14));
+        assert_eq!(late[0].1.span_us, 14_000);
+        assert!(p.overdue(us(400_000)).is_empty());
+        // A late datagram of a reported train changes nothing; a new train starts over.
+        assert_eq!(p.on_probe(1, &probe(9, 47), us(500_000), 1000), None);
+        assert_eq!(p.on_probe(1, &probe(10, 0), us(600_000), 1000), None);
+        assert!(
+            p.overdue(us(900_000)).is_empty(),
+            "one arrival measures nothing"
+        );
+        assert_eq!(p.stats.reports_sent, 1);
+    }
+
+    #[test]
+    fn no_report_means_another_train_then_giving_up() {
+        let mut s = Probes::new(2, true);
+        // Channel 1 is not up yet: only channel 0 gets a train.
+        assert_eq!(s.due(us(0), |c| c == 0), vec![(0, 0)]);
+        assert_eq!(s.due(us(500_000), |_| true), vec![(1, 1)]);
+        // No report: again a second after each, three trains in all.
+        assert_eq!(s.due(us(1_000_000), |_| true), vec![(0, 2)]);
+        let r = ProbeReport {
+            channel: 1,
+            train: 1,
+            received: 40,
+            tail: 19,
+            tail_bytes: 19_000,
+            span_us: 1_000,
+        };
+        // A report for another train does not count; for the current one it does.
+        assert_eq!(s.on_report(1, &ProbeReport { train: 0, ..r }, 0), None);
+        let bps = s.on_report(1, &r, 0).unwrap();
+        assert!((bps - 152e6).abs() < 1.0);
+        assert_eq!(s.due(us(2_000_000), |_| true), vec![(0, 3)]);
+        assert!(s.pending());
+        assert!(s.due(us(3_000_000), |_| true).is_empty());
+        assert!(!s.pending(), "channel 0 gave up, channel 1 is measured");
+        assert_eq!(s.measured(0), None);
+        assert_eq!(s.measured(1), Some(bps));
+        // Channel 0 comes back: measured again.
+        s.again(Some(0));
+        assert!(s.pending());
+        assert_eq!(s.due(us(9_000_000), |_| true), vec![(0, 4)]);
+    }
+
+    #[test]
+    fn a_side_that_does_not_measure_sends_no_trains_and_takes_no_reports() {
+        let mut s = Probes::new(1, false);
+        assert!(s.due(us(0), |_| true).is_empty());
+        assert!(!s.pending());
+        let r = ProbeReport {
+            channel: 0,
+            train: 0,
+            received: 40,
+            tail: 19,
+            tail_bytes: 19_000,
+            span_us: 1_000,
+        };
+        assert_eq!(s.on_report(0, &r, 0), None);
+    }
+
+    #[test]
+    fn batched_clock_readings_still_give_the_rate() {
+        // One datagram of 1000 bytes every 100 us (80 Mbit/s), but the receiver reads
+        // them four at a time, each batch stamped when it was read (the last one's
+        // arrival): the end points alone would be off by 300 us of a 2.3 ms span.
+        let mut p = Probes::new(1, false);
+        let mut report = None;
+        for i in 0..TRAIN_LEN {
+            let arrived = 100 * u64::from(i);
+            let read = (arrived / 400) * 400 + 300;
+            report = p.on_probe(0, &probe(1, i), us(read), 1000);
+        }
+        let r = report.unwrap();
+        let bps = r.tail_bytes as f64 * 8e6 / r.span_us as f64;
+        assert!((bps - 80e6).abs() < 80e6 * 0.03, "{bps}");
+    }
+
+    #[test]
+    fn too_few_or_simultaneous_arrivals_measure_nothing() {
+        assert_eq!(measure(&[(us(0), 1500); 7]), None);
+        assert_eq!(measure(&[(us(5), 1500); 20]), None);
+    }
+}
