@@ -183,6 +183,28 @@ impl Adapt {
         true
     }
 
+    /// Channel `c` may be paced up to `most` (bit/s on the wire), if that is more than
+    /// it could before (a later measurement of its link, `session::probe`).
+    pub fn raise(&mut self, c: usize, most: f64) {
+        for p in [&mut self.pace, &mut self.learning].into_iter().flatten() {
+            if let Some(m) = p.max.get_mut(c) {
+                *m = m.max(most);
+            }
+        }
+    }
+
+    /// Paced channels at the most they may be paced at, using it (carrying at least
+    /// [`PACE_BUSY`] of it) without a queue for [`PACE_CALM_STEPS`] steps: their links
+    /// may take more than the controller may give them.
+    pub fn capped(&self) -> Vec<usize> {
+        let Some(p) = &self.pace else {
+            return Vec::new();
+        };
+        (0..p.rates.len())
+            .filter(|&c| p.rates[c] >= 0.99 * p.max[c] && p.calm[c] >= PACE_CALM_STEPS)
+            .collect()
+    }
+
     /// With every channel paced, the rates the controller paces them at (bit/s on the
     /// wire, per physical channel).
     pub fn pace_rates(&self) -> Option<&[f64]> {

@@ -1129,6 +1129,13 @@ impl Session {
                 }
             }
         }
+        // A measured channel that uses all it may without a queue: its link may have
+        // become faster than it was measured; measure it again (`session::probe`).
+        if self.probes.measures() {
+            for c in a.capped() {
+                self.probes.remeasure(c, now);
+            }
+        }
     }
 
     /// A new striper (new epoch): it starts from the configured weights, as the peer's

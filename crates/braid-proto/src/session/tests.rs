@@ -1276,6 +1276,35 @@ fn a_channel_that_comes_back_is_measured_again() {
 }
 
 #[test]
+fn a_measured_channel_whose_link_gets_faster_is_measured_again_and_paced_up() {
+    // Links of 2 and 1 Mbit/s, offered 4 Mbit/s of 200-byte packets: both channels
+    // use all of their measured rate, with the rest waiting in the transmit queue.
+    // Link 1 doubles at 3 s; the pace cannot follow (it probes no higher than the
+    // measurement) until the channel is measured again, 30 s after the first.
+    let mut p = pair_with(2, Mode::Logical, &[5, 5], |c| {
+        probed(c);
+        c.adaptive = true;
+    });
+    for (l, r) in [(0, 2e6), (1, 1e6)] {
+        p.ab[l].rate_bps = r;
+        p.ba[l].rate_bps = 2e6;
+    }
+    p.every = Duration::from_micros(400);
+    p.run_until(at_ms(3000));
+    let pace = |p: &Pair| p.a.stats(p.now).channels[1].pace_bps.unwrap();
+    assert!((measured(&p, 1)[0].1 as f64 - 1e6).abs() < 2e4);
+    p.ab[1].rate_bps = 2e6;
+    p.run_until(at_ms(29_000));
+    assert!(pace(&p) <= 1.0e6, "capped at the measurement: {}", pace(&p));
+    p.run_until(at_ms(40_000));
+    let m = measured(&p, 1);
+    assert_eq!(m.len(), 2, "{m:?}");
+    assert!(m[1].0 >= at_ms(30_000), "{m:?}");
+    assert!((m[1].1 as f64 - 2e6).abs() < 4e4, "{m:?}");
+    assert!(pace(&p) > 1.6e6, "paced up: {}", pace(&p));
+}
+
+#[test]
 fn without_a_rate_to_measure_the_channel_stays_unpaced() {
     // Links without a rate deliver a train all at once: nothing to time, no report,
     // three trains, then the channel stays as configured (here: unpaced).
