@@ -35,8 +35,9 @@ pub struct ChannelConfig {
     /// a little below the link's rate. `None`: not paced (or measured, `pace_auto`).
     pub pace_bps: Option<u64>,
     /// Measure the channel's rate when it comes up and pace it at that
-    /// (`pace = "auto"`, `session::probe`). When any channel is measured, every
-    /// channel is, and one with a configured `pace` is paced at the lower of the two.
+    /// (`pace = "auto"`, `session::probe`; the configuration file's default, `pace =
+    /// "off"` turns it off). When any channel is measured, every channel is, and one
+    /// with a configured `pace` is paced at the lower of the two.
     pub pace_auto: bool,
 }
 
@@ -103,8 +104,8 @@ pub struct SessionConfig {
     /// SO_RCVBUF / SO_SNDBUF per channel socket, in bytes (0: kernel default).
     pub socket_buffer: usize,
     /// Adaptive weights (see `braid_proto::session::Config::adaptive`). In a
-    /// configuration file: on by default when every channel has a `pace`, off
-    /// otherwise; built with [`SessionConfig::new`]: off.
+    /// configuration file: on by default when every channel is paced (a `pace` rate,
+    /// or `auto`, the default), off otherwise; built with [`SessionConfig::new`]: off.
     pub adaptive: bool,
     /// CoDel on the channels' queueing delay, with ECN marks (see
     /// `braid_proto::aqm`); `None`: off.
@@ -497,13 +498,19 @@ impl FileConfig {
             if !(576..=65535).contains(&mtu) {
                 return Err(err(&k("mtu"), format!("{mtu} is outside 576..=65535")));
             }
-            let pace_auto = c.pace.as_deref() == Some("auto");
-            let pace_bps = match &c.pace {
-                None => None,
-                Some(_) if pace_auto => None,
-                Some(v) => Some(braid_proto::units::parse_rate(v).map_err(|e| {
-                    err(&k("pace"), format!("{e} (or \"auto\": measure the link)"))
-                })?),
+            // Measured (`auto`) unless a rate or `off` is given.
+            let (pace_bps, pace_auto) = match c.pace.as_deref() {
+                None | Some("auto") => (None, true),
+                Some("off") => (None, false),
+                Some(v) => (
+                    Some(braid_proto::units::parse_rate(v).map_err(|e| {
+                        err(
+                            &k("pace"),
+                            format!("{e} (or \"auto\": measure the link; \"off\": no pacing)"),
+                        )
+                    })?),
+                    false,
+                ),
             };
             channels.push(ChannelConfig {
                 name: c.name.clone().unwrap_or_else(|| format!("ch{i}")),
@@ -627,10 +634,11 @@ impl FileConfig {
         if let Some(e) = s.equalize {
             cfg.receiver.equalize = e;
         }
-        // Adaptive weights: on by default when every channel is paced (adaptive pacing:
-        // the pace follows a link that slows down, at no cost measured elsewhere), off
-        // otherwise (unpaced, the controller takes a single flow's slow-start queues for
-        // a change of the links and moves right weights: `docs/lab.md`).
+        // Adaptive weights: on by default when every channel is paced, at a rate or at
+        // its measured rate (the default; adaptive pacing: the pace follows a link that
+        // slows down, at no cost measured elsewhere), off otherwise (unpaced, the
+        // controller takes a single flow's slow-start queues for a change of the links
+        // and moves right weights: `docs/lab.md`).
         cfg.adaptive = s.adaptive.unwrap_or_else(|| {
             !cfg.channels.is_empty()
                 && cfg
@@ -1035,26 +1043,15 @@ remote = "127.0.0.1:7102"
                 .to_string();
             assert!(e.contains(key), "{extra}: {e}");
         }
-        // Pacing: per channel, at a rate; off unless a channel has one.
-        assert!(FileConfig::parse("t.toml", &with(""), None)
-            .unwrap()
-            .session
-            .session_config()
-            .pacing
-            .is_none());
+        // Pacing: per channel; by default each channel's rate is measured (`auto`), and
+        // with every channel paced adaptive weights are on.
         let pacing = |text: &str| {
             FileConfig::parse("t.toml", text, None)
                 .unwrap()
                 .session
                 .session_config()
                 .pacing
-                .expect("pacing on")
         };
-        let paced = GOOD.replacen("weight = 2", "weight = 2\npace = \"95mbit\"", 1);
-        let pc = pacing(&paced);
-        assert_eq!(pc.rates_bps, vec![95e6, 0.0]);
-        assert!(!pc.probe);
-        // Adaptive weights: off unless every channel is paced, then on, unless set.
         let adaptive = |text: &str| {
             FileConfig::parse("t.toml", text, None)
                 .unwrap()
@@ -1062,38 +1059,59 @@ remote = "127.0.0.1:7102"
                 .session_config()
                 .adaptive
         };
-        assert!(!adaptive(GOOD));
-        assert!(!adaptive(&paced), "one channel of two paced");
-        let both = paced.replace(
+        let pc = pacing(GOOD).expect("pacing on by default");
+        assert_eq!(pc.rates_bps, vec![0.0, 0.0]);
+        assert!(pc.probe);
+        assert!(adaptive(GOOD));
+        // A rate on one channel: it is paced at most at that; the other is measured,
+        // and so is the paced one (at the lower of the two).
+        let one = GOOD.replacen("weight = 2", "weight = 2\npace = \"95mbit\"", 1);
+        let pc = pacing(&one).unwrap();
+        assert_eq!(pc.rates_bps, vec![95e6, 0.0]);
+        assert!(pc.probe);
+        assert!(adaptive(&one));
+        // Rates on both: nothing measured.
+        let both = one.replace(
             "remote = \"127.0.0.1:7102\"",
             "remote = \"127.0.0.1:7102\"\npace = \"45mbit\"",
         );
-        assert!(adaptive(&both), "every channel paced");
-        let off = both.replacen(
-            "heartbeat = \"20ms\"",
-            "heartbeat = \"20ms\"\nadaptive = false",
-            1,
+        let pc = pacing(&both).unwrap();
+        assert_eq!(pc.rates_bps, vec![95e6, 45e6]);
+        assert!(!pc.probe, "rates only: nothing measured");
+        assert!(adaptive(&both));
+        // `off` on every channel: not paced, and adaptive weights off by default; on
+        // one channel, that one is not paced (nor measured), and adaptive weights are
+        // off by default (not every channel is paced).
+        let off_one = GOOD.replacen("weight = 2", "weight = 2\npace = \"off\"", 1);
+        let pc = pacing(&off_one).unwrap();
+        assert!(pc.probe);
+        assert!(!adaptive(&off_one), "one channel of two unpaced");
+        let off_both = off_one.replace(
+            "remote = \"127.0.0.1:7102\"",
+            "remote = \"127.0.0.1:7102\"\npace = \"off\"",
         );
-        assert!(!adaptive(&off));
-        let on = GOOD.replacen(
-            "heartbeat = \"20ms\"",
-            "heartbeat = \"20ms\"\nadaptive = true",
-            1,
-        );
-        assert!(adaptive(&on));
+        assert!(pacing(&off_both).is_none());
+        assert!(!adaptive(&off_both));
+        let auto = off_one.replacen("pace = \"off\"", "pace = \"auto\"", 1);
+        assert_eq!(pacing(&auto).unwrap().rates_bps, vec![0.0, 0.0]);
+        // `adaptive` said: as said.
+        let set = |text: &str, v: bool| {
+            text.replacen(
+                "heartbeat = \"20ms\"",
+                &format!("heartbeat = \"20ms\"\nadaptive = {v}"),
+                1,
+            )
+        };
+        assert!(!adaptive(&set(GOOD, false)));
+        assert!(adaptive(&set(&off_both, true)));
         let bad = GOOD.replacen("weight = 2", "weight = 2\npace = \"fast\"", 1);
         let e = FileConfig::parse("t.toml", &bad, None)
             .unwrap_err()
             .to_string();
-        assert!(e.contains("channel[0].pace") && e.contains("auto"), "{e}");
-        // `pace = "auto"`: measured; with one channel measured, every channel is (the
-        // configured one at the lower rate), and adaptive weights are on by default.
-        let auto = both.replacen("pace = \"45mbit\"", "pace = \"auto\"", 1);
-        let pc = pacing(&auto);
-        assert_eq!(pc.rates_bps, vec![95e6, 0.0]);
-        assert!(pc.probe);
-        assert!(adaptive(&auto));
-        assert!(!pacing(&both).probe, "rates only: nothing measured");
+        assert!(
+            e.contains("channel[0].pace") && e.contains("auto") && e.contains("off"),
+            "{e}"
+        );
         // Bad-link demotion: on by default, with these keys.
         let c = FileConfig::parse("t.toml", &with(""), None).unwrap();
         assert_eq!(

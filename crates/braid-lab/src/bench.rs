@@ -44,14 +44,8 @@ pub struct BenchOptions {
     /// With the AQM: whether a loss behind a standing queue is signalled too
     /// (`session.aqm_loss_signal`; `None`: the tunnel's default).
     pub aqm_loss_signal: Option<bool>,
-    /// Pace each channel at this share of its link's rate (`channel.pace`); `None`:
-    /// no pacing.
-    pub pace: Option<f64>,
-    /// Have the tunnel measure each link's rate and pace at that (`pace = "auto"`).
-    pub pace_auto: bool,
-    /// Pace each channel at this rate (bit/s, one per link; `None`: measured, as
-    /// `pace = "auto"`) instead of a share of its link's rate.
-    pub pace_rates: Option<Vec<Option<u64>>>,
+    /// The tunnel's pacing (`channel.pace`).
+    pub pace: Pace,
     /// The tunnel's security mode (`session.security`); `None`: its default (`encrypt`).
     pub security: Option<String>,
     /// In-bond repair wait (`session.arq`), e.g. `100ms`; `None`: the tunnel's default.
@@ -80,6 +74,21 @@ pub struct LinkResult {
     pub spec: String,
     /// TCP goodput alone, bit/s.
     pub tcp_bps: f64,
+}
+
+/// How the bench's tunnel paces its channels (`channel.pace`).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Pace {
+    /// No `pace` in the config: the tunnel's default (measured rates, `auto`).
+    Default,
+    /// `pace = "off"`: not paced.
+    Off,
+    /// `pace = "auto"` on every channel.
+    Auto,
+    /// This share of each link's rate.
+    Share(f64),
+    /// These rates, one per link (bit/s; `None`: `auto`).
+    Rates(Vec<Option<u64>>),
 }
 
 /// braid in one mode.
@@ -567,20 +576,27 @@ fn tunnel_config(opt: &BenchOptions, mode: &str, end_a: bool) -> String {
         s += &format!(
             "[[channel]]\nname = \"link{i}\"\nlocal = \"{local}:{port}\"\nremote = \"{remote}:{port}\"\nweight = {weight}\nmtu = 1500\n"
         );
-        if let Some(rates) = &opt.pace_rates {
-            match rates[i] {
-                Some(r) => s += &format!("pace = \"{r}\"\n"),
-                None => s += "pace = \"auto\"\n",
+        match &opt.pace {
+            Pace::Default => {}
+            Pace::Off => s += "pace = \"off\"\n",
+            Pace::Auto | Pace::Rates(_) => {
+                let rate = match &opt.pace {
+                    Pace::Rates(r) => r.get(i).copied().flatten(),
+                    _ => None,
+                };
+                match rate {
+                    Some(r) => s += &format!("pace = \"{r}\"\n"),
+                    None => s += "pace = \"auto\"\n",
+                }
             }
-        } else if opt.pace_auto {
-            s += "pace = \"auto\"\n";
-        } else if let Some(share) = opt.pace {
-            // The shaper counts IP bytes; the pacer adds 42 bytes of framing, so
-            // `share` of the rate leaves the tbf's queue empty.
-            s += &format!(
-                "pace = \"{}\"\n",
-                (l.rate_bps as f64 * share).round() as u64
-            );
+            Pace::Share(share) => {
+                // The shaper counts IP bytes; the pacer adds 42 bytes of framing, so
+                // `share` of the rate leaves the tbf's queue empty.
+                s += &format!(
+                    "pace = \"{}\"\n",
+                    (l.rate_bps as f64 * share).round() as u64
+                );
+            }
         }
         s += "\n";
     }

@@ -60,8 +60,8 @@ enum LabCommand {
         #[arg(long, value_name = "W1,W2,...")]
         weights: Option<String>,
         /// Adaptive weights in the tunnel (`adaptive = true`). Without this or
-        /// --static-weights the tunnel's default holds: on with --pace (adaptive pacing:
-        /// the pace follows a link whose rate drops), off without
+        /// --static-weights the tunnel's default holds: on when paced (adaptive pacing:
+        /// the pace follows a link whose rate drops; the default), off with --pace off
         #[arg(long, conflicts_with = "static_weights")]
         adaptive: bool,
         /// Static weights in the tunnel (`adaptive = false`), also with --pace
@@ -80,11 +80,11 @@ enum LabCommand {
         /// sends them on the channel with the shortest round trip alone)
         #[arg(long)]
         no_return_path: bool,
-        /// Pace each channel of the tunnel at this share of its link's rate
-        /// (`pace` per channel: no burst overfills the link's short queue; CoDel marks
-        /// what waits in the tunnel instead), e.g. 0.95; `auto`: the tunnel measures
-        /// each link's rate when the channel comes up (`pace = "auto"`).
-        #[arg(long, value_name = "SHARE|auto")]
+        /// How the tunnel paces each channel (`pace`): a share of its link's rate
+        /// (no burst overfills the link's short queue; CoDel marks what waits in the
+        /// tunnel instead), e.g. 0.99; `auto`: the tunnel measures each link's rate
+        /// when the channel comes up, which is also its default; `off`: not paced.
+        #[arg(long, value_name = "SHARE|auto|off")]
         pace: Option<String>,
         /// Pace the tunnel's channels at these rates instead, one per link, e.g.
         /// `100mbit,100mbit,100mbit`: what a user who knows only the links' nominal
@@ -392,26 +392,22 @@ pub fn run(a: Args) -> Result<()> {
                     Some(ws)
                 }
             };
-            let (pace, pace_auto) = match pace.as_deref() {
-                None => (None, false),
-                Some("auto") => (None, true),
-                Some(v) => {
-                    let p = v
-                        .parse::<f64>()
+            let pace = match (pace.as_deref(), &pace_rates) {
+                (None, None) => braid_lab::bench::Pace::Default,
+                (Some("auto"), _) => braid_lab::bench::Pace::Auto,
+                (Some("off"), _) => braid_lab::bench::Pace::Off,
+                (Some(v), _) => braid_lab::bench::Pace::Share(
+                    v.parse::<f64>()
                         .ok()
                         .filter(|p| p.is_finite() && *p > 0.0 && *p <= 2.0)
                         .with_context(|| {
                             format!(
                                 "--pace {v}: expected a share of the link's rate above 0 \
-                                 (at most 2), e.g. 0.95, or auto"
+                                 (at most 2), e.g. 0.99, or auto, or off"
                             )
-                        })?;
-                    (Some(p), false)
-                }
-            };
-            let pace_rates = match &pace_rates {
-                None => None,
-                Some(list) => {
+                        })?,
+                ),
+                (None, Some(list)) => {
                     let rs = list
                         .split(',')
                         .map(|x| match x.trim() {
@@ -430,20 +426,9 @@ pub fn run(a: Args) -> Result<()> {
                     if rs.len() != specs.len() {
                         bail!("--pace-rates: {} rates for {} links", rs.len(), specs.len());
                     }
-                    Some(rs)
+                    braid_lab::bench::Pace::Rates(rs)
                 }
             };
-            if let Some(m) = &security {
-                if braid_proto::session::SecurityMode::from_name(m).is_none() {
-                    bail!("--security '{m}': expected encrypt, auth or none");
-                }
-                let arq_on = arq.as_deref().is_some_and(|a| {
-                    braid_proto::units::parse_duration(a).is_ok_and(|d| !d.is_zero())
-                });
-                if m == "none" && arq_on {
-                    bail!("--arq needs --security encrypt or auth (repair finds losses by the sealing counter)");
-                }
-            }
             for (flag, v) in [("--arq", &arq)] {
                 if let Some(r) = v {
                     braid_proto::units::parse_duration(r)
@@ -481,8 +466,6 @@ pub fn run(a: Args) -> Result<()> {
                 aqm,
                 aqm_loss_signal,
                 pace,
-                pace_auto,
-                pace_rates,
                 security,
                 arq,
                 credits,
