@@ -99,12 +99,12 @@
 //! ```text
 //!  4..6:   train (u16)
 //!  6..8:   received (u16): datagrams of the train that arrived
-//!  8..10:  tail (u16): datagrams measured (the later half of those received, less the
-//!          first of that half, whose arrival starts the clock)
+//!  8..10:  tail (u16): datagrams timed: of the later half of those received, the
+//!          ones the receiver's clock read later than the half's first reading (a
+//!          batch read stamps several datagrams at once)
 //! 10..12:  zero
 //! 12..20:  tail bytes (u64): their datagrams' bytes on the channel (sealed, as sent)
-//! 20..28:  span (u64): microseconds they took to arrive after the half's first (a
-//!          least-squares fit of the arrival times, `session::probe`)
+//! 20..28:  span (u64): microseconds from the half's first clock reading to its last
 //! 28..32:  zero
 //! ```
 
