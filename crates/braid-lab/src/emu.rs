@@ -331,10 +331,15 @@ pub fn run_links(links: &[LinkSpec], seed: u64, dir: &std::path::Path) -> Result
             .with_control(control_path(dir, i));
         let stop = stop.clone();
         let path = dir.join(format!("emu-{i}.json"));
+        let tmp = dir.join(format!("emu-{i}.json.tmp"));
         threads.push(std::thread::spawn(move || {
             emu.stats.realtime = make_realtime();
             emu.run(&stop, |s| {
-                let _ = std::fs::write(&path, s.to_json());
+                // Written aside and renamed over: a reader never sees a half-written
+                // file (it read one as "no counters", and a lab test saw no loss).
+                if std::fs::write(&tmp, s.to_json()).is_ok() {
+                    let _ = std::fs::rename(&tmp, &path);
+                }
             })
         }));
     }
