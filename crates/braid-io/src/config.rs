@@ -1045,20 +1045,14 @@ remote = "127.0.0.1:7102"
         }
         // Pacing: per channel; by default each channel's rate is measured (`auto`), and
         // with every channel paced adaptive weights are on.
-        let pacing = |text: &str| {
+        let session = |text: &str| {
             FileConfig::parse("t.toml", text, None)
                 .unwrap()
                 .session
                 .session_config()
-                .pacing
         };
-        let adaptive = |text: &str| {
-            FileConfig::parse("t.toml", text, None)
-                .unwrap()
-                .session
-                .session_config()
-                .adaptive
-        };
+        let pacing = |text: &str| session(text).pacing;
+        let adaptive = |text: &str| session(text).adaptive;
         let pc = pacing(GOOD).expect("pacing on by default");
         assert_eq!(pc.rates_bps, vec![0.0, 0.0]);
         assert!(pc.probe);

@@ -579,16 +579,11 @@ fn tunnel_config(opt: &BenchOptions, mode: &str, end_a: bool) -> String {
         match &opt.pace {
             Pace::Default => {}
             Pace::Off => s += "pace = \"off\"\n",
-            Pace::Auto | Pace::Rates(_) => {
-                let rate = match &opt.pace {
-                    Pace::Rates(r) => r.get(i).copied().flatten(),
-                    _ => None,
-                };
-                match rate {
-                    Some(r) => s += &format!("pace = \"{r}\"\n"),
-                    None => s += "pace = \"auto\"\n",
-                }
-            }
+            Pace::Auto => s += "pace = \"auto\"\n",
+            Pace::Rates(r) => match r.get(i).copied().flatten() {
+                Some(bps) => s += &format!("pace = \"{bps}\"\n"),
+                None => s += "pace = \"auto\"\n",
+            },
             Pace::Share(share) => {
                 // The shaper counts IP bytes; the pacer adds 42 bytes of framing, so
                 // `share` of the rate leaves the tbf's queue empty.

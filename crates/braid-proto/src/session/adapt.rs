@@ -152,35 +152,32 @@ impl Adapt {
         if !(rate > 0.0 && most > 0.0) {
             return false;
         }
+        let Some(p) = self.pace.as_mut().or(self.learning.as_mut()) else {
+            return false;
+        };
+        if c >= p.rates.len() {
+            return false;
+        }
+        p.rates[c] = rate;
+        p.max[c] = most;
+        p.calm[c] = 0;
+        // The last rate to learn: adaptive pacing starts.
+        let started = self
+            .learning
+            .as_ref()
+            .is_some_and(|l| l.rates.iter().all(|r| *r > 0.0));
+        if started {
+            self.pace = self.learning.take();
+            self.changes += 1;
+        }
+        let Some(p) = &self.pace else {
+            return false;
+        };
         let all: Vec<usize> = (0..self.quanta.len()).collect();
-        if let Some(p) = &mut self.pace {
-            let Some(r) = p.rates.get_mut(c) else {
-                return false;
-            };
-            *r = rate;
-            p.max[c] = most;
-            p.calm[c] = 0;
-            let new = proportional(p.least, &all, &p.rates);
-            let changed = new != self.quanta;
-            self.quanta = new;
-            return changed;
-        }
-        let Some(l) = &mut self.learning else {
-            return false;
-        };
-        let Some(r) = l.rates.get_mut(c) else {
-            return false;
-        };
-        *r = rate;
-        l.max[c] = most;
-        if l.rates.iter().any(|r| *r <= 0.0) {
-            return false;
-        }
-        let p = self.learning.take().expect("checked above");
-        self.quanta = proportional(p.least, &all, &p.rates);
-        self.pace = Some(p);
-        self.changes += 1;
-        true
+        let new = proportional(p.least, &all, &p.rates);
+        let changed = new != self.quanta;
+        self.quanta = new;
+        changed || started
     }
 
     /// Channel `c` may be paced up to `most` (bit/s on the wire), if that is more than

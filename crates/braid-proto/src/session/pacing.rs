@@ -135,22 +135,10 @@ impl Pacer {
             scale_floor: cfg.codel.filter(|c| c.scale_to_rtt),
             stats: PacingStats::default(),
         };
-        p.buckets = cfg
-            .rates_bps
-            .iter()
-            .map(|&r| {
-                (r > 0.0).then(|| {
-                    let rate = r / 8.0 / 1e6;
-                    let cap = p.cap(rate);
-                    Bucket {
-                        rate,
-                        cap,
-                        tokens: cap,
-                        at: now,
-                    }
-                })
-            })
-            .collect();
+        p.buckets = vec![None; cfg.rates_bps.len()];
+        for (c, &r) in cfg.rates_bps.iter().enumerate() {
+            p.start(now, c, r);
+        }
         p
     }
 

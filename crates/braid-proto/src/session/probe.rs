@@ -64,10 +64,17 @@ const MAX_ARRIVALS: usize = 1024;
 /// What the sender knows of one channel's measurement.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum TxState {
-    /// A train is to be sent as soon as the channel is up both ways.
-    Due,
+    /// A train is to be sent as soon as the channel is up both ways. `first`: the
+    /// channel's first measurement since it came up, which sets its pace; a later one
+    /// only lets adaptive pacing probe higher.
+    Due { first: bool },
     /// Train `train` went out at `at`, the `tries`-th.
-    Sent { train: u16, at: Instant, tries: u32 },
+    Sent {
+        train: u16,
+        at: Instant,
+        tries: u32,
+        first: bool,
+    },
     /// Measured at `at`.
     Done { at: Instant },
     /// No report after [`MAX_TRAINS`] trains, the last sent at `at`.
@@ -102,9 +109,6 @@ pub(crate) struct Probes {
     tx: Option<Vec<TxState>>,
     /// The latest measurement of each channel (bit/s on the wire).
     last: Vec<Option<f64>>,
-    /// Whether the measurement under way is a channel's first (since it came up): it
-    /// sets the pace; a later one only lets adaptive pacing probe higher.
-    fresh: Vec<bool>,
     next_train: u16,
     /// The peer's trains, per channel.
     rx: Vec<Option<RxTrain>>,
@@ -115,9 +119,8 @@ impl Probes {
     /// For `n` channels; `measure`: we send trains (the peer's are always answered).
     pub fn new(n: usize, measure: bool) -> Probes {
         Probes {
-            tx: measure.then(|| vec![TxState::Due; n]),
+            tx: measure.then(|| vec![TxState::Due { first: true }; n]),
             last: vec![None; n],
-            fresh: vec![true; n],
             next_train: 0,
             rx: vec![None; n],
             stats: ProbeStats::default(),
@@ -130,8 +133,7 @@ impl Probes {
         if let Some(tx) = &mut self.tx {
             for (i, s) in tx.iter_mut().enumerate() {
                 if c.is_none_or(|c| c == i) {
-                    *s = TxState::Due;
-                    self.fresh[i] = true;
+                    *s = TxState::Due { first: true };
                 }
             }
         }
@@ -148,8 +150,7 @@ impl Probes {
             TxState::Done { at } | TxState::GaveUp { at }
                 if now.saturating_since(at) >= REMEASURE_AFTER =>
             {
-                *s = TxState::Due;
-                self.fresh[c] = false;
+                *s = TxState::Due { first: false };
                 true
             }
             _ => false,
@@ -164,14 +165,16 @@ impl Probes {
             return out;
         };
         for (c, s) in tx.iter_mut().enumerate() {
-            let tries = match *s {
-                TxState::Due => 0,
-                TxState::Sent { at, tries, .. } if now.saturating_since(at) >= RETRY_AFTER => {
+            let (tries, first) = match *s {
+                TxState::Due { first } => (0, first),
+                TxState::Sent {
+                    at, tries, first, ..
+                } if now.saturating_since(at) >= RETRY_AFTER => {
                     if tries >= MAX_TRAINS {
                         *s = TxState::GaveUp { at };
                         continue;
                     }
-                    tries
+                    (tries, first)
                 }
                 _ => continue,
             };
@@ -184,6 +187,7 @@ impl Probes {
                 train,
                 at: now,
                 tries: tries + 1,
+                first,
             };
             self.stats.trains_sent += 1;
             out.push((c, train));
@@ -203,7 +207,7 @@ impl Probes {
         overhead: u32,
     ) -> Option<(f64, bool)> {
         let s = self.tx.as_mut()?.get_mut(c)?;
-        let TxState::Sent { train, .. } = *s else {
+        let TxState::Sent { train, first, .. } = *s else {
             return None;
         };
         if train != r.train || r.span_us == 0 || r.tail == 0 {
@@ -214,7 +218,7 @@ impl Probes {
         let bps = bytes * 8e6 / r.span_us as f64;
         *s = TxState::Done { at: now };
         self.last[c] = Some(bps);
-        Some((bps, std::mem::replace(&mut self.fresh[c], false)))
+        Some((bps, first))
     }
 
     /// Channel `c`'s latest measured rate (bit/s on the wire), if it has one.
@@ -232,7 +236,7 @@ impl Probes {
     pub fn pending(&self) -> bool {
         self.tx.as_ref().is_some_and(|tx| {
             tx.iter()
-                .any(|s| matches!(s, TxState::Due | TxState::Sent { .. }))
+                .any(|s| matches!(s, TxState::Due { .. } | TxState::Sent { .. }))
         })
     }
 
@@ -377,40 +381,38 @@ impl super::Session {
             return;
         };
         let overhead = self.cfg.pacing.as_ref().map_or(0, |p| p.overhead);
-        let Some((bps, fresh)) = self.probes.on_report(now, c, r, overhead) else {
+        let Some((bps, first)) = self.probes.on_report(now, c, r, overhead) else {
             return;
         };
+        // A configured rate is the most the channel is paced at.
         let configured = self
             .cfg
             .pacing
             .as_ref()
             .and_then(|p| p.rates_bps.get(c).copied())
             .filter(|r| *r > 0.0);
-        let most = configured.map_or(bps, |r| r.min(bps));
-        if !fresh {
-            // Measured again while it used all of its rate: adaptive pacing may now
-            // probe up to the new rate, if higher (a lower one, with the channel calm
-            // at its pace, is taken for the train's noise or a moment's cross traffic).
-            if let Some(a) = &mut self.adapt {
-                a.raise(c, most);
-            }
-            self.events.push_back(super::Event::ChannelMeasured {
-                channel: c,
-                bps: bps.round() as u64,
-                pace_bps: pc.rate_bps(c).unwrap_or(0.0).round() as u64,
-            });
-            return;
-        }
-        let rate = configured.map_or(bps * PACE_SHARE, |r| r.min(bps * PACE_SHARE));
-        pc.start(now, c, rate);
+        let capped = |x: f64| configured.map_or(x, |r| r.min(x));
+        // A first measurement sets the pace. A later one (taken while the channel used
+        // all of its rate) leaves it: adaptive pacing may now probe up to the new rate,
+        // if higher (a lower one, with the channel calm at its pace, is taken for the
+        // train's noise or a moment's cross traffic).
+        let pace = if first {
+            let rate = capped(bps * PACE_SHARE);
+            pc.start(now, c, rate);
+            rate
+        } else {
+            pc.rate_bps(c).unwrap_or(0.0)
+        };
         self.events.push_back(super::Event::ChannelMeasured {
             channel: c,
             bps: bps.round() as u64,
-            pace_bps: rate.round() as u64,
+            pace_bps: pace.round() as u64,
         });
         if let Some(a) = &mut self.adapt {
-            // A new epoch's striper takes the quanta up when it starts.
-            if a.learn(c, rate, most) && self.tx.switching.is_none() {
+            if !first {
+                a.raise(c, capped(bps));
+            } else if a.learn(c, pace, capped(bps)) && self.tx.switching.is_none() {
+                // (During an epoch switch the new striper takes them up when it starts.)
                 self.reapply_quanta();
             }
         }
