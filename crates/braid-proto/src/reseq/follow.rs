@@ -104,7 +104,17 @@ impl Follower {
                         continue;
                     }
                     if p.round < g {
-                        s.set_position(c, Position { round: g, dc: p.dc });
+                        // Only a marker puts a channel below the global round: the
+                        // sender's channel rounds are never below its own (the visited
+                        // channel and those after it are at the global round, those
+                        // before it one above). So the sender is still in round
+                        // `p.round` here and we ran ahead of it (we gave up on packets
+                        // that were only late, or skipped past a channel whose round a
+                        // loss hid). Go back to that round at this channel. (Lifting the
+                        // channel to our round instead kept us a round ahead for good:
+                        // every later marker was undone, and each of this channel's
+                        // packets waited a whole round for the others'.)
+                        s.rewind(p.round, c);
                     }
                     return c;
                 }

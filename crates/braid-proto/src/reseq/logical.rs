@@ -19,7 +19,7 @@ pub(crate) struct Buffered {
     pub(crate) follow: Follower,
     /// Channel we are waiting on, and since when other data has been waiting.
     pub(crate) blocked: Option<(usize, Option<Instant>)>,
-    /// Last time anything arrived on each channel.
+    /// Last time data arrived on each channel.
     last_arrival: Vec<Instant>,
     /// Most items per channel buffer.
     pub(crate) limit: usize,
@@ -39,17 +39,23 @@ impl Buffered {
         }
     }
 
-    /// Something arrived on `channel`.
+    /// Data arrived on `channel`.
     #[inline]
     pub(crate) fn heard(&mut self, channel: usize, now: Instant) {
         self.last_arrival[channel] = now;
     }
 
-    /// Is anything held back? (In logical mode the awaited channel is empty, so this is
+    /// Is data held back? (In logical mode the awaited channel is empty, so this is
     /// data on other channels; in seq mode the awaited number may be missing while its
-    /// channel holds later ones.) O(channels): a marker waiting at a head counts too.
+    /// channel holds later ones.) Markers do not count: an idle sender's heartbeat
+    /// markers wait at the heads of channels the receiver does not visit, and a wait
+    /// for the next packet, which the sender has not sent, must not time out then.
+    /// Scans up to the first data item of each buffer (markers queue up only on
+    /// channels not visited for a while, at most one per marker interval).
     fn data_waiting(&self) -> bool {
-        self.bufs.iter().any(|b| !b.is_empty())
+        self.bufs
+            .iter()
+            .any(|b| b.iter().any(|i| matches!(i, Item::Data { .. })))
     }
 
     pub(crate) fn any_full(&self) -> bool {
@@ -170,7 +176,15 @@ impl ModeEngine for Logical {
     #[inline]
     fn accept(&mut self, now: Instant, channel: usize, item: Item, sink: &mut Sink) {
         let b = &mut self.b;
-        b.heard(channel, now);
+        // Only data keeps a wait going: a channel that brings nothing but markers while
+        // data waits elsewhere is not delivering what we wait for. (In step with the
+        // sender that cannot last: whatever waits elsewhere was sent after the awaited
+        // packet, so that packet is on its way. Counting markers, a receiver that had
+        // run out of step waited for good on a channel whose heartbeat markers kept
+        // coming, and max_wait never ended the wait.)
+        if matches!(item, Item::Data { .. }) {
+            b.heard(channel, now);
+        }
         // The awaited packet itself: deliver it without queueing it.
         if let (Some((bc, _)), Item::Data { .. }) = (b.blocked, &item) {
             if bc == channel && b.bufs[channel].is_empty() {

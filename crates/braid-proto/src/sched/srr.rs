@@ -133,6 +133,13 @@ impl Srr {
         self.cur = 0;
     }
 
+    /// Move the global round back to `round`, pointer on `channel` (a receiver that
+    /// ran ahead of the sender, as a marker shows).
+    pub(crate) fn rewind(&mut self, round: u64, channel: usize) {
+        self.round = round;
+        self.cur = channel;
+    }
+
     /// Change `channel`'s quantum (takes effect from its next visit).
     pub fn set_quantum(&mut self, channel: usize, quantum: u32) {
         self.quanta[channel] = i64::from(quantum.max(1));

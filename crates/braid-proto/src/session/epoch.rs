@@ -314,8 +314,12 @@ impl Session {
 
     // ---- receive direction ----
 
+    /// Acknowledge the receive epoch in force on every channel: the peer may hear us on
+    /// a channel we do not hear it on (a link cut in one direction), and an ack sent only
+    /// on the receive set's channels was lost for good when those were cut towards the
+    /// peer: its switch then waited for ever, and nothing it sent was delivered.
     fn send_ack_all(&mut self) {
-        for c in members_of(self.rx.set) {
+        for c in 0..self.n {
             let m = Msg::Ack(EpochAck {
                 channel: c as u8,
                 epoch: self.rx.epoch,
@@ -389,10 +393,10 @@ impl Session {
         }
     }
 
-    /// Acknowledge the pending switch before the old epoch is drained, on the new
-    /// channels and the old ones still heard.
+    /// Acknowledge the pending switch before the old epoch is drained, on every channel
+    /// (as `send_ack_all`).
     fn send_early_ack(&mut self, p: &EpochEnd) {
-        for c in members_of(p.new_set | (p.old_set & self.rx_mask())) {
+        for c in 0..self.n {
             let m = Msg::Ack(EpochAck {
                 channel: c as u8,
                 epoch: p.new_epoch,

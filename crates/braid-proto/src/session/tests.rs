@@ -94,14 +94,16 @@ fn config(n: usize, mode: Mode) -> Config {
     c
 }
 
+/// A packet numbered past its IPv4 header: CoDel marks ECT packets CE, which rewrites
+/// the header's checksum (a number in the header came out changed).
 fn packet(id: u64) -> Bytes {
     let mut v = vec![0x45u8; 200];
-    v[4..12].copy_from_slice(&id.to_be_bytes());
+    v[24..32].copy_from_slice(&id.to_be_bytes());
     Bytes::from(v)
 }
 
 fn id_of(p: &[u8]) -> u64 {
-    u64::from_be_bytes(p[4..12].try_into().unwrap())
+    u64::from_be_bytes(p[24..32].try_into().unwrap())
 }
 
 impl Pair {
@@ -1093,6 +1095,7 @@ fn set_weights_moves_the_stripe_and_survives_a_new_epoch() {
 
 /// Bad-link demotion (`session::demote`) between two sessions.
 mod demote;
+mod recovery;
 mod return_path;
 
 fn paced(rates_bps: &[f64]) -> impl Fn(&mut Config) + '_ {
