@@ -371,6 +371,7 @@ struct RawSession {
     key: Option<String>,
     key_file: Option<String>,
     security: Option<String>,
+    allow_insecure: Option<bool>,
     private_key_file: Option<String>,
     peer_public_key: Option<String>,
     rekey_after: Option<String>,
@@ -433,6 +434,32 @@ pub fn parse_cidr(s: &str) -> Result<(Ipv4Addr, u8), String> {
     Ok((addr, len))
 }
 
+/// A file that holds a key inline (`session.key`) must be as private as a key file:
+/// readable by its owner only (the key is read as text, so check the file itself).
+fn inline_key_private(path: &Path, text: &str) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    let inline = toml::from_str::<toml::Table>(text)
+        .ok()
+        .and_then(|t| t.get("session")?.get("key").cloned())
+        .is_some();
+    if !inline {
+        return Ok(());
+    }
+    let mode = std::fs::metadata(path)
+        .map_err(|e| format!("cannot check the file's permissions: {e}"))?
+        .permissions()
+        .mode()
+        & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(format!(
+            "the key is inline and {} is readable by group or others (mode {mode:o}): run chmod 600 {}, or move the key to a private key_file",
+            path.display(),
+            path.display()
+        ));
+    }
+    Ok(())
+}
+
 impl FileConfig {
     /// Read and check a configuration file.
     pub fn load(path: &Path) -> Result<FileConfig, ConfigFileError> {
@@ -442,7 +469,13 @@ impl FileConfig {
             key: "-".into(),
             reason: format!("cannot read: {e}"),
         })?;
-        FileConfig::parse(&file, &text, path.parent())
+        let cfg = FileConfig::parse(&file, &text, path.parent())?;
+        inline_key_private(path, &text).map_err(|reason| ConfigFileError {
+            file,
+            key: "session.key".into(),
+            reason,
+        })?;
+        Ok(cfg)
     }
 
     /// Parse configuration text; `file` names it in errors, `dir` resolves `key_file`.
@@ -580,6 +613,12 @@ impl FileConfig {
                     format!("unknown security mode '{m}' (encrypt, auth, none)"),
                 )
             })?;
+        }
+        if cfg.security == SecurityMode::None && s.allow_insecure != Some(true) {
+            return Err(err(
+                "session.security",
+                "\"none\" sends data in clear and delivers forged packets (anyone who can reach a channel's port can inject into the tunnel); set allow_insecure = true beside it to run so anyway, or use \"encrypt\" (the default) or \"auth\" (docs/security.md)".into(),
+            ));
         }
         cfg.rekey_after = dur("session.rekey_after", &s.rekey_after, cfg.rekey_after)?;
         if cfg.rekey_after < Duration::from_secs(1) {
@@ -1175,7 +1214,7 @@ remote = "127.0.0.1:7102"
         // Repair needs a sealing counter.
         let e = FileConfig::parse(
             "t.toml",
-            &with("arq = \"100ms\"\nsecurity = \"none\""),
+            &with("arq = \"100ms\"\nsecurity = \"none\"\nallow_insecure = true"),
             None,
         )
         .unwrap_err()
@@ -1207,6 +1246,54 @@ remote = "127.0.0.1:7102"
             );
         }
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn security_none_needs_allow_insecure_and_an_inline_key_a_private_file() {
+        // Issue 27, items 3 and 4.
+        let with = |extra: &str| GOOD.replace("[session]\n", &format!("[session]\n{extra}\n"));
+        let e = FileConfig::parse("t.toml", &with("security = \"none\""), None).unwrap_err();
+        assert_eq!(e.key, "session.security");
+        assert!(e.reason.contains("allow_insecure = true"), "{e}");
+        let c = FileConfig::parse(
+            "t.toml",
+            &with("security = \"none\"\nallow_insecure = true"),
+            None,
+        )
+        .unwrap();
+        assert_eq!(c.session.security, SecurityMode::None);
+
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("braid-cfg-inline-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("t.toml");
+        std::fs::write(&path, GOOD).unwrap();
+        assert!(GOOD.contains("\nkey = "), "GOOD holds an inline key");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = FileConfig::load(&path).unwrap_err();
+        assert_eq!(e.key, "session.key");
+        assert!(e.reason.contains("chmod 600"), "{e}");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        FileConfig::load(&path).unwrap();
+        // Without an inline key the file's mode is not the key's business.
+        let dir_key = dir.join("braid.key");
+        std::fs::write(&dir_key, "AyHDMTOweHmwGSs7vubt5lmmRKjx62UXkWxeQzJRXms=").unwrap();
+        std::fs::set_permissions(&dir_key, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let keyless = GOOD
+            .lines()
+            .map(|l| {
+                if l.starts_with("key = ") {
+                    "key_file = \"braid.key\""
+                } else {
+                    l
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        std::fs::write(&path, keyless).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        FileConfig::load(&path).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -152,6 +152,9 @@ pub fn open_tun(t: &TunnelConfig, s: &SessionConfig) -> Result<Tun, TunnelError>
         s.security.name(),
         s.channels.len()
     );
+    if s.security == braid_proto::session::SecurityMode::None {
+        warn!("security = \"none\" (allow_insecure): data crosses every channel in clear and forged packets from anyone who can reach a channel's port are delivered into the tunnel");
+    }
     Ok(tun)
 }
 
