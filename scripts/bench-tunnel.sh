@@ -63,10 +63,12 @@ log_interval = "0s"
 [session]
 key = "$KEY"
 security = "$1"
+$( [ "$1" = none ] && echo "allow_insecure = true" )
 [[channel]]
 local = "10.203.0.$end:7000"
 remote = "10.203.0.$other:7000"
 CFG
+        chmod 600 "$TMP/t$end.toml"
     done
 }
 

@@ -653,9 +653,11 @@ fn tunnel_run(
     for (end_a, ns) in [(true, NS_CLIENT), (false, NS_SERVER)] {
         let tag = if end_a { "a" } else { "b" };
         let cfg = dir.join(format!("tunnel-{tag}-{mode}.toml"));
-        fs::write(&cfg, tunnel_config(opt, mode, end_a)).map_err(|err| LabError::Io {
-            path: cfg.display().to_string(),
-            err,
+        topo::write_private(&cfg, &tunnel_config(opt, mode, end_a)).map_err(|err| {
+            LabError::Io {
+                path: cfg.display().to_string(),
+                err,
+            }
         })?;
         let log = dir.join(format!("tunnel-{tag}-{mode}.log"));
         tunnels.push(start_tunnel(opt, ns, &cfg, &log)?);

@@ -959,7 +959,8 @@ fn braid_run(
     let mut cfgs = Vec::new();
     for (end_a, side) in [(true, "a"), (false, "b")] {
         let p = dir.join(format!("stream-{side}-{tag}.toml"));
-        fs::write(&p, session_config(&opt.links, used, end_a)).map_err(io_err(&p))?;
+        crate::topo::write_private(&p, &session_config(&opt.links, used, end_a))
+            .map_err(io_err(&p))?;
         cfgs.push(p);
     }
     let gen_report = dir.join(format!("stream-gen-{tag}.json"));

@@ -34,6 +34,22 @@ pub const NS_ROUTER: &str = "brl-r";
 /// Server namespace.
 pub const NS_SERVER: &str = "brl-b";
 
+/// Write a file only its owner can read (a config that holds a key inline: `braid
+/// tunnel` refuses one that others can read).
+pub fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    // An existing file keeps its mode through open: set it.
+    f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    f.write_all(text.as_bytes())
+}
+
 /// Where the lab keeps its state (links, emulator pid and counters).
 pub fn state_dir() -> PathBuf {
     PathBuf::from("/run/braid-lab")

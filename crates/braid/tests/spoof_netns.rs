@@ -187,6 +187,11 @@ fn run_mode(mode: &str) {
         cfg("10.78.0.2/24", &cb, "10.202.0.2:7000", "10.202.0.1:7000"),
     )
     .unwrap();
+    // Configs that hold the key inline must be private (as a key file).
+    for f in ["a.toml", "b.toml"] {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir.join(f), std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
     for (ns, file) in [(&na, "a.toml"), (&nb, "b.toml")] {
         lab.children.push(
             Command::new("ip")

@@ -171,6 +171,11 @@ fn tunnel_carries_tcp_between_namespaces() {
     let (ca, cb) = (dir.join("a.sock"), dir.join("b.sock"));
     std::fs::write(dir.join("a.toml"), config("10.77.0.1/24", &ca, &a_ch)).unwrap();
     std::fs::write(dir.join("b.toml"), config("10.77.0.2/24", &cb, &b_ch)).unwrap();
+    // Configs that hold the key inline must be private (as a key file).
+    for f in ["a.toml", "b.toml"] {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir.join(f), std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
     let tunnel = |ns: &str, cfg: &str| {
         Command::new("ip")
             .args(["netns", "exec", ns, BIN, "tunnel", "--config"])
