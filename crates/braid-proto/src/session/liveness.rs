@@ -3,7 +3,7 @@
 
 use super::{bit, Event, Session};
 use crate::time::Instant;
-use crate::wire::session::{Feedback, Hello, Msg};
+use crate::wire::session::{Feedback, Hello, Msg, HELLO_SEQ_MASK};
 
 /// Do we hear the peer on a channel?
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -94,6 +94,8 @@ pub(super) struct Peer {
     pub report_at: Option<Instant>,
     pub silent_warned: bool,
     pub mismatch_warned: bool,
+    /// Number of the newest hello applied (stale ones are passed over).
+    pub hello_seq: Option<u32>,
 }
 
 impl Peer {
@@ -105,6 +107,7 @@ impl Peer {
             report_at: None,
             silent_warned: false,
             mismatch_warned: false,
+            hello_seq: None,
         }
     }
 }
@@ -162,6 +165,7 @@ impl Session {
     /// A hello on every configured channel (down ones too, so their return is seen).
     pub(super) fn send_hellos(&mut self) {
         let rx_mask = self.rx_mask();
+        self.hello_seq = self.hello_seq.wrapping_add(1) & HELLO_SEQ_MASK;
         for c in 0..self.n {
             let m = Msg::Hello(Hello {
                 channel: c as u8,
@@ -169,6 +173,7 @@ impl Session {
                 rx_mask,
                 tx_epoch: self.tx.epoch,
                 rx_epoch: self.rx.epoch,
+                seq: self.hello_seq,
             });
             self.send_ctrl(c, &m);
         }
@@ -275,6 +280,15 @@ impl Session {
             }
             return;
         }
+        // Hellos of one heartbeat go out on every channel at once, so after an outage
+        // the ones queued on a channel that was down arrive among newer ones from the
+        // others: applying a stale one reported channels lost that the peer hears again,
+        // and a rejoin took three epoch switches in 150 ms. Only newer reports count.
+        if self.peer.hello_seq.is_some_and(|last| h.older_than(last)) {
+            self.counters.stale_hellos += 1;
+            return;
+        }
+        self.peer.hello_seq = Some(h.seq);
         let mask = h.rx_mask & self.all;
         for i in 0..self.n {
             let hears = mask & bit(i) != 0;

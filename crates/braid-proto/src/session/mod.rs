@@ -525,6 +525,8 @@ pub struct Session {
     out: VecDeque<Transmit>,
     deliver: VecDeque<Bytes>,
     events: VecDeque<Event>,
+    /// Number of our last heartbeat's hellos (24 bits, wrapping).
+    hello_seq: u32,
     counters: stats::Counters,
     adapt: Option<adapt::Adapt>,
     /// Quanta per physical channel set by [`Session::set_weights`], if any.
@@ -580,6 +582,7 @@ impl Session {
             out: VecDeque::with_capacity(256),
             deliver: VecDeque::new(),
             events: VecDeque::new(),
+            hello_seq: 0,
             counters: stats::Counters::default(),
             adapt: cfg.adapts().then(|| {
                 let rates = cfg.pacing.as_ref().map_or(&[][..], |p| &p.rates_bps[..]);
@@ -1359,6 +1362,8 @@ impl Session {
         self.peer.mask = self.all;
         self.peer.report_at = None;
         self.peer.seen = true;
+        // A new run numbers its hellos from the start.
+        self.peer.hello_seq = None;
     }
 
     /// A session message; `arrived` and `repaired` as for [`Session::on_inner`].

@@ -13,6 +13,8 @@ pub(super) struct Counters {
     pub stray_drops: u64,
     /// Datagrams not sent because there were no keys yet.
     pub unsent: u64,
+    /// Hellos older than one already applied, passed over.
+    pub stale_hellos: u64,
     pub delivered_bytes_last: u64,
     pub delivered_bps: f64,
 }
@@ -127,6 +129,9 @@ pub struct SessionStats {
     pub stray_drops: u64,
     /// Datagrams not sent because no handshake had completed yet.
     pub unsent: u64,
+    /// Hellos that came after a newer one and were passed over (reordered across
+    /// channels, e.g. queued on a link while it was down).
+    pub stale_hellos: u64,
     /// Handshake counters.
     pub handshakes: super::HandshakeStats,
     /// The resequencers' session counters, every epoch added (delivered, lost, NAKs …).
@@ -236,6 +241,7 @@ impl Session {
             queue_drops: self.counters.queue_drops,
             stray_drops: self.counters.stray_drops,
             unsent: self.counters.unsent,
+            stale_hellos: self.counters.stale_hellos,
             handshakes: self.crypto.stats.clone(),
             lost: receiver.lost + self.rx.switch_lost,
             switch_lost: self.rx.switch_lost,

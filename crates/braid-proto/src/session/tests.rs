@@ -312,6 +312,32 @@ fn failover_and_rejoin_seq_stays_in_order() {
 }
 
 #[test]
+fn stale_hellos_from_a_slow_channel_do_not_flap_a_rejoin() {
+    // A's hellos reach B on channel 1 600 ms late (a queue on a link that was down, in
+    // the field): after channel 0 comes back, the ones sent while A did not hear B on
+    // it keep arriving among the fresh ones on channel 0.
+    let mut p = Pair::new(2, Mode::Logical, &[5]);
+    p.run_until(at_ms(2000));
+    p.ab[1].delay = Duration::from_millis(600);
+    p.set_up(0, false);
+    p.run_until(at_ms(3500));
+    p.set_up(0, true);
+    p.run_until(at_ms(5000));
+    let switches: Vec<_> = p
+        .events_b
+        .iter()
+        .filter(|(t, e)| {
+            *t > at_ms(3500)
+                && matches!(e, Event::TxSwitchStarted { .. } | Event::TxRetarget { .. })
+        })
+        .collect();
+    assert_eq!(switches.len(), 1, "B's transmit set flapped: {switches:?}");
+    assert!(p.b.stats(p.now).stale_hellos > 0);
+    assert_eq!(p.b.stats(p.now).channels[0].state, LinkState::Up);
+    assert!(p.b.stats(p.now).channels[0].in_tx_set);
+}
+
+#[test]
 fn down_to_one_channel_and_back() {
     let mut p = Pair::new(3, Mode::Logical, &[10]);
     p.run_until(at_ms(1000));
@@ -386,6 +412,7 @@ fn forgeries(id: u64) -> Vec<Bytes> {
             rx_mask: 0,
             tx_epoch: 0,
             rx_epoch: 0,
+            seq: 0,
         })
         .to_vec(),
     ));

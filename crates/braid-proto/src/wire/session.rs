@@ -16,7 +16,8 @@
 //! **Hello** (kind 1, 24 bytes), sent on every configured channel every heartbeat:
 //!
 //! ```text
-//!  4: channels (u8) | 5..8: zero
+//!  4: channels (u8) | 5..8: heartbeat number (u24, wrapping; the same on every
+//!     channel in one heartbeat): a hello older than one already applied is stale
 //!  8..16:  rx mask (u64): bit c set = the sender currently hears us on channel c
 //! 16..20:  sender's transmit epoch (u32)
 //! 20..24:  sender's receive epoch (u32)
@@ -158,6 +159,19 @@ pub struct Hello {
     pub tx_epoch: u32,
     /// The sender's receive epoch.
     pub rx_epoch: u32,
+    /// The sender's heartbeat number, 24 bits, wrapping (`HELLO_SEQ_MASK`).
+    pub seq: u32,
+}
+
+/// Hello numbers wrap at 24 bits.
+pub const HELLO_SEQ_MASK: u32 = 0x00ff_ffff;
+
+impl Hello {
+    /// Was this hello sent before one numbered `last` (within half the number space)?
+    pub fn older_than(&self, last: u32) -> bool {
+        let d = last.wrapping_sub(self.seq) & HELLO_SEQ_MASK;
+        d != 0 && d < HELLO_SEQ_MASK / 2
+    }
 }
 
 /// The end of a transmit epoch and the proposal of the next channel set.
@@ -317,6 +331,7 @@ impl Msg {
                     rx_mask: u64_at(b, 8),
                     tx_epoch: u32_at(b, 16),
                     rx_epoch: u32_at(b, 20),
+                    seq: u32::from_be_bytes([0, b[5], b[6], b[7]]),
                 }))
             }
             KIND_END => {
@@ -455,7 +470,8 @@ impl Msg {
         match self {
             Msg::Hello(h) => {
                 v.extend_from_slice(&[TYPE_SESSION, VERSION, KIND_HELLO, h.channel]);
-                v.extend_from_slice(&[h.channels, 0, 0, 0]);
+                let seq = (h.seq & HELLO_SEQ_MASK).to_be_bytes();
+                v.extend_from_slice(&[h.channels, seq[1], seq[2], seq[3]]);
                 v.extend_from_slice(&h.rx_mask.to_be_bytes());
                 v.extend_from_slice(&h.tx_epoch.to_be_bytes());
                 v.extend_from_slice(&h.rx_epoch.to_be_bytes());
@@ -532,11 +548,12 @@ mod tests {
             rx_mask: 0b101,
             tx_epoch: 7,
             rx_epoch: 9,
+            seq: 0x01_0203,
         });
         let b = h.to_vec();
         assert_eq!(
             b,
-            [0xB4, 1, 1, 2, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0, 7, 0, 0, 0, 9]
+            [0xB4, 1, 1, 2, 3, 1, 2, 3, 0, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0, 7, 0, 0, 0, 9]
         );
         assert_eq!(Msg::parse(&b), Ok(h));
     }
