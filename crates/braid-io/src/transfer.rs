@@ -976,7 +976,7 @@ struct Target {
     temp: bool,
     /// Replace `target` if it exists (`--force`).
     overwrite: bool,
-    /// The permissions of the file it replaces, kept; else 0666 less the umask.
+    /// The permissions of the file it replaces, kept exactly; else 0666 less the umask.
     mode: Option<std::fs::Permissions>,
 }
 
@@ -1012,6 +1012,10 @@ fn create(t: Target) -> std::io::Result<Opened> {
         )
         .tempfile_in(dir)?
         .into_parts();
+    if let Some(m) = &t.mode {
+        // Exactly the replaced file's mode, whatever the umask took away.
+        file.set_permissions(m.clone())?;
+    }
     Ok(Opened {
         file: tokio::fs::File::from_std(file),
         temp: Some(path),

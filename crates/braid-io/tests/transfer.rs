@@ -441,7 +441,8 @@ async fn output_file_appears_only_when_finished() {
     // Existing: refused without overwrite; replaced with it, keeping the mode.
     let e = transfer::open_output(path, false).await.err().unwrap();
     assert!(e.to_string().contains("exists and is kept"), "{e}");
-    std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o640)).unwrap();
+    // Group-writable: a umask of 022 would clear that bit; the replacement keeps it.
+    std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o664)).unwrap();
     let mut o = transfer::open_output(path, true).await.unwrap();
     o.write_all(b"second").await.unwrap();
     assert_eq!(
@@ -452,7 +453,7 @@ async fn output_file_appears_only_when_finished() {
     o.finish().await.unwrap();
     assert_eq!(std::fs::read(&out).unwrap(), b"second");
     let mode = std::fs::metadata(&out).unwrap().permissions().mode() & 0o777;
-    assert_eq!(mode, 0o640);
+    assert_eq!(mode, 0o664);
     assert_eq!(names(&dir), ["out.bin"]);
 
     // A file appearing meanwhile is kept when overwriting was not asked for.
