@@ -291,7 +291,10 @@ fn recv_failed_midway_leaves_no_partial_file() {
     let recv = recv.wait_with_output().unwrap();
     let re = String::from_utf8_lossy(&recv.stderr);
     assert!(!recv.status.success(), "{re}");
-    assert!(re.contains("sender"), "{re}");
+    assert!(
+        re.contains("was not created") && re.contains("sender"),
+        "{re}"
+    );
     assert!(names(&dir).is_empty(), "left behind: {:?}", names(&dir));
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -179,9 +179,12 @@ pub fn recv(a: RecvArgs) -> Result<()> {
         let (mut session, _ctl, _) = start_session(&a.s).await?;
         let progress = progress_line(a.progress);
         // On failure `output` is dropped, which removes its temporary file.
-        let staged = output.staged().map(|p| p.display().to_string());
+        let staged = output
+            .staged()
+            .map(|p| (p.display().to_string(), p.exists()));
         let unchanged = |e: anyhow::Error| match &staged {
-            Some(p) => e.context(format!("'{p}' is unchanged")),
+            Some((p, true)) => e.context(format!("'{p}' is unchanged")),
+            Some((p, false)) => e.context(format!("'{p}' was not created")),
             None => e,
         };
         let r = tokio::select! {
