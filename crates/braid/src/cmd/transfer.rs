@@ -58,7 +58,9 @@ pub struct RecvArgs {
     /// Where to write the stream, or - for standard output. A file is written to a
     /// temporary file beside it (.OUTPUT.XXXXXX.part), created when the first data
     /// arrives and renamed to OUTPUT when the transfer completes; a failed or
-    /// interrupted run removes it and leaves OUTPUT as it was.
+    /// interrupted run removes it and leaves OUTPUT as it was. Standard output and an
+    /// existing device or FIFO (/dev/null, a named pipe) are written in place, as the
+    /// data comes.
     output: String,
     /// Replace OUTPUT if it exists (it is replaced only when the transfer completes).
     /// Without it an existing file is an error and is kept unchanged.
