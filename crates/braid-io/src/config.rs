@@ -307,11 +307,12 @@ impl SessionConfig {
 
 /// A bad configuration file: which file, which key, why.
 #[derive(Debug, thiserror::Error)]
-#[error("config {file}: {key}: {reason}")]
+#[error("config {file}: {}{reason}", if key.is_empty() { String::new() } else { format!("{key}: ") })]
 pub struct ConfigFileError {
     /// The file.
     pub file: String,
-    /// The key (dotted path), or `-` for the whole file.
+    /// The key (dotted path, e.g. `channel[1].weight`), `line N` for a TOML syntax
+    /// error, empty when the file cannot be read.
     pub key: String,
     /// What is wrong.
     pub reason: String,
@@ -326,7 +327,8 @@ pub struct TunnelConfig {
     pub address: Option<(Ipv4Addr, u8)>,
     /// MTU of the device; `None`: the largest that fits every channel.
     pub mtu: Option<u32>,
-    /// Unix socket for `braid status`.
+    /// Unix socket for `braid status`. From a file: `tunnel.control`, else
+    /// `/run/braid/NAME.sock` after the device name (never `None`).
     pub control: Option<PathBuf>,
     /// Prometheus endpoint address.
     pub metrics: Option<SocketAddr>,
@@ -460,13 +462,33 @@ fn inline_key_private(path: &Path, text: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Deserialize TOML text; on error, the key at fault as a dotted path (e.g.
+/// `channel[1].weight`; for an unknown key, the key itself, `session.hartbeat`) and
+/// toml's report of it,
+/// which shows the line and column. A syntax error belongs to no key: its key is the
+/// line (`line 3`).
+fn parse_toml<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, (String, String)> {
+    serde_path_to_error::deserialize(toml::Deserializer::new(text)).map_err(|e| {
+        let mut path = e.path().to_string();
+        let inner = e.into_inner();
+        if path == "." {
+            let line = inner
+                .span()
+                .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
+            path = line.map_or("the file".into(), |l| format!("line {l}"));
+        }
+        let reason = inner.to_string().trim_end().replace('\n', "\n    ");
+        (path, reason)
+    })
+}
+
 impl FileConfig {
     /// Read and check a configuration file.
     pub fn load(path: &Path) -> Result<FileConfig, ConfigFileError> {
         let file = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|e| ConfigFileError {
             file: file.clone(),
-            key: "-".into(),
+            key: String::new(),
             reason: format!("cannot read: {e}"),
         })?;
         let cfg = FileConfig::parse(&file, &text, path.parent())?;
@@ -489,8 +511,7 @@ impl FileConfig {
             key: key.to_string(),
             reason,
         };
-        let raw: RawFile = toml::from_str(text)
-            .map_err(|e| err("-", e.to_string().trim_end().replace('\n', "\n    ")))?;
+        let raw: RawFile = parse_toml(text).map_err(|(key, reason)| err(&key, reason))?;
         let s = raw.session.unwrap_or_default();
         let dur =
             |key: &str, v: &Option<String>, d: Duration| -> Result<Duration, ConfigFileError> {
@@ -863,11 +884,18 @@ impl FileConfig {
                         err("tunnel.metrics", format!("'{m}' is not an IP:PORT address"))
                     })?),
                 };
+                // Default: named after the device, so that two tunnels on one host
+                // (two namespaces share /run) do not take each other's socket.
+                let control = Some(
+                    t.control
+                        .map(PathBuf::from)
+                        .unwrap_or_else(|| crate::tunnel::default_control(&name)),
+                );
                 Some(TunnelConfig {
                     name,
                     address,
                     mtu: t.mtu,
-                    control: t.control.map(PathBuf::from),
+                    control,
                     metrics,
                     log_interval: dur(
                         "tunnel.log_interval",
@@ -1223,6 +1251,58 @@ remote = "127.0.0.1:7102"
     }
 
     #[test]
+    fn the_default_control_socket_follows_the_device_name() {
+        let control = |text: &str| {
+            FileConfig::parse("t.toml", text, None)
+                .unwrap()
+                .tunnel
+                .unwrap()
+                .control
+        };
+        let p = |s: &str| Some(PathBuf::from(s));
+        assert_eq!(control(GOOD), p("/run/braid/braid0.sock"));
+        let other = GOOD.replace("name = \"braid0\"", "name = \"wan-b\"");
+        assert_eq!(control(&other), p("/run/braid/wan-b.sock"));
+        let unnamed = GOOD.replace("name = \"braid0\"\n", "");
+        assert_eq!(control(&unnamed), p("/run/braid/braid0.sock"));
+        let set = GOOD.replace("[tunnel]\n", "[tunnel]\ncontrol = \"/tmp/x.sock\"\n");
+        assert_eq!(control(&set), p("/tmp/x.sock"));
+    }
+
+    #[test]
+    fn parse_errors_name_the_key_and_the_line() {
+        let e = |text: &str| FileConfig::parse("t.toml", text, None).unwrap_err();
+        // Unknown key, wrong type, in a section and in the second of an array of tables.
+        let x = e(&GOOD.replace("heartbeat", "hartbeat"));
+        assert_eq!(x.key, "session.hartbeat");
+        assert!(
+            x.reason.contains("line 9") && x.reason.contains("unknown field"),
+            "{x}"
+        );
+        let x = e(&GOOD.replace("\"20ms\"", "20"));
+        assert_eq!(x.key, "session.heartbeat");
+        assert!(
+            x.reason.contains("line 9") && x.reason.contains("invalid type"),
+            "{x}"
+        );
+        let x = e(&GOOD.replace("\"127.0.0.1:7102\"", "7102"));
+        assert_eq!(x.key, "channel[1].remote");
+        assert!(x.reason.contains("line 18"), "{x}");
+        let x = e(&format!("bogus = 1\n{GOOD}"));
+        assert_eq!(x.key, "bogus");
+        // A syntax error belongs to no key: its line stands in for one.
+        let x = e(&GOOD.replace("[session]", "[session"));
+        assert_eq!(x.key, "line 6");
+        assert!(x.reason.contains("line 6, column 9"), "{x}");
+        assert!(x.to_string().starts_with("config t.toml: line 6: "), "{x}");
+        let x = FileConfig::load(Path::new("/nonexistent/t.toml")).unwrap_err();
+        assert_eq!(
+            x.to_string(),
+            "config /nonexistent/t.toml: cannot read: No such file or directory (os error 2)"
+        );
+    }
+
+    #[test]
     fn shipped_examples_load_with_a_key_file_beside_them() {
         use std::os::unix::fs::PermissionsExt;
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
@@ -1231,6 +1311,7 @@ remote = "127.0.0.1:7102"
         let key = dir.join("braid.key");
         std::fs::write(&key, crate::keys::encode(&crate::keys::generate().unwrap())).unwrap();
         std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let mut tunnels = Vec::new();
         for f in ["tunnel-a.toml", "tunnel-b.toml"] {
             std::fs::copy(src.join(f), dir.join(f)).unwrap();
             let c = FileConfig::load(&dir.join(f)).unwrap_or_else(|e| panic!("{e}"));
@@ -1239,11 +1320,18 @@ remote = "127.0.0.1:7102"
             assert_eq!(c.session.heartbeat, Duration::from_millis(50), "{f}");
             assert_eq!(c.session.security, SecurityMode::Encrypt, "{f}");
             assert_eq!(c.session.key.len(), 32, "{f}");
-            assert_eq!(
-                c.tunnel.map(|t| t.log_interval),
-                Some(Duration::from_secs(10)),
-                "{f}"
-            );
+            let t = c.tunnel.unwrap();
+            assert_eq!(t.log_interval, Duration::from_secs(10), "{f}");
+            tunnels.push(t);
+        }
+        // Both ends can run on one host (in two namespaces, which share /run): their
+        // devices and control sockets differ, and each socket is named after its device.
+        let [a, b] = &tunnels[..] else { panic!() };
+        assert_ne!(a.name, b.name);
+        assert_ne!(a.control, b.control);
+        for t in [a, b] {
+            let want = PathBuf::from(format!("/run/braid/{}.sock", t.name));
+            assert_eq!(t.control.as_ref(), Some(&want));
         }
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -944,16 +944,293 @@ pub async fn open_input(path: &str) -> Result<Box<dyn AsyncRead + Unpin + Send>,
     Ok(Box::new(f))
 }
 
-/// The output of a transfer: the file at `path` (created or truncated), or standard
-/// output for `-`.
-pub async fn open_output(path: &str) -> Result<Box<dyn AsyncWrite + Unpin + Send>, TransferError> {
-    if path == "-" {
-        return Ok(Box::new(tokio::io::stdout()));
+/// The output of a transfer, from [`open_output`]: standard output, a file written
+/// through a temporary file beside it, or a device or FIFO written in place.
+///
+/// Nothing on disk changes until the first byte is written: a file output then creates
+/// a temporary file `.NAME.XXXXXX.part` in the folder of NAME, and only
+/// [`Output::finish`] (after a successful transfer) renames it over NAME. Dropping the
+/// output without `finish` (the transfer failed or was interrupted) removes the
+/// temporary file: the destination is as it was before the run.
+pub struct Output {
+    state: OutState,
+}
+
+enum OutState {
+    Stdout(tokio::io::Stdout),
+    /// A path not yet opened: a temporary file beside `target` (`temp`), or `target`
+    /// itself, a device or FIFO.
+    Pending(Target),
+    Opening(std::pin::Pin<Box<dyn std::future::Future<Output = std::io::Result<Opened>> + Send>>),
+    Open(Opened),
+    /// Opening failed; the error was returned once.
+    Failed,
+}
+
+#[derive(Clone)]
+struct Target {
+    /// Where the data ends up (symbolic links resolved).
+    target: PathBuf,
+    /// Through a temporary file renamed over `target` on success; `false` for a device
+    /// or FIFO, written in place.
+    temp: bool,
+    /// Replace `target` if it exists (`--force`).
+    overwrite: bool,
+    /// The permissions of the file it replaces, kept exactly; else 0666 less the umask.
+    mode: Option<std::fs::Permissions>,
+}
+
+struct Opened {
+    file: tokio::fs::File,
+    /// The temporary file, removed on drop unless persisted.
+    temp: Option<tempfile::TempPath>,
+    target: Target,
+}
+
+fn create(t: Target) -> std::io::Result<Opened> {
+    use std::os::unix::fs::PermissionsExt;
+    if !t.temp {
+        let f = std::fs::OpenOptions::new().write(true).open(&t.target)?;
+        return Ok(Opened {
+            file: tokio::fs::File::from_std(f),
+            temp: None,
+            target: t,
+        });
     }
-    let f = tokio::fs::File::create(path)
+    let dir = match t.target.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => std::path::Path::new("."),
+    };
+    let name = t.target.file_name().unwrap_or_default().to_string_lossy();
+    let (file, path) = tempfile::Builder::new()
+        .prefix(&format!(".{name}."))
+        .suffix(".part")
+        .permissions(
+            t.mode
+                .clone()
+                .unwrap_or_else(|| std::fs::Permissions::from_mode(0o666)),
+        )
+        .tempfile_in(dir)?
+        .into_parts();
+    if let Some(m) = &t.mode {
+        // Exactly the replaced file's mode, whatever the umask took away.
+        file.set_permissions(m.clone())?;
+    }
+    Ok(Opened {
+        file: tokio::fs::File::from_std(file),
+        temp: Some(path),
+        target: t,
+    })
+}
+
+impl Output {
+    /// The destination, when it is a file written through a temporary file (left as
+    /// it was unless [`Output::finish`] runs).
+    pub fn staged(&self) -> Option<&std::path::Path> {
+        let t = match &self.state {
+            OutState::Pending(t) => t,
+            OutState::Open(o) => &o.target,
+            _ => return None,
+        };
+        t.temp.then_some(t.target.as_path())
+    }
+
+    /// Start creating the file if it is not open yet; ready when it is.
+    fn poll_open(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        use std::task::Poll;
+        loop {
+            match &mut self.state {
+                OutState::Stdout(_) | OutState::Open(_) => return Poll::Ready(Ok(())),
+                OutState::Failed => {
+                    return Poll::Ready(Err(std::io::Error::other(
+                        "the output could not be opened",
+                    )))
+                }
+                OutState::Pending(t) => {
+                    let t = t.clone();
+                    self.state = OutState::Opening(Box::pin(async move {
+                        let what = if t.temp {
+                            format!(
+                                "cannot create a temporary file beside '{}'",
+                                t.target.display()
+                            )
+                        } else {
+                            format!("cannot open '{}'", t.target.display())
+                        };
+                        tokio::task::spawn_blocking(move || create(t))
+                            .await
+                            .unwrap_or_else(|e| Err(std::io::Error::other(e)))
+                            .map_err(|e| std::io::Error::new(e.kind(), format!("{what}: {e}")))
+                    }));
+                }
+                OutState::Opening(f) => match f.as_mut().poll(cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(Ok(o)) => self.state = OutState::Open(o),
+                    Poll::Ready(Err(e)) => {
+                        self.state = OutState::Failed;
+                        return Poll::Ready(Err(e));
+                    }
+                },
+            }
+        }
+    }
+
+    /// After a successful transfer: flush, and put a file in place (renamed over the
+    /// destination; an empty stream makes an empty file). Without `overwrite`, a file
+    /// that appeared at the destination meanwhile is kept and this fails.
+    pub async fn finish(mut self) -> Result<(), TransferError> {
+        std::future::poll_fn(|cx| self.poll_open(cx))
+            .await
+            .map_err(TransferError::Write)?;
+        let OutState::Open(mut o) = std::mem::replace(&mut self.state, OutState::Failed) else {
+            if let OutState::Stdout(mut s) = std::mem::replace(&mut self.state, OutState::Failed) {
+                s.flush().await.map_err(TransferError::Write)?;
+            }
+            return Ok(());
+        };
+        o.file.flush().await.map_err(TransferError::Write)?;
+        let Some(temp) = o.temp else {
+            return Ok(());
+        };
+        // The data is on disk before the name points at it.
+        o.file.sync_all().await.map_err(TransferError::Write)?;
+        let target = o.target.target.clone();
+        let overwrite = o.target.overwrite;
+        let r = tokio::task::spawn_blocking(move || {
+            if overwrite {
+                temp.persist(&target)
+            } else {
+                temp.persist_noclobber(&target)
+            }
+        })
         .await
-        .map_err(|e| TransferError::Config(format!("cannot create output '{path}': {e}")))?;
-    Ok(Box::new(f))
+        .map_err(|e| TransferError::Write(std::io::Error::other(e)))?;
+        r.map_err(|e| {
+            let t = o.target.target.display();
+            if e.error.kind() == std::io::ErrorKind::AlreadyExists {
+                TransferError::Config(format!(
+                    "output '{t}' appeared during the transfer and is kept; the data received is discarded (use --force to replace it)"
+                ))
+            } else {
+                TransferError::Write(std::io::Error::new(
+                    e.error.kind(),
+                    format!("cannot rename the received file to '{t}': {}", e.error),
+                ))
+            }
+        })
+        // On error the temporary file (`e.path`) is dropped, hence removed.
+    }
+}
+
+impl AsyncWrite for Output {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::task::ready!(self.poll_open(cx))?;
+        match &mut self.state {
+            OutState::Stdout(s) => std::pin::Pin::new(s).poll_write(cx, buf),
+            OutState::Open(o) => std::pin::Pin::new(&mut o.file).poll_write(cx, buf),
+            _ => unreachable!("poll_open leaves the output open"),
+        }
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match &mut self.state {
+            OutState::Stdout(s) => std::pin::Pin::new(s).poll_flush(cx),
+            OutState::Open(o) => std::pin::Pin::new(&mut o.file).poll_flush(cx),
+            // Nothing written yet: nothing to flush (and nothing to create yet).
+            _ => std::task::Poll::Ready(Ok(())),
+        }
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match &mut self.state {
+            OutState::Stdout(s) => std::pin::Pin::new(s).poll_shutdown(cx),
+            OutState::Open(o) => std::pin::Pin::new(&mut o.file).poll_shutdown(cx),
+            _ => std::task::Poll::Ready(Ok(())),
+        }
+    }
+}
+
+/// The output of a transfer: standard output for `-`, else the file at `path`. Only
+/// checks, and changes nothing on disk (see [`Output`]): a folder, a missing folder or an
+/// existing file without `overwrite` is an error naming the path. An existing device
+/// or FIFO (e.g. `/dev/null`, `/dev/stdout`) is written in place.
+pub async fn open_output(path: &str, overwrite: bool) -> Result<Output, TransferError> {
+    if path == "-" {
+        return Ok(Output {
+            state: OutState::Stdout(tokio::io::stdout()),
+        });
+    }
+    let p = PathBuf::from(path);
+    let bad = |e: std::io::Error| TransferError::Config(format!("output '{path}': {e}"));
+    let state = match tokio::fs::metadata(&p).await {
+        Ok(m) if m.is_dir() => {
+            return Err(TransferError::Config(format!(
+                "output '{path}' is a folder; give a file name"
+            )))
+        }
+        Ok(m) if m.is_file() && !overwrite => {
+            return Err(TransferError::Config(format!(
+                "output '{path}' exists and is kept; choose another name, or give --force to replace it"
+            )))
+        }
+        Ok(m) if m.is_file() => Target {
+            // Replace the file a symbolic link points at, not the link.
+            target: tokio::fs::canonicalize(&p).await.map_err(bad)?,
+            temp: true,
+            overwrite,
+            mode: Some(m.permissions()),
+        },
+        Ok(_) => Target {
+            target: p,
+            temp: false,
+            overwrite,
+            mode: None,
+        },
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let dir = match p.parent() {
+                Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+                _ => PathBuf::from("."),
+            };
+            match tokio::fs::metadata(&dir).await {
+                Ok(m) if m.is_dir() => {}
+                Ok(_) => {
+                    return Err(TransferError::Config(format!(
+                        "output '{path}': '{}' is not a folder",
+                        dir.display()
+                    )))
+                }
+                Err(e) => {
+                    return Err(TransferError::Config(format!(
+                        "output '{path}': folder '{}': {e}",
+                        dir.display()
+                    )))
+                }
+            }
+            Target {
+                target: p,
+                temp: true,
+                overwrite,
+                mode: None,
+            }
+        }
+        Err(e) => return Err(bad(e)),
+    };
+    Ok(Output {
+        state: OutState::Pending(state),
+    })
 }
 
 /// Session options as a command line gives them: a config file, or channels as

@@ -381,3 +381,104 @@ async fn live_packets_carry_whole_records() {
     assert_eq!(got.packets_lost, missing);
     assert!(got.complete && sent.complete);
 }
+
+/// The names in a folder, sorted.
+fn names(d: &std::path::Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(d)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+/// `open_output` only checks; the file appears under its name only at `finish`, the
+/// data goes to a temporary file beside it, and dropping the output (a failed
+/// transfer) removes that file. An existing file needs `overwrite`, and keeps its mode.
+#[tokio::test]
+async fn output_file_appears_only_when_finished() {
+    use std::os::unix::fs::PermissionsExt;
+    use tokio::io::AsyncWriteExt;
+    let dir = std::env::temp_dir().join(format!("braid-io-output-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir(&dir).unwrap();
+    let out = dir.join("out.bin");
+    let path = out.to_str().unwrap();
+
+    // Dropped after writing: nothing left.
+    let mut o = transfer::open_output(path, false).await.unwrap();
+    assert!(
+        names(&dir).is_empty(),
+        "open_output created {:?}",
+        names(&dir)
+    );
+    assert_eq!(o.staged(), Some(out.as_path()));
+    o.write_all(b"partial").await.unwrap();
+    o.flush().await.unwrap();
+    let n = names(&dir);
+    assert!(
+        n.len() == 1 && n[0].starts_with(".out.bin.") && n[0].ends_with(".part"),
+        "{n:?}"
+    );
+    drop(o);
+    assert!(names(&dir).is_empty(), "left behind: {:?}", names(&dir));
+
+    // Finished: renamed into place; an empty stream makes an empty file.
+    let mut o = transfer::open_output(path, false).await.unwrap();
+    o.write_all(b"first").await.unwrap();
+    o.finish().await.unwrap();
+    assert_eq!(std::fs::read(&out).unwrap(), b"first");
+    let empty = dir.join("empty.bin");
+    transfer::open_output(empty.to_str().unwrap(), false)
+        .await
+        .unwrap()
+        .finish()
+        .await
+        .unwrap();
+    assert_eq!(std::fs::read(&empty).unwrap(), b"");
+    std::fs::remove_file(&empty).unwrap();
+
+    // Existing: refused without overwrite; replaced with it, keeping the mode.
+    let e = transfer::open_output(path, false).await.err().unwrap();
+    assert!(e.to_string().contains("exists and is kept"), "{e}");
+    // Group-writable: a umask of 022 would clear that bit; the replacement keeps it.
+    std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o664)).unwrap();
+    let mut o = transfer::open_output(path, true).await.unwrap();
+    o.write_all(b"second").await.unwrap();
+    assert_eq!(
+        std::fs::read(&out).unwrap(),
+        b"first",
+        "replaced before finish"
+    );
+    o.finish().await.unwrap();
+    assert_eq!(std::fs::read(&out).unwrap(), b"second");
+    let mode = std::fs::metadata(&out).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o664);
+    assert_eq!(names(&dir), ["out.bin"]);
+
+    // A file appearing meanwhile is kept when overwriting was not asked for.
+    let late = dir.join("late.bin");
+    let mut o = transfer::open_output(late.to_str().unwrap(), false)
+        .await
+        .unwrap();
+    o.write_all(b"received").await.unwrap();
+    std::fs::write(&late, b"someone else's").unwrap();
+    let e = o.finish().await.err().unwrap();
+    assert!(e.to_string().contains("is kept"), "{e}");
+    assert_eq!(std::fs::read(&late).unwrap(), b"someone else's");
+    assert_eq!(names(&dir), ["late.bin", "out.bin"]);
+
+    // A folder, or a missing folder, is named; a device is written in place.
+    for (p, msg) in [
+        (dir.to_str().unwrap().to_string(), "is a folder"),
+        (format!("{}/no/x", dir.display()), "/no"),
+    ] {
+        let e = transfer::open_output(&p, true).await.err().unwrap();
+        assert!(e.to_string().contains(msg), "{e}");
+    }
+    let mut o = transfer::open_output("/dev/null", false).await.unwrap();
+    assert_eq!(o.staged(), None);
+    o.write_all(b"gone").await.unwrap();
+    o.finish().await.unwrap();
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -43,7 +43,7 @@ fn render<DB: DrawingBackend>(
     title: &str,
     root: DrawingArea<DB, plotters::coord::Shift>,
 ) -> Result<(), String> {
-    let e = |e: DrawingAreaErrorKind<DB::ErrorType>| format!("{e:?}");
+    let e = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
     root.fill(&WHITE).map_err(e)?;
     let ymax = bars.iter().map(|b| b.1 / 1e6).fold(1.0, f64::max) * 1.15;
     let n = bars.len();

@@ -1264,7 +1264,7 @@ fn render<DB: DrawingBackend>(
     title: &str,
     root: DrawingArea<DB, plotters::coord::Shift>,
 ) -> Result<(), String> {
-    let e = |e: DrawingAreaErrorKind<DB::ErrorType>| format!("{e:?}");
+    let e = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
     root.fill(&WHITE).map_err(e)?;
     let xmax = r
         .runs

@@ -105,6 +105,13 @@ const SCHEDULER: &str = "srr, rr (or brr), grr or random";
 pub fn parse_scheduler(s: &str) -> Result<SchedulerKind, UnitError> {
     match parse_policy(s) {
         Ok(Policy::Causal(k)) => Ok(k),
+        // The baselines pick channels from what only the sender knows: no receiver can
+        // follow them, so a session (tunnel, bench, send/recv) cannot use them.
+        Ok(Policy::Baseline(_)) => Err(error(
+            s.trim(),
+            "a causal scheduler",
+            "srr, rr (or brr), grr or random; sqf and hash are baselines for `braid sim` and `braid schedule` only (their choices depend on what only the sender knows, so the receiver cannot resequence them)",
+        )),
         _ => Err(error(s.trim(), "a causal scheduler", SCHEDULER)),
     }
 }
@@ -199,10 +206,14 @@ mod tests {
             parse_scheduler("random"),
             Ok(SchedulerKind::Random { seed: 0 })
         );
-        assert!(parse_scheduler("sqf")
+        for b in ["sqf", "hash"] {
+            let e = parse_scheduler(b).unwrap_err().to_string();
+            assert!(e.contains("causal") && e.contains("braid sim"), "{e}");
+        }
+        assert!(!parse_scheduler("fifo")
             .unwrap_err()
             .to_string()
-            .contains("causal"));
+            .contains("braid sim"));
         assert_eq!(
             parse_policy("hash"),
             Ok(Policy::Baseline(BaselineKind::Hash))

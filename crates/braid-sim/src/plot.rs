@@ -145,8 +145,8 @@ pub fn draw(sc: &Scenario, rep: &Report, path: &Path, format: Format) -> Result<
     }
 }
 
-fn err<E: std::fmt::Debug>(e: E) -> PlotError {
-    PlotError::Draw(format!("{e:?}"))
+fn err<E: std::fmt::Display>(e: E) -> PlotError {
+    PlotError::Draw(e.to_string())
 }
 
 fn render<DB: DrawingBackend>(

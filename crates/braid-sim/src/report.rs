@@ -259,6 +259,25 @@ pub fn run_scenario(
     })
 }
 
+/// The longest of per-episode times in ms, `-` when there were none; `!N` when N
+/// episodes never completed (the sender never failed over, or the link never rejoined).
+fn worst_ms(v: &[Option<f64>]) -> String {
+    if v.is_empty() {
+        return "-".into();
+    }
+    let never = v.iter().filter(|x| x.is_none()).count();
+    let worst = v
+        .iter()
+        .flatten()
+        .copied()
+        .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))));
+    match (worst, never) {
+        (Some(w), 0) => format!("{w:.1}"),
+        (Some(w), n) => format!("{w:.1}!{n}"),
+        (None, n) => format!("never!{n}"),
+    }
+}
+
 impl Report {
     /// The JSON document, one line.
     pub fn to_json(&self) -> String {
@@ -337,6 +356,51 @@ impl Report {
                 resync
             );
         }
+        if self.runs.iter().any(|r| r.session.is_some()) {
+            let _ = writeln!(
+                out,
+                "\n{:<lw$}  {:>pw$}{:>5} {:>8} {:>11} {:>10} {:>9} {:>6} {:>6} {:>5}",
+                "session",
+                "",
+                "downs",
+                "outage s",
+                "failover ms",
+                "rejoin ms",
+                "link lost",
+                "epochs",
+                "quanta",
+                "dups",
+                pw = if pw > 0 { pw + 2 } else { 0 },
+            );
+            for (r, p) in self.runs.iter().zip(&params) {
+                let Some(s) = &r.session else {
+                    continue;
+                };
+                let _ = write!(out, "{:<lw$}  ", r.label);
+                if pw > 0 {
+                    let _ = write!(out, "{p:<pw$}  ");
+                }
+                let outage = match r.loss_episodes_s.len() {
+                    0 => "-".to_string(),
+                    _ => {
+                        let s: f64 = r.loss_episodes_s.iter().map(|[a, b]| b - a).sum();
+                        format!("{s:.3}")
+                    }
+                };
+                let _ = writeln!(
+                    out,
+                    "{:>5} {:>8} {:>11} {:>10} {:>9} {:>6} {:>6} {:>5}",
+                    s.failover_ms.len(),
+                    outage,
+                    worst_ms(&s.failover_ms),
+                    worst_ms(&s.rejoin_ms),
+                    r.lost_on_channel,
+                    s.epoch_changes,
+                    s.quanta_changes,
+                    s.duplicates
+                );
+            }
+        }
         if self.runs.iter().any(|r| r.tcp.is_some()) {
             let _ = writeln!(
                 out,
@@ -374,5 +438,63 @@ impl Report {
             }
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The failover scenario's table shows what the session measured for the link-down
+    /// period: one down, 2 s of outage, failover and rejoin times, packets lost on the
+    /// link, epoch switches and duplicates, the same numbers as the JSON.
+    #[test]
+    fn session_runs_get_failover_columns() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../scenarios/failover/link-down.toml");
+        let sc = crate::scenario::load(&path).unwrap();
+        let rep = run_scenario(&sc, sc.seed, 2, &|_, _| {}).unwrap();
+        let table = rep.to_table();
+        let lines: Vec<&str> = table.lines().collect();
+        let head = lines
+            .iter()
+            .position(|l| l.starts_with("session "))
+            .unwrap_or_else(|| panic!("no session block:\n{table}"));
+        for col in [
+            "downs",
+            "outage s",
+            "failover ms",
+            "rejoin ms",
+            "link lost",
+            "epochs",
+            "dups",
+        ] {
+            assert!(lines[head].contains(col), "{}", lines[head]);
+        }
+        for (i, r) in rep.runs.iter().enumerate() {
+            let s = r.session.as_ref().unwrap();
+            let row: Vec<&str> = lines[head + 1 + i].split_whitespace().collect();
+            let fo = s.failover_ms[0].unwrap();
+            let rj = s.rejoin_ms[0].unwrap();
+            assert!(fo > 0.0 && rj > 0.0);
+            assert_eq!(
+                row,
+                [
+                    r.label.clone(),
+                    "1".into(),
+                    "2.000".into(),
+                    format!("{fo:.1}"),
+                    format!("{rj:.1}"),
+                    r.lost_on_channel.to_string(),
+                    s.epoch_changes.to_string(),
+                    s.quanta_changes.to_string(),
+                    s.duplicates.to_string(),
+                ],
+                "{table}"
+            );
+        }
+        assert_eq!(worst_ms(&[Some(1.0), None, Some(3.25)]), "3.2!1");
+        assert_eq!(worst_ms(&[None]), "never!1");
+        assert_eq!(worst_ms(&[]), "-");
     }
 }

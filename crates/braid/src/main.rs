@@ -41,7 +41,8 @@ enum Command {
     /// Show the live state and counters of a running tunnel or bench.
     Status(cmd::status::Args),
     /// Print a new key (32 random bytes, base64): a pre-shared key for `key_file`, or a
-    /// private key for `private_key_file`. Store it with `chmod 600`.
+    /// private key for `private_key_file`. Store it with `chmod 600`; braid warns on stderr
+    /// when standard output is a file that group or others can read.
     Genkey(cmd::keys::GenArgs),
     /// Read a private key on standard input and print its public key (for the peer's
     /// `peer_public_key`).

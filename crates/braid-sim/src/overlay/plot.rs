@@ -8,8 +8,8 @@ use plotters::prelude::*;
 use super::Report;
 use crate::plot::{Format, PixelText, PlotError};
 
-fn err<E: std::fmt::Debug>(e: E) -> PlotError {
-    PlotError::Draw(format!("{e:?}"))
+fn err<E: std::fmt::Display>(e: E) -> PlotError {
+    PlotError::Draw(e.to_string())
 }
 
 /// Draw the gain CDFs of `rep` to `path`. Fails if the report has no gain experiment.

@@ -448,9 +448,7 @@ pub fn run(a: Args) -> Result<()> {
                 }
             }
             if let Some(p) = &plot {
-                if braid_sim::plot::Format::from_path(p).is_none() {
-                    bail!("--plot {}: must end in .svg or .png", p.display());
-                }
+                super::sim::check_plot("--plot", p)?;
             }
             let opt = braid_lab::bench::BenchOptions {
                 links: specs,
@@ -481,6 +479,7 @@ pub fn run(a: Args) -> Result<()> {
             })
         }
         LabCommand::Chart { from, out, title } => {
+            super::sim::check_plot("--out", &out)?;
             let text = std::fs::read_to_string(&from)
                 .with_context(|| format!("reading {}", from.display()))?;
             let v: serde_json::Value = serde_json::from_str(&text)
@@ -492,7 +491,8 @@ pub fn run(a: Args) -> Result<()> {
                 )
             })?;
             print!("{}", r.table());
-            braid_lab::chart::draw(&r, &title, &out).map_err(|e| anyhow::anyhow!("plot: {e}"))?;
+            braid_lab::chart::draw(&r, &title, &out)
+                .map_err(|e| anyhow::anyhow!("--out {}: {e}", out.display()))?;
             eprintln!("wrote {}", out.display());
             Ok(())
         }
@@ -513,9 +513,7 @@ pub fn run(a: Args) -> Result<()> {
             seed,
         } => {
             if let Some(p) = &plot {
-                if braid_sim::plot::Format::from_path(p).is_none() {
-                    bail!("--plot {}: must end in .svg or .png", p.display());
-                }
+                super::sim::check_plot("--plot", p)?;
             }
             let r = match from {
                 Some(f) => {
@@ -587,9 +585,7 @@ pub fn run(a: Args) -> Result<()> {
                 bail!("--max-paths {max_paths}: 1, 2 or 3");
             }
             if let Some(p) = &plot {
-                if braid_sim::plot::Format::from_path(p).is_none() {
-                    bail!("--plot {}: must end in .svg or .png", p.display());
-                }
+                super::sim::check_plot("--plot", p)?;
             }
             let kill = secs("--kill-duration", &kill_duration, 0)?;
             if !kill.is_zero() && kill.as_secs() < 4 {
@@ -761,7 +757,7 @@ fn report<E: std::fmt::Display>(
         print!("{table}");
     }
     if let Some(p) = plot {
-        draw(&p).map_err(|e| anyhow::anyhow!("plot: {e}"))?;
+        draw(&p).map_err(|e| anyhow::anyhow!("--plot {}: {e}", p.display()))?;
         eprintln!("wrote {}", p.display());
     }
     Ok(())

@@ -55,8 +55,17 @@ pub struct SendArgs {
 pub struct RecvArgs {
     #[command(flatten)]
     s: SessionArgs,
-    /// Where to write the stream, or - for standard output.
+    /// Where to write the stream, or - for standard output. A file is written to a
+    /// temporary file beside it (.OUTPUT.XXXXXX.part), created when the first data
+    /// arrives and renamed to OUTPUT when the transfer completes; a failed or
+    /// interrupted run removes it and leaves OUTPUT as it was. Standard output and an
+    /// existing device or FIFO (/dev/null, a named pipe) are written in place, as the
+    /// data comes.
     output: String,
+    /// Replace OUTPUT if it exists (it is replaced only when the transfer completes).
+    /// Without it an existing file is an error and is kept unchanged.
+    #[arg(long)]
+    force: bool,
     /// Write each packet as soon as every packet before it has arrived or is lost within
     /// the tolerance, instead of a whole segment (W packets) at a time: the latency of
     /// a live stream no longer includes the time to fill a segment. The output is the
@@ -167,13 +176,30 @@ pub fn recv(a: RecvArgs) -> Result<()> {
         ..transfer_config(&a.s)?
     };
     runtime()?.block_on(async move {
-        let output = transfer::open_output(&a.output).await?;
+        // Checks only: nothing on disk changes before data arrives.
+        let mut output = transfer::open_output(&a.output, a.force).await?;
         let (mut session, _ctl, _) = start_session(&a.s).await?;
         let progress = progress_line(a.progress);
-        let r = tokio::select! {
-            r = transfer::recv(&mut session, output, &cfg, progress.0.as_ref()) => r,
-            sig = shutdown_signal() => return Err(anyhow!("{sig}: transfer interrupted")),
+        // On failure `output` is dropped, which removes its temporary file.
+        let staged = output
+            .staged()
+            .map(|p| (p.display().to_string(), p.exists()));
+        let unchanged = |e: anyhow::Error| match &staged {
+            Some((p, true)) => e.context(format!("'{p}' is unchanged")),
+            Some((p, false)) => e.context(format!("'{p}' was not created")),
+            None => e,
         };
+        let r = tokio::select! {
+            r = transfer::recv(&mut session, &mut output, &cfg, progress.0.as_ref()) => r,
+            sig = shutdown_signal() => {
+                return Err(unchanged(anyhow!("{sig}: transfer interrupted")));
+            }
+        };
+        let r = match r {
+            Ok(s) => output.finish().await.map(|()| s),
+            Err(e) => Err(e),
+        }
+        .map_err(|e| unchanged(e.into()));
         conclude(r, progress, session, RecvSummary::text, a.s.json).await
     })
 }
