@@ -1093,6 +1093,7 @@ fn set_weights_moves_the_stripe_and_survives_a_new_epoch() {
 
 /// Bad-link demotion (`session::demote`) between two sessions.
 mod demote;
+mod handshake;
 mod return_path;
 
 fn paced(rates_bps: &[f64]) -> impl Fn(&mut Config) + '_ {
