@@ -68,10 +68,16 @@ pub struct Mismatch {
 
 impl std::fmt::Display for Mismatch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let are = matches!(self.setting, "channel weights" | "credits");
         write!(
             f,
-            "the peer's {} is {}, ours is {}: both ends must use the same {}{}",
-            self.setting, self.theirs, self.ours, self.setting, self.hint
+            "the peer's {} {is} {}, ours {is} {}: both ends must use the same {}{}",
+            self.setting,
+            self.theirs,
+            self.ours,
+            self.setting,
+            self.hint,
+            is = if are { "are" } else { "is" },
         )
     }
 }
