@@ -39,5 +39,5 @@ pub mod tun;
 pub mod tunnel;
 
 pub use config::{ChannelConfig, ConfigFileError, FileConfig, SessionConfig, TunnelConfig};
-pub use session::{Session, SessionError, SessionSender, StatsHandle};
+pub use session::{Refusal, Session, SessionError, SessionSender, StatsHandle};
 pub use stats::{ChannelSnapshot, SessionStats};

@@ -14,7 +14,9 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration as StdDuration;
 
-use braid_proto::session::{self as machine, members_of, Event};
+use braid_proto::session::{
+    self as machine, members_of, Event, HandshakeFailure, HandshakeStats, Mismatch,
+};
 use braid_proto::wire;
 use braid_proto::Instant;
 use bytes::Bytes;
@@ -23,7 +25,7 @@ use tokio::io::Interest;
 use tokio::net::UdpSocket;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::config::SessionConfig;
 use crate::stats::{ChannelSnapshot, SessionStats};
@@ -61,12 +63,34 @@ pub enum SessionError {
         error: std::io::Error,
     },
     /// Nothing authenticated came from the peer in time.
-    #[error("the peer never answered: no authenticated packet within {timeout:?} on any channel ({channels}); is the other end running, with the same key and mirrored addresses?")]
+    #[error("the peer never answered: no authenticated packet within {timeout:?} on any channel ({channels}); {diagnosis}")]
     PeerSilent {
         /// How long we waited.
         timeout: StdDuration,
         /// The channels, `local -> remote`.
         channels: String,
+        /// What the handshake counters say about why, and what to check.
+        diagnosis: String,
+    },
+    /// The peer's settings differ from ours in one both ends must share (learnt,
+    /// authenticated, in its answer to our handshake).
+    #[error("{mismatch}; no session is possible until the two configurations agree")]
+    SettingsMismatch {
+        /// The first setting that differs, with both values.
+        mismatch: Mismatch,
+    },
+    /// The peer refused our handshake before we ever heard it (unauthenticated: see
+    /// `docs/security.md`).
+    #[error("channel {index} ({name}, to {remote}): {failure}")]
+    HandshakeRefused {
+        /// Channel index.
+        index: usize,
+        /// Channel name.
+        name: String,
+        /// The peer's address on it.
+        remote: SocketAddr,
+        /// Why (boxed: it may hold two keys).
+        failure: Box<HandshakeFailure>,
     },
     /// A message larger than the channels can carry.
     #[error("message of {len} bytes is larger than the session carries ({max} bytes)")]
@@ -118,10 +142,96 @@ pub struct Session {
     cmd: mpsc::Sender<Cmd>,
     close: watch::Sender<bool>,
     rx: mpsc::Receiver<Bytes>,
-    peer: watch::Receiver<bool>,
+    peer: watch::Receiver<Link>,
+    /// Whether a rejection of our handshake ends [`Session::wait_for_peer`].
+    rejection_fatal: bool,
     task: Option<JoinHandle<()>>,
     locals: Vec<SocketAddr>,
     describe: String,
+    /// (name, remote) of each channel.
+    channels: Vec<(String, SocketAddr)>,
+    /// See [`Refusal`].
+    grace: StdDuration,
+}
+
+/// What the driver tells the application about reaching the peer.
+#[derive(Clone, Debug, Default)]
+struct Link {
+    /// A handshake completed.
+    seen: bool,
+    /// The handshake counters.
+    handshakes: HandshakeStats,
+    /// The peer's settings differ (authenticated, in answer to our initiation).
+    mismatch: Option<Mismatch>,
+    /// The first refusal of our handshake by the peer before it was heard: channel
+    /// and why.
+    rejected: Option<(usize, HandshakeFailure)>,
+}
+
+/// Resolves when the session cannot reach its peer ([`Session::refusal`]).
+pub struct Refusal {
+    link: watch::Receiver<Link>,
+    rejection_fatal: bool,
+    channels: Vec<(String, SocketAddr)>,
+    /// How long to go on after the refusal, so that the peer's own initiations meet
+    /// our rejection or our settings and the other end learns it too.
+    grace: StdDuration,
+}
+
+impl Refusal {
+    /// Wait for the refusal; it never comes for a session whose peer answers (or if
+    /// the session stops).
+    pub async fn wait(&mut self) -> SessionError {
+        let fatal = self.rejection_fatal;
+        let refused = self
+            .link
+            .wait_for(|l| l.mismatch.is_some() || (fatal && !l.seen && l.rejected.is_some()))
+            .await
+            .map(|l| l.clone());
+        let Ok(l) = refused else {
+            return std::future::pending().await;
+        };
+        tokio::time::sleep(self.grace).await;
+        if let Some(mismatch) = l.mismatch {
+            return SessionError::SettingsMismatch { mismatch };
+        }
+        let (index, failure) = l.rejected.expect("waited for it");
+        let (name, remote) = self.channels[index].clone();
+        SessionError::HandshakeRefused {
+            index,
+            name,
+            remote,
+            failure: Box::new(failure),
+        }
+    }
+}
+
+/// Why the peer may not have answered, from the handshake counters, and what to check.
+fn diagnose(l: &Link) -> String {
+    let h = &l.handshakes;
+    if let Some(m) = &l.mismatch {
+        return format!("{m}");
+    }
+    if let Some((_, f)) = &l.rejected {
+        return format!("{f}");
+    }
+    if h.initiated > 0 && h.responses == 0 {
+        return format!(
+            "we sent {} handshake initiation(s), each on every channel, and no response came \
+             back: either nothing runs at the remote addresses (is the other end running, and \
+             is each channel's remote address the other end's local one?), or the other end \
+             does not accept our keys (then it logs \"handshake from ... refused\" errors): \
+             check that both ends use the same key file, or with static keys that each has \
+             the other's public key as its peer public key",
+            h.initiated
+        );
+    }
+    if h.responses > 0 {
+        return "the peer answered our handshake but nothing sealed with the new keys got \
+                through: check that traffic passes in both directions on some channel"
+            .into();
+    }
+    "is the other end running, with the same key and mirrored addresses?".into()
 }
 
 /// A cloneable handle that sends into a [`Session`].
@@ -257,6 +367,16 @@ impl Session {
             .map(|(c, l)| format!("{l} -> {}", c.remote))
             .collect::<Vec<_>>()
             .join(", ");
+        // Two heartbeats (the peer initiates every heartbeat), and at least 300 ms.
+        let grace = cfg
+            .heartbeat
+            .saturating_mul(2)
+            .max(StdDuration::from_millis(300));
+        let channel_names = cfg
+            .channels
+            .iter()
+            .map(|c| (c.name.clone(), c.remote))
+            .collect();
         // One queue from the readers to the driver, but each channel may hold only its
         // share of it, in packets and in bytes: flooding one port cannot starve the
         // others, and memory stays bounded whatever arrives.
@@ -286,7 +406,7 @@ impl Session {
         let (deliver_tx, deliver_rx) = mpsc::channel(8192);
         let (cmd_tx, cmd_rx) = mpsc::channel(64);
         let (close_tx, close_rx) = watch::channel(false);
-        let (peer_tx, peer_rx) = watch::channel(false);
+        let (peer_tx, peer_rx) = watch::channel(Link::default());
         let sender = SessionSender {
             data: data_tx,
             max_datagram: cfg.max_inner() as usize,
@@ -308,9 +428,12 @@ impl Session {
             close: close_tx,
             rx: deliver_rx,
             peer: peer_rx,
+            rejection_fatal: true,
             task: Some(task),
             locals,
             describe,
+            channels: channel_names,
+            grace,
         })
     }
 
@@ -319,16 +442,58 @@ impl Session {
         &self.locals
     }
 
-    /// Wait until an authenticated packet from the peer has arrived.
+    /// Wait until an authenticated packet from the peer has arrived. Fails at once if
+    /// the peer's settings differ from ours, or (unless
+    /// [`Session::keep_trying_when_rejected`]) if the peer rejects our handshake;
+    /// after `timeout` with [`SessionError::PeerSilent`], which says what the
+    /// handshake counters suggest.
     pub async fn wait_for_peer(&mut self, timeout: StdDuration) -> Result<(), SessionError> {
-        let r = tokio::time::timeout(timeout, self.peer.wait_for(|&seen| seen)).await;
+        let mut refusal = self.refusal();
+        let seen = self.peer.wait_for(|l| l.seen);
+        let r = tokio::time::timeout(timeout, async {
+            tokio::select! {
+                r = seen => r.map(|_| ()).map_err(|_| SessionError::Closed),
+                e = refusal.wait() => Err(e),
+            }
+        })
+        .await;
         match r {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(_)) => Err(SessionError::Closed),
-            Err(_) => Err(SessionError::PeerSilent {
-                timeout,
-                channels: self.describe.clone(),
-            }),
+            Ok(r) => r,
+            Err(_) => Err(self.silent(timeout)),
+        }
+    }
+
+    /// For a long-running session (the tunnel): a rejection of our handshake by the
+    /// peer is only logged, and neither [`Session::wait_for_peer`] nor
+    /// [`Refusal::wait`] ends for it. A rejection is not authenticated: whoever sees
+    /// our initiation could forge one (`docs/security.md`).
+    pub fn keep_trying_when_rejected(&mut self) {
+        self.rejection_fatal = false;
+    }
+
+    /// A handle that resolves when the session learns it cannot reach its peer: the
+    /// peer's settings differ (authenticated), or the peer rejected our handshake
+    /// before we ever heard it (see [`Session::keep_trying_when_rejected`]).
+    pub fn refusal(&self) -> Refusal {
+        Refusal {
+            link: self.peer.clone(),
+            rejection_fatal: self.rejection_fatal,
+            channels: self.channels.clone(),
+            grace: self.grace,
+        }
+    }
+
+    /// The error for "nothing authenticated from the peer within `timeout`", with what
+    /// the handshake counters say; `None` once the peer has been heard.
+    pub fn never_heard(&self, timeout: StdDuration) -> Option<SessionError> {
+        (!self.peer.borrow().seen).then(|| self.silent(timeout))
+    }
+
+    fn silent(&self, timeout: StdDuration) -> SessionError {
+        SessionError::PeerSilent {
+            timeout,
+            channels: self.describe.clone(),
+            diagnosis: diagnose(&self.peer.borrow()),
         }
     }
 
@@ -558,7 +723,7 @@ struct Driver {
     /// One GSO train, reused.
     train: Vec<u8>,
     deliver: mpsc::Sender<Bytes>,
-    peer_seen: watch::Sender<bool>,
+    peer_seen: watch::Sender<Link>,
     /// Messages dropped because the application did not read fast enough.
     deliver_drops: u64,
     /// Per channel: sends the socket refused.
@@ -574,7 +739,7 @@ impl Driver {
         states: Vec<Arc<UdpSocketState>>,
         locals: Vec<SocketAddr>,
         deliver: mpsc::Sender<Bytes>,
-        peer_seen: watch::Sender<bool>,
+        peer_seen: watch::Sender<Link>,
         budgets: Vec<Arc<Budget>>,
     ) -> Result<Driver, SessionError> {
         let mut seed = [0u8; 32];
@@ -678,9 +843,13 @@ impl Driver {
                 Err(mpsc::error::TrySendError::Closed(_)) => {}
             }
         }
-        if self.machine.peer_seen() && !*self.peer_seen.borrow() {
-            self.peer_seen.send_replace(true);
-        }
+        let (seen, hs) = (self.machine.peer_seen(), self.machine.handshake_stats());
+        self.peer_seen.send_if_modified(|l| {
+            let changed = l.seen != seen || l.handshakes != *hs;
+            l.seen = seen;
+            l.handshakes.clone_from(hs);
+            changed
+        });
     }
 
     fn take_datagrams(&mut self, now: Instant, c: usize, batch: Vec<Bytes>) {
@@ -760,6 +929,57 @@ impl Driver {
                 Event::Rekeyed => debug!("new session keys"),
                 Event::PeerSilent(d) => {
                     warn!("peer silent on every channel for {} ms", d.as_micros() / 1000)
+                }
+                Event::HandshakeFailed {
+                    channel,
+                    failure,
+                    count,
+                } => {
+                    let c = &self.cfg.channels[channel];
+                    let times = match count {
+                        1 => String::new(),
+                        n => format!(" ({n} times since the last report)"),
+                    };
+                    if failure.is_answer() {
+                        error!(
+                            channel,
+                            "channel {channel} ({}, peer {}){times}: {failure}",
+                            c.name,
+                            c.remote
+                        );
+                        if !self.machine.peer_seen() {
+                            self.peer_seen.send_if_modified(|l| {
+                                let first = l.rejected.is_none();
+                                l.rejected.get_or_insert((channel, failure));
+                                first
+                            });
+                        }
+                    } else {
+                        error!(
+                            channel,
+                            "channel {channel} ({}): handshake from {} refused{times}: {failure}",
+                            c.name,
+                            c.remote
+                        );
+                    }
+                }
+                Event::SettingsMismatch {
+                    mismatch,
+                    answer,
+                    count,
+                } => {
+                    let times = match count {
+                        1 => String::new(),
+                        n => format!(" ({n} handshakes refused since the last report)"),
+                    };
+                    error!("handshake refused{times}: {mismatch}");
+                    if answer {
+                        self.peer_seen.send_if_modified(|l| {
+                            let first = l.mismatch.is_none();
+                            l.mismatch.get_or_insert(mismatch);
+                            first
+                        });
+                    }
                 }
                 Event::ChannelCountMismatch { ours, theirs } => warn!(
                     "the peer has {theirs} channels configured and we have {ours}: hellos ignored; both ends need the same channel list"
@@ -871,6 +1091,7 @@ impl Driver {
                 auth_failures: c.auth_failures,
                 unauthenticated: c.unauthenticated,
                 replays: c.replays,
+                handshake_failures: c.handshake_failures,
                 malformed: c.malformed,
                 tx_bps: c.tx_bps,
                 rx_bps: c.rx_bps,
@@ -934,6 +1155,7 @@ impl Driver {
             security: self.cfg.security.name().into(),
             handshakes: s.handshakes.completed,
             handshake_failures: s.handshakes.failed,
+            settings_mismatches: s.handshakes.mismatched,
             malformed: channels.iter().map(|c| c.malformed).sum::<u64>(),
             resyncs: channels.iter().map(|c| c.resyncs).sum(),
             delivered_bps: s.delivered_bps,

@@ -73,6 +73,12 @@ pub struct ChannelSnapshot {
     pub unauthenticated: u64,
     /// Control packets replayed, reordered or reflected.
     pub replays: u64,
+    /// Handshake messages that failed on this channel: the peer's initiations we
+    /// refused (other keys), rejections of ours, unauthenticated or stale responses.
+    /// Rising while the peer is never heard: the two ends' keys differ (the log says
+    /// how).
+    #[serde(default)]
+    pub handshake_failures: u64,
     /// Datagrams the core could not parse.
     pub malformed: u64,
     /// Send rate over the last second, bit/s.
@@ -214,9 +220,14 @@ pub struct SessionStats {
     /// Handshakes completed (the first, re-keys, after peer restarts).
     #[serde(default)]
     pub handshakes: u64,
-    /// Handshake messages that failed (wrong key, corrupted, stray responses).
+    /// Handshake messages that failed (wrong key, corrupted, stray responses), all
+    /// channels.
     #[serde(default)]
     pub handshake_failures: u64,
+    /// Handshakes refused because the peer's settings (mode, scheduler, weights,
+    /// security, credits, channel count) differ from ours (the log names the setting).
+    #[serde(default)]
+    pub settings_mismatches: u64,
     /// Unparseable datagrams, all channels.
     pub malformed: u64,
     /// Resynchronizations, all channels.
@@ -393,6 +404,26 @@ impl SessionStats {
                 self.channels.iter().map(|c| c.arq_premature).sum::<u64>(),
                 self.channels.iter().map(|c| c.arq_expired).sum::<u64>(),
                 self.channels.iter().map(|c| c.arq_rejected).sum::<u64>(),
+            );
+        }
+        if self.handshake_failures + self.settings_mismatches > 0 {
+            let per: Vec<String> = self
+                .channels
+                .iter()
+                .map(|c| format!("{}={}", c.name, c.handshake_failures))
+                .collect();
+            let _ = writeln!(
+                s,
+                "handshakes: completed {}  failed {} ({})  settings mismatches {}{}",
+                self.handshakes,
+                self.handshake_failures,
+                per.join(" "),
+                self.settings_mismatches,
+                if self.peer_seen {
+                    ""
+                } else {
+                    "  (peer never heard: the log says why)"
+                },
             );
         }
         if self.return_path_cuts > 0 {
@@ -694,5 +725,31 @@ mod tests {
             t.contains("repair: missing/repaired/given up lte=7/6/1  resent 3  premature 2  expired 0  rejected 4"),
             "{t}"
         );
+    }
+
+    #[test]
+    fn handshake_failures_show_per_channel_in_the_table_and_the_metrics() {
+        let mut s = SessionStats::default();
+        let c = |name: &str, n| ChannelSnapshot {
+            name: name.into(),
+            state: "down".into(),
+            handshake_failures: n,
+            ..Default::default()
+        };
+        s.channels = vec![c("a", 0)];
+        assert!(!s.table().contains("handshakes:"), "{}", s.table());
+        s.channels = vec![c("a", 158), c("b", 3)];
+        s.handshake_failures = 161;
+        let t = s.table();
+        assert!(
+            t.contains("handshakes: completed 0  failed 161 (a=158 b=3)  settings mismatches 0  (peer never heard"),
+            "{t}"
+        );
+        let p = s.prometheus();
+        assert!(
+            p.contains("braid_channel_handshake_failures_total{channel=\"0\",name=\"a\"} 158"),
+            "{p}"
+        );
+        assert!(p.contains("braid_settings_mismatches_total 0"), "{p}");
     }
 }

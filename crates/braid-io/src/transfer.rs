@@ -557,6 +557,8 @@ async fn offer(
     timeout: Option<StdDuration>,
 ) -> Result<(), TransferError> {
     let give_up = timeout.map_or_else(far_future, |t| TokioInstant::now() + t);
+    // A peer that refuses our handshake (other keys or settings) ends this at once.
+    let mut refusal = session.refusal();
     loop {
         session.send(offer.clone()).await?;
         let next = TokioInstant::now() + OFFER_EVERY;
@@ -567,11 +569,15 @@ async fn offer(
                     Some(_) => continue,
                     None => return Err(SessionError::Closed.into()),
                 },
+                e = refusal.wait() => return Err(e.into()),
                 _ = tokio::time::sleep_until(next) => break,
             }
         }
         if TokioInstant::now() >= give_up {
-            return Err(silent("receiver", timeout.unwrap_or_default()));
+            let t = timeout.unwrap_or_default();
+            return Err(session
+                .never_heard(t)
+                .map_or_else(|| silent("receiver", t), Into::into));
         }
     }
 }
@@ -749,6 +755,8 @@ async fn wait_offer(
     timeout: Option<StdDuration>,
 ) -> Result<Config, TransferError> {
     let give_up = timeout.map_or_else(far_future, |t| TokioInstant::now() + t);
+    // A peer that refuses our handshake (other keys or settings) ends this at once.
+    let mut refusal = session.refusal();
     loop {
         tokio::select! {
             m = session.recv() => match m {
@@ -760,8 +768,12 @@ async fn wait_offer(
                 }
                 None => return Err(SessionError::Closed.into()),
             },
+            e = refusal.wait() => return Err(e.into()),
             _ = tokio::time::sleep_until(give_up) => {
-                return Err(silent("sender", timeout.unwrap_or_default()));
+                let t = timeout.unwrap_or_default();
+                return Err(session
+                    .never_heard(t)
+                    .map_or_else(|| silent("sender", t), Into::into));
             }
         }
     }

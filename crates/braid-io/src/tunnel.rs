@@ -174,6 +174,8 @@ pub async fn run(
 ) -> Result<(), TunnelError> {
     let tun = open_tun(t, &s)?;
     let mut session = Session::start(s).await?;
+    // A rejection of our handshake is unauthenticated: logged, never a reason to stop.
+    session.keep_trying_when_rejected();
     let stats = session.stats_handle();
     let _ctl = start_observers(&observers, stats).await?;
     tokio::pin!(shutdown);

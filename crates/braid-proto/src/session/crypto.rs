@@ -32,8 +32,9 @@ use snow::params::{CipherChoice, DHChoice, HashChoice};
 use snow::resolvers::{CryptoResolver, DefaultResolver};
 use snow::types::{Cipher, Dh, Hash, Random};
 
+use super::settings::{Mismatch, Settings};
 use crate::time::{Duration, Instant};
-use crate::wire::secure::{Handshake, Header, HEADER_LEN, TAG_LEN};
+use crate::wire::secure::{self, Handshake, Header, ECHO_LEN, HEADER_LEN, TAG_LEN};
 
 /// What the security layer does to each datagram.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -88,6 +89,15 @@ pub const REJECT_AFTER_COUNT: u64 = 1 << 60;
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Responder-side handshakes waiting for confirmation, at most.
 const MAX_PENDING: usize = 8;
+/// At most one rejection per channel this often (the initiator repeats its initiation
+/// every heartbeat on every channel; one answer is enough, and a bound keeps a flood of
+/// forged initiations from turning us into a reflector).
+const REJECT_EVERY: Duration = Duration::from_millis(250);
+/// Handshake failures and mismatches are reported at once the first time, then at
+/// most once this often, with the count since the last report.
+pub const REPORT_EVERY: Duration = Duration::from_secs(10);
+/// Room for a handshake message and its payload (64 channels of settings fit).
+const MSG_MAX: usize = 1024;
 /// Earlier key pairs still accepted for receiving (datagrams in flight, or a peer that
 /// switched later), at most.
 const MAX_OLDER: usize = 3;
@@ -347,6 +357,9 @@ struct Initiation {
     hs: snow::HandshakeState,
     msg: Bytes,
     started: Instant,
+    /// The peer answered it with a rejection or with settings we cannot use: not sent
+    /// again; a new one after [`HANDSHAKE_TIMEOUT`].
+    refused: bool,
 }
 
 /// A handshake we answered, waiting for the initiator's first sealed datagram.
@@ -386,10 +399,199 @@ pub struct HandshakeStats {
     pub initiated: u64,
     /// Handshakes completed and confirmed.
     pub completed: u64,
-    /// Handshake messages that failed (wrong key, corrupted, replayed response).
+    /// Handshake messages that failed (wrong key, corrupted, replayed response), and
+    /// rejections of ours that the peer sent back.
     pub failed: u64,
     /// Initiations answered (including copies and replays).
     pub answered: u64,
+    /// Rejections the peer sent us (also counted in `failed`).
+    pub rejected: u64,
+    /// Rejections we sent.
+    pub rejections_sent: u64,
+    /// Handshakes refused because the peer's settings differ from ours.
+    pub mismatched: u64,
+    /// Handshake responses received (that named an initiation of ours).
+    pub responses: u64,
+}
+
+/// Why a handshake failed, in words a person can act on ([`std::fmt::Display`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HandshakeFailure {
+    /// An initiation from the peer's address did not authenticate with our keys.
+    Unauthenticated {
+        /// We use static keys (else a pre-shared key only).
+        static_keys: bool,
+    },
+    /// A static-key initiation authenticated, but from a static key that is not the
+    /// peer public key configured here.
+    UnknownKey {
+        /// The initiator's static public key.
+        theirs: [u8; KEY_LEN],
+        /// The peer public key configured here.
+        expected: [u8; KEY_LEN],
+    },
+    /// An initiation of the other key kind (static keys, or a pre-shared key only).
+    KeyKind {
+        /// The initiator uses static keys.
+        theirs_static: bool,
+    },
+    /// An initiation authenticated, but its payload is not one we can read.
+    Unreadable,
+    /// The peer rejected our initiation (a `wire::secure::REJECT_*` reason).
+    /// Unauthenticated: it could be forged by whoever sees our initiation.
+    Rejected {
+        /// Its reason code.
+        reason: u8,
+        /// We use static keys.
+        static_keys: bool,
+    },
+    /// The peer's response to our initiation did not authenticate.
+    ResponseUnauthenticated,
+}
+
+fn b64(k: &[u8; KEY_LEN]) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(k)
+}
+
+const KEYS_DIFFER_PSK: &str = "the two ends have different pre-shared keys \
+     (use the same key file at both ends)";
+const KEYS_DIFFER_STATIC: &str = "the peer public key configured at one end is not the \
+     other end's public key (`braid pubkey < private.key` prints an end's public key)";
+
+impl HandshakeFailure {
+    /// Seen by us as the initiator, in answer to our own initiation: the other end
+    /// refuses us (as opposed to an initiation of the other end that we refused).
+    pub fn is_answer(&self) -> bool {
+        matches!(
+            self,
+            HandshakeFailure::Rejected { .. } | HandshakeFailure::ResponseUnauthenticated
+        )
+    }
+}
+
+impl std::fmt::Display for HandshakeFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use HandshakeFailure as F;
+        match *self {
+            F::Unauthenticated { static_keys: false } => write!(
+                f,
+                "it does not authenticate with our pre-shared key: {KEYS_DIFFER_PSK}"
+            ),
+            F::Unauthenticated { static_keys: true } => write!(
+                f,
+                "it does not authenticate with our static key: the peer public key \
+                 configured at the other end is not our public key (`braid pubkey < \
+                 private.key` prints an end's public key)"
+            ),
+            F::UnknownKey { theirs, expected } => write!(
+                f,
+                "it comes from static key {}, but the peer public key configured \
+                 here is {}: one end has the wrong peer public key",
+                b64(&theirs),
+                b64(&expected)
+            ),
+            F::KeyKind { theirs_static } => write!(
+                f,
+                "it uses {}, we use {}: both ends must use the same kind of key",
+                if theirs_static {
+                    "static keys"
+                } else {
+                    "a pre-shared key only"
+                },
+                if theirs_static {
+                    "a pre-shared key only"
+                } else {
+                    "static keys"
+                }
+            ),
+            F::Unreadable => write!(
+                f,
+                "it authenticates but carries settings we cannot read: the two \
+                 ends run different versions of braid"
+            ),
+            F::Rejected {
+                reason,
+                static_keys,
+            } => {
+                write!(f, "the peer rejected our handshake")?;
+                match reason {
+                    secure::REJECT_UNAUTHENTICATED if static_keys => write!(
+                        f,
+                        ", which does not authenticate with its static key: the keys \
+                         differ; the peer public key configured here is not the other \
+                         end's public key (`braid pubkey < private.key` at the other end \
+                         prints it)"
+                    ),
+                    secure::REJECT_UNAUTHENTICATED => write!(
+                        f,
+                        ", which does not authenticate with its keys: the keys differ; \
+                         {KEYS_DIFFER_PSK}"
+                    ),
+                    secure::REJECT_UNKNOWN_KEY => write!(
+                        f,
+                        ": our public key is not the peer public key configured there: the \
+                         keys differ; {KEYS_DIFFER_STATIC}"
+                    ),
+                    secure::REJECT_KEY_KIND => write!(
+                        f,
+                        ": it uses {}: both ends must use the same kind of key",
+                        if static_keys {
+                            "a pre-shared key only, we use static keys"
+                        } else {
+                            "static keys, we use a pre-shared key only"
+                        }
+                    ),
+                    secure::REJECT_UNREADABLE => write!(
+                        f,
+                        ": it cannot read our settings: the two ends run different versions \
+                         of braid"
+                    ),
+                    r => write!(f, " (reason {r}, unknown to this version of braid)"),
+                }
+            }
+            F::ResponseUnauthenticated => write!(
+                f,
+                "the peer's handshake response does not authenticate with our keys: the keys \
+                 differ; {KEYS_DIFFER_PSK}"
+            ),
+        }
+    }
+}
+
+/// What a handshake message led to.
+#[derive(Debug, Default)]
+pub(crate) struct Outcome {
+    /// To send back on the channel it came on.
+    pub reply: Option<Bytes>,
+    /// A handshake completed.
+    pub established: Option<Established>,
+    /// It failed: why, and the failures of this kind since the last report, when one
+    /// is due (see [`REPORT_EVERY`]).
+    pub failure: Option<(HandshakeFailure, u64)>,
+    /// The peer's settings differ from ours: the first difference, whether it came in
+    /// answer to our own initiation (else in an initiation, possibly a replayed one),
+    /// and the count since the last report, when one is due.
+    pub mismatch: Option<(Mismatch, bool, u64)>,
+}
+
+/// The first report at once, then at most one per [`REPORT_EVERY`].
+#[derive(Default)]
+struct Throttle {
+    last: Option<Instant>,
+    count: u64,
+}
+
+impl Throttle {
+    /// One more; `Some(count since the last report)` when a report is due.
+    fn hit(&mut self, now: Instant) -> Option<u64> {
+        self.count += 1;
+        if self.last.is_some_and(|l| now - l < REPORT_EVERY) {
+            return None;
+        }
+        self.last = Some(now);
+        Some(std::mem::take(&mut self.count))
+    }
 }
 
 /// The security state of one session end.
@@ -408,6 +610,16 @@ pub(crate) struct Crypto {
     older: std::collections::VecDeque<Keypair>,
     peer_run: Option<u64>,
     pub stats: HandshakeStats,
+    /// Our settings block (after the run identifier in the handshake payload).
+    settings: Settings,
+    /// Per channel: handshake failures seen on it (both roles).
+    failed_on: Vec<u64>,
+    /// Per channel: when we may send the next rejection.
+    next_reject: Vec<Option<Instant>>,
+    /// Reports of: failures as responder, failures as initiator, mismatches.
+    throttles: [Throttle; 3],
+    /// A mismatch in answer to our initiation was reported (the first one always is).
+    answer_reported: bool,
     /// Per channel: sealing counters skipped over when a higher one was accepted (every
     /// key so far). The channels are FIFO, so this counts what the channel lost; one that
     /// turns up later (an in-bond repair, on another channel) is still counted: the
@@ -421,9 +633,10 @@ impl Crypto {
         mode: SecurityMode,
         keys: Keys,
         rekey_after: Duration,
-        channels: usize,
+        settings: Settings,
         seed: [u8; 32],
     ) -> Result<Crypto, String> {
+        let channels = settings.weights.len();
         keys.check()?;
         let pattern = keys.pattern().expect("checked");
         let mut drbg = Drbg::new(seed);
@@ -445,12 +658,22 @@ impl Crypto {
             peer_run: None,
             stats: HandshakeStats::default(),
             missing: vec![0; channels],
+            settings,
+            failed_on: vec![0; channels],
+            next_reject: vec![None; channels],
+            throttles: Default::default(),
+            answer_reported: false,
         })
     }
 
     /// Datagrams missing on channel `c` (see the `missing` field).
     pub fn missing(&self, c: usize) -> u64 {
         self.missing.get(c).copied().unwrap_or(0)
+    }
+
+    /// Handshake failures seen on channel `c`.
+    pub fn failed_on(&self, c: usize) -> u64 {
+        self.failed_on.get(c).copied().unwrap_or(0)
     }
 
     /// Do we have keys to send with?
@@ -526,15 +749,16 @@ impl Crypto {
         }
         if let Some(i) = &self.init {
             if now - i.started < HANDSHAKE_TIMEOUT {
-                return Some(i.msg.clone());
+                return (!i.refused).then(|| i.msg.clone());
             }
         }
         let mut hs = self.new_handshake(true).ok()?;
         let index = self.fresh_index();
-        let mut buf = [0u8; 256];
-        let n = hs.write_message(&self.run.to_be_bytes(), &mut buf).ok()?;
+        let mut buf = [0u8; MSG_MAX];
+        let n = hs.write_message(&self.payload(), &mut buf).ok()?;
         let msg = Bytes::from(
             Handshake::Init {
+                static_keys: self.keys.private.is_some(),
                 sender: index,
                 noise: &buf[..n],
             }
@@ -546,64 +770,160 @@ impl Crypto {
             hs,
             msg: msg.clone(),
             started: now,
+            refused: false,
         });
         Some(msg)
     }
 
-    /// A handshake message arrived: the response to send back, and whether a handshake
-    /// completed.
-    pub fn on_handshake(
+    /// The Noise payload of our handshake messages: run identifier, settings.
+    fn payload(&self) -> Vec<u8> {
+        let mut p = self.run.to_be_bytes().to_vec();
+        p.extend_from_slice(&self.settings.to_vec());
+        p
+    }
+
+    /// A failure seen on channel `c`: counted, and reported when due.
+    fn fail(&mut self, now: Instant, c: usize, f: HandshakeFailure, out: &mut Outcome) {
+        self.stats.failed += 1;
+        if let Some(n) = self.failed_on.get_mut(c) {
+            *n += 1;
+        }
+        let t = usize::from(f.is_answer());
+        if let Some(count) = self.throttles[t].hit(now) {
+            out.failure = Some((f, count));
+        }
+    }
+
+    /// A rejection of the initiation `noise` from key index `sender`, if one may be
+    /// sent on channel `c` now.
+    fn reject(
         &mut self,
         now: Instant,
-        datagram: &Bytes,
-    ) -> (Option<Bytes>, Option<Established>) {
-        match Handshake::parse(datagram) {
-            Ok(Handshake::Init { sender, noise }) => {
-                (self.on_init(now, datagram, sender, noise), None)
+        c: usize,
+        sender: u32,
+        noise: &[u8],
+        reason: u8,
+    ) -> Option<Bytes> {
+        let next = self.next_reject.get_mut(c)?;
+        if next.is_some_and(|t| now < t) || noise.len() < ECHO_LEN {
+            return None;
+        }
+        *next = Some(now + REJECT_EVERY);
+        let mut echo = [0u8; ECHO_LEN];
+        echo.copy_from_slice(&noise[..ECHO_LEN]);
+        self.stats.rejections_sent += 1;
+        Some(Bytes::from(
+            Handshake::Reject {
+                reason,
+                receiver: sender,
+                echo,
             }
+            .to_vec(),
+        ))
+    }
+
+    /// The peer's run identifier and settings from a handshake payload.
+    fn read_payload(p: &[u8]) -> Option<(u64, Settings)> {
+        let run = u64::from_be_bytes(p.get(..8)?.try_into().ok()?);
+        Some((run, Settings::parse(&p[8..])?))
+    }
+
+    /// A handshake message arrived on channel `c`: what to send back, whether a
+    /// handshake completed, and what went wrong.
+    pub fn on_handshake(&mut self, now: Instant, c: usize, datagram: &Bytes) -> Outcome {
+        let mut out = Outcome::default();
+        match Handshake::parse(datagram) {
+            Ok(Handshake::Init {
+                static_keys,
+                sender,
+                noise,
+            }) => self.on_init(now, c, datagram, static_keys, sender, noise, &mut out),
             Ok(Handshake::Resp {
                 sender,
                 receiver,
                 noise,
-            }) => (None, self.on_resp(now, sender, receiver, noise)),
+            }) => self.on_resp(now, c, sender, receiver, noise, &mut out),
+            Ok(Handshake::Reject {
+                reason,
+                receiver,
+                echo,
+            }) => self.on_reject(now, c, reason, receiver, echo, &mut out),
             Err(_) => {
                 self.stats.failed += 1;
-                (None, None)
+                if let Some(n) = self.failed_on.get_mut(c) {
+                    *n += 1;
+                }
             }
         }
+        out
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn on_init(
         &mut self,
         now: Instant,
+        c: usize,
         datagram: &Bytes,
+        static_keys: bool,
         sender: u32,
         noise: &[u8],
-    ) -> Option<Bytes> {
+        out: &mut Outcome,
+    ) {
         if let Some(p) = self.pending.iter().find(|p| p.init == *datagram) {
             self.stats.answered += 1;
-            return Some(p.response.clone());
+            out.reply = Some(p.response.clone());
+            return;
         }
-        let mut hs = self.new_handshake(false).ok()?;
-        let mut payload = [0u8; 64];
-        let peer_run = match hs.read_message(noise, &mut payload) {
-            Ok(8) => u64::from_be_bytes(payload[..8].try_into().expect("8 bytes")),
-            _ => {
-                self.stats.failed += 1;
-                return None;
-            }
+        let ours_static = self.keys.private.is_some();
+        if static_keys != ours_static {
+            let f = HandshakeFailure::KeyKind {
+                theirs_static: static_keys,
+            };
+            self.fail(now, c, f, out);
+            out.reply = self.reject(now, c, sender, noise, secure::REJECT_KEY_KIND);
+            return;
+        }
+        let Ok(mut hs) = self.new_handshake(false) else {
+            return;
+        };
+        let mut payload = [0u8; MSG_MAX];
+        let read = hs.read_message(noise, &mut payload);
+        let Ok(len) = read else {
+            let f = HandshakeFailure::Unauthenticated {
+                static_keys: ours_static,
+            };
+            self.fail(now, c, f, out);
+            out.reply = self.reject(now, c, sender, noise, secure::REJECT_UNAUTHENTICATED);
+            return;
         };
         // IK: the initiator's static key travels in the message; it must be the one
         // configured for the peer.
-        if let Some(want) = &self.keys.peer_public {
+        if let Some(want) = self.keys.peer_public {
             if hs.get_remote_static() != Some(&want[..]) {
-                self.stats.failed += 1;
-                return None;
+                let mut theirs = [0u8; KEY_LEN];
+                if let Some(k) = hs.get_remote_static().filter(|k| k.len() == KEY_LEN) {
+                    theirs.copy_from_slice(k);
+                }
+                let f = HandshakeFailure::UnknownKey {
+                    theirs,
+                    expected: want,
+                };
+                self.fail(now, c, f, out);
+                out.reply = self.reject(now, c, sender, noise, secure::REJECT_UNKNOWN_KEY);
+                return;
             }
         }
+        let Some((peer_run, theirs)) = Self::read_payload(&payload[..len]) else {
+            self.fail(now, c, HandshakeFailure::Unreadable, out);
+            out.reply = self.reject(now, c, sender, noise, secure::REJECT_UNREADABLE);
+            return;
+        };
+        let mismatch = self.settings.mismatch(&theirs);
         let index = self.fresh_index();
-        let mut buf = [0u8; 256];
-        let n = hs.write_message(&self.run.to_be_bytes(), &mut buf).ok()?;
+        let mut buf = [0u8; MSG_MAX];
+        let Ok(n) = hs.write_message(&self.payload(), &mut buf) else {
+            return;
+        };
         let response = Bytes::from(
             Handshake::Resp {
                 sender: index,
@@ -612,6 +932,22 @@ impl Crypto {
             }
             .to_vec(),
         );
+        self.stats.answered += 1;
+        out.reply = Some(response.clone());
+        if let Some(m) = mismatch {
+            // Answered (our settings in it tell the initiator what differs), but no
+            // keys are kept: the initiator cannot confirm this handshake.
+            // Without keys we initiate ourselves every heartbeat and learn it from the
+            // peer's answer: reported here only when an established peer comes back
+            // with other settings (a restart), where nothing else would tell.
+            self.stats.mismatched += 1;
+            if self.current.is_some() {
+                if let Some(count) = self.throttles[2].hit(now) {
+                    out.mismatch = Some((m, false, count));
+                }
+            }
+            return;
+        }
         // Initiator sends with the first key, responder with the second.
         let (i2r, r2i) = hs.dangerously_get_raw_split();
         let keys = Keypair::new(
@@ -629,35 +965,59 @@ impl Crypto {
         self.pending.push(Pending {
             keys,
             init: datagram.clone(),
-            response: response.clone(),
+            response,
         });
-        self.stats.answered += 1;
-        Some(response)
     }
 
     fn on_resp(
         &mut self,
         now: Instant,
+        c: usize,
         sender: u32,
         receiver: u32,
         noise: &[u8],
-    ) -> Option<Established> {
-        let Some(init) = self.init.as_mut().filter(|i| i.index == receiver) else {
+        out: &mut Outcome,
+    ) {
+        let Some(init) = self
+            .init
+            .as_mut()
+            .filter(|i| i.index == receiver && !i.refused)
+        else {
             // A copy of the response we already used (the initiation went out on every
-            // channel) is no failure; anything else is.
-            if self.current.as_ref().is_none_or(|k| k.local != receiver) {
+            // channel), or of one we refused, is no failure; anything else is.
+            let ours = self.current.as_ref().is_some_and(|k| k.local == receiver)
+                || self.init.as_ref().is_some_and(|i| i.index == receiver);
+            if !ours {
                 self.stats.failed += 1;
+                if let Some(n) = self.failed_on.get_mut(c) {
+                    *n += 1;
+                }
             }
-            return None;
+            return;
         };
-        let mut payload = [0u8; 64];
-        let peer_run = match init.hs.read_message(noise, &mut payload) {
-            Ok(8) => u64::from_be_bytes(payload[..8].try_into().expect("8 bytes")),
-            _ => {
-                self.stats.failed += 1;
-                return None;
+        self.stats.responses += 1;
+        let mut payload = [0u8; MSG_MAX];
+        let read = init
+            .hs
+            .read_message(noise, &mut payload)
+            .ok()
+            .and_then(|n| Self::read_payload(&payload[..n]));
+        let Some((peer_run, theirs)) = read else {
+            init.refused = true;
+            self.fail(now, c, HandshakeFailure::ResponseUnauthenticated, out);
+            return;
+        };
+        if let Some(m) = self.settings.mismatch(&theirs) {
+            // The answer to our own initiation: authenticated and fresh.
+            init.refused = true;
+            self.stats.mismatched += 1;
+            let due = self.throttles[2].hit(now);
+            if due.is_some() || !self.answer_reported {
+                self.answer_reported = true;
+                out.mismatch = Some((m, true, due.unwrap_or(1)));
             }
-        };
+            return;
+        }
         let (i2r, r2i) = init.hs.dangerously_get_raw_split();
         let keys = Keypair::new(
             init.index,
@@ -669,7 +1029,33 @@ impl Crypto {
             true,
         );
         self.init = None;
-        Some(self.install(keys))
+        out.established = Some(self.install(keys));
+    }
+
+    /// The peer rejected an initiation: ours if it names our outstanding one and
+    /// echoes its first bytes (only who saw it can), anything else is ignored.
+    fn on_reject(
+        &mut self,
+        now: Instant,
+        c: usize,
+        reason: u8,
+        receiver: u32,
+        echo: [u8; ECHO_LEN],
+        out: &mut Outcome,
+    ) {
+        let start = secure::INIT_HEADER_LEN;
+        let Some(init) = self.init.as_mut().filter(|i| {
+            i.index == receiver && i.msg.get(start..start + ECHO_LEN) == Some(&echo[..])
+        }) else {
+            return;
+        };
+        init.refused = true;
+        self.stats.rejected += 1;
+        let f = HandshakeFailure::Rejected {
+            reason,
+            static_keys: self.keys.private.is_some(),
+        };
+        self.fail(now, c, f, out);
     }
 
     fn install(&mut self, keys: Keypair) -> Established {
@@ -777,6 +1163,19 @@ enum Slot {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Mode;
+    use crate::sched::SchedulerKind;
+
+    fn settings(n: usize) -> Settings {
+        Settings {
+            mode: Mode::Logical,
+            scheduler: SchedulerKind::Srr,
+            security: SecurityMode::Encrypt,
+            max_packet: 1400,
+            credits: None,
+            weights: vec![1; n],
+        }
+    }
 
     fn psk_keys() -> Keys {
         Keys {
@@ -789,8 +1188,8 @@ mod tests {
     fn pair(keys_a: Keys, keys_b: Keys) -> (Crypto, Crypto) {
         let s = Duration::from_secs(120);
         (
-            Crypto::new(SecurityMode::Encrypt, keys_a, s, 2, [1; 32]).unwrap(),
-            Crypto::new(SecurityMode::Encrypt, keys_b, s, 2, [2; 32]).unwrap(),
+            Crypto::new(SecurityMode::Encrypt, keys_a, s, settings(2), [1; 32]).unwrap(),
+            Crypto::new(SecurityMode::Encrypt, keys_b, s, settings(2), [2; 32]).unwrap(),
         )
     }
 
@@ -798,13 +1197,14 @@ mod tests {
         let init = a.initiation(now).unwrap();
         // The sizes docs/wire.md gives.
         let ik = a.keys.private.is_some();
-        assert_eq!(init.len(), if ik { 112 } else { 64 });
-        let (resp, e) = b.on_handshake(now, &init);
-        assert_eq!(resp.as_ref().unwrap().len(), 68);
-        assert!(e.is_none());
-        let (none, e) = a.on_handshake(now, &resp.unwrap());
-        assert!(none.is_none());
-        assert!(e.unwrap().first || e.unwrap().restart || !e.unwrap().first);
+        assert_eq!(init.len(), if ik { 148 } else { 100 });
+        let o = b.on_handshake(now, 0, &init);
+        let resp = o.reply.unwrap();
+        assert_eq!(resp.len(), 104);
+        assert!(o.established.is_none());
+        let o = a.on_handshake(now, 0, &resp);
+        assert!(o.reply.is_none() && o.failure.is_none() && o.mismatch.is_none());
+        assert!(o.established.is_some());
         // B confirms on A's first sealed datagram.
         let d = a.seal(0, b"hello", true).unwrap();
         let (inner, e) = b.open(0, &d).unwrap();
@@ -854,9 +1254,28 @@ mod tests {
         };
         let (mut c, mut b2) = pair(kc, kb);
         let init = c.initiation(Instant::ZERO).unwrap();
-        let (resp, _) = b2.on_handshake(Instant::ZERO, &init);
-        assert!(resp.is_none());
+        let o = b2.on_handshake(Instant::ZERO, 1, &init);
+        assert!(o.established.is_none());
         assert_eq!(b2.stats.failed, 1);
+        assert_eq!(b2.failed_on(1), 1);
+        // B says which key it saw, and answers with a rejection, not a response.
+        let (f, count) = o.failure.unwrap();
+        assert_eq!(count, 1);
+        assert!(
+            matches!(f, HandshakeFailure::UnknownKey { theirs, .. } if theirs == public_key(&[5; 32]))
+        );
+        assert!(f.to_string().contains("wrong peer public key"), "{f}");
+        let o = c.on_handshake(Instant::ZERO, 1, &o.reply.unwrap());
+        let (f, _) = o.failure.unwrap();
+        assert_eq!(
+            f,
+            HandshakeFailure::Rejected {
+                reason: secure::REJECT_UNKNOWN_KEY,
+                static_keys: true
+            }
+        );
+        assert!(f.to_string().contains("keys differ"), "{f}");
+        assert_eq!(c.stats.rejected, 1);
     }
 
     #[test]
@@ -865,7 +1284,22 @@ mod tests {
         other.psk = Some([8; 32]);
         let (mut a, mut b) = pair(psk_keys(), other);
         let init = a.initiation(Instant::ZERO).unwrap();
-        assert!(b.on_handshake(Instant::ZERO, &init).0.is_none());
+        let o = b.on_handshake(Instant::ZERO, 0, &init);
+        assert!(o.established.is_none());
+        assert!(matches!(
+            o.failure,
+            Some((HandshakeFailure::Unauthenticated { static_keys: false }, 1))
+        ));
+        let reject = o.reply.unwrap();
+        assert!(
+            reject.len() < init.len(),
+            "never larger than what it answers"
+        );
+        // A is told at once, and stops sending that initiation.
+        let o = a.on_handshake(Instant::ZERO, 0, &reject);
+        assert!(o.failure.unwrap().0.is_answer());
+        assert_eq!(a.initiation(Instant::ZERO), None);
+        assert!(a.initiation(Instant::ZERO + HANDSHAKE_TIMEOUT).is_some());
 
         let (mut a, mut b) = pair(psk_keys(), psk_keys());
         handshake(&mut a, &mut b, Instant::ZERO);
@@ -890,7 +1324,7 @@ mod tests {
                 SecurityMode::Encrypt,
                 psk_keys(),
                 Duration::from_secs(120),
-                2,
+                settings(2),
                 [9; 32],
             )
             .unwrap();
@@ -898,7 +1332,7 @@ mod tests {
         };
         // Replayed many times: answered from the cache, keys unchanged.
         for _ in 0..20 {
-            assert!(b.on_handshake(Instant::ZERO, &old_init).0.is_some());
+            assert!(b.on_handshake(Instant::ZERO, 0, &old_init).reply.is_some());
         }
         let d = a.seal(0, b"still", true).unwrap();
         assert_eq!(b.open(0, &d).unwrap().1, None);
@@ -913,13 +1347,13 @@ mod tests {
             SecurityMode::Encrypt,
             psk_keys(),
             Duration::from_secs(120),
-            2,
+            settings(2),
             [10; 32],
         )
         .unwrap();
         let init = a2.initiation(Instant::ZERO).unwrap();
-        let (resp, _) = b.on_handshake(Instant::ZERO, &init);
-        a2.on_handshake(Instant::ZERO, &resp.unwrap());
+        let resp = b.on_handshake(Instant::ZERO, 0, &init).reply;
+        a2.on_handshake(Instant::ZERO, 0, &resp.unwrap());
         let d = a2.seal(0, b"x", true).unwrap();
         let e = b.open(0, &d).unwrap().1.unwrap();
         assert!(e.restart && !e.first);
@@ -928,11 +1362,11 @@ mod tests {
     #[test]
     fn auth_mode_leaves_the_body_readable_and_protects_it() {
         let s = Duration::from_secs(120);
-        let mut a = Crypto::new(SecurityMode::Auth, psk_keys(), s, 1, [1; 32]).unwrap();
-        let mut b = Crypto::new(SecurityMode::Auth, psk_keys(), s, 1, [2; 32]).unwrap();
+        let mut a = Crypto::new(SecurityMode::Auth, psk_keys(), s, settings(1), [1; 32]).unwrap();
+        let mut b = Crypto::new(SecurityMode::Auth, psk_keys(), s, settings(1), [2; 32]).unwrap();
         let init = a.initiation(Instant::ZERO).unwrap();
-        let resp = b.on_handshake(Instant::ZERO, &init).0.unwrap();
-        a.on_handshake(Instant::ZERO, &resp);
+        let resp = b.on_handshake(Instant::ZERO, 0, &init).reply.unwrap();
+        a.on_handshake(Instant::ZERO, 0, &resp);
         let d = a.seal(0, b"visible text", false).unwrap();
         assert_eq!(&d[HEADER_LEN..HEADER_LEN + 12], b"visible text");
         let mut t = d.to_vec();
@@ -955,5 +1389,84 @@ mod tests {
             peer_public: None,
         };
         assert!(half.check().unwrap_err().contains("peer's public key"));
+    }
+
+    #[test]
+    fn other_settings_are_refused_and_named_at_both_ends() {
+        let s = Duration::from_secs(120);
+        let mut a =
+            Crypto::new(SecurityMode::Encrypt, psk_keys(), s, settings(2), [1; 32]).unwrap();
+        let mut trr = settings(2);
+        trr.mode = Mode::Trr;
+        let mut b =
+            Crypto::new(SecurityMode::Encrypt, psk_keys(), s, trr.clone(), [2; 32]).unwrap();
+        let init = a.initiation(Instant::ZERO).unwrap();
+        // B answers (its settings are in the answer) but keeps no keys. Without keys it
+        // initiates itself and learns the difference from A's answer: no report here.
+        let o = b.on_handshake(Instant::ZERO, 0, &init);
+        assert!(o.mismatch.is_none() && b.stats.mismatched == 1);
+        // A learns it from the answer to its own initiation, and uses no keys.
+        let o = a.on_handshake(Instant::ZERO, 0, &o.reply.unwrap());
+        assert!(o.established.is_none());
+        let (m, answer, _) = o.mismatch.unwrap();
+        assert!(answer);
+        assert_eq!(
+            (m.setting, m.ours.as_str(), m.theirs.as_str()),
+            ("mode", "\"logical\"", "\"trr\"")
+        );
+        assert_eq!(
+            m.to_string(),
+            "the peer's mode is \"trr\", ours is \"logical\": both ends must use the same mode"
+        );
+        assert!(!a.ready() && !b.ready());
+        // The refused initiation is not sent again; a new one after the timeout, whose
+        // answer is counted but reported only after REPORT_EVERY (with the count).
+        assert_eq!(a.initiation(Instant::ZERO), None);
+        let t1 = Instant::ZERO + HANDSHAKE_TIMEOUT;
+        let again = a.initiation(t1).unwrap();
+        let r = b.on_handshake(t1, 0, &again).reply.unwrap();
+        assert!(a.on_handshake(t1, 0, &r).mismatch.is_none());
+        let t2 = Instant::ZERO + REPORT_EVERY;
+        let again = a.initiation(t2).unwrap();
+        let r = b.on_handshake(t2, 0, &again).reply.unwrap();
+        assert_eq!(a.on_handshake(t2, 0, &r).mismatch.unwrap().2, 2);
+        // An established end whose peer comes back with other settings reports the
+        // initiation itself (it is not initiating).
+        let (mut a, mut b) = pair(psk_keys(), psk_keys());
+        handshake(&mut a, &mut b, Instant::ZERO);
+        let mut b2 = Crypto::new(SecurityMode::Encrypt, psk_keys(), s, trr, [3; 32]).unwrap();
+        let init = b2.initiation(Instant::ZERO).unwrap();
+        let (m, answer, _) = a.on_handshake(Instant::ZERO, 0, &init).mismatch.unwrap();
+        assert!(!answer && m.setting == "mode");
+        assert!(a.ready(), "the established keys are kept");
+    }
+
+    #[test]
+    fn rejections_are_rate_limited_and_forged_ones_ignored() {
+        let mut other = psk_keys();
+        other.psk = Some([8; 32]);
+        let (mut a, mut b) = pair(psk_keys(), other);
+        let init = a.initiation(Instant::ZERO).unwrap();
+        assert!(b.on_handshake(Instant::ZERO, 0, &init).reply.is_some());
+        // The same initiation again on channel 0 within REJECT_EVERY: counted, no answer;
+        // on channel 1: answered.
+        let o = b.on_handshake(Instant::ZERO, 0, &init);
+        assert!(o.reply.is_none() && o.failure.is_none());
+        assert!(b.on_handshake(Instant::ZERO, 1, &init).reply.is_some());
+        assert_eq!((b.failed_on(0), b.failed_on(1)), (2, 1));
+        assert!(b
+            .on_handshake(Instant::ZERO + REJECT_EVERY, 0, &init)
+            .reply
+            .is_some());
+        // A rejection that does not echo our initiation is not ours.
+        let forged = Handshake::Reject {
+            reason: secure::REJECT_UNAUTHENTICATED,
+            receiver: u32::from_be_bytes(init[4..8].try_into().unwrap()),
+            echo: [0; ECHO_LEN],
+        };
+        let o = a.on_handshake(Instant::ZERO, 0, &Bytes::from(forged.to_vec()));
+        assert!(o.failure.is_none());
+        assert_eq!(a.stats.rejected, 0);
+        assert!(a.initiation(Instant::ZERO).is_some(), "still sent");
     }
 }

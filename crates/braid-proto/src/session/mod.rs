@@ -41,6 +41,7 @@ mod liveness;
 mod pacing;
 pub mod probe;
 pub mod return_path;
+pub mod settings;
 mod stats;
 
 use std::collections::VecDeque;
@@ -59,12 +60,13 @@ use crate::errctl::link as arq;
 pub use crate::errctl::link::{ArqChannelStats, ArqConfig};
 pub use credits::{CreditConfig, CreditCounters};
 use crypto::{Crypto, Established, Keys, Reject};
-pub use crypto::{HandshakeStats, SecurityMode, KEY_LEN};
+pub use crypto::{HandshakeFailure, HandshakeStats, SecurityMode, KEY_LEN};
 pub use demote::{DemoteConfig, Role};
 pub use liveness::LinkState;
 pub use pacing::{PacingConfig, PacingStats};
 pub use probe::ProbeStats;
 pub use return_path::ReturnPathConfig;
+pub use settings::{Mismatch, Settings};
 pub use stats::{ChannelInfo, SessionStats};
 
 /// One channel as the session sees it.
@@ -77,7 +79,8 @@ pub struct ChannelParams {
 }
 
 /// Everything one end of a session needs. Both ends must agree on the channel order,
-/// the weights, the scheduler, the mode and the key.
+/// the weights, the scheduler, the mode and the key; the handshake compares what must
+/// match ([`Config::settings`], `session::settings`) and refuses a peer that differs.
 #[derive(Clone, PartialEq)]
 pub struct Config {
     /// The channels, in the same order at both ends.
@@ -318,29 +321,25 @@ impl Config {
         }
     }
 
+    /// The settings the peer must share, as the handshake carries them.
+    pub fn settings(&self) -> Settings {
+        Settings {
+            mode: self.mode,
+            scheduler: self.scheduler,
+            security: self.security,
+            max_packet: self.max_inner(),
+            credits: self.credits,
+            weights: self.channels.iter().map(|c| c.weight).collect(),
+        }
+    }
+
     /// The striper/resequencer configuration for an epoch over these channels (indices
     /// into [`Config::channels`], increasing).
     pub fn stripe_config(&self, members: &[usize]) -> StripeConfig {
         let max_packet = self.max_inner();
-        let min_w = self
-            .channels
-            .iter()
-            .map(|c| c.weight)
-            .min()
-            .unwrap_or(1)
-            .max(1) as u64;
-        let weights = members
-            .iter()
-            .map(|&i| {
-                let w = self.channels[i].weight as u64;
-                match self.scheduler {
-                    // Quantum proportional to capacity, the smallest equal to max_packet.
-                    SchedulerKind::Srr => ((max_packet as u64 * w).div_ceil(min_w)) as u32,
-                    SchedulerKind::Grr => (w / min_w).max(1) as u32,
-                    _ => w as u32,
-                }
-            })
-            .collect();
+        let all: Vec<u32> = self.channels.iter().map(|c| c.weight).collect();
+        let quanta = settings::quanta(self.scheduler, max_packet, &all);
+        let weights = members.iter().map(|&i| quanta[i]).collect();
         let mut markers = self.markers;
         markers.timestamps |= self.aqm.is_some();
         if let MarkerPosition::Channel(c) = markers.position {
@@ -397,6 +396,29 @@ pub enum Event {
     Rekeyed,
     /// Nothing authenticated from the peer on any channel for this long.
     PeerSilent(Duration),
+    /// A handshake failed on this channel (from the peer's address): the keys differ,
+    /// most likely. The first at once, then at most one every
+    /// [`crypto::REPORT_EVERY`] per kind (ours refused, or ours refused by the peer).
+    HandshakeFailed {
+        /// Channel index.
+        channel: usize,
+        /// Why. [`HandshakeFailure::is_answer`]: the peer refused our initiation
+        /// (unauthenticated: whoever sees our initiation could forge it).
+        failure: HandshakeFailure,
+        /// Failures of this kind since the last report (this one included).
+        count: u64,
+    },
+    /// The peer's settings differ from ours in one that must match: no session is
+    /// made with it. Reported like [`Event::HandshakeFailed`].
+    SettingsMismatch {
+        /// The first setting that differs, with both values.
+        mismatch: Mismatch,
+        /// Seen in the answer to our own initiation (authenticated and fresh); else in
+        /// the peer's initiation (authenticated, but it may be a replayed old one).
+        answer: bool,
+        /// Mismatches of this kind since the last report (this one included).
+        count: u64,
+    },
     /// The peer has a different number of channels configured; its hellos are ignored.
     ChannelCountMismatch {
         /// Ours.
@@ -573,8 +595,14 @@ impl Session {
         let mut s = Session {
             n,
             all,
-            crypto: Crypto::new(cfg.security, cfg.keys(), cfg.rekey_after, n, seed)
-                .map_err(ConfigError)?,
+            crypto: Crypto::new(
+                cfg.security,
+                cfg.keys(),
+                cfg.rekey_after,
+                cfg.settings(),
+                seed,
+            )
+            .map_err(ConfigError)?,
             chans: (0..n).map(|_| liveness::Chan::new(now)).collect(),
             tx: epoch::Tx::new(all, members, striper, n),
             rx: epoch::Rx::new(all, reseq, n),
@@ -627,6 +655,11 @@ impl Session {
     /// Have we completed a handshake with the peer?
     pub fn peer_seen(&self) -> bool {
         self.peer.seen
+    }
+
+    /// The handshake counters (cheap; [`Session::stats`] has them too).
+    pub fn handshake_stats(&self) -> &HandshakeStats {
+        &self.crypto.stats
     }
 
     /// The largest application packet [`Session::handle_packet`] accepts when it does
@@ -826,15 +859,29 @@ impl Session {
 
     /// A handshake message: answer it on the channel it came on.
     fn on_handshake(&mut self, now: Instant, c: usize, d: &Bytes) {
-        let (response, established) = self.crypto.on_handshake(now, d);
-        if let Some(r) = response {
+        let o = self.crypto.on_handshake(now, c, d);
+        if let Some(r) = o.reply {
             self.out.push_back(Transmit {
                 channel: c,
                 kind: DatagramKind::Control,
                 bytes: r,
             });
         }
-        if let Some(e) = established {
+        if let Some((failure, count)) = o.failure {
+            self.events.push_back(Event::HandshakeFailed {
+                channel: c,
+                failure,
+                count,
+            });
+        }
+        if let Some((mismatch, answer, count)) = o.mismatch {
+            self.events.push_back(Event::SettingsMismatch {
+                mismatch,
+                answer,
+                count,
+            });
+        }
+        if let Some(e) = o.established {
             self.on_established(now, e);
             // Hellos at once, sealed with the new keys: they confirm the handshake at
             // the responder.

@@ -88,6 +88,10 @@ pub struct ChannelInfo {
     pub replays: u64,
     /// Datagrams that could not be parsed (session and resequencer).
     pub malformed: u64,
+    /// Handshake messages that failed on this channel (from the peer's address): its
+    /// initiations we refused, rejections and unauthenticated responses of ours, and
+    /// unparseable or stale handshake messages. Keys that differ show here.
+    pub handshake_failures: u64,
     /// Send rate over the last whole second, bit/s.
     pub tx_bps: f64,
     /// Receive rate over the last whole second, bit/s.
@@ -219,6 +223,7 @@ impl Session {
                     unauthenticated: c.n.unauthenticated,
                     replays: c.n.replays,
                     malformed: c.n.malformed + r.malformed,
+                    handshake_failures: self.crypto.failed_on(i),
                     tx_bps: c.n.tx_bps,
                     rx_bps: c.n.rx_bps,
                     striper: t,

@@ -27,16 +27,26 @@
 //! header-free inside the envelope. The channel index is in the nonce, not on the
 //! wire: a datagram moved to another channel fails its tag.
 //!
-//! **Initiation** (`0xBA`) and **response** (`0xBB`), the two Noise handshake messages:
+//! **Initiation** (`0xBA`), **response** and **rejection** (both `0xBB`): the two Noise
+//! handshake messages, and the responder's answer to an initiation it cannot accept:
 //!
 //! ```text
-//!  0: 0xBA | 1: version | 2..4: zero | 4..8: sender's key index (u32) | 8..: Noise message 1
-//!  0: 0xBB | 1: version | 2..4: zero | 4..8: sender's key index (u32)
-//!                                    | 8..12: receiver's key index (u32) | 12..: Noise message 2
+//!  0: 0xBA | 1: version | 2: key kind (0 pre-shared key only, 1 static keys) | 3: zero
+//!  4..8: sender's key index (u32) | 8..: Noise message 1
+//!
+//!  0: 0xBB | 1: version | 2: 0 (response) | 3: zero
+//!  4..8: sender's key index (u32) | 8..12: receiver's key index (u32) | 12..: Noise message 2
+//!
+//!  0: 0xBB | 1: version | 2: 1 (rejection) | 3: reason (1 not authenticated, 2 unknown
+//!  static key, 3 other key kind, 4 unreadable) | 4..8: zero
+//!  8..12: the initiator's key index (u32) | 12..28: the first 16 bytes of the
+//!  initiation's Noise message (the initiator's ephemeral public key), echoed
 //! ```
 //!
-//! The Noise payload of both messages is the sender's run identifier (u64), a random
-//! number chosen at start: a new one from the peer means it restarted.
+//! The Noise payload of the initiation and the response is the sender's run identifier
+//! (u64), a random number chosen at start (a new one from the peer means it restarted),
+//! then the sender's settings block (`crate::session::settings`). A rejection carries no
+//! secret and is not authenticated; see `docs/security.md` for what it may cause.
 
 use super::{TYPE_HS_INIT, TYPE_HS_RESP, TYPE_SEALED, TYPE_SIGNED};
 
@@ -52,6 +62,10 @@ pub const OVERHEAD: usize = HEADER_LEN + TAG_LEN;
 pub const INIT_HEADER_LEN: usize = 8;
 /// Fixed part of a response.
 pub const RESP_HEADER_LEN: usize = 12;
+/// Bytes of the initiation a rejection echoes.
+pub const ECHO_LEN: usize = 16;
+/// Length of a rejection.
+pub const REJECT_LEN: usize = RESP_HEADER_LEN + ECHO_LEN;
 
 /// The header of a sealed datagram.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,6 +130,8 @@ impl Header {
 pub enum Handshake<'a> {
     /// Noise message 1.
     Init {
+        /// The initiator uses static keys (Noise IK), not only a pre-shared key (NN).
+        static_keys: bool,
         /// The initiator's key index.
         sender: u32,
         /// The Noise message.
@@ -130,7 +146,27 @@ pub enum Handshake<'a> {
         /// The Noise message.
         noise: &'a [u8],
     },
+    /// The responder could not accept the initiation.
+    Reject {
+        /// Why (a `REJECT_*` code; unknown codes are passed on).
+        reason: u8,
+        /// The initiator's key index.
+        receiver: u32,
+        /// The first [`ECHO_LEN`] bytes of the initiation's Noise message.
+        echo: [u8; ECHO_LEN],
+    },
 }
+
+/// Rejection reason: the initiation did not authenticate with our keys.
+pub const REJECT_UNAUTHENTICATED: u8 = 1;
+/// Rejection reason: the initiator's static key is not the peer key configured here.
+pub const REJECT_UNKNOWN_KEY: u8 = 2;
+/// Rejection reason: the initiator uses the other key kind (static keys or a
+/// pre-shared key only).
+pub const REJECT_KEY_KIND: u8 = 3;
+/// Rejection reason: authenticated, but its payload is not one we can read (another
+/// version of braid).
+pub const REJECT_UNREADABLE: u8 = 4;
 
 fn u32_at(b: &[u8], at: usize) -> u32 {
     u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
@@ -142,15 +178,28 @@ impl<'a> Handshake<'a> {
         if b.len() < INIT_HEADER_LEN {
             return Err(SecureError::Truncated);
         }
-        if b[1] != VERSION || b[2] != 0 || b[3] != 0 {
+        if b[1] != VERSION || b[2] > 1 {
             return Err(SecureError::Unknown);
         }
         match b[0] {
-            TYPE_HS_INIT => Ok(Handshake::Init {
+            TYPE_HS_INIT if b[3] == 0 => Ok(Handshake::Init {
+                static_keys: b[2] == 1,
                 sender: u32_at(b, 4),
                 noise: &b[INIT_HEADER_LEN..],
             }),
-            TYPE_HS_RESP => {
+            TYPE_HS_RESP if b[2] == 1 => {
+                if b.len() != REJECT_LEN || b[4..8] != [0; 4] {
+                    return Err(SecureError::Truncated);
+                }
+                let mut echo = [0u8; ECHO_LEN];
+                echo.copy_from_slice(&b[RESP_HEADER_LEN..]);
+                Ok(Handshake::Reject {
+                    reason: b[3],
+                    receiver: u32_at(b, 8),
+                    echo,
+                })
+            }
+            TYPE_HS_RESP if b[3] == 0 => {
                 if b.len() < RESP_HEADER_LEN {
                     return Err(SecureError::Truncated);
                 }
@@ -167,9 +216,13 @@ impl<'a> Handshake<'a> {
     /// The message's bytes.
     pub fn to_vec(&self) -> Vec<u8> {
         match *self {
-            Handshake::Init { sender, noise } => {
+            Handshake::Init {
+                static_keys,
+                sender,
+                noise,
+            } => {
                 let mut v = Vec::with_capacity(INIT_HEADER_LEN + noise.len());
-                v.extend_from_slice(&[TYPE_HS_INIT, VERSION, 0, 0]);
+                v.extend_from_slice(&[TYPE_HS_INIT, VERSION, u8::from(static_keys), 0]);
                 v.extend_from_slice(&sender.to_be_bytes());
                 v.extend_from_slice(noise);
                 v
@@ -184,6 +237,17 @@ impl<'a> Handshake<'a> {
                 v.extend_from_slice(&sender.to_be_bytes());
                 v.extend_from_slice(&receiver.to_be_bytes());
                 v.extend_from_slice(noise);
+                v
+            }
+            Handshake::Reject {
+                reason,
+                receiver,
+                echo,
+            } => {
+                let mut v = Vec::with_capacity(REJECT_LEN);
+                v.extend_from_slice(&[TYPE_HS_RESP, VERSION, 1, reason, 0, 0, 0, 0]);
+                v.extend_from_slice(&receiver.to_be_bytes());
+                v.extend_from_slice(&echo);
                 v
             }
         }
@@ -216,12 +280,33 @@ mod tests {
     #[test]
     fn handshake_bytes_and_roundtrip() {
         let i = Handshake::Init {
+            static_keys: false,
             sender: 7,
             noise: &[9, 9],
         };
         let b = i.to_vec();
         assert_eq!(b, [0xBA, 1, 0, 0, 0, 0, 0, 7, 9, 9]);
         assert_eq!(Handshake::parse(&b), Ok(i));
+        let i = Handshake::Init {
+            static_keys: true,
+            sender: 7,
+            noise: &[9, 9],
+        };
+        assert_eq!(i.to_vec()[2], 1);
+        assert_eq!(Handshake::parse(&i.to_vec()), Ok(i));
+        let j = Handshake::Reject {
+            reason: REJECT_UNAUTHENTICATED,
+            receiver: 0x0A0B_0C0D,
+            echo: [5; ECHO_LEN],
+        };
+        let b = j.to_vec();
+        assert_eq!(b.len(), REJECT_LEN);
+        assert_eq!(
+            &b[..12],
+            [0xBB, 1, 1, 1, 0, 0, 0, 0, 0x0A, 0x0B, 0x0C, 0x0D]
+        );
+        assert_eq!(Handshake::parse(&b), Ok(j));
+        assert!(Handshake::parse(&b[..REJECT_LEN - 1]).is_err());
         let r = Handshake::Resp {
             sender: 1,
             receiver: 2,

@@ -1,0 +1,389 @@
+//! The settings both ends of a session must share, carried in the handshake.
+//!
+//! Each end puts its own in the Noise payload of the handshake message it sends (after
+//! its run identifier; wire format in `docs/wire.md`, "Handshake"), so they travel
+//! encrypted and authenticated by the keys, and are compared before any key is used:
+//! a peer whose settings differ gets no session, and both ends report the first
+//! setting that differs with both values ([`Mismatch`]).
+//!
+//! What must be equal, and why:
+//!
+//! * **channels**: the channel list is matched by position (hellos, epochs, nonces).
+//! * **mode**: each end's receiver parses what the other's striper sends (header-free
+//!   data with markers, sequence headers, or triggers).
+//! * **security**: `encrypt`, `auth` and `none` seal data differently; a datagram of the
+//!   other kind is refused.
+//! * **scheduler** (with the random scheduler's seed), in every mode but `none`: the
+//!   receiver predicts the sender's next channel with it.
+//! * **weights** and the **largest datagram** (which the SRR quanta are made from), in
+//!   `logical` and `trr` mode: the receiver numbers header-free packets by running the
+//!   sender's scheduler with the same quanta. (In `seq` mode the sequence header
+//!   confirms every prediction, so other weights cost only speed.)
+//! * **credits** (on or off, window, pool): each end lends the other credit and waits
+//!   for the other's; one end alone would wait for ever.
+//!
+//! Everything else is local to one end (timers, buffers, pacing, demotion, the AQM,
+//! in-bond repair: an end without it ignores the other's requests), or travels in the
+//! messages themselves (marker timestamps, adapted quanta).
+
+use crate::config::Mode;
+use crate::sched::SchedulerKind;
+use crate::session::credits::CreditConfig;
+use crate::session::SecurityMode;
+
+/// Version of the settings block.
+pub const VERSION: u8 = 1;
+/// Fixed part of the settings block (before the weights).
+pub const FIXED_LEN: usize = 28;
+
+/// The settings an end announces in the handshake.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Settings {
+    /// Receiver mode.
+    pub mode: Mode,
+    /// Causal scheduler.
+    pub scheduler: SchedulerKind,
+    /// Security mode.
+    pub security: SecurityMode,
+    /// The largest datagram the striper makes (the SRR quanta are multiples of it).
+    pub max_packet: u32,
+    /// Credit settings, if credits are on.
+    pub credits: Option<CreditConfig>,
+    /// Configured weight of each channel, in order.
+    pub weights: Vec<u32>,
+}
+
+/// The first setting that differs between the two ends.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mismatch {
+    /// Its name, as in the configuration.
+    pub setting: &'static str,
+    /// Our value.
+    pub ours: String,
+    /// The peer's value.
+    pub theirs: String,
+    /// Why it must match, or what to do (empty, or starting with "; ").
+    pub hint: &'static str,
+}
+
+impl std::fmt::Display for Mismatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let are = matches!(self.setting, "channel weights" | "credits");
+        write!(
+            f,
+            "the peer's {} {is} {}, ours {is} {}: both ends must use the same {}{}",
+            self.setting,
+            self.theirs,
+            self.ours,
+            self.setting,
+            self.hint,
+            is = if are { "are" } else { "is" },
+        )
+    }
+}
+
+/// The quanta (SRR: bytes, GRR: packets per round, otherwise the weights) the
+/// scheduler runs with for these weights.
+pub(crate) fn quanta(scheduler: SchedulerKind, max_packet: u32, weights: &[u32]) -> Vec<u32> {
+    let min_w = weights.iter().copied().min().unwrap_or(1).max(1) as u64;
+    weights
+        .iter()
+        .map(|&w| {
+            let w = w as u64;
+            match scheduler {
+                // Quantum proportional to capacity, the smallest equal to max_packet.
+                SchedulerKind::Srr => ((max_packet as u64 * w).div_ceil(min_w)) as u32,
+                SchedulerKind::Grr => (w / min_w).max(1) as u32,
+                _ => w as u32,
+            }
+        })
+        .collect()
+}
+
+fn mode_code(m: Mode) -> u8 {
+    match m {
+        Mode::Logical => 1,
+        Mode::Seq => 2,
+        Mode::Trr => 3,
+        Mode::None => 4,
+    }
+}
+
+fn mode_of(c: u8) -> Option<Mode> {
+    Some(match c {
+        1 => Mode::Logical,
+        2 => Mode::Seq,
+        3 => Mode::Trr,
+        4 => Mode::None,
+        _ => return None,
+    })
+}
+
+fn security_code(s: SecurityMode) -> u8 {
+    match s {
+        SecurityMode::Encrypt => 1,
+        SecurityMode::Auth => 2,
+        SecurityMode::None => 3,
+    }
+}
+
+fn security_of(c: u8) -> Option<SecurityMode> {
+    Some(match c {
+        1 => SecurityMode::Encrypt,
+        2 => SecurityMode::Auth,
+        3 => SecurityMode::None,
+        _ => return None,
+    })
+}
+
+fn quote(s: &str) -> String {
+    format!("\"{s}\"")
+}
+
+fn list(v: &[u32]) -> String {
+    let s: Vec<String> = v.iter().map(u32::to_string).collect();
+    format!("[{}]", s.join(", "))
+}
+
+fn credits_str(c: &Option<CreditConfig>) -> String {
+    match c {
+        None => "off".into(),
+        Some(c) => match c.pool {
+            None => format!("on (window {})", c.window),
+            Some(p) => format!("on (window {}, pool {p})", c.window),
+        },
+    }
+}
+
+impl Settings {
+    /// The settings block: [`FIXED_LEN`] bytes, then one weight (u32) per channel.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(FIXED_LEN + 4 * self.weights.len());
+        let (sched, seed) = match self.scheduler {
+            SchedulerKind::Srr => (1, 0),
+            SchedulerKind::Rr => (2, 0),
+            SchedulerKind::Grr => (3, 0),
+            SchedulerKind::Random { seed } => (4, seed),
+        };
+        v.extend_from_slice(&[
+            VERSION,
+            mode_code(self.mode),
+            sched,
+            security_code(self.security),
+            self.weights.len().min(255) as u8,
+            u8::from(self.credits.is_some()),
+            0,
+            0,
+        ]);
+        v.extend_from_slice(&self.max_packet.to_be_bytes());
+        v.extend_from_slice(&self.credits.map_or(0, |c| c.window).to_be_bytes());
+        let pool = self.credits.and_then(|c| c.pool).unwrap_or(0);
+        v.extend_from_slice(&pool.to_be_bytes());
+        v.extend_from_slice(&seed.to_be_bytes());
+        for w in &self.weights {
+            v.extend_from_slice(&w.to_be_bytes());
+        }
+        v
+    }
+
+    /// Parse a settings block; `None` if it is not one this version reads.
+    pub fn parse(b: &[u8]) -> Option<Settings> {
+        if b.len() < FIXED_LEN || b[0] != VERSION || b[6..8] != [0, 0] {
+            return None;
+        }
+        let n = b[4] as usize;
+        if n == 0 || b.len() != FIXED_LEN + 4 * n || b[5] > 1 {
+            return None;
+        }
+        let u32_at = |i: usize| u32::from_be_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        let seed = u64::from_be_bytes(b[20..28].try_into().ok()?);
+        let scheduler = match (b[2], seed) {
+            (1, 0) => SchedulerKind::Srr,
+            (2, 0) => SchedulerKind::Rr,
+            (3, 0) => SchedulerKind::Grr,
+            (4, seed) => SchedulerKind::Random { seed },
+            _ => return None,
+        };
+        let (window, pool) = (u32_at(12), u32_at(16));
+        let credits = match b[5] {
+            1 => Some(CreditConfig {
+                window,
+                pool: (pool != 0).then_some(pool),
+            }),
+            _ if window == 0 && pool == 0 => None,
+            _ => return None,
+        };
+        Some(Settings {
+            mode: mode_of(b[1])?,
+            scheduler,
+            security: security_of(b[3])?,
+            max_packet: u32_at(8),
+            credits,
+            weights: (0..n).map(|i| u32_at(FIXED_LEN + 4 * i)).collect(),
+        })
+    }
+
+    /// The first setting in which `theirs` differs from ours in a way the session
+    /// cannot work with (see the module docs), with both values.
+    pub fn mismatch(&self, theirs: &Settings) -> Option<Mismatch> {
+        let m = |setting, ours: String, theirs: String| {
+            Some(Mismatch {
+                setting,
+                ours,
+                theirs,
+                hint: "",
+            })
+        };
+        let hint = |hint, m: Option<Mismatch>| m.map(|m| Mismatch { hint, ..m });
+        if self.weights.len() != theirs.weights.len() {
+            return m(
+                "number of channels",
+                self.weights.len().to_string(),
+                theirs.weights.len().to_string(),
+            );
+        }
+        if self.mode != theirs.mode {
+            return m("mode", quote(self.mode.name()), quote(theirs.mode.name()));
+        }
+        if self.security != theirs.security {
+            return m(
+                "security",
+                quote(self.security.name()),
+                quote(theirs.security.name()),
+            );
+        }
+        if self.mode != Mode::None && self.scheduler != theirs.scheduler {
+            let name = |s: SchedulerKind| match s {
+                SchedulerKind::Random { seed } => format!("\"random\" (seed {seed})"),
+                s => quote(s.name()),
+            };
+            return m("scheduler", name(self.scheduler), name(theirs.scheduler));
+        }
+        if self.credits != theirs.credits {
+            return m(
+                "credits",
+                credits_str(&self.credits),
+                credits_str(&theirs.credits),
+            );
+        }
+        if matches!(self.mode, Mode::Logical | Mode::Trr) {
+            let q = |s: &Settings| quanta(s.scheduler, s.max_packet, &s.weights);
+            if q(self) != q(theirs) {
+                // Same quanta from other weights is no mismatch (2:4 is 1:2); name what
+                // makes them differ.
+                let same_ratio = quanta(SchedulerKind::Srr, 1 << 16, &self.weights)
+                    == quanta(SchedulerKind::Srr, 1 << 16, &theirs.weights);
+                if same_ratio && self.max_packet != theirs.max_packet {
+                    return hint(
+                        " (the channels' smallest mtu, less the IP/UDP headers and the \
+                         security envelope): the SRR quanta are multiples of it, and in this \
+                         mode the receiver follows the sender's scheduler with them",
+                        m(
+                            "largest datagram",
+                            format!("{} bytes", self.max_packet),
+                            format!("{} bytes", theirs.max_packet),
+                        ),
+                    );
+                }
+                return hint(
+                    " (in the same ratios): in this mode the receiver follows the sender's \
+                     scheduler with them",
+                    m(
+                        "channel weights",
+                        list(&self.weights),
+                        list(&theirs.weights),
+                    ),
+                );
+            }
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn base() -> Settings {
+        Settings {
+            mode: Mode::Logical,
+            scheduler: SchedulerKind::Srr,
+            security: SecurityMode::Encrypt,
+            max_packet: 1440,
+            credits: None,
+            weights: vec![1, 2],
+        }
+    }
+
+    #[test]
+    fn block_round_trips_and_junk_is_refused() {
+        let mut s = base();
+        let b = s.to_vec();
+        assert_eq!(b.len(), FIXED_LEN + 8);
+        assert_eq!(Settings::parse(&b), Some(s.clone()));
+        s.scheduler = SchedulerKind::Random { seed: 99 };
+        s.credits = Some(CreditConfig {
+            window: 100,
+            pool: Some(300),
+        });
+        s.mode = Mode::Trr;
+        s.security = SecurityMode::None;
+        assert_eq!(Settings::parse(&s.to_vec()), Some(s.clone()));
+        for n in 0..b.len() {
+            assert_eq!(Settings::parse(&b[..n]), None);
+        }
+        let mut bad = b.clone();
+        bad[0] = 2;
+        assert_eq!(Settings::parse(&bad), None);
+        let mut bad = b.clone();
+        bad[1] = 9;
+        assert_eq!(Settings::parse(&bad), None);
+    }
+
+    #[test]
+    fn mismatches_name_the_setting_and_both_values() {
+        let ours = base();
+        let mut theirs = base();
+        assert_eq!(ours.mismatch(&theirs), None);
+        theirs.mode = Mode::Trr;
+        let m = ours.mismatch(&theirs).unwrap();
+        assert_eq!(
+            m.to_string(),
+            "the peer's mode is \"trr\", ours is \"logical\": both ends must use the same mode"
+        );
+        let mut theirs = base();
+        theirs.weights = vec![2, 4];
+        assert_eq!(ours.mismatch(&theirs), None, "the same ratio");
+        theirs.weights = vec![1, 1];
+        let m = ours.mismatch(&theirs).unwrap();
+        assert_eq!(m.setting, "channel weights");
+        assert_eq!((m.ours.as_str(), m.theirs.as_str()), ("[1, 2]", "[1, 1]"));
+        let mut theirs = base();
+        theirs.max_packet = 1412;
+        assert_eq!(ours.mismatch(&theirs).unwrap().setting, "largest datagram");
+        // Seq mode: the sequence header confirms; weights may differ.
+        let (mut a, mut b) = (base(), base());
+        a.mode = Mode::Seq;
+        b.mode = Mode::Seq;
+        b.weights = vec![1, 1];
+        assert_eq!(a.mismatch(&b), None);
+        b.security = SecurityMode::Auth;
+        assert_eq!(a.mismatch(&b).unwrap().setting, "security");
+        let mut theirs = base();
+        theirs.weights = vec![1, 2, 3];
+        assert_eq!(
+            ours.mismatch(&theirs).unwrap().setting,
+            "number of channels"
+        );
+        let mut theirs = base();
+        theirs.credits = Some(CreditConfig {
+            window: 64,
+            pool: None,
+        });
+        let m = ours.mismatch(&theirs).unwrap();
+        assert_eq!(
+            (m.ours.as_str(), m.theirs.as_str()),
+            ("off", "on (window 64)")
+        );
+    }
+}
