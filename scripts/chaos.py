@@ -274,7 +274,18 @@ def first_after(times, t):
     return next((x for x in times if x >= t), None)
 
 
-def run_mode(braid, mode, duration, seed, keep, kinds=None):
+def trace_status(tb, path, stop):
+    """Both ends' `braid status --json`, every 200 ms, one line each (--trace)."""
+    with open(path, "w") as f:
+        while not stop.is_set():
+            for side in "ab":
+                st = tb.status(side)
+                if st is not None:
+                    f.write(json.dumps({"t": time.time(), "side": side, "status": st}) + "\n")
+            stop.wait(0.2)
+
+
+def run_mode(braid, mode, duration, seed, keep, kinds=None, trace=False):
     tag = f"{os.getpid() % 10000}{mode[0]}"
     workdir = tempfile.mkdtemp(prefix=f"braid-chaos-{mode}-")
     tb = Testbed(braid, mode, tag, workdir)
@@ -292,11 +303,16 @@ def run_mode(braid, mode, duration, seed, keep, kinds=None):
                                  str(duration), str(2e6)], stdout=subprocess.PIPE, text=True)
         pingers = [Pinger(tb.ns["a"], "10.99.0.2", f"{workdir}/ping-ab.txt"),
                    Pinger(tb.ns["b"], "10.99.0.1", f"{workdir}/ping-ba.txt")]
+        stop = threading.Event()
+        if trace:
+            threading.Thread(target=trace_status, args=(tb, f"{workdir}/status.jsonl", stop),
+                             daemon=True).start()
         time.sleep(2)
         rss_start = {s: tb.rss_kb(s) for s in "ab"}
         log = []
         windows = chaos(tb, random.Random(seed), time.time() + duration - 2, log, kinds)
         rss_end = {s: tb.rss_kb(s) for s in "ab"}
+        stop.set()
         sent = send.communicate(timeout=120)[0].split()
         got = recv.communicate(timeout=120)[0].split()
         for p in pingers:
@@ -363,6 +379,8 @@ def main():
     ap.add_argument("--modes", default="logical,seq,trr")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--keep", action="store_true", help="keep the logs of passing runs too")
+    ap.add_argument("--trace", action="store_true",
+                    help="record both ends' braid status every 200 ms (status.jsonl in the kept folder)")
     ap.add_argument("--kinds", help="only these changes (comma-separated: link, all, addr, rate, restart, drop, loss)")
     a = ap.parse_args()
     if os.geteuid() != 0:
@@ -373,7 +391,7 @@ def main():
     ok = True
     for mode in a.modes.split(","):
         kinds = a.kinds.split(",") if a.kinds else None
-        r = run_mode(os.path.abspath(a.braid), mode, a.duration, a.seed, a.keep, kinds)
+        r = run_mode(os.path.abspath(a.braid), mode, a.duration, a.seed, a.keep, kinds, a.trace)
         print(json.dumps(r), flush=True)
         ok &= r["pass"]
     sys.exit(0 if ok else 1)

@@ -33,6 +33,12 @@ const STALE: Duration = Duration::from_secs(1);
 /// e.g. 5 and 60 ms paths, was never measured, and the slowest channel was taken for
 /// as fast as the next one.)
 const BATCHES: usize = 64;
+/// A batch whose markers spread over more than this is not a measure of the paths'
+/// skew but of a stall (a link whose carrier went off holds what it had queued, and
+/// sends it on when it comes back): it is given up. (Taken as a skew, a 1.5 s outage
+/// held every other channel's datagrams for 1.5 s once the links were back.) Paths
+/// more than this apart are beyond the batch window anyway (`BATCHES`).
+const MAX_SKEW: Duration = Duration::from_millis(500);
 /// Samples older than this no longer count towards the percentile.
 const WINDOW: Duration = Duration::from_secs(1);
 /// Most samples kept per channel.
@@ -80,6 +86,13 @@ impl Equalizer {
     pub(crate) fn on_marker(&mut self, now: Instant, channel: usize, batch: u32) {
         let n = self.offset.len();
         self.last_marker[channel] = Some(now);
+        self.batches.retain(|(_, arrivals)| {
+            arrivals
+                .iter()
+                .flatten()
+                .min()
+                .is_none_or(|&first| now.saturating_since(first) <= MAX_SKEW)
+        });
         let i = match self.batches.iter().position(|(b, _)| *b == batch) {
             Some(i) => i,
             None => {

@@ -24,11 +24,21 @@ struct Link {
     /// order, behind what is still being sent.
     rate_bps: f64,
     free_at: Instant,
+    /// While set, what is put is parked (at most this many datagrams, the rest dropped)
+    /// and goes out when the link is resumed: a queue in front of a link whose carrier
+    /// is off, as a qdisc holds it.
+    parked: Option<(usize, Vec<Bytes>)>,
 }
 
 impl Link {
     fn put(&mut self, now: Instant, d: Bytes) {
         self.offered += 1;
+        if let Some((limit, q)) = &mut self.parked {
+            if q.len() < *limit {
+                q.push(d);
+            }
+            return;
+        }
         // xorshift64*: the same losses every run.
         self.rng ^= self.rng << 13;
         self.rng ^= self.rng >> 7;
@@ -118,6 +128,7 @@ impl Pair {
             rng: 0x9e37_79b9_7f4a_7c15 ^ (i as u64 + 1),
             rate_bps: 0.0,
             free_at: Instant::ZERO,
+            parked: None,
         };
         Pair {
             now: Instant::ZERO,
@@ -220,6 +231,27 @@ impl Pair {
                 self.b.handle_timeout(now);
             }
             self.flush();
+        }
+    }
+
+    /// Park what is sent on channel `c` (both ways, at most `limit` datagrams each way)
+    /// until `resume`.
+    fn pause(&mut self, c: usize, limit: usize) {
+        // What is in flight waits too (it is in the queue, behind the link).
+        for l in [&mut self.ab[c], &mut self.ba[c]] {
+            let q: Vec<Bytes> = l.queue.drain(..).map(|(_, d)| d).collect();
+            l.parked = Some((limit.max(q.len()), q));
+        }
+    }
+
+    fn resume(&mut self, c: usize) {
+        let now = self.now;
+        for l in [&mut self.ab[c], &mut self.ba[c]] {
+            if let Some((_, q)) = l.parked.take() {
+                for d in q {
+                    l.put(now, d);
+                }
+            }
         }
     }
 
