@@ -262,6 +262,29 @@ async fn silent_peer_is_reported() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_closed_on_purpose_tells_the_peer() {
+    let (_relay, a, mut b) = pair(2, Mode::Logical).await;
+    let got = stream(&a, &mut b, 0, 100).await;
+    assert_eq!(got.len(), 100);
+    assert!(!b.stats().await.unwrap().peer_closed);
+    a.close().await;
+    let t0 = std::time::Instant::now();
+    while !b.stats().await.unwrap().peer_closed {
+        assert!(
+            t0.elapsed() < Duration::from_secs(1),
+            "the close never arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(b
+        .stats()
+        .await
+        .unwrap()
+        .table()
+        .contains("peer closed the session"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prometheus_endpoint_serves_live_counters() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let (_relay, a, mut b) = pair(2, Mode::Logical).await;
