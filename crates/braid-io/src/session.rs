@@ -765,6 +765,8 @@ struct Driver {
     locals: Vec<SocketAddr>,
     /// Per channel: the datagrams of one round of transmits, in order.
     outq: Vec<Vec<Bytes>>,
+    /// Per channel, for each datagram of `outq`: it goes alone (no GSO train).
+    alone: Vec<Vec<bool>>,
     /// One GSO train, reused.
     train: Vec<u8>,
     deliver: mpsc::Sender<Bytes>,
@@ -798,6 +800,7 @@ impl Driver {
             origin: std::time::Instant::now(),
             tx_errors: vec![0; socks.len()],
             outq: vec![Vec::new(); socks.len()],
+            alone: vec![Vec::new(); socks.len()],
             train: Vec::with_capacity(GSO_MAX_BYTES),
             socks,
             states,
@@ -913,20 +916,30 @@ impl Driver {
 
     /// Send what the machine has to send: per channel in the machine's order, runs of
     /// equal-size datagrams (the last may be shorter) as one GSO train where the kernel
-    /// can, otherwise one datagram per call.
+    /// can, otherwise one datagram per call. A capacity probe's datagrams go one per
+    /// call: a shaper passes a GSO train whole, and the probe must see the link space
+    /// them (`braid_proto::session::probe`).
     async fn send_out(&mut self) {
         while let Some(t) = self.machine.poll_transmit() {
             self.outq[t.channel].push(t.bytes);
+            self.alone[t.channel].push(t.kind == machine::DatagramKind::Probe);
         }
         for c in 0..self.outq.len() {
             if self.outq[c].is_empty() {
                 continue;
             }
             let q = std::mem::take(&mut self.outq[c]);
+            let alone = std::mem::take(&mut self.alone[c]);
             let max_segments = self.states[c].max_gso_segments().max(1);
             let mut i = 0;
             while i < q.len() {
-                let n = gso_run(&q[i..], max_segments);
+                // Up to the next datagram that goes alone.
+                let batchable = alone[i..].iter().position(|&a| a).unwrap_or(q.len() - i);
+                let n = if alone[i] {
+                    1
+                } else {
+                    gso_run(&q[i..i + batchable], max_segments)
+                };
                 if n == 1 {
                     self.send_train(c, &q[i], q[i].len(), 1).await;
                 } else {
@@ -941,9 +954,11 @@ impl Driver {
                 }
                 i += n;
             }
-            let mut q = q;
+            let (mut q, mut alone) = (q, alone);
             q.clear();
+            alone.clear();
             self.outq[c] = q;
+            self.alone[c] = alone;
         }
     }
 

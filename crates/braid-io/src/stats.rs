@@ -358,6 +358,40 @@ impl SessionStats {
             "ch", "name", "state", "since", "peer", "sets", "role", "weight", "tx pkts", "rx pkts", "tx bit/s", "rx bit/s",
             "dlv bit/s", "rtt ms", "min ms", "loss%", "queue ms", "mk tx", "mk rx", "resync", "auth", "replay", "tx err"
         );
+        for c in &self.channels {
+            let sets = format!(
+                "{}{}",
+                if c.in_tx_set { "T" } else { "-" },
+                if c.in_rx_set { "R" } else { "-" }
+            );
+            let _ = writeln!(
+                s,
+                "{:<3} {:<8} {:<5} {:>7.1}s {:<4} {:<5} {:<7} {:>7} {:>10} {:>10} {:>9} {:>9} {:>9} {:>7} {:>7} {:>6} {:>7} {:>7} {:>7} {:>7} {:>6} {:>6} {:>6}",
+                c.index,
+                c.name,
+                c.state,
+                c.state_since_s,
+                if c.peer_hears_us { "up" } else { "down" },
+                sets,
+                c.role,
+                c.weight,
+                c.tx_data_packets,
+                c.rx_data_packets,
+                si(c.tx_bps),
+                si(c.rx_bps),
+                if c.delivery_bps < 0.0 { "-".to_string() } else { si(c.delivery_bps) },
+                known(c.srtt_ms, 1.0, 1),
+                known(c.rtt_min_ms, 1.0, 1),
+                known(c.loss_ratio, 100.0, 2),
+                known(c.queue_delay_ms, 1.0, 1),
+                c.tx_markers + c.tx_triggers,
+                c.rx_markers + c.rx_triggers,
+                c.resyncs,
+                c.auth_failures,
+                c.replays,
+                c.tx_errors,
+            );
+        }
         // Pacing and capacity probes, one line per channel, when any is paced or
         // measured: what the probe found (or why it failed) and the pace now.
         if self
@@ -454,40 +488,6 @@ impl SessionStats {
                     None => "every channel".into(),
                 },
                 self.return_path_cuts
-            );
-        }
-        for c in &self.channels {
-            let sets = format!(
-                "{}{}",
-                if c.in_tx_set { "T" } else { "-" },
-                if c.in_rx_set { "R" } else { "-" }
-            );
-            let _ = writeln!(
-                s,
-                "{:<3} {:<8} {:<5} {:>7.1}s {:<4} {:<5} {:<7} {:>7} {:>10} {:>10} {:>9} {:>9} {:>9} {:>7} {:>7} {:>6} {:>7} {:>7} {:>7} {:>7} {:>6} {:>6} {:>6}",
-                c.index,
-                c.name,
-                c.state,
-                c.state_since_s,
-                if c.peer_hears_us { "up" } else { "down" },
-                sets,
-                c.role,
-                c.weight,
-                c.tx_data_packets,
-                c.rx_data_packets,
-                si(c.tx_bps),
-                si(c.rx_bps),
-                if c.delivery_bps < 0.0 { "-".to_string() } else { si(c.delivery_bps) },
-                known(c.srtt_ms, 1.0, 1),
-                known(c.rtt_min_ms, 1.0, 1),
-                known(c.loss_ratio, 100.0, 2),
-                known(c.queue_delay_ms, 1.0, 1),
-                c.tx_markers + c.tx_triggers,
-                c.rx_markers + c.rx_triggers,
-                c.resyncs,
-                c.auth_failures,
-                c.replays,
-                c.tx_errors,
             );
         }
         s
@@ -1000,8 +1000,16 @@ mod tests {
         );
         let header = t.lines().nth(1).unwrap();
         assert!(header.trim_end().ends_with("tx err"), "{t}");
-        let row = t.lines().last().unwrap();
-        assert!(row.trim_end().ends_with(" 37"), "{t}");
+        // The channel's row right under the header, the pacing line after it.
+        let row = t.lines().nth(2).unwrap();
+        assert!(
+            row.starts_with("0   wan1") && row.trim_end().ends_with(" 37"),
+            "{t}"
+        );
+        assert!(
+            t.lines().nth(3).unwrap().starts_with("pacing 0 (wan1)"),
+            "{t}"
+        );
         assert!(
             t.contains(
                 "pacing 0 (wan1): probe failed: no report for 3 trains; unpaced as configured"

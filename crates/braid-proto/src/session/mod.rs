@@ -370,6 +370,9 @@ pub enum DatagramKind {
     Marker,
     /// A hello, epoch end, epoch ack or NAK.
     Control,
+    /// One datagram of a capacity probe's train (`session::probe`): send it alone, not
+    /// batched with the others into one GSO send, so the link spaces the train.
+    Probe,
 }
 
 /// One datagram to send on one channel.

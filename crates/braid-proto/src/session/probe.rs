@@ -24,14 +24,17 @@
 //!
 //! A train that gets no report within [`RETRY_AFTER`] is sent again, at most
 //! [`MAX_TRAINS`] times; then the channel keeps its configured pace (or none). So is a
-//! train the receiver could not time: its later half came in fewer than
-//! [`MIN_READINGS`] clock readings (the receiver's reads took it in batches), so its
-//! span says how the receiver was scheduled, not how fast the link is. That is what a
-//! link much faster than a train can show looks like (an unshaped veth pair: the train
-//! leaves in three GSO sends and arrives as three GRO reads, and measured 0.6 or
-//! 5.9 Gbit/s or nothing from one run to the next), and a rate from it would pace the
-//! channel at random. Every outcome is an event (measured, capped by the configured
-//! pace, failed and why) and the channel's [`ProbeState`] is in its stats. A channel
+//! train that cannot be timed: its later half arrived within [`MIN_SPAN`] (or in one
+//! clock reading), too short a time for the receiver's clock readings, taken when its
+//! reads are scheduled, to time: the span would say how the reads were scheduled, not how
+//! fast the link is. That is what a link much faster than a train can show looks like (an
+//! unshaped veth pair measured 0.6 or 5.9 Gbit/s or nothing from one run to the next, and
+//! the channel was paced at that), and a rate from it would pace the channel at random.
+//! The train's datagrams leave one per send ([`super::DatagramKind::Probe`]: not batched
+//! into one GSO send, which a shaper passes whole, so the link spaces each datagram and
+//! the receiver has one reading per datagram to time, not two or three). Every outcome
+//! is an event (measured, capped by the configured pace, failed and why) and the
+//! channel's [`ProbeState`] is in its stats. A channel
 //! that goes down is measured again when it comes back, and every channel when the
 //! peer restarts. A link may also get faster than it was measured: a channel that uses
 //! all of its measured rate without a queue (`Adapt::capped` in `session::adapt`) is
@@ -66,9 +69,12 @@ pub const REMEASURE_AFTER: Duration = Duration::from_secs(30);
 pub const PACE_SHARE: f64 = 0.97;
 /// Fewest datagrams of a train that must arrive for a measurement.
 const MIN_RECEIVED: usize = 8;
-/// Fewest distinct clock readings over a train's later half for its rate to be taken:
-/// fewer, and the receiver read the half in batches, so the span times its reads.
-pub const MIN_READINGS: u16 = 4;
+/// Shortest time over which a train's later half may arrive for its rate to be taken:
+/// the receiver stamps datagrams when its reads run, which may be late by some tens of
+/// microseconds (more on a busy host), so a shorter span times the reads rather than
+/// the link. With 1500-byte datagrams it lets a train show up to about 570 Mbit/s; a
+/// faster link is left as configured.
+pub const MIN_SPAN: Duration = Duration::from_micros(500);
 /// Most arrivals kept of one train (a peer cannot make us keep more).
 const MAX_ARRIVALS: usize = 1024;
 
@@ -97,10 +103,13 @@ enum TxState {
 pub enum ProbeFailure {
     /// No report came back for any of the [`MAX_TRAINS`] trains.
     NoReport,
-    /// The peer received the train but could not time it: its later half came in
-    /// `readings` clock readings (fewer than [`MIN_READINGS`]); `received` of the
-    /// train's datagrams arrived.
+    /// The train arrived too fast to time: its later half within `span_us`
+    /// microseconds, less than [`MIN_SPAN`] (0: in one clock reading), in `readings`
+    /// distinct readings (0: not counted by the peer); `received` of the train's
+    /// datagrams arrived.
     Untimed {
+        /// Microseconds over which the later half arrived.
+        span_us: u64,
         /// Distinct clock readings over the later half.
         readings: u16,
         /// Datagrams of the train that arrived.
@@ -115,12 +124,26 @@ impl std::fmt::Display for ProbeFailure {
                 f,
                 "no report for {MAX_TRAINS} trains (trains or reports lost, or the peer does not answer probes)"
             ),
-            ProbeFailure::Untimed { readings, received } => write!(
-                f,
-                "the train ({received} of {TRAIN_LEN} datagrams arrived) was read in {readings} batch{} at the peer, too few to time: \
-                 the link is faster than a train can show, or the peer was too busy to read it as it came",
-                if *readings == 1 { "" } else { "es" }
-            ),
+            ProbeFailure::Untimed {
+                span_us,
+                readings,
+                received,
+            } => {
+                if *span_us == 0 {
+                    write!(f, "the peer read the train's later half all at once")?;
+                } else {
+                    write!(f, "the train's later half arrived within {span_us} us")?;
+                    if *readings > 0 {
+                        write!(f, " ({readings} reads at the peer)")?;
+                    }
+                }
+                write!(
+                    f,
+                    " ({received} of {TRAIN_LEN} datagrams arrived), under the {} us it takes to time it: \
+                     the link is faster than a train can show",
+                    MIN_SPAN.as_micros()
+                )
+            }
         }
     }
 }
@@ -295,9 +318,9 @@ impl Probes {
     /// A report on channel `c` at `now` for one of our trains: the rate on the wire
     /// (bit/s), counting `overhead` bytes below each datagram, and whether it is the
     /// channel's first measurement since it came up, if it answers the train we wait
-    /// for there and measured something. A train the peer could not time (fewer than
-    /// [`MIN_READINGS`] clock readings) measures nothing: its train is sent again
-    /// after [`RETRY_AFTER`], as when no report comes, and the failure is kept.
+    /// for there and measured something. A train too fast to time (its later half
+    /// within [`MIN_SPAN`]) measures nothing: it is sent again after [`RETRY_AFTER`],
+    /// as when no report comes, and the failure is kept.
     pub fn on_report(
         &mut self,
         now: Instant,
@@ -313,10 +336,10 @@ impl Probes {
             return None;
         }
         self.stats.reports += 1;
-        // (A braid before the readings count reports 0: its rate is taken as before.)
-        if r.span_us == 0 || r.tail == 0 || (r.readings != 0 && r.readings < MIN_READINGS) {
+        if r.tail == 0 || r.span_us < MIN_SPAN.as_micros() {
             self.failure[c] = Some(ProbeFailure::Untimed {
-                readings: r.readings.max(1),
+                span_us: r.span_us,
+                readings: r.readings,
                 received: r.received,
             });
             return None;
@@ -477,7 +500,9 @@ impl super::Session {
                     count: TRAIN_LEN,
                     len,
                 };
-                self.send_ctrl(c, &Msg::Probe(p));
+                // One datagram per send, so the link spaces them (see the module docs).
+                let b = bytes::Bytes::from(Msg::Probe(p).to_vec());
+                self.emit(c, super::DatagramKind::Probe, b);
             }
         }
     }
@@ -734,9 +759,9 @@ mod tests {
         assert_eq!(measure(&[(us(5), 1500); 20]), Some((0, 0, 0, 1)));
     }
 
-    /// What an unshaped veth pair does to a train: it leaves in GSO sends of 16
-    /// datagrams and each arrives as one GRO read, so the later half is two readings a
-    /// few microseconds apart, and its "rate" is the reader's scheduling.
+    /// What an unshaped veth pair did to a train: it left in GSO sends of 16 datagrams
+    /// and each arrived as one GRO read, so the later half was two readings a few
+    /// microseconds apart, and its "rate" the reader's scheduling.
     fn gro_train(p: &mut Probes, train: u16, gap_us: u64) -> ProbeReport {
         let mut report = None;
         for i in 0..TRAIN_LEN {
@@ -751,14 +776,14 @@ mod tests {
         let mut rx = Probes::new(1, false);
         let mut tx = Probes::new(1, true);
         assert_eq!(tx.state(0), ProbeState::Measuring);
-        // Three runs with the reads 20, 3 and 0 us apart: before, 9.6 and 64 Gbit/s
+        // Three runs with the reads 300, 3 and 0 us apart: before, 0.64 and 64 Gbit/s
         // or no report at all; now never a rate.
-        for (k, gap) in [20u64, 3, 0].into_iter().enumerate() {
+        for (k, gap) in [300u64, 3, 0].into_iter().enumerate() {
             let now = us(1_000_000 * k as u64);
             let due = tx.due(now, |_| true);
             assert_eq!(due.len(), 1, "train {k} sent");
             let r = gro_train(&mut rx, due[0].1, gap);
-            assert!(r.readings < MIN_READINGS, "{r:?}");
+            assert!(r.span_us < MIN_SPAN.as_micros(), "{r:?}");
             assert_eq!(
                 tx.on_report(now + Duration::from_millis(500), 0, &r, 42),
                 None
@@ -770,16 +795,47 @@ mod tests {
         assert_eq!(tx.take_gave_up(), vec![0]);
         assert!(tx.take_gave_up().is_empty());
         let f = ProbeFailure::Untimed {
+            span_us: 0,
             readings: 1,
             received: 48,
         };
         assert_eq!(tx.state(0), ProbeState::Failed(f));
         assert_eq!(tx.measured(0), None);
-        assert!(f.to_string().contains("read in 1 batch at the peer"), "{f}");
+        assert!(
+            f.to_string()
+                .contains("read the train's later half all at once"),
+            "{f}"
+        );
+        let f = ProbeFailure::Untimed {
+            span_us: 300,
+            readings: 2,
+            received: 48,
+        };
+        assert!(f.to_string().contains("within 300 us (2 reads"), "{f}");
         assert_eq!(tx.stats.reports, 3);
         // Back up later: measured again, the failure forgotten.
         tx.again(Some(0));
         assert_eq!(tx.state(0), ProbeState::Measuring);
+        assert_eq!(tx.failure(0), None);
+    }
+
+    #[test]
+    fn a_train_is_timed_from_half_a_millisecond() {
+        let mut tx = Probes::new(1, true);
+        let r = |train, span_us| ProbeReport {
+            channel: 0,
+            train,
+            received: 48,
+            tail: 23,
+            readings: 24,
+            tail_bytes: 23 * 1500,
+            span_us,
+        };
+        tx.due(us(0), |_| true);
+        assert_eq!(tx.on_report(us(1), 0, &r(0, 499), 0), None);
+        tx.due(us(1_000_000), |_| true);
+        let (bps, _) = tx.on_report(us(1_000_001), 0, &r(1, 500), 0).unwrap();
+        assert!((bps - 552e6).abs() < 1e6, "{bps}");
         assert_eq!(tx.failure(0), None);
     }
 

@@ -1347,6 +1347,7 @@ fn without_a_rate_to_measure_the_channel_stays_unpaced() {
     p.run_until(at_ms(5000));
     assert!(measured(&p, 0).is_empty() && measured(&p, 1).is_empty());
     let untimed = ProbeFailure::Untimed {
+        span_us: 0,
         readings: 1,
         received: probe::TRAIN_LEN,
     };
