@@ -532,7 +532,10 @@ impl Session {
         StatsHandle(self.cmd.clone())
     }
 
-    /// Stop the driver and close the sockets.
+    /// End the session on purpose: tell the peer (a close message on every channel,
+    /// so it does not take the silence that follows for failed channels), stop the
+    /// driver and close the sockets. Dropping the session does the same without
+    /// waiting.
     pub async fn close(mut self) {
         self.close.send_replace(true);
         if let Some(t) = self.task.take() {
@@ -706,6 +709,48 @@ async fn reader(
     }
 }
 
+/// A channel's capacity probe in a word (`ChannelSnapshot::probe`).
+fn probe_name(c: &machine::ChannelInfo) -> &'static str {
+    match c.probe {
+        machine::ProbeState::Off => "off",
+        machine::ProbeState::Measuring => "measuring",
+        machine::ProbeState::Measured { bps }
+            if c.pace_configured_bps
+                .is_some_and(|r| r < bps * machine::probe::PACE_SHARE) =>
+        {
+            "capped"
+        }
+        machine::ProbeState::Measured { .. } => "measured",
+        machine::ProbeState::Failed(_) => "failed",
+    }
+}
+
+/// A channel's capacity probe and pace in words (`ChannelSnapshot::probe_detail`).
+fn probe_detail(c: &machine::ChannelInfo) -> String {
+    let mbit = |r: f64| format!("{:.1} Mbit/s", r / 1e6);
+    let pace = match c.pace_bps {
+        Some(r) => format!("paced at {}", mbit(r)),
+        None => "unpaced".into(),
+    };
+    match c.probe {
+        machine::ProbeState::Off => match c.pace_configured_bps {
+            Some(r) => format!("paced at {} as configured", mbit(r)),
+            None => pace,
+        },
+        machine::ProbeState::Measuring => format!("measuring; {pace} meanwhile"),
+        machine::ProbeState::Measured { bps } => match c.pace_configured_bps {
+            Some(r) if r < bps * machine::probe::PACE_SHARE => {
+                format!(
+                    "measured at {}; {pace} (capped at its configured pace)",
+                    mbit(bps)
+                )
+            }
+            _ => format!("measured at {}; {pace}", mbit(bps)),
+        },
+        machine::ProbeState::Failed(f) => format!("probe failed: {f}; {pace} as configured"),
+    }
+}
+
 fn set_str(set: u64) -> String {
     format!("{:?}", members_of(set))
 }
@@ -720,6 +765,8 @@ struct Driver {
     locals: Vec<SocketAddr>,
     /// Per channel: the datagrams of one round of transmits, in order.
     outq: Vec<Vec<Bytes>>,
+    /// Per channel, for each datagram of `outq`: it goes alone (no GSO train).
+    alone: Vec<Vec<bool>>,
     /// One GSO train, reused.
     train: Vec<u8>,
     deliver: mpsc::Sender<Bytes>,
@@ -753,6 +800,7 @@ impl Driver {
             origin: std::time::Instant::now(),
             tx_errors: vec![0; socks.len()],
             outq: vec![Vec::new(); socks.len()],
+            alone: vec![Vec::new(); socks.len()],
             train: Vec::with_capacity(GSO_MAX_BYTES),
             socks,
             states,
@@ -783,13 +831,14 @@ impl Driver {
         readers: Vec<JoinHandle<()>>,
     ) {
         let mut app_open = true;
+        let mut closing = false;
         loop {
             let deadline = self.machine.poll_timeout();
             let at = tokio::time::Instant::from_std(
                 self.origin + StdDuration::from_micros(deadline.as_micros()),
             );
             tokio::select! {
-                _ = close.wait_for(|&c| c) => break,
+                _ = close.wait_for(|&c| c) => closing = true,
                 c = cmd.recv() => match c {
                     Some(Cmd::Stats(reply)) => { let _ = reply.send(self.snapshot()); }
                     Some(Cmd::Weights(w)) => match self.machine.set_weights(&w) {
@@ -823,6 +872,12 @@ impl Driver {
                     None => app_open = false,
                 },
                 _ = tokio::time::sleep_until(at) => {}
+            }
+            if closing {
+                // On purpose: the peer is told, so it does not warn of the silence.
+                self.machine.close(self.now());
+                self.send_out().await;
+                break;
             }
             let now = self.now();
             self.machine.handle_timeout(now);
@@ -861,20 +916,30 @@ impl Driver {
 
     /// Send what the machine has to send: per channel in the machine's order, runs of
     /// equal-size datagrams (the last may be shorter) as one GSO train where the kernel
-    /// can, otherwise one datagram per call.
+    /// can, otherwise one datagram per call. A capacity probe's datagrams go one per
+    /// call: a shaper passes a GSO train whole, and the probe must see the link space
+    /// them (`braid_proto::session::probe`).
     async fn send_out(&mut self) {
         while let Some(t) = self.machine.poll_transmit() {
             self.outq[t.channel].push(t.bytes);
+            self.alone[t.channel].push(t.kind == machine::DatagramKind::Probe);
         }
         for c in 0..self.outq.len() {
             if self.outq[c].is_empty() {
                 continue;
             }
             let q = std::mem::take(&mut self.outq[c]);
+            let alone = std::mem::take(&mut self.alone[c]);
             let max_segments = self.states[c].max_gso_segments().max(1);
             let mut i = 0;
             while i < q.len() {
-                let n = gso_run(&q[i..], max_segments);
+                // Up to the next datagram that goes alone.
+                let batchable = alone[i..].iter().position(|&a| a).unwrap_or(q.len() - i);
+                let n = if alone[i] {
+                    1
+                } else {
+                    gso_run(&q[i..i + batchable], max_segments)
+                };
                 if n == 1 {
                     self.send_train(c, &q[i], q[i].len(), 1).await;
                 } else {
@@ -889,9 +954,11 @@ impl Driver {
                 }
                 i += n;
             }
-            let mut q = q;
+            let (mut q, mut alone) = (q, alone);
             q.clear();
+            alone.clear();
             self.outq[c] = q;
+            self.alone[c] = alone;
         }
     }
 
@@ -981,6 +1048,9 @@ impl Driver {
                         });
                     }
                 }
+                Event::PeerClosed => info!(
+                    "peer closed the session: its channels go quiet as meant (a new run of it is accepted)"
+                ),
                 Event::ChannelCountMismatch { ours, theirs } => warn!(
                     "the peer has {theirs} channels configured and we have {ours}: hellos ignored; both ends need the same channel list"
                 ),
@@ -1007,12 +1077,27 @@ impl Driver {
                     channel,
                     bps,
                     pace_bps,
+                    capped,
                 } => info!(
                     channel,
-                    "channel {channel} ({}) measured at {:.1} Mbit/s on the wire: paced at {:.1} Mbit/s",
+                    "channel {channel} ({}) measured at {:.1} Mbit/s on the wire: paced at {:.1} Mbit/s{}",
                     name(channel),
                     bps as f64 / 1e6,
-                    pace_bps as f64 / 1e6
+                    pace_bps as f64 / 1e6,
+                    if capped { ", its configured pace (lower)" } else { "" }
+                ),
+                Event::ChannelProbeFailed {
+                    channel,
+                    reason,
+                    pace_bps,
+                } => warn!(
+                    channel,
+                    "channel {channel} ({}) not measured: {reason}; it stays {}",
+                    name(channel),
+                    match pace_bps {
+                        Some(r) => format!("paced at its configured {:.1} Mbit/s", r as f64 / 1e6),
+                        None => "unpaced".into(),
+                    }
                 ),
                 Event::PeerHearsUs { channel, hears: true } => {
                     info!(channel, "peer hears us again on channel {channel} ({})", name(channel))
@@ -1127,11 +1212,14 @@ impl Driver {
                 credit_balance: c.credit_balance.map_or(-1.0, |b| b as f64),
                 pace_bps: c.pace_bps.unwrap_or(-1.0),
                 measured_bps: c.measured_bps.unwrap_or(-1.0),
+                probe: probe_name(c).into(),
+                probe_detail: probe_detail(c),
             })
             .collect();
         SessionStats {
             uptime_s: self.origin.elapsed().as_secs_f64(),
             peer_seen: s.peer_seen,
+            peer_closed: s.peer_closed,
             peer_last_heard_s: s.peer_last_heard.map_or(-1.0, |d| d.as_secs_f64()),
             tx_epoch: s.tx_epoch,
             rx_epoch: s.rx_epoch,

@@ -163,6 +163,14 @@ pub struct ChannelSnapshot {
     /// measured; `pace = "auto"`).
     #[serde(default)]
     pub measured_bps: f64,
+    /// Its capacity probe (`pace = "auto"`): `off` (not measured), `measuring`,
+    /// `measured`, `capped` (measured, paced at its lower configured pace) or `failed`.
+    #[serde(default)]
+    pub probe: String,
+    /// The probe's outcome and how the channel is paced now, in words (why it failed,
+    /// when it did).
+    #[serde(default)]
+    pub probe_detail: String,
 }
 
 /// A snapshot of a whole session.
@@ -172,6 +180,9 @@ pub struct SessionStats {
     pub uptime_s: f64,
     /// Have we heard an authenticated packet from the peer?
     pub peer_seen: bool,
+    /// The peer closed the session on purpose (and no new run of it has been heard).
+    #[serde(default)]
+    pub peer_closed: bool,
     /// Seconds since the last authenticated packet from the peer (-1: never).
     pub peer_last_heard_s: f64,
     /// Transmit epoch.
@@ -325,6 +336,8 @@ impl SessionStats {
             self.uptime_s,
             if !self.peer_seen {
                 "never heard".to_string()
+            } else if self.peer_closed {
+                format!("closed the session {:.2}s ago", self.peer_last_heard_s)
             } else {
                 format!("heard {:.2}s ago", self.peer_last_heard_s)
             },
@@ -341,28 +354,68 @@ impl SessionStats {
         );
         let _ = writeln!(
             s,
-            "{:<3} {:<8} {:<5} {:>8} {:<4} {:<5} {:<7} {:>7} {:>10} {:>10} {:>9} {:>9} {:>9} {:>7} {:>7} {:>6} {:>7} {:>7} {:>7} {:>7} {:>6} {:>6}",
+            "{:<3} {:<8} {:<5} {:>8} {:<4} {:<5} {:<7} {:>7} {:>10} {:>10} {:>9} {:>9} {:>9} {:>7} {:>7} {:>6} {:>7} {:>7} {:>7} {:>7} {:>6} {:>6} {:>6}",
             "ch", "name", "state", "since", "peer", "sets", "role", "weight", "tx pkts", "rx pkts", "tx bit/s", "rx bit/s",
-            "dlv bit/s", "rtt ms", "min ms", "loss%", "queue ms", "mk tx", "mk rx", "resync", "auth", "replay"
+            "dlv bit/s", "rtt ms", "min ms", "loss%", "queue ms", "mk tx", "mk rx", "resync", "auth", "replay", "tx err"
         );
-        if self.channels.iter().any(|c| c.pace_bps > 0.0) {
-            let rates: Vec<String> = self
-                .channels
-                .iter()
-                .map(|c| {
-                    let r = if c.pace_bps > 0.0 {
-                        si(c.pace_bps)
-                    } else {
-                        "-".into()
-                    };
-                    if c.measured_bps > 0.0 {
-                        format!("{}={r} (measured {})", c.name, si(c.measured_bps))
-                    } else {
-                        format!("{}={r}", c.name)
+        for c in &self.channels {
+            let sets = format!(
+                "{}{}",
+                if c.in_tx_set { "T" } else { "-" },
+                if c.in_rx_set { "R" } else { "-" }
+            );
+            let _ = writeln!(
+                s,
+                "{:<3} {:<8} {:<5} {:>7.1}s {:<4} {:<5} {:<7} {:>7} {:>10} {:>10} {:>9} {:>9} {:>9} {:>7} {:>7} {:>6} {:>7} {:>7} {:>7} {:>7} {:>6} {:>6} {:>6}",
+                c.index,
+                c.name,
+                c.state,
+                c.state_since_s,
+                if c.peer_hears_us { "up" } else { "down" },
+                sets,
+                c.role,
+                c.weight,
+                c.tx_data_packets,
+                c.rx_data_packets,
+                si(c.tx_bps),
+                si(c.rx_bps),
+                if c.delivery_bps < 0.0 { "-".to_string() } else { si(c.delivery_bps) },
+                known(c.srtt_ms, 1.0, 1),
+                known(c.rtt_min_ms, 1.0, 1),
+                known(c.loss_ratio, 100.0, 2),
+                known(c.queue_delay_ms, 1.0, 1),
+                c.tx_markers + c.tx_triggers,
+                c.rx_markers + c.rx_triggers,
+                c.resyncs,
+                c.auth_failures,
+                c.replays,
+                c.tx_errors,
+            );
+        }
+        // Pacing and capacity probes, one line per channel, when any is paced or
+        // measured: what the probe found (or why it failed) and the pace now.
+        if self
+            .channels
+            .iter()
+            .any(|c| c.pace_bps > 0.0 || !matches!(c.probe.as_str(), "" | "off"))
+        {
+            for c in &self.channels {
+                let detail = if c.probe_detail.is_empty() {
+                    // A snapshot from a braid before the probe's words.
+                    match (c.pace_bps > 0.0, c.measured_bps > 0.0) {
+                        (true, true) => format!(
+                            "paced at {}bit/s (measured {}bit/s)",
+                            si(c.pace_bps),
+                            si(c.measured_bps)
+                        ),
+                        (true, false) => format!("paced at {}bit/s", si(c.pace_bps)),
+                        (false, _) => "unpaced".into(),
                     }
-                })
-                .collect();
-            let _ = writeln!(s, "pacing (bit/s): {}", rates.join(" "));
+                } else {
+                    c.probe_detail.clone()
+                };
+                let _ = writeln!(s, "pacing {} ({}): {detail}", c.index, c.name);
+            }
         }
         if self.channels.iter().any(|c| c.credit_balance >= 0.0) {
             let balances: Vec<String> = self
@@ -437,39 +490,6 @@ impl SessionStats {
                 self.return_path_cuts
             );
         }
-        for c in &self.channels {
-            let sets = format!(
-                "{}{}",
-                if c.in_tx_set { "T" } else { "-" },
-                if c.in_rx_set { "R" } else { "-" }
-            );
-            let _ = writeln!(
-                s,
-                "{:<3} {:<8} {:<5} {:>7.1}s {:<4} {:<5} {:<7} {:>7} {:>10} {:>10} {:>9} {:>9} {:>9} {:>7} {:>7} {:>6} {:>7} {:>7} {:>7} {:>7} {:>6} {:>6}",
-                c.index,
-                c.name,
-                c.state,
-                c.state_since_s,
-                if c.peer_hears_us { "up" } else { "down" },
-                sets,
-                c.role,
-                c.weight,
-                c.tx_data_packets,
-                c.rx_data_packets,
-                si(c.tx_bps),
-                si(c.rx_bps),
-                if c.delivery_bps < 0.0 { "-".to_string() } else { si(c.delivery_bps) },
-                known(c.srtt_ms, 1.0, 1),
-                known(c.rtt_min_ms, 1.0, 1),
-                known(c.loss_ratio, 100.0, 2),
-                known(c.queue_delay_ms, 1.0, 1),
-                c.tx_markers + c.tx_triggers,
-                c.rx_markers + c.rx_triggers,
-                c.resyncs,
-                c.auth_failures,
-                c.replays,
-            );
-        }
         s
     }
 
@@ -503,10 +523,13 @@ impl SessionStats {
     }
 
     /// The Prometheus text format, built with the `prometheus-client` crate from the
-    /// serialized snapshot, so every numeric field is exported without a list to keep in
-    /// step: session fields as `braid_FIELD`, per-channel fields as
-    /// `braid_channel_FIELD{channel="I",name="NAME"}`, counters with `_total`; plus
-    /// `braid_channel_up` (1 while the channel's state is `up`). See `docs/tunnel.md`.
+    /// serialized snapshot, so every numeric field is exported: session fields as
+    /// `braid_NAME`, per-channel fields as `braid_channel_NAME{channel="I",name="NAME"}`,
+    /// each named, described and converted to base units by [`metric_of`] (counters
+    /// with `_total`, times in `_seconds`, rates in `_bytes_per_second`); plus
+    /// `braid_channel_up` (1 while the channel's state is `up`),
+    /// `braid_channel_probe_state{state=...}` (1 for the capacity probe's state) and
+    /// `braid_build_info{version,git_commit,profile}` (always 1). See `docs/tunnel.md`.
     pub fn prometheus(&self) -> String {
         use prometheus_client::encoding::text::encode;
         use prometheus_client::metrics::counter::Counter;
@@ -517,20 +540,43 @@ impl SessionStats {
 
         type Labels = Vec<(String, String)>;
         let mut reg = Registry::with_prefix("braid");
+        let info = Family::<Labels, Gauge<f64, AtomicU64>>::default();
+        info.get_or_create(&vec![
+            ("version".into(), env!("CARGO_PKG_VERSION").into()),
+            (
+                "git_commit".into(),
+                option_env!("BRAID_GIT_COMMIT").unwrap_or("unknown").into(),
+            ),
+            (
+                "profile".into(),
+                if cfg!(debug_assertions) {
+                    "debug"
+                } else {
+                    "release"
+                }
+                .into(),
+            ),
+        ])
+        .set(1.0);
+        reg.register(
+            "build_info",
+            "The braid build serving these metrics (value 1): its version, git commit and build profile",
+            info,
+        );
         let Ok(serde_json::Value::Object(top)) = serde_json::to_value(self) else {
             return String::new();
         };
         for (k, v) in &top {
             let Some(x) = metric_value(v) else { continue };
-            let help = format!("SessionStats.{k}");
-            if is_gauge(k) {
+            let m = metric_of(k, false);
+            if m.gauge {
                 let g = Gauge::<f64, AtomicU64>::default();
-                g.set(x);
-                reg.register(k.as_str(), help, g);
+                g.set(m.convert(x));
+                reg.register(m.name, m.help, g);
             } else {
                 let c = Counter::<u64>::default();
                 c.inc_by(x as u64);
-                reg.register(k.as_str(), help, c);
+                reg.register(m.name, m.help, c);
             }
         }
         let chans: Vec<serde_json::Map<String, serde_json::Value>> = self
@@ -548,11 +594,28 @@ impl SessionStats {
             ]
         };
         let up = Family::<Labels, Gauge<f64, AtomicU64>>::default();
+        let probe = Family::<Labels, Gauge<f64, AtomicU64>>::default();
         for c in &self.channels {
             up.get_or_create(&labels(c))
                 .set(f64::from(u8::from(c.state == "up")));
+            for state in PROBE_STATES {
+                let mut l = labels(c);
+                l.push(("state".into(), state.into()));
+                probe
+                    .get_or_create(&l)
+                    .set(f64::from(u8::from(c.probe == state)));
+            }
         }
-        reg.register("channel_up", "1 while the peer is heard on the channel", up);
+        reg.register(
+            "channel_up",
+            "1 while the peer is heard on the channel (state up), else 0",
+            up,
+        );
+        reg.register(
+            "channel_probe_state",
+            "The channel's capacity probe (pace = auto): 1 for its state (off, measuring, measured, capped: paced at its lower configured pace, failed: stays as configured), 0 for the others",
+            probe,
+        );
         let Some(first) = chans.first() else {
             return render(&reg, encode);
         };
@@ -560,25 +623,195 @@ impl SessionStats {
             if k == "index" || metric_value(&first[k]).is_none() {
                 continue;
             }
-            let help = format!("ChannelSnapshot.{k}");
-            let name = format!("channel_{k}");
-            if is_gauge(k) {
+            let m = metric_of(k, true);
+            let name = format!("channel_{}", m.name);
+            if m.gauge {
                 let fam = Family::<Labels, Gauge<f64, AtomicU64>>::default();
-                for (c, m) in self.channels.iter().zip(&chans) {
+                for (c, j) in self.channels.iter().zip(&chans) {
                     fam.get_or_create(&labels(c))
-                        .set(m.get(k).and_then(metric_value).unwrap_or(0.0));
+                        .set(m.convert(j.get(k).and_then(metric_value).unwrap_or(0.0)));
                 }
-                reg.register(name, help, fam);
+                reg.register(name, m.help, fam);
             } else {
                 let fam = Family::<Labels, Counter<u64>>::default();
-                for (c, m) in self.channels.iter().zip(&chans) {
+                for (c, j) in self.channels.iter().zip(&chans) {
                     fam.get_or_create(&labels(c))
-                        .inc_by(m.get(k).and_then(metric_value).unwrap_or(0.0) as u64);
+                        .inc_by(j.get(k).and_then(metric_value).unwrap_or(0.0) as u64);
                 }
-                reg.register(name, help, fam);
+                reg.register(name, m.help, fam);
             }
         }
         render(&reg, encode)
+    }
+}
+
+/// The values of `ChannelSnapshot::probe`, as `braid_channel_probe_state` labels.
+const PROBE_STATES: [&str; 5] = ["off", "measuring", "measured", "capped", "failed"];
+
+/// How one snapshot field is exported.
+struct Metric {
+    /// Its name after `braid_` (or `braid_channel_`); counters get `_total` on export.
+    name: String,
+    /// What it means, with its unit.
+    help: String,
+    /// A gauge (else a counter).
+    gauge: bool,
+    /// What the field's value is multiplied by (to base units); -1 ("not known")
+    /// stays -1.
+    scale: f64,
+}
+
+impl Metric {
+    fn convert(&self, x: f64) -> f64 {
+        if x < 0.0 {
+            x
+        } else {
+            x * self.scale
+        }
+    }
+}
+
+/// Counters: (field, what it counts), per session (`channel` false) or per channel.
+const COUNTERS: &[(bool, &str, &str)] = &[
+    (false, "tx_epoch_changes", "Transmit epoch switches completed (the transmit channel set changed)"),
+    (false, "rx_epoch_changes", "Receive epoch switches completed"),
+    (false, "sent_packets", "Packets accepted from the application for the peer"),
+    (false, "sent_bytes", "Bytes of the packets accepted from the application"),
+    (false, "delivered_packets", "Packets delivered to the application"),
+    (false, "delivered_bytes", "Bytes of the packets delivered to the application"),
+    (false, "out_of_order", "Packets delivered out of order (seq mode only)"),
+    (false, "lost", "Packets the receiver declared lost, and those left undeliverable at an epoch switch"),
+    (false, "naks_sent", "Sequence numbers asked of the peer again (seq mode NAK repair)"),
+    (false, "repaired", "Missing packets delivered thanks to a repair"),
+    (false, "queue_drops", "Packets dropped because the transmit queue was full"),
+    (false, "deliver_drops", "Packets dropped because the application did not read fast enough"),
+    (false, "stray_drops", "Data packets that arrived on a channel outside the receive set"),
+    (false, "auth_failures", "Sealed datagrams whose tag did not verify, all channels (forged, corrupted, wrong key)"),
+    (false, "unauthenticated", "Datagrams dropped for not being sealed where required, or sealed with unknown keys, all channels"),
+    (false, "replays", "Sealed datagrams replayed, reordered too far or reflected, all channels"),
+    (false, "handshakes", "Handshakes completed (the first, re-keys, after peer restarts)"),
+    (false, "handshake_failures", "Handshake messages that failed (wrong key, corrupted, stray responses)"),
+    (false, "settings_mismatches", "Handshakes refused because the peer's settings (mode, scheduler, weights, security, credits, channel count) differ from ours"),
+    (false, "malformed", "Datagrams that could not be parsed, all channels"),
+    (false, "resyncs", "Receiver resynchronizations on markers or triggers, all channels"),
+    (false, "quanta_changes", "Times adaptive weights changed the SRR quanta"),
+    (false, "arq_missing", "In-bond repair: sealed datagrams found missing, all channels"),
+    (false, "arq_repaired", "In-bond repair: missing datagrams filled by a repair, all channels"),
+    (false, "aqm_ce_marks", "AQM: packets delivered with an ECN CE mark"),
+    (false, "aqm_drops", "AQM: packets dropped as a congestion signal (not ECN-capable)"),
+    (false, "aqm_spared", "AQM: congestion signals not given because the packet was small and not ECN-capable"),
+    (false, "aqm_loss_signals", "AQM: losses taken as congestion (their channel's queue stood above target)"),
+    (false, "pacing_waits", "Pacing: times a packet waited for a channel's tokens"),
+    (false, "pacing_ce_marks", "Pacing: packets marked CE for their wait in the transmit queue (CoDel)"),
+    (false, "pacing_drops", "Pacing: packets dropped for their wait in the transmit queue (not ECN-capable)"),
+    (false, "probe_trains", "Capacity probes: trains sent to measure our channels"),
+    (false, "probe_reports", "Capacity probes: reports of our trains received from the peer"),
+    (false, "return_path_cuts", "Times the return path was cut to one channel"),
+    (false, "credit_stalls", "Credits: times a channel ran out of credit and the striper waited"),
+    (false, "credits_sent", "Credits: credits sent to the peer"),
+    (false, "credit_refused", "Credits: data refused because the peer was past its credit"),
+    (true, "state_changes", "Times the channel's state (wait, up, down) changed"),
+    (true, "handshake_failures", "Handshake messages that failed on the channel: the peer's initiations we refused, rejections of ours, unauthenticated or stale responses"),
+    (true, "tx_datagrams", "Datagrams sent on the channel (data and control)"),
+    (true, "tx_bytes", "Bytes sent on the channel (UDP payload)"),
+    (true, "tx_data_packets", "Data packets sent on the channel (repairs included)"),
+    (true, "tx_markers", "Markers sent on the channel"),
+    (true, "tx_triggers", "Triggers sent on the channel"),
+    (true, "tx_errors", "Datagrams the channel's socket refused to send (e.g. unreachable, no route)"),
+    (true, "rx_queue_drops", "Datagrams dropped on arrival: the channel's share of the receive queue was full"),
+    (true, "rx_oversize", "Datagrams dropped on arrival: larger than any channel carries"),
+    (true, "rx_datagrams", "Datagrams received on the channel"),
+    (true, "rx_bytes", "Bytes received on the channel (UDP payload)"),
+    (true, "rx_data_packets", "Data packets received on the channel"),
+    (true, "rx_markers", "Markers received and authenticated on the channel"),
+    (true, "rx_triggers", "Triggers received and authenticated on the channel"),
+    (true, "rx_hellos", "Hellos received and authenticated on the channel"),
+    (true, "rx_feedback", "Feedback reports received from the peer on the channel"),
+    (true, "resyncs", "Markers or triggers on the channel that changed the receiver's state"),
+    (true, "wait_timeouts", "Times the receiver gave up waiting for the channel"),
+    (true, "overflow_drops", "Arrivals on the channel dropped because its receive buffer was full"),
+    (true, "auth_failures", "Sealed datagrams on the channel whose tag did not verify"),
+    (true, "unauthenticated", "Datagrams on the channel dropped for not being sealed, or sealed with unknown keys"),
+    (true, "replays", "Sealed datagrams on the channel replayed, reordered too far or reflected"),
+    (true, "malformed", "Datagrams on the channel that could not be parsed"),
+    (true, "demotions", "Times the channel was demoted for being a net cost"),
+    (true, "arq_missing", "In-bond repair: the channel's datagrams found missing"),
+    (true, "arq_repaired", "In-bond repair: of those, filled by a repair"),
+    (true, "arq_given_up", "In-bond repair: of those, given up after the wait"),
+    (true, "arq_resent", "In-bond repair: the channel's datagrams sent again at the peer's request"),
+    (true, "arq_premature", "In-bond repair: requests not answered because the last copy was less than a round trip old"),
+    (true, "arq_expired", "In-bond repair: requests for datagrams no longer kept"),
+    (true, "arq_rejected", "In-bond repair: requests for datagrams never sent (a broken or hostile peer)"),
+];
+
+/// Gauges: (per channel, field, name, what it is with its unit, scale to base units).
+const GAUGES: &[(bool, &str, &str, &str, f64)] = &[
+    (false, "uptime_s", "uptime_seconds", "Seconds since the session started", 1.0),
+    (false, "peer_seen", "peer_seen", "1 once an authenticated packet from the peer has arrived", 1.0),
+    (false, "peer_closed", "peer_closed", "1 while the peer has closed the session on purpose (until a new run of it is heard)", 1.0),
+    (false, "peer_last_heard_s", "peer_last_heard_seconds", "Seconds since the last authenticated packet from the peer (-1: never)", 1.0),
+    (false, "tx_epoch", "tx_epoch", "The transmit epoch in force (a number; it changes with the transmit channel set)", 1.0),
+    (false, "rx_epoch", "rx_epoch", "The receive epoch in force (a number)", 1.0),
+    (false, "switching", "switching", "1 while a transmit epoch switch waits for the peer's acknowledgement", 1.0),
+    (false, "delivered_bps", "delivered_bytes_per_second", "Delivery rate to the application over the last second, bytes per second", 0.125),
+    (false, "return_path_channel", "return_path_channel", "The channel the return path rides alone (-1: every channel)", 1.0),
+    (false, "tx_queued", "tx_queued_packets", "Packets waiting in the transmit queue (for pacing, credit or an epoch switch)", 1.0),
+    (true, "state_since_s", "state_since_seconds", "Seconds since the channel's state last changed", 1.0),
+    (true, "peer_hears_us", "peer_hears_us", "1 while the peer reports hearing us on the channel", 1.0),
+    (true, "in_tx_set", "in_tx_set", "1 while the channel is in our transmit set", 1.0),
+    (true, "in_rx_set", "in_rx_set", "1 while the channel is in our receive set", 1.0),
+    (true, "tx_bps", "tx_bytes_per_second", "Send rate on the channel over the last second, bytes per second (UDP payload)", 0.125),
+    (true, "rx_bps", "rx_bytes_per_second", "Receive rate on the channel over the last second, bytes per second (UDP payload)", 0.125),
+    (true, "srtt_ms", "srtt_seconds", "Smoothed round-trip time from the peer's feedback, seconds (-1: not known yet)", 1e-3),
+    (true, "rtt_min_ms", "rtt_min_seconds", "Smallest recent round-trip time, seconds (-1: not known yet)", 1e-3),
+    (true, "delivery_bps", "delivery_bytes_per_second", "Rate at which the peer receives on the channel, from its feedback, bytes per second (-1: not known yet)", 0.125),
+    (true, "loss_ratio", "loss_ratio", "Share of our datagrams the peer found missing on the channel, recent reports, 0 to 1 (-1: not known yet)", 1.0),
+    (true, "quantum", "quantum_bytes", "The channel's SRR quantum, bytes (adapted, or as configured)", 1.0),
+    (true, "weight", "weight_bytes", "The channel's weight in the stripe now: its quantum in bytes while in the transmit set, else 0", 1.0),
+    (true, "demoted", "demoted", "1 while the channel is demoted or probing (out of the transmit set for being a net cost)", 1.0),
+    (true, "probing", "probing", "1 while the demoted channel probes healthy", 1.0),
+    (true, "return_path", "return_path", "1 while the channel carries our return path alone", 1.0),
+    (true, "role_since_s", "role_since_seconds", "Seconds since the channel's role (active, demoted, probing) last changed", 1.0),
+    (true, "window_loss_ratio", "window_loss_ratio", "Loss over the demotion window, 0 to 1 (-1: not measured)", 1.0),
+    (true, "queue_delay_ms", "queue_delay_seconds", "Queueing delay the AQM measures on the channel, seconds (-1: AQM off or no recent sample)", 1e-3),
+    (true, "credit_balance", "credit_balance_packets", "Packets our data may still put into the peer's buffer for the channel (-1: credits off)", 1.0),
+    (true, "pace_bps", "pace_bytes_per_second", "The rate the channel is paced at, bytes per second on the wire (-1: not paced)", 0.125),
+    (true, "measured_bps", "measured_bytes_per_second", "The channel's rate as its capacity probe measured it, bytes per second on the wire (-1: not measured)", 0.125),
+];
+
+/// How snapshot field `field` (of a channel, or of the session) is exported. A field
+/// not listed (none should be: a test checks) keeps its own name and a generic help.
+fn metric_of(field: &str, channel: bool) -> Metric {
+    if let Some((_, _, help)) = COUNTERS
+        .iter()
+        .find(|(ch, f, _)| *ch == channel && *f == field)
+    {
+        return Metric {
+            name: field.into(),
+            help: (*help).into(),
+            gauge: false,
+            scale: 1.0,
+        };
+    }
+    if let Some((_, _, name, help, scale)) = GAUGES
+        .iter()
+        .find(|(ch, f, ..)| *ch == channel && *f == field)
+    {
+        return Metric {
+            name: (*name).into(),
+            help: (*help).into(),
+            gauge: true,
+            scale: *scale,
+        };
+    }
+    Metric {
+        name: field.into(),
+        help: format!(
+            "{} field {field}",
+            if channel { "channel" } else { "session" }
+        ),
+        gauge: field.ends_with("_ratio") || field.ends_with("_bps") || field.ends_with("_s"),
+        scale: 1.0,
     }
 }
 
@@ -589,31 +822,6 @@ fn metric_value(v: &serde_json::Value) -> Option<f64> {
         serde_json::Value::Bool(b) => Some(f64::from(u8::from(*b))),
         _ => None,
     }
-}
-
-/// Fields that go up and down (everything else counts up since start).
-fn is_gauge(field: &str) -> bool {
-    field.ends_with("_s")
-        || field.ends_with("_ms")
-        || field.ends_with("_ratio")
-        || field.ends_with("_bps")
-        || field.ends_with("_epoch")
-        || matches!(
-            field,
-            "peer_seen"
-                | "switching"
-                | "peer_hears_us"
-                | "in_tx_set"
-                | "in_rx_set"
-                | "quantum"
-                | "weight"
-                | "demoted"
-                | "probing"
-                | "return_path"
-                | "return_path_channel"
-                | "tx_queued"
-                | "credit_balance"
-        )
 }
 
 fn render(
@@ -652,35 +860,95 @@ mod tests {
     }
 
     #[test]
-    fn every_numeric_field_is_exported_to_prometheus() {
+    fn every_numeric_field_is_exported_described_and_in_base_units() {
         let mut s = filled(&SessionStats::default(), 100);
         let mut c = filled(&ChannelSnapshot::default(), 1000);
         c.index = 2;
         c.name = "wan".into();
         c.state = "up".into();
+        c.probe = "failed".into();
+        c.srtt_ms = 25.0;
+        c.pace_bps = 80e6;
         s.channels = vec![c];
         let text = s.prometheus();
+        let mut exported = Vec::new();
         let top = serde_json::to_value(&s).unwrap();
         for (k, v) in top.as_object().unwrap() {
             if v.is_number() || v.is_boolean() {
-                let want = format!("braid_{k}");
-                assert!(
-                    text.lines().any(|l| l.starts_with(&want)),
-                    "{k} missing:\n{text}"
-                );
+                exported.push((false, k.clone()));
             }
         }
         let ch = serde_json::to_value(&s.channels[0]).unwrap();
         for (k, v) in ch.as_object().unwrap() {
             if (v.is_number() || v.is_boolean()) && k != "index" {
-                let want = format!("braid_channel_{k}");
-                assert!(
-                    text.lines()
-                        .any(|l| l.starts_with(&want) && l.contains("channel=\"2\",name=\"wan\"")),
-                    "channel {k} missing:\n{text}"
-                );
+                exported.push((true, k.clone()));
             }
         }
+        for (channel, k) in &exported {
+            let m = metric_of(k, *channel);
+            // Every field says what it means (not its Rust name), in base units.
+            assert!(
+                !m.help.contains(" field "),
+                "{k} has no description: add it to COUNTERS or GAUGES"
+            );
+            assert!(
+                !m.name.ends_with("_ms") && !m.name.ends_with("_bps") && !m.name.ends_with("_s"),
+                "{k}: not in base units ({})",
+                m.name
+            );
+            let full = format!(
+                "braid_{}{}{}",
+                if *channel { "channel_" } else { "" },
+                m.name,
+                if m.gauge { "" } else { "_total" }
+            );
+            let sample = text.lines().find(|l| {
+                l.starts_with(&format!("{full} ")) || l.starts_with(&format!("{full}{{"))
+            });
+            let sample = sample.unwrap_or_else(|| panic!("{k} missing as {full}:\n{text}"));
+            if *channel {
+                assert!(sample.contains("channel=\"2\",name=\"wan\""), "{sample}");
+            }
+            let kind = if m.gauge { "gauge" } else { "counter" };
+            let base = full.trim_end_matches("_total");
+            assert!(
+                text.contains(&format!("# HELP {base} {}.\n", m.help)),
+                "{full}: no HELP:\n{text}"
+            );
+            assert!(
+                text.contains(&format!("# TYPE {base} {kind}")),
+                "{base} is no {kind}:\n{text}"
+            );
+        }
+        // Converted: 25 ms is 0.025 s, 80 Mbit/s is 10 MB/s.
+        assert!(
+            text.contains("braid_channel_srtt_seconds{channel=\"2\",name=\"wan\"} 0.025"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "braid_channel_pace_bytes_per_second{channel=\"2\",name=\"wan\"} 10000000.0"
+            ),
+            "{text}"
+        );
+        // The build, and the probe's state as one series per state.
+        let info = text
+            .lines()
+            .find(|l| l.starts_with("braid_build_info{"))
+            .unwrap_or_else(|| panic!("no build info:\n{text}"));
+        assert!(
+            info.contains(&format!("version=\"{}\"", env!("CARGO_PKG_VERSION")))
+                && info.contains("git_commit=\"")
+                && info.contains("profile=\"")
+                && info.ends_with("} 1.0"),
+            "{info}"
+        );
+        assert!(text.contains(
+            "braid_channel_probe_state{channel=\"2\",name=\"wan\",state=\"failed\"} 1.0"
+        ));
+        assert!(text.contains(
+            "braid_channel_probe_state{channel=\"2\",name=\"wan\",state=\"measured\"} 0.0"
+        ));
         // Names a dashboard may rely on.
         for name in [
             "braid_naks_sent_total",
@@ -688,19 +956,71 @@ mod tests {
             "braid_delivered_packets_total",
             "braid_tx_epoch ",
             "braid_channel_up{",
+            "braid_channel_tx_errors_total{",
             "braid_channel_rx_queue_drops_total{",
-            "braid_channel_weight{",
+            "braid_channel_weight_bytes{",
             "braid_channel_demoted{",
             "braid_channel_probing{",
             "braid_channel_demotions_total{",
-            "braid_channel_srtt_ms{",
-            "braid_channel_rtt_min_ms{",
-            "braid_channel_delivery_bps{",
+            "braid_channel_srtt_seconds{",
+            "braid_channel_rtt_min_seconds{",
+            "braid_channel_delivery_bytes_per_second{",
             "braid_channel_loss_ratio{",
             "braid_channel_window_loss_ratio{",
         ] {
             assert!(text.contains(name), "{name} missing:\n{text}");
         }
+        // No HELP line is a Rust name.
+        assert!(!text.contains("SessionStats.") && !text.contains("ChannelSnapshot."));
+    }
+
+    #[test]
+    fn the_table_shows_send_errors_the_peers_close_and_each_channels_pacing() {
+        let mut s = SessionStats {
+            peer_seen: true,
+            peer_closed: true,
+            peer_last_heard_s: 0.5,
+            ..Default::default()
+        };
+        let c = ChannelSnapshot {
+            name: "wan1".into(),
+            state: "up".into(),
+            tx_errors: 37,
+            probe: "failed".into(),
+            probe_detail: "probe failed: no report for 3 trains; unpaced as configured".into(),
+            pace_bps: -1.0,
+            ..Default::default()
+        };
+        s.channels = vec![c];
+        let t = s.table();
+        assert!(
+            t.lines()
+                .next()
+                .unwrap()
+                .contains("peer closed the session 0.50s ago"),
+            "{t}"
+        );
+        let header = t.lines().nth(1).unwrap();
+        assert!(header.trim_end().ends_with("tx err"), "{t}");
+        // The channel's row right under the header, the pacing line after it.
+        let row = t.lines().nth(2).unwrap();
+        assert!(
+            row.starts_with("0   wan1") && row.trim_end().ends_with(" 37"),
+            "{t}"
+        );
+        assert!(
+            t.lines().nth(3).unwrap().starts_with("pacing 0 (wan1)"),
+            "{t}"
+        );
+        assert!(
+            t.contains(
+                "pacing 0 (wan1): probe failed: no report for 3 trains; unpaced as configured"
+            ),
+            "{t}"
+        );
+        // Nothing paced or measured: no pacing lines.
+        s.channels[0].probe = "off".into();
+        assert!(!s.table().contains("pacing"), "{}", s.table());
     }
 
     #[test]

@@ -262,6 +262,29 @@ async fn silent_peer_is_reported() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_closed_on_purpose_tells_the_peer() {
+    let (_relay, a, mut b) = pair(2, Mode::Logical).await;
+    let got = stream(&a, &mut b, 0, 100).await;
+    assert_eq!(got.len(), 100);
+    assert!(!b.stats().await.unwrap().peer_closed);
+    a.close().await;
+    let t0 = std::time::Instant::now();
+    while !b.stats().await.unwrap().peer_closed {
+        assert!(
+            t0.elapsed() < Duration::from_secs(1),
+            "the close never arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(b
+        .stats()
+        .await
+        .unwrap()
+        .table()
+        .contains("peer closed the session"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prometheus_endpoint_serves_live_counters() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let (_relay, a, mut b) = pair(2, Mode::Logical).await;
@@ -446,4 +469,75 @@ async fn control_socket_requests_are_capped() {
     // The socket still answers a real request.
     let s = braid_io::observe::query_control(&path).await.unwrap();
     assert!(s.peer_seen);
+}
+
+/// Two free loopback ports (bound, read, released).
+fn free_ports(n: usize) -> Vec<std::net::SocketAddr> {
+    let socks: Vec<_> = (0..n)
+        .map(|_| std::net::UdpSocket::bind("127.0.0.1:0").unwrap())
+        .collect();
+    socks.iter().map(|s| s.local_addr().unwrap()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pace_auto_on_an_unshaped_link_says_why_it_is_not_measured() {
+    // Loopback, directly (no relay): as fast as an unshaped veth pair. A train on it
+    // arrives in microseconds; its "rate" was the reader's scheduling, logged nowhere
+    // (or not at all, when the receiver read it all at once). Now each channel's
+    // probe fails, says why, and the channel stays unpaced.
+    let p = free_ports(4);
+    let key = "a braid-io test key of 32 bytes or more";
+    let mk = |l: &[std::net::SocketAddr], r: &[std::net::SocketAddr]| {
+        let chans = (0..2)
+            .map(|c| {
+                let mut ch = ChannelConfig::new(format!("c{c}"), l[c], r[c]);
+                ch.pace_auto = true;
+                ch
+            })
+            .collect();
+        let mut cfg = SessionConfig::new(chans, key);
+        cfg.heartbeat = Duration::from_millis(20);
+        cfg.dead_after = Duration::from_millis(120);
+        cfg.rejoin_after = Duration::from_millis(60);
+        cfg
+    };
+    let mut a = Session::start(mk(&p[..2], &p[2..])).await.unwrap();
+    let mut b = Session::start(mk(&p[2..], &p[..2])).await.unwrap();
+    a.wait_for_peer(Duration::from_secs(5)).await.unwrap();
+    b.wait_for_peer(Duration::from_secs(5)).await.unwrap();
+    let t0 = std::time::Instant::now();
+    loop {
+        let s = a.stats().await.unwrap();
+        if s.channels.iter().all(|c| c.probe == "failed") {
+            for c in &s.channels {
+                assert!(c.pace_bps < 0.0, "unpaced: {c:?}");
+                assert!(c.measured_bps < 0.0, "no random rate: {c:?}");
+                assert!(
+                    c.probe_detail.contains("faster than a train can show")
+                        && c.probe_detail.contains("unpaced"),
+                    "{}",
+                    c.probe_detail
+                );
+            }
+            assert_eq!(s.probe_trains, 6, "three trains per channel");
+            let t = s.table();
+            assert!(t.contains("pacing 0 (c0): probe failed: "), "{t}");
+            let m = s.prometheus();
+            assert!(
+                m.contains(
+                    "braid_channel_probe_state{channel=\"1\",name=\"c1\",state=\"failed\"} 1"
+                ),
+                "{m}"
+            );
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(8),
+            "probes still {:?}",
+            s.channels.iter().map(|c| &c.probe).collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    a.close().await;
+    b.close().await;
 }

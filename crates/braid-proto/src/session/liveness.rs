@@ -96,6 +96,9 @@ pub(super) struct Peer {
     pub mismatch_warned: bool,
     /// Number of the newest hello applied (stale ones are passed over).
     pub hello_seq: Option<u32>,
+    /// The peer said it ends this run (a close message): its silence is no failure.
+    /// Until a new run of the peer completes a handshake.
+    pub closed: bool,
 }
 
 impl Peer {
@@ -108,6 +111,7 @@ impl Peer {
             silent_warned: false,
             mismatch_warned: false,
             hello_seq: None,
+            closed: false,
         }
     }
 }
@@ -154,12 +158,34 @@ impl Session {
         }
         if let Some(l) = self.peer.last {
             let silent = now - l;
-            if silent > self.cfg.dead_after && !self.peer.silent_warned {
+            if silent > self.cfg.dead_after && !self.peer.silent_warned && !self.peer.closed {
                 self.peer.silent_warned = true;
                 self.events.push_back(Event::PeerSilent(silent));
             }
         }
         self.maybe_switch(now);
+    }
+
+    /// End the session on purpose: a close message on every channel, so the peer
+    /// takes the silence that follows for the end of this run rather than for failed
+    /// channels. Call it last, then send what [`Session::poll_transmit`] gives and
+    /// stop. Nothing is sent without keys (there is no peer to tell).
+    pub fn close(&mut self, now: Instant) {
+        self.clock = self.clock.max(now);
+        if !self.crypto.ready() {
+            return;
+        }
+        for c in 0..self.n {
+            self.send_ctrl(c, &Msg::Close(c as u8));
+        }
+    }
+
+    /// The peer's close (on any channel; the first one counts).
+    pub(super) fn on_close(&mut self) {
+        if !self.peer.closed {
+            self.peer.closed = true;
+            self.events.push_back(Event::PeerClosed);
+        }
     }
 
     /// A hello on every configured channel (down ones too, so their return is seen).
@@ -226,8 +252,11 @@ impl Session {
                         c.fb_tx = Default::default();
                         c.demote.restart_window();
                         went_down = true;
-                        self.events
-                            .push_back(Event::ChannelDown { channel: i, silent });
+                        // After the peer's close, its channels fall silent as meant.
+                        if !self.peer.closed {
+                            self.events
+                                .push_back(Event::ChannelDown { channel: i, silent });
+                        }
                     }
                 }
                 LinkState::Down => {

@@ -64,7 +64,7 @@ pub use crypto::{HandshakeFailure, HandshakeStats, SecurityMode, KEY_LEN};
 pub use demote::{DemoteConfig, Role};
 pub use liveness::LinkState;
 pub use pacing::{PacingConfig, PacingStats};
-pub use probe::ProbeStats;
+pub use probe::{ProbeFailure, ProbeState, ProbeStats};
 pub use return_path::ReturnPathConfig;
 pub use settings::{Mismatch, Settings};
 pub use stats::{ChannelInfo, SessionStats};
@@ -370,6 +370,9 @@ pub enum DatagramKind {
     Marker,
     /// A hello, epoch end, epoch ack or NAK.
     Control,
+    /// One datagram of a capacity probe's train (`session::probe`): send it alone, not
+    /// batched with the others into one GSO send, so the link spaces the train.
+    Probe,
 }
 
 /// One datagram to send on one channel.
@@ -419,6 +422,9 @@ pub enum Event {
         /// Mismatches of this kind since the last report (this one included).
         count: u64,
     },
+    /// The peer ended the session on purpose (a close message, [`Session::close`]):
+    /// its channels going silent from now on is no failure, and is not reported.
+    PeerClosed,
     /// The peer has a different number of channels configured; its hellos are ignored.
     ChannelCountMismatch {
         /// Ours.
@@ -461,6 +467,19 @@ pub enum Event {
         bps: u64,
         /// The pacing rate it gets, bit/s on the wire.
         pace_bps: u64,
+        /// The configured pace is lower than the measurement's share: it is paced at
+        /// that.
+        capped: bool,
+    },
+    /// Transmit direction: the channel's capacity probe gave up (`session::probe`);
+    /// it stays as configured: paced at `pace_bps`, or unpaced (`None`).
+    ChannelProbeFailed {
+        /// Channel index.
+        channel: usize,
+        /// Why.
+        reason: probe::ProbeFailure,
+        /// Its pace now, bit/s on the wire.
+        pace_bps: Option<u64>,
     },
     /// The peer reports hearing us on this channel (`true`) or no longer (`false`).
     PeerHearsUs {
@@ -1411,6 +1430,7 @@ impl Session {
         self.peer.seen = true;
         // A new run numbers its hellos from the start.
         self.peer.hello_seq = None;
+        self.peer.closed = false;
     }
 
     /// A session message; `arrived` and `repaired` as for [`Session::on_inner`].
@@ -1434,6 +1454,7 @@ impl Session {
             Msg::Resend(r) => self.on_resend(&r),
             Msg::Probe(p) => self.on_probe(c, &p, arrived, repaired),
             Msg::ProbeReport(r) => self.on_probe_report(now, c, &r),
+            Msg::Close(_) => self.on_close(),
         }
     }
 }

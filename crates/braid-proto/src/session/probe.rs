@@ -23,7 +23,18 @@
 //! to (`session::adapt`).
 //!
 //! A train that gets no report within [`RETRY_AFTER`] is sent again, at most
-//! [`MAX_TRAINS`] times; then the channel keeps its configured pace (or none). A channel
+//! [`MAX_TRAINS`] times; then the channel keeps its configured pace (or none). So is a
+//! train that cannot be timed: its later half arrived within [`MIN_SPAN`] (or in one
+//! clock reading), too short a time for the receiver's clock readings, taken when its
+//! reads are scheduled, to time: the span would say how the reads were scheduled, not how
+//! fast the link is. That is what a link much faster than a train can show looks like (an
+//! unshaped veth pair measured 0.6 or 5.9 Gbit/s or nothing from one run to the next, and
+//! the channel was paced at that), and a rate from it would pace the channel at random.
+//! The train's datagrams leave one per send ([`super::DatagramKind::Probe`]: not batched
+//! into one GSO send, which a shaper passes whole, so the link spaces each datagram and
+//! the receiver has one reading per datagram to time, not two or three). Every outcome
+//! is an event (measured, capped by the configured pace, failed and why) and the
+//! channel's [`ProbeState`] is in its stats. A channel
 //! that goes down is measured again when it comes back, and every channel when the
 //! peer restarts. A link may also get faster than it was measured: a channel that uses
 //! all of its measured rate without a queue (`Adapt::capped` in `session::adapt`) is
@@ -58,6 +69,12 @@ pub const REMEASURE_AFTER: Duration = Duration::from_secs(30);
 pub const PACE_SHARE: f64 = 0.97;
 /// Fewest datagrams of a train that must arrive for a measurement.
 const MIN_RECEIVED: usize = 8;
+/// Shortest time over which a train's later half may arrive for its rate to be taken:
+/// the receiver stamps datagrams when its reads run, which may be late by some tens of
+/// microseconds (more on a busy host), so a shorter span times the reads rather than
+/// the link. With 1500-byte datagrams it lets a train show up to about 570 Mbit/s; a
+/// faster link is left as configured.
+pub const MIN_SPAN: Duration = Duration::from_micros(500);
 /// Most arrivals kept of one train (a peer cannot make us keep more).
 const MAX_ARRIVALS: usize = 1024;
 
@@ -79,6 +96,72 @@ enum TxState {
     Done { at: Instant },
     /// No report after [`MAX_TRAINS`] trains, the last sent at `at`.
     GaveUp { at: Instant },
+}
+
+/// Why a channel's measurement failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProbeFailure {
+    /// No report came back for any of the [`MAX_TRAINS`] trains.
+    NoReport,
+    /// The train arrived too fast to time: its later half within `span_us`
+    /// microseconds, less than [`MIN_SPAN`] (0: in one clock reading), in `readings`
+    /// distinct readings (0: not counted by the peer); `received` of the train's
+    /// datagrams arrived.
+    Untimed {
+        /// Microseconds over which the later half arrived.
+        span_us: u64,
+        /// Distinct clock readings over the later half.
+        readings: u16,
+        /// Datagrams of the train that arrived.
+        received: u16,
+    },
+}
+
+impl std::fmt::Display for ProbeFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ProbeFailure::NoReport => write!(
+                f,
+                "no report for {MAX_TRAINS} trains (trains or reports lost, or the peer does not answer probes)"
+            ),
+            ProbeFailure::Untimed {
+                span_us,
+                readings,
+                received,
+            } => {
+                if *span_us == 0 {
+                    write!(f, "the peer read the train's later half all at once")?;
+                } else {
+                    write!(f, "the train's later half arrived within {span_us} us")?;
+                    if *readings > 0 {
+                        write!(f, " ({readings} reads at the peer)")?;
+                    }
+                }
+                write!(
+                    f,
+                    " ({received} of {TRAIN_LEN} datagrams arrived), under the {} us it takes to time it: \
+                     the link is faster than a train can show",
+                    MIN_SPAN.as_micros()
+                )
+            }
+        }
+    }
+}
+
+/// Where a channel's capacity probe stands (our transmit direction).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ProbeState {
+    /// We do not measure (no `pace = "auto"`).
+    Off,
+    /// Its first measurement since it came up is due or under way.
+    Measuring,
+    /// Measured at `bps` (bit/s on the wire); a later measurement may be under way.
+    Measured {
+        /// The rate.
+        bps: f64,
+    },
+    /// Gave up after [`MAX_TRAINS`] trains: the channel stays as configured.
+    Failed(ProbeFailure),
 }
 
 /// The train being received on one channel.
@@ -109,6 +192,10 @@ pub(crate) struct Probes {
     tx: Option<Vec<TxState>>,
     /// The latest measurement of each channel (bit/s on the wire).
     last: Vec<Option<f64>>,
+    /// Why the channel's latest train failed, while it is measured or since it gave up.
+    failure: Vec<Option<ProbeFailure>>,
+    /// Channels that gave up since the last [`Probes::take_gave_up`].
+    gave_up: Vec<usize>,
     next_train: u16,
     /// The peer's trains, per channel.
     rx: Vec<Option<RxTrain>>,
@@ -121,6 +208,8 @@ impl Probes {
         Probes {
             tx: measure.then(|| vec![TxState::Due { first: true }; n]),
             last: vec![None; n],
+            failure: vec![None; n],
+            gave_up: Vec::new(),
             next_train: 0,
             rx: vec![None; n],
             stats: ProbeStats::default(),
@@ -134,6 +223,7 @@ impl Probes {
             for (i, s) in tx.iter_mut().enumerate() {
                 if c.is_none_or(|c| c == i) {
                     *s = TxState::Due { first: true };
+                    self.failure[i] = None;
                 }
             }
         }
@@ -172,6 +262,11 @@ impl Probes {
                 } if now.saturating_since(at) >= RETRY_AFTER => {
                     if tries >= MAX_TRAINS {
                         *s = TxState::GaveUp { at };
+                        // A later measurement that fails leaves the earlier rate.
+                        if first {
+                            self.failure[c].get_or_insert(ProbeFailure::NoReport);
+                            self.gave_up.push(c);
+                        }
                         continue;
                     }
                     (tries, first)
@@ -195,10 +290,37 @@ impl Probes {
         out
     }
 
+    /// Channels whose first measurement gave up since the last call (each once).
+    pub fn take_gave_up(&mut self) -> Vec<usize> {
+        std::mem::take(&mut self.gave_up)
+    }
+
+    /// Why channel `c`'s measurement failed, if it did.
+    pub fn failure(&self, c: usize) -> Option<ProbeFailure> {
+        self.failure.get(c).copied().flatten()
+    }
+
+    /// Where channel `c`'s measurement stands.
+    pub fn state(&self, c: usize) -> ProbeState {
+        let Some(s) = self.tx.as_ref().and_then(|tx| tx.get(c)) else {
+            return ProbeState::Off;
+        };
+        match (s, self.measured(c), self.failure(c)) {
+            (TxState::Due { first: true } | TxState::Sent { first: true, .. }, _, _) => {
+                ProbeState::Measuring
+            }
+            (_, Some(bps), _) => ProbeState::Measured { bps },
+            (TxState::GaveUp { .. }, None, Some(f)) => ProbeState::Failed(f),
+            _ => ProbeState::Measuring,
+        }
+    }
+
     /// A report on channel `c` at `now` for one of our trains: the rate on the wire
     /// (bit/s), counting `overhead` bytes below each datagram, and whether it is the
     /// channel's first measurement since it came up, if it answers the train we wait
-    /// for there and measured something.
+    /// for there and measured something. A train too fast to time (its later half
+    /// within [`MIN_SPAN`]) measures nothing: it is sent again after [`RETRY_AFTER`],
+    /// as when no report comes, and the failure is kept.
     pub fn on_report(
         &mut self,
         now: Instant,
@@ -210,14 +332,23 @@ impl Probes {
         let TxState::Sent { train, first, .. } = *s else {
             return None;
         };
-        if train != r.train || r.span_us == 0 || r.tail == 0 {
+        if train != r.train {
             return None;
         }
         self.stats.reports += 1;
+        if r.tail == 0 || r.span_us < MIN_SPAN.as_micros() {
+            self.failure[c] = Some(ProbeFailure::Untimed {
+                span_us: r.span_us,
+                readings: r.readings,
+                received: r.received,
+            });
+            return None;
+        }
         let bytes = r.tail_bytes as f64 + f64::from(r.tail) * f64::from(overhead);
         let bps = bytes * 8e6 / r.span_us as f64;
         *s = TxState::Done { at: now };
         self.last[c] = Some(bps);
+        self.failure[c] = None;
         Some((bps, first))
     }
 
@@ -291,13 +422,14 @@ impl Probes {
     fn report(&mut self, c: usize) -> Option<ProbeReport> {
         let t = self.rx.get_mut(c)?.as_mut()?;
         t.reported = true;
-        let (tail, tail_bytes, span_us) = measure(&t.arrivals)?;
+        let (tail, tail_bytes, span_us, readings) = measure(&t.arrivals)?;
         self.stats.reports_sent += 1;
         Some(ProbeReport {
             channel: c as u8,
             train: t.train,
             received: t.arrivals.len() as u16,
             tail,
+            readings,
             tail_bytes,
             span_us,
         })
@@ -305,20 +437,22 @@ impl Probes {
 }
 
 /// The later half of a train's arrivals: (datagrams timed, their bytes, the time they
-/// took, microseconds). The first half is left out: a token bucket at the bottleneck
+/// took, microseconds, distinct clock readings); all but the readings 0 when it came in
+/// one reading. `None` when too few arrived to say anything. The first half is left out: a token bucket at the bottleneck
 /// lets a burst through at once. A receiver may stamp several datagrams with one clock
 /// reading, taken after the last of them arrived (a batch read, a GRO buffer): so the
 /// clock starts at the half's first reading, and what counts is the datagrams stamped
 /// later, over the time to the last reading. (Counting from the half's first datagram
 /// instead measured a 100 Mbit/s link at up to 130 in the lab, its datagrams coalesced
 /// on arrival; a least-squares fit did no better.)
-fn measure(arrivals: &[(Instant, u64)]) -> Option<(u16, u64, u64)> {
+fn measure(arrivals: &[(Instant, u64)]) -> Option<(u16, u64, u64, u16)> {
     if arrivals.len() < MIN_RECEIVED {
         return None;
     }
     let half = &arrivals[arrivals.len() / 2..];
     let first = half[0].0;
     let last = half[half.len() - 1].0;
+    let readings = 1 + half.windows(2).filter(|w| w[1].0 != w[0].0).count() as u16;
     let later: Vec<u64> = half
         .iter()
         .filter(|(at, _)| *at > first)
@@ -326,9 +460,9 @@ fn measure(arrivals: &[(Instant, u64)]) -> Option<(u16, u64, u64)> {
         .collect();
     let span = last.saturating_since(first).as_micros();
     if later.is_empty() || span == 0 {
-        return None;
+        return Some((0, 0, 0, 1));
     }
-    Some((later.len() as u16, later.iter().sum(), span))
+    Some((later.len() as u16, later.iter().sum(), span, readings))
 }
 
 impl super::Session {
@@ -342,6 +476,18 @@ impl super::Session {
         let due = self.probes.due(now, |c| {
             chans[c].state == LinkState::Up && chans[c].peer_hears_us
         });
+        for c in self.probes.take_gave_up() {
+            let reason = self.probes.failure(c).unwrap_or(ProbeFailure::NoReport);
+            self.events.push_back(super::Event::ChannelProbeFailed {
+                channel: c,
+                reason,
+                pace_bps: self
+                    .pacer
+                    .as_ref()
+                    .and_then(|p| p.rate_bps(c))
+                    .map(|r| r.round() as u64),
+            });
+        }
         // Control messages are always sealed: the train's datagrams are the largest
         // the channel carries.
         let len = (self.cfg.max_datagram as usize).saturating_sub(secure::OVERHEAD);
@@ -354,7 +500,9 @@ impl super::Session {
                     count: TRAIN_LEN,
                     len,
                 };
-                self.send_ctrl(c, &Msg::Probe(p));
+                // One datagram per send, so the link spaces them (see the module docs).
+                let b = bytes::Bytes::from(Msg::Probe(p).to_vec());
+                self.emit(c, super::DatagramKind::Probe, b);
             }
         }
     }
@@ -407,6 +555,7 @@ impl super::Session {
             channel: c,
             bps: bps.round() as u64,
             pace_bps: pace.round() as u64,
+            capped: first && configured.is_some_and(|r| r < bps * PACE_SHARE),
         });
         if let Some(a) = &mut self.adapt {
             if !first {
@@ -460,6 +609,7 @@ mod tests {
         let due = s.due(us(0), |_| true);
         assert_eq!(due, vec![(0, 0)]);
         let r = ProbeReport { train: 0, ..r };
+        assert_eq!(r.readings, 24);
         let (bps, fresh) = s.on_report(us(5), 0, &r, 42).expect("a rate");
         assert!(fresh);
         assert!((bps - 1542.0 * 8.0 / 120e-6).abs() < 1.0, "{bps}");
@@ -506,6 +656,7 @@ mod tests {
             train: 1,
             received: 40,
             tail: 19,
+            readings: 20,
             tail_bytes: 19_000,
             span_us: 1_000,
         };
@@ -537,6 +688,7 @@ mod tests {
             train: 0,
             received: 48,
             tail: 23,
+            readings: 24,
             tail_bytes: 23_000,
             span_us: 1_000,
         };
@@ -573,6 +725,7 @@ mod tests {
             train: 0,
             received: 40,
             tail: 19,
+            readings: 20,
             tail_bytes: 19_000,
             span_us: 1_000,
         };
@@ -602,6 +755,115 @@ mod tests {
     #[test]
     fn too_few_or_simultaneous_arrivals_measure_nothing() {
         assert_eq!(measure(&[(us(0), 1500); 7]), None);
-        assert_eq!(measure(&[(us(5), 1500); 20]), None);
+        // Arrived, in one reading: reported as such (so the sender knows why).
+        assert_eq!(measure(&[(us(5), 1500); 20]), Some((0, 0, 0, 1)));
+    }
+
+    /// What an unshaped veth pair did to a train: it left in GSO sends of 16 datagrams
+    /// and each arrived as one GRO read, so the later half was two readings a few
+    /// microseconds apart, and its "rate" the reader's scheduling.
+    fn gro_train(p: &mut Probes, train: u16, gap_us: u64) -> ProbeReport {
+        let mut report = None;
+        for i in 0..TRAIN_LEN {
+            let read = 100 + gap_us * u64::from(i / 16);
+            report = p.on_probe(0, &probe(train, i), us(read), 1500);
+        }
+        report.expect("reported at the last datagram")
+    }
+
+    #[test]
+    fn a_train_read_in_a_few_batches_is_no_measurement_and_says_why() {
+        let mut rx = Probes::new(1, false);
+        let mut tx = Probes::new(1, true);
+        assert_eq!(tx.state(0), ProbeState::Measuring);
+        // Three runs with the reads 300, 3 and 0 us apart: before, 0.64 and 64 Gbit/s
+        // or no report at all; now never a rate.
+        for (k, gap) in [300u64, 3, 0].into_iter().enumerate() {
+            let now = us(1_000_000 * k as u64);
+            let due = tx.due(now, |_| true);
+            assert_eq!(due.len(), 1, "train {k} sent");
+            let r = gro_train(&mut rx, due[0].1, gap);
+            assert!(r.span_us < MIN_SPAN.as_micros(), "{r:?}");
+            assert_eq!(
+                tx.on_report(now + Duration::from_millis(500), 0, &r, 42),
+                None
+            );
+            assert_eq!(tx.state(0), ProbeState::Measuring, "tries again");
+        }
+        // After the third: given up, once, with the reason.
+        assert!(tx.due(us(3_000_000), |_| true).is_empty());
+        assert_eq!(tx.take_gave_up(), vec![0]);
+        assert!(tx.take_gave_up().is_empty());
+        let f = ProbeFailure::Untimed {
+            span_us: 0,
+            readings: 1,
+            received: 48,
+        };
+        assert_eq!(tx.state(0), ProbeState::Failed(f));
+        assert_eq!(tx.measured(0), None);
+        assert!(
+            f.to_string()
+                .contains("read the train's later half all at once"),
+            "{f}"
+        );
+        let f = ProbeFailure::Untimed {
+            span_us: 300,
+            readings: 2,
+            received: 48,
+        };
+        assert!(f.to_string().contains("within 300 us (2 reads"), "{f}");
+        assert_eq!(tx.stats.reports, 3);
+        // Back up later: measured again, the failure forgotten.
+        tx.again(Some(0));
+        assert_eq!(tx.state(0), ProbeState::Measuring);
+        assert_eq!(tx.failure(0), None);
+    }
+
+    #[test]
+    fn a_train_is_timed_from_half_a_millisecond() {
+        let mut tx = Probes::new(1, true);
+        let r = |train, span_us| ProbeReport {
+            channel: 0,
+            train,
+            received: 48,
+            tail: 23,
+            readings: 24,
+            tail_bytes: 23 * 1500,
+            span_us,
+        };
+        tx.due(us(0), |_| true);
+        assert_eq!(tx.on_report(us(1), 0, &r(0, 499), 0), None);
+        tx.due(us(1_000_000), |_| true);
+        let (bps, _) = tx.on_report(us(1_000_001), 0, &r(1, 500), 0).unwrap();
+        assert!((bps - 552e6).abs() < 1e6, "{bps}");
+        assert_eq!(tx.failure(0), None);
+    }
+
+    #[test]
+    fn no_report_at_all_fails_as_such_and_a_report_from_an_older_braid_still_counts() {
+        let mut tx = Probes::new(2, true);
+        for k in 0..MAX_TRAINS {
+            let due = tx.due(us(1_000_000 * u64::from(k)), |c| c == 0);
+            assert_eq!(due.len(), 1);
+        }
+        assert!(tx.due(us(3_000_000), |c| c == 0).is_empty());
+        assert_eq!(tx.take_gave_up(), vec![0]);
+        assert_eq!(tx.state(0), ProbeState::Failed(ProbeFailure::NoReport));
+        assert_eq!(tx.state(1), ProbeState::Measuring);
+        // Readings 0: not counted by the peer; its rate is taken.
+        let due = tx.due(us(3_000_000), |_| true);
+        assert_eq!(due, vec![(1, 3)]);
+        let r = ProbeReport {
+            channel: 1,
+            train: 3,
+            received: 48,
+            tail: 23,
+            readings: 0,
+            tail_bytes: 23_000,
+            span_us: 1_000,
+        };
+        let (bps, _) = tx.on_report(us(3_100_000), 1, &r, 0).unwrap();
+        assert_eq!(tx.state(1), ProbeState::Measured { bps });
+        assert_eq!(ProbeState::Off, Probes::new(1, false).state(0));
     }
 }

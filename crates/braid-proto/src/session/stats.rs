@@ -71,6 +71,11 @@ pub struct ChannelInfo {
     /// Its rate as a capacity probe measured it (bit/s on the wire), if one did
     /// (`session::probe`, `pace = "auto"`).
     pub measured_bps: Option<f64>,
+    /// Where its capacity probe stands (`session::probe`).
+    pub probe: super::ProbeState,
+    /// Its configured pace (bit/s on the wire), if it has one: with a probe, the most
+    /// it is paced at.
+    pub pace_configured_bps: Option<f64>,
     /// Its place in the bond (`session::demote`): active, demoted or probing.
     pub role: super::Role,
     /// How long `role` has held.
@@ -113,6 +118,9 @@ pub struct SessionStats {
     pub peer_seen: bool,
     /// Time since the last authenticated packet from the peer.
     pub peer_last_heard: Option<Duration>,
+    /// The peer ended its run on purpose (a close message) and no new run has been
+    /// heard since.
+    pub peer_closed: bool,
     /// Transmit epoch.
     pub tx_epoch: u32,
     /// Receive epoch.
@@ -215,6 +223,13 @@ impl Session {
                     weight: if in_tx_set { quantum } else { 0 },
                     pace_bps: self.pacer.as_ref().and_then(|p| p.rate_bps(i)),
                     measured_bps: self.probes.measured(i),
+                    probe: self.probes.state(i),
+                    pace_configured_bps: self
+                        .cfg
+                        .pacing
+                        .as_ref()
+                        .and_then(|p| p.rates_bps.get(i).copied())
+                        .filter(|r| *r > 0.0),
                     role: c.demote.role,
                     role_since: now.saturating_since(c.demote.since),
                     demotions: c.demote.demotions,
@@ -236,6 +251,7 @@ impl Session {
         SessionStats {
             peer_seen: self.peer.seen,
             peer_last_heard: self.peer.last.map(|l| now.saturating_since(l)),
+            peer_closed: self.peer.closed,
             tx_epoch: self.tx.epoch,
             rx_epoch: self.rx.epoch,
             switching: self.tx.switching.is_some(),

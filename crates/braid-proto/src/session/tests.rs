@@ -1254,6 +1254,7 @@ fn measured(p: &Pair, c: usize) -> Vec<(Instant, u64, u64)> {
                 channel,
                 bps,
                 pace_bps,
+                ..
             } if *channel == c => Some((*at, *bps, *pace_bps)),
             _ => None,
         })
@@ -1369,15 +1370,43 @@ fn a_measured_channel_whose_link_gets_faster_is_measured_again_and_paced_up() {
 
 #[test]
 fn without_a_rate_to_measure_the_channel_stays_unpaced() {
-    // Links without a rate deliver a train all at once: nothing to time, no report,
-    // three trains, then the channel stays as configured (here: unpaced).
+    // Links without a rate deliver a train all at once: nothing to time (the peer
+    // says so), three trains, then the channel stays as configured (here: unpaced),
+    // and the event says why, once per channel.
     let mut p = pair_with(2, Mode::Logical, &[5, 5], probed);
     p.run_until(at_ms(4500));
     p.every = Duration::ZERO;
     p.run_until(at_ms(5000));
     assert!(measured(&p, 0).is_empty() && measured(&p, 1).is_empty());
+    let untimed = ProbeFailure::Untimed {
+        span_us: 0,
+        readings: 1,
+        received: probe::TRAIN_LEN,
+    };
+    let failed: Vec<_> = p
+        .events_a
+        .iter()
+        .filter_map(|(_, e)| match e {
+            Event::ChannelProbeFailed { .. } => Some(e.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        failed,
+        (0..2)
+            .map(|channel| Event::ChannelProbeFailed {
+                channel,
+                reason: untimed,
+                pace_bps: None,
+            })
+            .collect::<Vec<_>>()
+    );
     let s = p.a.stats(p.now);
     assert!(s.channels.iter().all(|c| c.pace_bps.is_none()));
+    assert!(s
+        .channels
+        .iter()
+        .all(|c| c.probe == ProbeState::Failed(untimed)));
     assert_eq!(s.probes.trains_sent, 6);
     assert_eq!(p.delivered.len() as u64, p.next_id);
 }
@@ -1388,4 +1417,106 @@ fn pacing_settings_are_checked() {
     c.pacing = Some(PacingConfig::new(vec![1e6]));
     let e = Session::new(c, [0; 32], Instant::ZERO).err().unwrap();
     assert!(e.to_string().contains("pacing"), "{e}");
+}
+
+/// A stops on purpose: its close goes out (or not, when `lost`) and then nothing more
+/// comes from it, as when the process exits.
+fn a_closes(p: &mut Pair, lost: bool) {
+    p.every = Duration::ZERO;
+    let now = p.now;
+    p.a.close(now);
+    for c in 0..p.ab.len() {
+        p.ab[c].up = !lost;
+    }
+    p.flush();
+    for c in 0..p.ab.len() {
+        // What is already on its way still arrives; nothing new leaves A.
+        p.ab[c].up = false;
+        p.ba[c].up = false;
+    }
+}
+
+fn warnings(events: &[(Instant, Event)], after: Instant) -> Vec<Event> {
+    events
+        .iter()
+        .filter(|(t, e)| {
+            *t >= after && matches!(e, Event::ChannelDown { .. } | Event::PeerSilent(_))
+        })
+        .map(|(_, e)| e.clone())
+        .collect()
+}
+
+#[test]
+fn a_peer_that_closes_is_not_reported_as_failed_channels_and_may_come_back() {
+    let mut p = Pair::new(2, Mode::Logical, &[5, 20]);
+    p.run_until(at_ms(1000));
+    assert!(!p.b.stats(p.now).peer_closed);
+    let closed_at = p.now;
+    a_closes(&mut p, false);
+    p.run_until(at_ms(3000));
+    let closes: Vec<_> = p
+        .events_b
+        .iter()
+        .filter(|(_, e)| *e == Event::PeerClosed)
+        .collect();
+    assert_eq!(closes.len(), 1, "one close event for every channel's copy");
+    assert!(closes[0].0 - closed_at < Duration::from_millis(25));
+    assert_eq!(warnings(&p.events_b, closed_at), vec![]);
+    let s = p.b.stats(p.now);
+    assert!(s.peer_closed);
+    // Its channels are down (nothing is heard on them), quietly.
+    assert!(
+        s.channels.iter().all(|c| c.state == LinkState::Down),
+        "{s:?}"
+    );
+    // A new run of A later: accepted as a restart, and its failures are warned of.
+    for c in 0..2 {
+        p.ab[c].up = true;
+        p.ba[c].up = true;
+    }
+    p.a = Session::new(config(2, Mode::Logical), [3; 32], p.now).unwrap();
+    p.every = Duration::from_millis(1);
+    let back = p.now;
+    p.run_until(at_ms(4000));
+    assert!(p
+        .events_b
+        .iter()
+        .any(|(t, e)| *t >= back && *e == Event::PeerRestarted));
+    let s = p.b.stats(p.now);
+    assert!(!s.peer_closed);
+    assert!(s.channels.iter().all(|c| c.state == LinkState::Up), "{s:?}");
+    assert!(p.delivered.len() > 900, "{}", p.delivered.len());
+    p.set_up(1, false);
+    let cut = p.now;
+    p.run_until(at_ms(5000));
+    assert!(
+        matches!(
+            warnings(&p.events_b, cut)[..],
+            [Event::ChannelDown { channel: 1, .. }]
+        ),
+        "{:?}",
+        warnings(&p.events_b, cut)
+    );
+}
+
+#[test]
+fn a_lost_close_leaves_the_peer_warning_of_the_silence() {
+    let mut p = Pair::new(2, Mode::Logical, &[5, 20]);
+    p.run_until(at_ms(1000));
+    let closed_at = p.now;
+    a_closes(&mut p, true);
+    p.run_until(at_ms(3000));
+    assert!(!p.events_b.iter().any(|(_, e)| *e == Event::PeerClosed));
+    let w = warnings(&p.events_b, closed_at);
+    assert_eq!(w.len(), 3, "two channels down and the peer silent: {w:?}");
+    assert!(!p.b.stats(p.now).peer_closed);
+}
+
+#[test]
+fn a_close_without_keys_sends_nothing() {
+    let mut s = Session::new(config(2, Mode::Logical), [1; 32], Instant::ZERO).unwrap();
+    while s.poll_transmit().is_some() {}
+    s.close(Instant::ZERO);
+    assert!(s.poll_transmit().is_none());
+    assert_eq!(s.stats(Instant::ZERO).unsent, 0);
 }

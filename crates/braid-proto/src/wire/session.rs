@@ -1,5 +1,5 @@
 //! Session messages (hello, epoch end, epoch ack, feedback, resend, probe, probe
-//! report), first byte `0xB4`, spoken by the session machine ([`crate::session`]).
+//! report, close), first byte `0xB4`, spoken by the session machine ([`crate::session`]).
 //! Each is followed on the wire by the authentication trailer of
 //! [`crate::session::auth`]. All integers are big-endian.
 //!
@@ -9,7 +9,8 @@
 //!  0        1        2        3
 //! +--------+--------+--------+--------+
 //! |  0xB4  |version |  kind  | channel|  kind: 1 hello, 2 epoch end, 3 epoch ack,
-//! +--------+--------+--------+--------+  4 feedback, 5 resend, 6 probe, 7 report
+//! +--------+--------+--------+--------+  4 feedback, 5 resend, 6 probe, 7 report,
+//!                                          8 close
 //!                                          channel: physical index it was sent on
 //! ```
 //!
@@ -103,11 +104,27 @@
 //!  8..10:  tail (u16): datagrams timed: of the later half of those received, the
 //!          ones the receiver's clock read later than the half's first reading (a
 //!          batch read stamps several datagrams at once)
-//! 10..12:  zero
+//! 10..12:  readings (u16): distinct clock readings over the later half (0: not
+//!          counted, from a braid before this field)
 //! 12..20:  tail bytes (u64): their datagrams' bytes on the channel (sealed, as sent)
 //! 20..28:  span (u64): microseconds from the half's first clock reading to its last
 //! 28..32:  zero
 //! ```
+//!
+//! A train whose later half came in a single clock reading (read in one batch: a link
+//! much faster than the train can show) is reported with tail, tail bytes and span 0
+//! and readings 1, so the sender knows why it has no rate.
+//!
+//! **Close** (kind 8, 8 bytes), sent once on every channel by an end that stops on
+//! purpose (a transfer done, a tunnel told to stop): the peer then takes the silence
+//! that follows for the end of this run, not for failed channels.
+//!
+//! ```text
+//!  4..8:   zero
+//! ```
+//!
+//! A lost close costs only the peer's warnings: it then sees its channels go silent.
+//! A peer that restarts is a new run (a new handshake) and is heard as usual.
 
 use super::TYPE_SESSION;
 
@@ -127,6 +144,8 @@ pub const KIND_RESEND: u8 = 5;
 pub const KIND_PROBE: u8 = 6;
 /// Kind byte of a probe report.
 pub const KIND_PROBE_REPORT: u8 = 7;
+/// Kind byte of a close.
+pub const KIND_CLOSE: u8 = 8;
 /// Most counters in one resend request.
 pub const RESEND_MAX: usize = 32;
 /// Bytes of a probe before its padding (its smallest size).
@@ -262,8 +281,10 @@ pub struct ProbeReport {
     pub train: u16,
     /// Datagrams of the train that arrived.
     pub received: u16,
-    /// Datagrams measured.
+    /// Datagrams measured (0: the train could not be timed).
     pub tail: u16,
+    /// Distinct clock readings over the later half (0: not counted).
+    pub readings: u16,
     /// Their bytes.
     pub tail_bytes: u64,
     /// Microseconds over which they arrived.
@@ -287,6 +308,8 @@ pub enum Msg {
     Probe(Probe),
     /// The rate a train arrived at.
     ProbeReport(ProbeReport),
+    /// The sender ends the session on purpose; the field is the channel it was sent on.
+    Close(u8),
 }
 
 fn u32_at(b: &[u8], at: usize) -> u32 {
@@ -305,6 +328,7 @@ const END_FIXED: usize = 40;
 const END_ENTRY: usize = 16;
 const RESEND_FIXED: usize = 12;
 const PROBE_REPORT_LEN: usize = 32;
+const CLOSE_LEN: usize = 8;
 
 fn u16_at(b: &[u8], at: usize) -> u16 {
     u16::from_be_bytes([b[at], b[at + 1]])
@@ -435,7 +459,9 @@ impl Msg {
                     return Err(CtrlError::Length);
                 }
                 let (received, tail) = (u16_at(b, 6), u16_at(b, 8));
-                if tail == 0 || tail >= received {
+                let span_us = u64_at(b, 20);
+                // Something timed over some time, or nothing timed at all.
+                if tail >= received || (tail == 0) != (span_us == 0) {
                     return Err(CtrlError::Invalid);
                 }
                 Ok(Msg::ProbeReport(ProbeReport {
@@ -443,9 +469,16 @@ impl Msg {
                     train: u16_at(b, 4),
                     received,
                     tail,
+                    readings: u16_at(b, 10),
                     tail_bytes: u64_at(b, 12),
-                    span_us: u64_at(b, 20),
+                    span_us,
                 }))
+            }
+            KIND_CLOSE => {
+                if b.len() != CLOSE_LEN {
+                    return Err(CtrlError::Length);
+                }
+                Ok(Msg::Close(channel))
             }
             _ => Err(CtrlError::Unknown),
         }
@@ -461,6 +494,7 @@ impl Msg {
             Msg::Resend(r) => r.channel,
             Msg::Probe(p) => p.channel,
             Msg::ProbeReport(r) => r.channel,
+            Msg::Close(c) => *c,
         }
     }
 
@@ -526,9 +560,13 @@ impl Msg {
                 v.extend_from_slice(&r.train.to_be_bytes());
                 v.extend_from_slice(&r.received.to_be_bytes());
                 v.extend_from_slice(&r.tail.to_be_bytes());
-                v.extend_from_slice(&[0; 2]);
+                v.extend_from_slice(&r.readings.to_be_bytes());
                 v.extend_from_slice(&r.tail_bytes.to_be_bytes());
                 v.extend_from_slice(&r.span_us.to_be_bytes());
+                v.extend_from_slice(&[0; 4]);
+            }
+            Msg::Close(c) => {
+                v.extend_from_slice(&[TYPE_SESSION, VERSION, KIND_CLOSE, *c]);
                 v.extend_from_slice(&[0; 4]);
             }
         }
@@ -687,22 +725,45 @@ mod tests {
             train: 7,
             received: 48,
             tail: 23,
+            readings: 9,
             tail_bytes: 34_500,
             span_us: 2_760,
         };
         let b = Msg::ProbeReport(r).to_vec();
         assert_eq!(b.len(), 32);
-        assert_eq!(&b[..12], &[0xB4, 1, 7, 1, 0, 7, 0, 48, 0, 23, 0, 0]);
+        assert_eq!(&b[..12], &[0xB4, 1, 7, 1, 0, 7, 0, 48, 0, 23, 0, 9]);
         assert_eq!(&b[12..20], &34_500u64.to_be_bytes());
         assert_eq!(&b[20..28], &2_760u64.to_be_bytes());
         assert_eq!(Msg::parse(&b), Ok(Msg::ProbeReport(r)));
         assert_eq!(Msg::parse(&b[..31]), Err(CtrlError::Length));
-        // Nothing measured, or more measured than received: invalid.
+        // Datagrams timed over no time, or more timed than received: invalid.
         let mut bad = b.clone();
         bad[9] = 0;
         assert_eq!(Msg::parse(&bad), Err(CtrlError::Invalid));
         bad[9] = 48;
         assert_eq!(Msg::parse(&bad), Err(CtrlError::Invalid));
+        // A train that could not be timed: nothing timed, over no time.
+        let none = ProbeReport {
+            tail: 0,
+            readings: 1,
+            tail_bytes: 0,
+            span_us: 0,
+            ..r
+        };
+        assert_eq!(
+            Msg::parse(&Msg::ProbeReport(none).to_vec()),
+            Ok(Msg::ProbeReport(none))
+        );
+    }
+
+    #[test]
+    fn close_bytes() {
+        let b = Msg::Close(3).to_vec();
+        assert_eq!(b, [0xB4, 1, 8, 3, 0, 0, 0, 0]);
+        assert_eq!(Msg::parse(&b), Ok(Msg::Close(3)));
+        assert_eq!(Msg::Close(3).channel(), 3);
+        assert_eq!(Msg::parse(&b[..7]), Err(CtrlError::Length));
+        assert_eq!(Msg::parse(&[&b[..], &[0]].concat()), Err(CtrlError::Length));
     }
 
     #[test]
@@ -710,6 +771,7 @@ mod tests {
         assert_eq!(Msg::parse(&[]), Err(CtrlError::Length));
         assert_eq!(Msg::parse(&[0xB4, 2, 1, 0]), Err(CtrlError::Unknown));
         assert_eq!(Msg::parse(&[0xB4, 1, 9, 0]), Err(CtrlError::Unknown));
+        assert_eq!(Msg::parse(&[0xB4, 1, 8, 0]), Err(CtrlError::Length));
         assert_eq!(Msg::parse(&[0xB4, 1, 1, 0, 0]), Err(CtrlError::Length));
         // End with a count that does not match the old set.
         let mut b = Msg::End(EpochEnd {
