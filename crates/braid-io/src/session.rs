@@ -1260,6 +1260,8 @@ impl Driver {
             probe_trains: s.probes.trains_sent,
             probe_reports: s.probes.reports,
             return_path_channel: s.return_path.map_or(-1, |c| c as i64),
+            rx_waiting_channel: s.rx_waiting.map_or(-1, |(c, _)| c as i64),
+            rx_waiting_s: s.rx_waiting.map_or(0.0, |(_, d)| d.as_secs_f64()),
             return_path_cuts: s.return_path_cuts,
             tx_queued: s.queued as f64,
             credit_stalls: s.credits.map_or(0, |c| c.stalls),

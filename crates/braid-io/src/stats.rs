@@ -286,6 +286,14 @@ pub struct SessionStats {
     /// every channel.
     #[serde(default = "minus_one")]
     pub return_path_channel: i64,
+    /// The channel whose next packet the receiver waits for while later data is held
+    /// (-1: none): a wait ends when it comes, or `max_wait` after the channel last
+    /// brought data.
+    #[serde(default = "minus_one")]
+    pub rx_waiting_channel: i64,
+    /// How long that wait has lasted, seconds (0 without one).
+    #[serde(default)]
+    pub rx_waiting_s: f64,
     /// Times the return path was cut to one channel.
     #[serde(default)]
     pub return_path_cuts: u64,
@@ -332,7 +340,7 @@ impl SessionStats {
         let mut s = String::new();
         let _ = writeln!(
             s,
-            "uptime {:.1}s  peer {}  tx epoch {}{}  rx epoch {}  delivered {} pkts {} B ({}bit/s)  lost {}  ooo {}  auth-fail {}  replays {}",
+            "uptime {:.1}s  peer {}  tx epoch {}{}  rx epoch {}{}  delivered {} pkts {} B ({}bit/s)  lost {}  ooo {}  auth-fail {}  replays {}",
             self.uptime_s,
             if !self.peer_seen {
                 "never heard".to_string()
@@ -344,6 +352,17 @@ impl SessionStats {
             self.tx_epoch,
             if self.switching { " (switching)" } else { "" },
             self.rx_epoch,
+            // A wait of a few ms is the channels' skew in steady flow: only a longer
+            // one is news.
+            if self.rx_waiting_channel >= 0 && self.rx_waiting_s >= 0.05 {
+                format!(
+                    " (waiting {:.0} ms for channel {})",
+                    self.rx_waiting_s * 1e3,
+                    self.rx_waiting_channel
+                )
+            } else {
+                String::new()
+            },
             self.delivered_packets,
             self.delivered_bytes,
             si(self.delivered_bps),
@@ -755,6 +774,8 @@ const GAUGES: &[(bool, &str, &str, &str, f64)] = &[
     (false, "switching", "switching", "1 while a transmit epoch switch waits for the peer's acknowledgement", 1.0),
     (false, "delivered_bps", "delivered_bytes_per_second", "Delivery rate to the application over the last second, bytes per second", 0.125),
     (false, "return_path_channel", "return_path_channel", "The channel the return path rides alone (-1: every channel)", 1.0),
+    (false, "rx_waiting_channel", "rx_waiting_channel", "The channel whose next packet the receiver waits for while later data is held (-1: none)", 1.0),
+    (false, "rx_waiting_s", "rx_waiting_seconds", "How long the receiver has waited for that channel's next packet, seconds (0: no wait)", 1.0),
     (false, "tx_queued", "tx_queued_packets", "Packets waiting in the transmit queue (for pacing, credit or an epoch switch)", 1.0),
     (true, "state_since_s", "state_since_seconds", "Seconds since the channel's state last changed", 1.0),
     (true, "peer_hears_us", "peer_hears_us", "1 while the peer reports hearing us on the channel", 1.0),

@@ -70,6 +70,14 @@ impl Buffered {
         self.bufs.iter().map(|q| q.len()).sum()
     }
 
+    /// The channel waited for while data is held elsewhere, and since when.
+    pub(crate) fn waiting(&self) -> Option<(usize, Instant)> {
+        match self.blocked {
+            Some((c, Some(since))) => Some((c, since)),
+            _ => None,
+        }
+    }
+
     pub(crate) fn note_blocked(&mut self, c: usize, now: Instant) {
         let waiting = self.data_waiting();
         let since = match self.blocked {
@@ -245,5 +253,8 @@ impl ModeEngine for Logical {
     }
     fn held_on(&self, channel: usize) -> usize {
         self.b.bufs.get(channel).map_or(0, |q| q.len())
+    }
+    fn waiting(&self) -> Option<(usize, Instant)> {
+        self.b.waiting()
     }
 }

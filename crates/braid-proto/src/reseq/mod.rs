@@ -96,6 +96,11 @@ pub(crate) trait ModeEngine {
     /// Items (data, markers, triggers) from `channel` held, not yet deliverable: what
     /// the channel's credit accounting counts as not yet forwarded.
     fn held_on(&self, channel: usize) -> usize;
+    /// The channel whose next packet later data waits for, and since when (modes that
+    /// wait for a channel: `logical`, `seq`).
+    fn waiting(&self) -> Option<(usize, Instant)> {
+        None
+    }
 }
 
 /// Mode `none`: deliver in arrival order.
@@ -271,6 +276,15 @@ impl Resequencer {
     /// Packets held in channel buffers (not yet deliverable).
     pub fn buffered(&self) -> usize {
         self.engine.get().buffered() + self.equalizer.as_ref().map_or(0, |e| e.held())
+    }
+
+    /// The channel whose next packet the receiver waits for while later data is held,
+    /// and for how long so far (`None`: nothing held back waits for a channel).
+    pub fn waiting(&self, now: Instant) -> Option<(usize, Duration)> {
+        self.engine
+            .get()
+            .waiting()
+            .map(|(c, since)| (c, now.saturating_since(since)))
     }
 
     /// Datagrams from `channel` held in the delay equalizer and the channel's buffer:

@@ -403,4 +403,7 @@ impl ModeEngine for Seq {
     fn held_on(&self, channel: usize) -> usize {
         self.b.bufs.get(channel).map_or(0, |q| q.len())
     }
+    fn waiting(&self) -> Option<(usize, Instant)> {
+        self.b.waiting()
+    }
 }

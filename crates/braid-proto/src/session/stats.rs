@@ -125,6 +125,9 @@ pub struct SessionStats {
     pub tx_epoch: u32,
     /// Receive epoch.
     pub rx_epoch: u32,
+    /// The physical channel whose next packet the receiver waits for while later data is
+    /// held, and for how long so far (up to `max_wait` unless data keeps coming on it).
+    pub rx_waiting: Option<(usize, Duration)>,
     /// A transmit epoch switch is waiting for its ack.
     pub switching: bool,
     /// Epoch switches completed as sender.
@@ -254,6 +257,10 @@ impl Session {
             peer_closed: self.peer.closed,
             tx_epoch: self.tx.epoch,
             rx_epoch: self.rx.epoch,
+            rx_waiting: self.rx.reseq.waiting(now).and_then(|(k, d)| {
+                let phys = self.rx.index.iter().position(|&i| i == Some(k))?;
+                Some((phys, d))
+            }),
             switching: self.tx.switching.is_some(),
             tx_epoch_changes: self.tx.changes,
             rx_epoch_changes: self.rx.changes,

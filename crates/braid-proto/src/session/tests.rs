@@ -370,6 +370,27 @@ fn stale_hellos_from_a_slow_channel_do_not_flap_a_rejoin() {
 }
 
 #[test]
+fn a_receiver_waiting_for_a_channel_says_so() {
+    // Issue 26: status tells the truth while traffic does not flow.
+    let mut p = Pair::new(2, Mode::Logical, &[5]);
+    // In steady flow a wait is at most the skew between the channels.
+    let short = |w: Option<(usize, Duration)>| w.is_none_or(|(_, d)| d < Duration::from_millis(5));
+    p.run_until(at_ms(1000));
+    assert!(short(p.b.stats(p.now).rx_waiting));
+    p.ab[1].up = false;
+    p.run_until(at_ms(1060));
+    let (c, d) = p.b.stats(p.now).rx_waiting.expect("B waits for channel 1");
+    assert_eq!(c, 1);
+    assert!(
+        d > Duration::ZERO && d <= Duration::from_millis(200),
+        "{d:?}"
+    );
+    p.ab[1].up = true;
+    p.run_until(at_ms(3000));
+    assert!(short(p.b.stats(p.now).rx_waiting));
+}
+
+#[test]
 fn down_to_one_channel_and_back() {
     let mut p = Pair::new(3, Mode::Logical, &[10]);
     p.run_until(at_ms(1000));
