@@ -15,6 +15,31 @@ fn data(n: usize) -> Vec<u8> {
     (0..n).map(|_| r.next_u64() as u8).collect()
 }
 
+/// `braid recv ARGS.. OUT` at `b`, then `braid send SRC` at `a`: both outputs.
+fn send_file(
+    a: &[String],
+    src: &std::path::Path,
+    b: &[String],
+    recv_args: &[&str],
+    out: &std::path::Path,
+) -> (std::process::Output, std::process::Output) {
+    let recv = Command::new(BIN)
+        .arg("recv")
+        .args(b)
+        .args(recv_args)
+        .arg(out)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let send = Command::new(BIN)
+        .arg("send")
+        .args(a)
+        .arg(src)
+        .output()
+        .unwrap();
+    (send, recv.wait_with_output().unwrap())
+}
+
 #[test]
 fn file_to_file() {
     let (_relay, a, b) = ends(2);
@@ -24,21 +49,7 @@ fn file_to_file() {
     let t0 = Instant::now();
     // With the progress line, the receiver outlives the sender by more than the
     // channels' dead_after: it used to warn of them going down.
-    let recv = Command::new(BIN)
-        .arg("recv")
-        .args(&b)
-        .arg("--progress")
-        .arg(&dst)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let send = Command::new(BIN)
-        .arg("send")
-        .args(&a)
-        .arg(&src)
-        .output()
-        .unwrap();
-    let recv = recv.wait_with_output().unwrap();
+    let (send, recv) = send_file(&a, &src, &b, &["--progress"], &dst);
     let (se, re) = (
         String::from_utf8_lossy(&send.stderr),
         String::from_utf8_lossy(&recv.stderr),
@@ -222,21 +233,7 @@ fn recv_force_replaces_a_file_when_complete() {
     let input = data(1 << 20);
     std::fs::write(&src, &input).unwrap();
     std::fs::write(&out, b"old contents").unwrap();
-    let recv = Command::new(BIN)
-        .arg("recv")
-        .args(&b)
-        .arg("--force")
-        .arg(&out)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let send = Command::new(BIN)
-        .arg("send")
-        .args(&a)
-        .arg(&src)
-        .output()
-        .unwrap();
-    let recv = recv.wait_with_output().unwrap();
+    let (send, recv) = send_file(&a, &src, &b, &["--force"], &out);
     assert!(
         send.status.success() && recv.status.success(),
         "{}\n{}",
