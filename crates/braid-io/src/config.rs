@@ -1,14 +1,15 @@
 //! Session configuration: the Rust value ([`SessionConfig`]) and the TOML file format
-//! shared by `braid tunnel` and `braid bench` ([`FileConfig`]). Every key is documented
-//! in `docs/tunnel.md`.
+//! shared by `braid tunnel` and `braid bench` ([`FileConfig`]). The `[session]` keys are
+//! the settings schema's (`braid_proto::session::schema`, `docs/settings.md`).
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use braid_proto::config::{MarkerConfig, ReceiverConfig};
+use braid_proto::session::schema::{SessionSettings, SettingError};
 use braid_proto::session::SecurityMode;
-use braid_proto::units::{parse_duration, parse_marker_position, parse_mode, parse_scheduler};
+use braid_proto::units::parse_duration;
 use braid_proto::{Mode, SchedulerKind, StripeConfig};
 use serde::Deserialize;
 
@@ -121,6 +122,10 @@ pub struct SessionConfig {
     /// The return path (see `braid_proto::session::return_path`); on by default,
     /// `None`: off.
     pub return_path: Option<braid_proto::session::ReturnPathConfig>,
+    /// Tokens a paced channel may save up, as time at its rate.
+    pub pace_burst: braid_proto::Duration,
+    /// CoDel on the pacer's transmit queue.
+    pub pace_codel: bool,
 }
 
 impl std::fmt::Debug for SessionConfig {
@@ -135,10 +140,12 @@ impl std::fmt::Debug for SessionConfig {
 }
 
 impl SessionConfig {
-    /// Defaults: SRR, logical reception, heartbeat 50 ms, down after 300 ms, rejoin after
-    /// 150 ms.
+    /// These channels and key with the default settings
+    /// ([`SessionSettings::default`], the same as a configuration file that sets
+    /// nothing): SRR, logical reception, heartbeat 50 ms, down after 300 ms, rejoin
+    /// after 150 ms; adaptive weights when every channel is paced.
     pub fn new(channels: Vec<ChannelConfig>, key: impl Into<Vec<u8>>) -> SessionConfig {
-        SessionConfig {
+        let mut c = SessionConfig {
             channels,
             mode: Mode::Logical,
             scheduler: SchedulerKind::Srr,
@@ -146,28 +153,88 @@ impl SessionConfig {
             security: SecurityMode::Encrypt,
             private_key: None,
             peer_public_key: None,
-            rekey_after: Duration::from_secs(120),
-            markers: MarkerConfig {
-                max_interval: Some(braid_proto::Duration::from_millis(5)),
-                ..MarkerConfig::default()
-            },
-            trigger_every: 128,
-            receiver: ReceiverConfig {
-                equalize: true,
-                ..ReceiverConfig::default()
-            },
-            heartbeat: Duration::from_millis(50),
-            dead_after: Duration::from_millis(300),
-            rejoin_after: Duration::from_millis(150),
-            queue_packets: 4096,
-            socket_buffer: 4 << 20,
+            rekey_after: Duration::ZERO,
+            markers: MarkerConfig::default(),
+            trigger_every: 0,
+            receiver: ReceiverConfig::default(),
+            heartbeat: Duration::ZERO,
+            dead_after: Duration::ZERO,
+            rejoin_after: Duration::ZERO,
+            queue_packets: 0,
+            socket_buffer: 0,
             adaptive: false,
             aqm: None,
             arq: None,
             credits: None,
-            demote: Some(braid_proto::session::DemoteConfig::default()),
-            return_path: Some(braid_proto::session::ReturnPathConfig::default()),
-        }
+            demote: None,
+            return_path: None,
+            pace_burst: braid_proto::Duration::ZERO,
+            pace_codel: true,
+        };
+        // The defaults are valid for any channels (a unit test checks it).
+        let applied = c.apply(&SessionSettings::default());
+        debug_assert!(applied.is_ok(), "{applied:?}");
+        c
+    }
+
+    /// Apply every setting of `s` but the keys (which are files and secrets:
+    /// [`FileConfig::parse`] reads them) through the session's one schema.
+    pub fn apply(&mut self, s: &SessionSettings) -> Result<(), SettingError> {
+        let mut core = self.session_config();
+        s.apply(&mut core)?;
+        let us = |d: braid_proto::Duration| Duration::from_micros(d.as_micros());
+        self.mode = core.mode;
+        self.scheduler = core.scheduler;
+        self.security = core.security;
+        self.rekey_after = us(core.rekey_after);
+        self.markers = core.markers;
+        self.trigger_every = core.trigger_every;
+        self.receiver = core.receiver;
+        self.heartbeat = us(core.heartbeat);
+        self.dead_after = us(core.dead_after);
+        self.rejoin_after = us(core.rejoin_after);
+        self.queue_packets = core.queue_packets;
+        // Unset, adaptive weights follow whether every channel is paced; a channel
+        // with `pace = "off"` beside measured ones looks paced to the core (which
+        // measures every channel once one is), so ask the channels themselves.
+        self.adaptive = s.adaptive.unwrap_or_else(|| {
+            self.channels
+                .iter()
+                .all(|c| c.pace_bps.is_some() || c.pace_auto)
+        });
+        self.aqm = core.aqm;
+        self.arq = core.arq;
+        self.credits = core.credits;
+        self.demote = core.demote;
+        self.return_path = core.return_path;
+        self.pace_burst = s.pace_burst.0;
+        self.pace_codel = s.pace_codel;
+        self.socket_buffer = s.socket_buffer;
+        Ok(())
+    }
+
+    /// Pacing from the channels' `pace` (rates, `auto`), with the pacer's tunings.
+    fn pacing(&self) -> Option<braid_proto::session::PacingConfig> {
+        let paced = self
+            .channels
+            .iter()
+            .any(|c| c.pace_bps.is_some() || c.pace_auto);
+        paced.then(|| {
+            let mut p = braid_proto::session::PacingConfig {
+                probe: self.channels.iter().any(|c| c.pace_auto),
+                burst: self.pace_burst,
+                ..braid_proto::session::PacingConfig::new(
+                    self.channels
+                        .iter()
+                        .map(|c| c.pace_bps.unwrap_or(0) as f64)
+                        .collect(),
+                )
+            };
+            if !self.pace_codel {
+                p.codel = None;
+            }
+            p
+        })
     }
 
     /// The largest datagram any channel carries: the smallest channel MTU less the IP and
@@ -283,19 +350,7 @@ impl SessionConfig {
             credits: self.credits,
             demote: self.demote,
             return_path: self.return_path,
-            pacing: self
-                .channels
-                .iter()
-                .any(|c| c.pace_bps.is_some() || c.pace_auto)
-                .then(|| braid_proto::session::PacingConfig {
-                    probe: self.channels.iter().any(|c| c.pace_auto),
-                    ..braid_proto::session::PacingConfig::new(
-                        self.channels
-                            .iter()
-                            .map(|c| c.pace_bps.unwrap_or(0) as f64)
-                            .collect(),
-                    )
-                }),
+            pacing: self.pacing(),
         }
     }
 
@@ -349,7 +404,7 @@ pub struct FileConfig {
 #[serde(deny_unknown_fields)]
 struct RawFile {
     tunnel: Option<RawTunnel>,
-    session: Option<RawSession>,
+    session: Option<SessionSettings>,
     #[serde(default)]
     channel: Vec<RawChannel>,
 }
@@ -363,49 +418,6 @@ struct RawTunnel {
     control: Option<String>,
     metrics: Option<String>,
     log_interval: Option<String>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct RawSession {
-    mode: Option<String>,
-    scheduler: Option<String>,
-    key: Option<String>,
-    key_file: Option<String>,
-    security: Option<String>,
-    allow_insecure: Option<bool>,
-    private_key_file: Option<String>,
-    peer_public_key: Option<String>,
-    rekey_after: Option<String>,
-    heartbeat: Option<String>,
-    dead_after: Option<String>,
-    rejoin_after: Option<String>,
-    marker_every_rounds: Option<u32>,
-    marker_position: Option<String>,
-    marker_idle: Option<String>,
-    marker_interval: Option<String>,
-    equalize: Option<bool>,
-    adaptive: Option<bool>,
-    aqm: Option<bool>,
-    aqm_target: Option<String>,
-    aqm_interval: Option<String>,
-    aqm_loss_signal: Option<bool>,
-    arq: Option<String>,
-    credits: Option<bool>,
-    credit_window: Option<u32>,
-    credit_pool: Option<u32>,
-    demote: Option<bool>,
-    demote_loss: Option<f64>,
-    demote_after: Option<String>,
-    promote_after: Option<String>,
-    demote_rtt_ratio: Option<f64>,
-    return_path: Option<bool>,
-    repair: Option<String>,
-    trigger_every: Option<u32>,
-    max_wait: Option<String>,
-    buffer_packets: Option<usize>,
-    queue_packets: Option<usize>,
-    socket_buffer: Option<usize>,
 }
 
 #[derive(Deserialize)]
@@ -506,404 +518,25 @@ impl FileConfig {
         text: &str,
         dir: Option<&Path>,
     ) -> Result<FileConfig, ConfigFileError> {
-        let err = |key: &str, reason: String| ConfigFileError {
+        let err = |(key, reason): Fault| ConfigFileError {
             file: file.to_string(),
-            key: key.to_string(),
+            key,
             reason,
         };
-        let raw: RawFile = parse_toml(text).map_err(|(key, reason)| err(&key, reason))?;
+        let raw: RawFile = parse_toml(text).map_err(err)?;
         let s = raw.session.unwrap_or_default();
-        let dur =
-            |key: &str, v: &Option<String>, d: Duration| -> Result<Duration, ConfigFileError> {
-                match v {
-                    None => Ok(d),
-                    Some(v) => parse_duration(v).map_err(|r| err(key, r.to_string())),
-                }
-            };
-        if raw.channel.is_empty() {
-            return Err(err(
-                "channel",
-                "no [[channel]] entries: at least one channel is needed".into(),
-            ));
-        }
-        let mut channels = Vec::new();
-        for (i, c) in raw.channel.iter().enumerate() {
-            let k = |f: &str| format!("channel[{i}].{f}");
-            let local: SocketAddr = c.local.parse().map_err(|_| {
-                err(
-                    &k("local"),
-                    format!("'{}' is not an IP:PORT address", c.local),
-                )
-            })?;
-            let remote: SocketAddr = c.remote.parse().map_err(|_| {
-                err(
-                    &k("remote"),
-                    format!("'{}' is not an IP:PORT address", c.remote),
-                )
-            })?;
-            if remote.port() == 0 {
-                return Err(err(&k("remote"), "port 0 cannot be a destination".into()));
-            }
-            let weight = c.weight.unwrap_or(1);
-            if weight == 0 {
-                return Err(err(&k("weight"), "must be at least 1".into()));
-            }
-            let mtu = c.mtu.unwrap_or(1500);
-            if !(576..=65535).contains(&mtu) {
-                return Err(err(&k("mtu"), format!("{mtu} is outside 576..=65535")));
-            }
-            // Measured (`auto`) unless a rate or `off` is given.
-            let (pace_bps, pace_auto) = match c.pace.as_deref() {
-                None | Some("auto") => (None, true),
-                Some("off") => (None, false),
-                Some(v) => (
-                    Some(braid_proto::units::parse_rate(v).map_err(|e| {
-                        err(
-                            &k("pace"),
-                            format!("{e} (or \"auto\": measure the link; \"off\": no pacing)"),
-                        )
-                    })?),
-                    false,
-                ),
-            };
-            channels.push(ChannelConfig {
-                name: c.name.clone().unwrap_or_else(|| format!("ch{i}")),
-                local,
-                remote,
-                device: c.device.clone(),
-                weight,
-                mtu,
-                pace_bps,
-                pace_auto,
-            });
-        }
-        let file_path = |f: &str| match dir {
-            Some(d) if Path::new(f).is_relative() => d.join(f),
-            _ => PathBuf::from(f),
-        };
-        let key = match (&s.key, &s.key_file) {
-            (Some(_), Some(_)) => {
-                return Err(err(
-                    "session.key_file",
-                    "give either key or key_file, not both".into(),
-                ))
-            }
-            (Some(k), None) => keys::decode(k)
-                .map_err(|e| err("session.key", e.to_string()))?
-                .to_vec(),
-            (None, Some(f)) => keys::read_file(&file_path(f))
-                .map_err(|e| err("session.key_file", e.to_string()))?
-                .to_vec(),
-            (None, None) => Vec::new(),
-        };
-        let private_key = match &s.private_key_file {
-            Some(f) => Some(
-                keys::read_file(&file_path(f))
-                    .map_err(|e| err("session.private_key_file", e.to_string()))?,
-            ),
-            None => None,
-        };
-        let peer_public_key = match &s.peer_public_key {
-            Some(k) => {
-                Some(keys::decode(k).map_err(|e| err("session.peer_public_key", e.to_string()))?)
-            }
-            None => None,
-        };
-        match (key.is_empty(), private_key.is_some(), peer_public_key.is_some()) {
-            (true, false, false) => {
-                return Err(err(
-                    "session.key",
-                    "missing: a pre-shared key (key_file = \"braid.key\", made with `braid genkey > braid.key`), or static keys (private_key_file and peer_public_key), authenticates the handshake".into(),
-                ))
-            }
-            (_, true, false) => {
-                return Err(err("session.peer_public_key", "missing: private_key_file is set, so the peer's public key (`braid pubkey < its private key`) is needed too".into()))
-            }
-            (_, false, true) => {
-                return Err(err("session.private_key_file", "missing: peer_public_key is set, so our own private key is needed too".into()))
-            }
-            _ => {}
-        }
+        let channels = parse_channels(&raw.channel).map_err(err)?;
+        let (key, private_key, peer_public_key) = read_keys(&s, dir).map_err(err)?;
         let mut cfg = SessionConfig::new(channels, key);
         cfg.private_key = private_key;
         cfg.peer_public_key = peer_public_key;
-        if let Some(m) = &s.security {
-            cfg.security = SecurityMode::from_name(m).ok_or_else(|| {
-                err(
-                    "session.security",
-                    format!("unknown security mode '{m}' (encrypt, auth, none)"),
-                )
-            })?;
-        }
-        if cfg.security == SecurityMode::None && s.allow_insecure != Some(true) {
-            return Err(err(
-                "session.security",
-                "\"none\" sends data in clear and delivers forged packets (anyone who can reach a channel's port can inject into the tunnel); set allow_insecure = true beside it to run so anyway, or use \"encrypt\" (the default) or \"auth\" (docs/security.md)".into(),
-            ));
-        }
-        cfg.rekey_after = dur("session.rekey_after", &s.rekey_after, cfg.rekey_after)?;
-        if cfg.rekey_after < Duration::from_secs(1) {
-            return Err(err("session.rekey_after", "must be at least 1s".into()));
-        }
-        if let Some(m) = &s.mode {
-            cfg.mode = parse_mode(m).map_err(|e| err("session.mode", e.to_string()))?;
-        }
-        if let Some(m) = &s.scheduler {
-            // `random` draws from seed 0 at both ends, so the receiver can follow it.
-            cfg.scheduler =
-                parse_scheduler(m).map_err(|e| err("session.scheduler", e.to_string()))?;
-        }
-        cfg.heartbeat = dur("session.heartbeat", &s.heartbeat, cfg.heartbeat)?;
-        cfg.dead_after = dur("session.dead_after", &s.dead_after, cfg.dead_after)?;
-        cfg.rejoin_after = dur("session.rejoin_after", &s.rejoin_after, cfg.rejoin_after)?;
-        if cfg.heartbeat < Duration::from_millis(1) {
-            return Err(err("session.heartbeat", "must be at least 1ms".into()));
-        }
-        if cfg.dead_after < cfg.heartbeat * 2 {
-            return Err(err(
-                "session.dead_after",
-                format!(
-                    "{:?} is less than twice the heartbeat ({:?}): healthy channels would flap",
-                    cfg.dead_after, cfg.heartbeat
-                ),
-            ));
-        }
-        if let Some(k) = s.marker_every_rounds {
-            cfg.markers.every_rounds = k;
-        }
-        if let Some(p) = &s.marker_position {
-            cfg.markers.position = parse_marker_position(p, cfg.channels.len())
-                .map_err(|e| err("session.marker_position", e.to_string()))?;
-        }
-        if let Some(v) = &s.marker_idle {
-            let d = parse_duration(v).map_err(|r| err("session.marker_idle", r.to_string()))?;
-            cfg.markers.idle = if d.is_zero() {
-                None
-            } else {
-                Some(braid_proto::Duration::from_micros(d.as_micros() as u64))
-            };
-        }
-        if let Some(v) = &s.marker_interval {
-            let d = parse_duration(v).map_err(|r| err("session.marker_interval", r.to_string()))?;
-            cfg.markers.max_interval = if d.is_zero() {
-                None
-            } else {
-                Some(braid_proto::Duration::from_micros(d.as_micros() as u64))
-            };
-        }
-        if let Some(e) = s.equalize {
-            cfg.receiver.equalize = e;
-        }
-        // Adaptive weights: on by default when every channel is paced, at a rate or at
-        // its measured rate (the default; adaptive pacing: the pace follows a link that
-        // slows down, at no cost measured elsewhere), off otherwise (unpaced, the
-        // controller takes a single flow's slow-start queues for a change of the links
-        // and moves right weights: `docs/lab.md`).
-        cfg.adaptive = s.adaptive.unwrap_or_else(|| {
-            !cfg.channels.is_empty()
-                && cfg
-                    .channels
-                    .iter()
-                    .all(|c| c.pace_bps.is_some() || c.pace_auto)
-        });
-        if let Some(on) = s.aqm {
-            cfg.aqm = on.then(braid_proto::aqm::AqmConfig::default);
-        }
-        for (key, v) in [
-            ("aqm_target", &s.aqm_target),
-            ("aqm_interval", &s.aqm_interval),
-        ] {
-            let Some(v) = v else { continue };
-            let name = format!("session.{key}");
-            let d = parse_duration(v).map_err(|r| err(&name, r.to_string()))?;
-            if d.is_zero() {
-                return Err(err(&name, "must be above zero".into()));
-            }
-            let Some(a) = &mut cfg.aqm else {
-                return Err(err(&name, "needs `aqm = true`".into()));
-            };
-            let d = braid_proto::Duration::from_micros(d.as_micros() as u64);
-            // Configured values are used as they are, not scaled to the round trip.
-            a.scale_to_rtt = false;
-            if key == "aqm_target" {
-                a.target = d;
-            } else {
-                a.interval = d;
-            }
-        }
-        if let Some(on) = s.aqm_loss_signal {
-            let Some(a) = &mut cfg.aqm else {
-                return Err(err("session.aqm_loss_signal", "needs `aqm = true`".into()));
-            };
-            a.loss_signal = on;
-        }
-        if let Some(v) = &s.arq {
-            let d = parse_duration(v).map_err(|r| err("session.arq", r.to_string()))?;
-            cfg.arq = (!d.is_zero()).then(|| braid_proto::session::ArqConfig {
-                wait: braid_proto::Duration::from_micros(d.as_micros() as u64),
-            });
-        }
-        if let Some(on) = s.demote {
-            cfg.demote = on.then(braid_proto::session::DemoteConfig::default);
-        }
-        if let Some(on) = s.return_path {
-            cfg.return_path = on.then(braid_proto::session::ReturnPathConfig::default);
-        }
-        if s.demote_loss.is_some()
-            || s.demote_after.is_some()
-            || s.promote_after.is_some()
-            || s.demote_rtt_ratio.is_some()
-        {
-            let Some(d) = &mut cfg.demote else {
-                return Err(err(
-                    "session.demote",
-                    "is false: demote_loss, demote_after, promote_after and demote_rtt_ratio \
-                     need it on"
-                        .into(),
-                ));
-            };
-            if let Some(l) = s.demote_loss {
-                if !(l > 0.0 && l < 1.0) {
-                    return Err(err(
-                        "session.demote_loss",
-                        format!("{l}: expected a share of datagrams above 0 and below 1"),
-                    ));
-                }
-                d.loss = l;
-            }
-            for (key, v) in [
-                ("demote_after", &s.demote_after),
-                ("promote_after", &s.promote_after),
-            ] {
-                let Some(v) = v else { continue };
-                let name = format!("session.{key}");
-                let t = parse_duration(v).map_err(|r| err(&name, r.to_string()))?;
-                let t = braid_proto::Duration::from_micros(t.as_micros() as u64);
-                if key == "demote_after" {
-                    d.after = t;
-                } else {
-                    d.promote_after = t;
-                }
-            }
-            if let Some(r) = s.demote_rtt_ratio {
-                if !(r == 0.0 || (1.5..=1000.0).contains(&r)) {
-                    return Err(err(
-                        "session.demote_rtt_ratio",
-                        format!("{r}: expected 0 (off) or a ratio from 1.5 to 1000"),
-                    ));
-                }
-                d.rtt_ratio = r;
-            }
-        }
-        // `repair` is the old name of `arq`: the tunnel's repair is the error-control
-        // module's in-bond profile now, in every mode (it was `seq` mode's NAK repair
-        // in the resequencer, which the simulator keeps as a comparison point).
-        if let Some(v) = &s.repair {
-            if s.arq.is_some() {
-                return Err(err(
-                    "session.repair",
-                    "`repair` is the old name of `arq`: set only `arq`".into(),
-                ));
-            }
-            let d = parse_duration(v).map_err(|r| err("session.repair", r.to_string()))?;
-            cfg.arq = (!d.is_zero()).then(|| braid_proto::session::ArqConfig {
-                wait: braid_proto::Duration::from_micros(d.as_micros() as u64),
-            });
-        }
-        if let Some(t) = s.trigger_every {
-            if t == 0 {
-                return Err(err("session.trigger_every", "must be at least 1".into()));
-            }
-            cfg.trigger_every = t;
-        }
-        if let Some(v) = &s.max_wait {
-            let d = parse_duration(v).map_err(|r| err("session.max_wait", r.to_string()))?;
-            cfg.receiver.max_wait = braid_proto::Duration::from_micros(d.as_micros() as u64);
-        }
-        if let Some(b) = s.buffer_packets {
-            if b == 0 {
-                return Err(err("session.buffer_packets", "must be at least 1".into()));
-            }
-            cfg.receiver.buffer_packets = b;
-        }
-        if let Some(q) = s.queue_packets {
-            cfg.queue_packets = q;
-        }
-        if let Some(b) = s.socket_buffer {
-            cfg.socket_buffer = b;
-        }
-        // After buffer_packets: the window defaults to the receive buffer less the
-        // markers' room.
-        if s.credits == Some(true) {
-            let room = (cfg.receiver.buffer_packets as u64)
-                .saturating_sub(braid_proto::session::credits::MARKER_SLACK as u64)
-                .min(u32::MAX as u64) as u32;
-            cfg.credits = Some(braid_proto::session::CreditConfig {
-                window: s.credit_window.unwrap_or(room),
-                pool: s.credit_pool,
-            });
-        } else if s.credit_window.is_some() || s.credit_pool.is_some() {
-            let key = if s.credit_window.is_some() {
-                "session.credit_window"
-            } else {
-                "session.credit_pool"
-            };
-            return Err(err(key, "needs `credits = true`".into()));
-        }
-        cfg.validate().map_err(|r| err("session", r))?;
-
+        // Every other setting, through the session's one schema.
+        cfg.apply(&s)
+            .map_err(|e| err((format!("session.{}", e.key), e.reason)))?;
+        cfg.validate().map_err(|r| err(("session".into(), r)))?;
         let tunnel = match raw.tunnel {
             None => None,
-            Some(t) => {
-                let name = t.name.unwrap_or_else(|| "braid0".into());
-                if name.is_empty() || name.len() > 15 {
-                    return Err(err(
-                        "tunnel.name",
-                        format!("'{name}' must be 1 to 15 bytes long"),
-                    ));
-                }
-                let address = match &t.address {
-                    None => None,
-                    Some(a) => Some(parse_cidr(a).map_err(|r| err("tunnel.address", r))?),
-                };
-                let auto = cfg.max_inner() - cfg.data_overhead();
-                if let Some(m) = t.mtu {
-                    if m > auto {
-                        return Err(err(
-                            "tunnel.mtu",
-                            format!("{m} does not fit the channels: at most {auto} (smallest channel mtu less IP/UDP headers, the security envelope and the mode's header)"),
-                        ));
-                    }
-                    if m < 576 {
-                        return Err(err("tunnel.mtu", format!("{m} is below 576")));
-                    }
-                }
-                let metrics = match &t.metrics {
-                    None => None,
-                    Some(m) => Some(m.parse().map_err(|_| {
-                        err("tunnel.metrics", format!("'{m}' is not an IP:PORT address"))
-                    })?),
-                };
-                // Default: named after the device, so that two tunnels on one host
-                // (two namespaces share /run) do not take each other's socket.
-                let control = Some(
-                    t.control
-                        .map(PathBuf::from)
-                        .unwrap_or_else(|| crate::tunnel::default_control(&name)),
-                );
-                Some(TunnelConfig {
-                    name,
-                    address,
-                    mtu: t.mtu,
-                    control,
-                    metrics,
-                    log_interval: dur(
-                        "tunnel.log_interval",
-                        &t.log_interval,
-                        Duration::from_secs(10),
-                    )?,
-                })
-            }
+            Some(t) => Some(parse_tunnel(t, &cfg).map_err(err)?),
         };
         Ok(FileConfig {
             session: cfg,
@@ -912,9 +545,218 @@ impl FileConfig {
     }
 }
 
+/// A key at fault (dotted path) and why.
+type Fault = (String, String);
+
+fn fault(key: &str, reason: impl Into<String>) -> Fault {
+    (key.to_string(), reason.into())
+}
+
+/// The `[[channel]]` entries.
+fn parse_channels(raw: &[RawChannel]) -> Result<Vec<ChannelConfig>, Fault> {
+    if raw.is_empty() {
+        return Err(fault(
+            "channel",
+            "no [[channel]] entries: at least one channel is needed",
+        ));
+    }
+    raw.iter()
+        .enumerate()
+        .map(|(i, c)| parse_channel(i, c))
+        .collect()
+}
+
+fn parse_channel(i: usize, c: &RawChannel) -> Result<ChannelConfig, Fault> {
+    let k = |f: &str| format!("channel[{i}].{f}");
+    let addr = |f: &str, v: &str| -> Result<SocketAddr, Fault> {
+        v.parse()
+            .map_err(|_| (k(f), format!("'{v}' is not an IP:PORT address")))
+    };
+    let local = addr("local", &c.local)?;
+    let remote = addr("remote", &c.remote)?;
+    if remote.port() == 0 {
+        return Err((k("remote"), "port 0 cannot be a destination".into()));
+    }
+    let weight = c.weight.unwrap_or(1);
+    if weight == 0 {
+        return Err((k("weight"), "must be at least 1".into()));
+    }
+    let mtu = c.mtu.unwrap_or(1500);
+    if !(576..=65535).contains(&mtu) {
+        return Err((k("mtu"), format!("{mtu} is outside 576..=65535")));
+    }
+    // Measured (`auto`) unless a rate or `off` is given.
+    let (pace_bps, pace_auto) = match c.pace.as_deref() {
+        None | Some("auto") => (None, true),
+        Some("off") => (None, false),
+        Some(v) => (
+            Some(braid_proto::units::parse_rate(v).map_err(|e| {
+                (
+                    k("pace"),
+                    format!("{e} (or \"auto\": measure the link; \"off\": no pacing)"),
+                )
+            })?),
+            false,
+        ),
+    };
+    Ok(ChannelConfig {
+        name: c.name.clone().unwrap_or_else(|| format!("ch{i}")),
+        local,
+        remote,
+        device: c.device.clone(),
+        weight,
+        mtu,
+        pace_bps,
+        pace_auto,
+    })
+}
+
+/// Our keys: the pre-shared key (inline or from a file), our static private key and
+/// the peer's public key; at least one way to authenticate the handshake.
+type Keys = (Vec<u8>, Option<[u8; 32]>, Option<[u8; 32]>);
+
+fn read_keys(s: &SessionSettings, dir: Option<&Path>) -> Result<Keys, Fault> {
+    let file_path = |f: &str| match dir {
+        Some(d) if Path::new(f).is_relative() => d.join(f),
+        _ => PathBuf::from(f),
+    };
+    let e = |key: &'static str| move |e: keys::KeyError| fault(key, e.to_string());
+    let key = match (&s.key, &s.key_file) {
+        (Some(_), Some(_)) => {
+            return Err(fault(
+                "session.key_file",
+                "give either key or key_file, not both",
+            ))
+        }
+        (Some(k), None) => keys::decode(k).map_err(e("session.key"))?.to_vec(),
+        (None, Some(f)) => keys::read_file(&file_path(f))
+            .map_err(e("session.key_file"))?
+            .to_vec(),
+        (None, None) => Vec::new(),
+    };
+    let private_key = match &s.private_key_file {
+        Some(f) => Some(keys::read_file(&file_path(f)).map_err(e("session.private_key_file"))?),
+        None => None,
+    };
+    let peer_public_key = match &s.peer_public_key {
+        Some(k) => Some(keys::decode(k).map_err(e("session.peer_public_key"))?),
+        None => None,
+    };
+    match (key.is_empty(), private_key.is_some(), peer_public_key.is_some()) {
+        (true, false, false) => Err(fault(
+            "session.key",
+            "missing: a pre-shared key (key_file = \"braid.key\", made with `braid genkey > braid.key`), or static keys (private_key_file and peer_public_key), authenticates the handshake",
+        )),
+        (_, true, false) => Err(fault("session.peer_public_key", "missing: private_key_file is set, so the peer's public key (`braid pubkey < its private key`) is needed too")),
+        (_, false, true) => Err(fault("session.private_key_file", "missing: peer_public_key is set, so our own private key is needed too")),
+        _ => Ok((key, private_key, peer_public_key)),
+    }
+}
+
+/// The `[tunnel]` section, checked against the session (the device MTU must fit).
+fn parse_tunnel(t: RawTunnel, cfg: &SessionConfig) -> Result<TunnelConfig, Fault> {
+    let name = t.name.unwrap_or_else(|| "braid0".into());
+    if name.is_empty() || name.len() > 15 {
+        return Err(fault(
+            "tunnel.name",
+            format!("'{name}' must be 1 to 15 bytes long"),
+        ));
+    }
+    let address = match &t.address {
+        None => None,
+        Some(a) => Some(parse_cidr(a).map_err(|r| fault("tunnel.address", r))?),
+    };
+    let auto = cfg.max_inner() - cfg.data_overhead();
+    if let Some(m) = t.mtu {
+        if m > auto {
+            return Err(fault(
+                "tunnel.mtu",
+                format!("{m} does not fit the channels: at most {auto} (smallest channel mtu less IP/UDP headers, the security envelope and the mode's header)"),
+            ));
+        }
+        if m < 576 {
+            return Err(fault("tunnel.mtu", format!("{m} is below 576")));
+        }
+    }
+    let metrics = match &t.metrics {
+        None => None,
+        Some(m) => Some(
+            m.parse()
+                .map_err(|_| fault("tunnel.metrics", format!("'{m}' is not an IP:PORT address")))?,
+        ),
+    };
+    // Default: named after the device, so that two tunnels on one host (two
+    // namespaces share /run) do not take each other's socket.
+    let control = Some(
+        t.control
+            .map(PathBuf::from)
+            .unwrap_or_else(|| crate::tunnel::default_control(&name)),
+    );
+    let log_interval = match &t.log_interval {
+        None => Duration::from_secs(10),
+        Some(v) => parse_duration(v).map_err(|r| fault("tunnel.log_interval", r.to_string()))?,
+    };
+    Ok(TunnelConfig {
+        name,
+        address,
+        mtu: t.mtu,
+        control,
+        metrics,
+        log_interval,
+    })
+}
+
+/// The reference of every `[session]` key (`docs/settings.md`), made from the schema
+/// (`braid_proto::session::schema`): its keys, their defaults and what they do.
+pub fn settings_reference() -> String {
+    use braid_proto::session::schema::{simulator_source, REFERENCE};
+    let defaults = toml::Value::try_from(SessionSettings::default()).ok();
+    let mut out = String::from(
+        "# Session settings\n\n\
+         <!-- Generated from crates/braid-proto/src/session/schema.rs by \
+         `BRAID_BLESS=1 cargo test -p braid-io settings_reference`; do not edit. -->\n\n\
+         Every key of a `[session]` table, with one set of defaults: the same in a tunnel \
+         configuration (`braid tunnel`, `braid send`/`recv`, `docs/tunnel.md`), an overlay \
+         node's flows and a simulator scenario (`docs/scenarios.md`). Unknown keys are \
+         errors; every error names the file, the key and the reason. Durations are \
+         strings with a unit (`250us`, `50ms`, `1.5s`, `2m`; `docs/units.md`). Sections \
+         named below (\"Pacing\", \"Credits\", …) are in `docs/tunnel.md`.\n\n\
+         A scenario sets the striping keys in its runs, `[markers]` and `[receiver]` \
+         (the *scenario* column says where), and paces with `pace_mbps` (a rate per \
+         channel, 0: not paced) and `pace_probe` (measure, as the tunnel's per-channel \
+         `pace = \"auto\"`) where the tunnel has `pace` on each `[[channel]]`.\n\n\
+         | key | default | scenario | meaning |\n|---|---|---|---|\n",
+    );
+    for d in REFERENCE {
+        let default = match defaults.as_ref().and_then(|t| t.get(d.key)) {
+            Some(v) => format!("`{v}`"),
+            None => "unset".into(),
+        };
+        let sim = simulator_source(d.key).unwrap_or("`[session]`");
+        out += &format!("| `{}` | {default} | {sim} | {} |\n", d.key, d.doc);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `docs/settings.md` is the schema's reference; `BRAID_BLESS=1` rewrites it.
+    #[test]
+    fn settings_reference_matches_docs() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/settings.md");
+        let made = settings_reference();
+        if std::env::var_os("BRAID_BLESS").is_some() {
+            std::fs::write(&path, &made).unwrap();
+        }
+        let docs = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            docs == made,
+            "docs/settings.md differs from the settings schema: run \
+             BRAID_BLESS=1 cargo test -p braid-io settings_reference"
+        );
+    }
     use braid_proto::config::MarkerPosition;
 
     const GOOD: &str = r#"

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use braid_proto::sched::{grr_weights, srr_quanta};
-use braid_proto::session::SecurityMode;
+use braid_proto::session::schema::SessionSettings;
 use braid_proto::units;
 use braid_proto::{Duration, MarkerConfig, Mode, Policy, ReceiverConfig, StripeConfig};
 use toml::{Table, Value};
@@ -1100,40 +1100,20 @@ fn build_job(
 }
 
 /// `[session]`: run the whole session machine at both ends (hellos, liveness,
-/// failover) with the tunnel configuration's keys and spellings. The mode, scheduler,
-/// markers and receiver come from the run as for every other run; channel weights are
-/// relative, the smallest quantum equal to `max_packet`, as in the tunnel.
+/// failover) with the tunnel's settings schema (`braid_proto::session::schema`): the
+/// same keys, spellings and defaults as a tunnel configuration's `[session]`. The mode,
+/// scheduler, markers and receiver come from the run as for every other run; channel
+/// weights are relative, the smallest quantum equal to `max_packet`, as in the tunnel.
+/// Pacing, per channel in the tunnel, is `pace_mbps` here (one rate per channel, 0:
+/// not paced) with `pace_probe` (measure the channels, as the tunnel's `auto`).
 fn session_variant(st: &Tab, sc: StripeConfig) -> Result<Variant, ScenarioError> {
-    st.check_keys(&[
-        "heartbeat",
-        "dead_after",
-        "rejoin_after",
-        "queue_packets",
-        "key",
-        "security",
-        "rekey_after",
-        "adaptive",
-        "arq",
-        "aqm",
-        "aqm_target",
-        "aqm_interval",
-        "aqm_loss_signal",
-        "pace_mbps",
-        "pace_burst",
-        "pace_codel",
-        "pace_probe",
-        "credits",
-        "credit_window",
-        "credit_pool",
-        "demote",
-        "demote_loss",
-    ])?;
     let Policy::Causal(scheduler) = sc.policy else {
         return Err(st.cx.err(
             Some("session"),
             "a session run needs a causal scheduler (srr, rr, grr or random)",
         ));
     };
+    let settings = session_settings(st)?;
     let params = sc
         .weights
         .iter()
@@ -1143,152 +1123,87 @@ fn session_variant(st: &Tab, sc: StripeConfig) -> Result<Variant, ScenarioError>
             weight,
         })
         .collect();
-    let key = st
-        .str_opt("key")?
-        .unwrap_or("a simulated pre-shared key of 32 bytes or more");
-    let security = match st.str_opt("security")? {
-        None => SecurityMode::Encrypt,
-        Some(s) => SecurityMode::from_name(s)
-            .ok_or_else(|| st.err("security", "expected \"encrypt\", \"auth\" or \"none\""))?,
-    };
     // max_packet stays the largest packet the striper makes; sealed datagrams are the
     // envelope's bytes larger on the channel.
     let mut cfg = braid_proto::session::Config::new(
         params,
-        sc.max_packet + security.data_overhead() as u32,
-        key.as_bytes().to_vec(),
+        sc.max_packet + settings.security.data_overhead() as u32,
+        b"a simulated pre-shared key of 32 bytes or more".to_vec(),
     );
-    cfg.security = security;
+    cfg.pacing = session_pacing(st, sc.weights.len())?;
+    settings
+        .apply(&mut cfg)
+        .map_err(|e| st.err(e.key, &e.reason))?;
+    // The striping settings are the run's.
     cfg.mode = sc.mode;
     cfg.scheduler = scheduler;
     cfg.markers = sc.markers;
     cfg.trigger_every = sc.trigger_every;
     cfg.receiver = sc.receiver;
-    for (k, slot) in [
-        ("heartbeat", &mut cfg.heartbeat),
-        ("dead_after", &mut cfg.dead_after),
-        ("rejoin_after", &mut cfg.rejoin_after),
-        ("rekey_after", &mut cfg.rekey_after),
-    ] {
-        if let Some(v) = st.str_opt(k)? {
-            *slot = units::parse_duration_us(v).map_err(|e| st.err(k, &e.to_string()))?;
+    cfg.credits = settings
+        .credits(cfg.receiver.buffer_packets)
+        .map_err(|e| st.err(e.key, &e.reason))?;
+    cfg.validate().map_err(|e| st.cx.err(Some("session"), &e))?;
+    Ok(Variant::Session(Box::new(cfg)))
+}
+
+/// The scenario's own pacing keys: `pace_mbps` (a rate per channel, Mbit/s on the
+/// wire, 0: not paced) and `pace_probe` (measure the channels, as `pace = "auto"`).
+const PACE_KEYS: [&str; 2] = ["pace_mbps", "pace_probe"];
+
+/// The `[session]` table through the schema, but for the keys a scenario sets
+/// elsewhere (said in the error) and its pacing keys.
+fn session_settings(st: &Tab) -> Result<SessionSettings, ScenarioError> {
+    let mut t = st.t.clone();
+    for k in PACE_KEYS {
+        t.remove(k);
+    }
+    if let Some(k) = t
+        .keys()
+        .find(|k| braid_proto::session::schema::simulator_source(k).is_some())
+    {
+        let from = braid_proto::session::schema::simulator_source(k).unwrap_or_default();
+        return Err(st.err(k, &format!("not a [session] key in a scenario: {from}")));
+    }
+    // A sweep sets numbers: 0 and 1 stand for false and true where the schema has a
+    // switch (its default is a boolean; `adaptive`'s is unset, "follow the pacing").
+    let defaults = Value::try_from(SessionSettings::default()).ok();
+    for (k, v) in t.iter_mut() {
+        let switch = k == "adaptive"
+            || defaults
+                .as_ref()
+                .and_then(|d| d.get(k))
+                .is_some_and(Value::is_bool);
+        match v {
+            Value::Integer(i @ (0 | 1)) if switch => *v = Value::Boolean(*i == 1),
+            Value::Float(f) if switch && (*f == 0.0 || *f == 1.0) => *v = Value::Boolean(*f == 1.0),
+            _ => {}
         }
     }
-    cfg.queue_packets = st.u32_in(
-        "queue_packets",
-        Some(cfg.queue_packets as u32),
-        1,
-        1 << 24,
-        "a whole number of packets from 1 to 16777216",
-    )? as usize;
-    cfg.adaptive = st.bool_or("adaptive", cfg.adaptive)?;
-    if let Some(v) = st.str_opt("arq")? {
-        let wait = units::parse_duration_us(v).map_err(|e| st.err("arq", &e.to_string()))?;
-        cfg.arq = (wait > braid_proto::Duration::ZERO)
-            .then_some(braid_proto::session::ArqConfig { wait });
-    }
-    // Bad-link demotion: on by default, as in the tunnel.
-    if !st.bool_or("demote", true)? {
-        cfg.demote = None;
-    } else if let Some(v) = st.t.get("demote_loss") {
-        let l = v
-            .as_float()
-            .filter(|l| *l > 0.0 && *l < 1.0)
-            .ok_or_else(|| {
-                st.err(
-                    "demote_loss",
-                    "expected a share of datagrams above 0 and below 1",
-                )
-            })?;
-        if let Some(d) = &mut cfg.demote {
-            d.loss = l;
-        }
-    }
-    if st.bool_or("aqm", false)? {
-        let mut a = braid_proto::aqm::AqmConfig::default();
-        for (k, slot) in [
-            ("aqm_target", &mut a.target),
-            ("aqm_interval", &mut a.interval),
-        ] {
-            if let Some(v) = st.str_opt(k)? {
-                let d = units::parse_duration_us(v).map_err(|e| st.err(k, &e.to_string()))?;
-                if d == Duration::ZERO {
-                    return Err(st.err(k, "must be above zero"));
-                }
-                *slot = d;
-            }
-        }
-        // Configured values are used as they are, not scaled to the round trip.
-        a.scale_to_rtt = !(st.t.contains_key("aqm_target") || st.t.contains_key("aqm_interval"));
-        a.loss_signal = st.bool_or("aqm_loss_signal", a.loss_signal)?;
-        cfg.aqm = Some(a);
-    } else {
-        for k in ["aqm_target", "aqm_interval", "aqm_loss_signal"] {
-            if st.t.contains_key(k) {
-                return Err(st.err(k, "needs `aqm = true`"));
-            }
-        }
-    }
-    // Pacing per channel at given rates (Mbit/s on the wire, 0: not paced), with CoDel
-    // on the transmit queue it builds unless `pace_codel = false`.
+    serde_path_to_error::deserialize(Value::Table(t)).map_err(|e| {
+        let key = e.path().to_string();
+        st.err(&key, e.into_inner().to_string().trim_end())
+    })
+}
+
+/// Pacing at `pace_mbps`, measured with `pace_probe`; `None` without `pace_mbps`.
+fn session_pacing(
+    st: &Tab,
+    channels: usize,
+) -> Result<Option<braid_proto::session::PacingConfig>, ScenarioError> {
     match st.num_list("pace_mbps", "a rate in Mbit/s >= 0, one per channel")? {
         Some(r) => {
             let mut p =
                 braid_proto::session::PacingConfig::new(r.iter().map(|x| x * 1e6).collect());
-            if let Some(v) = st.str_opt("pace_burst")? {
-                p.burst = units::parse_duration_us(v)
-                    .map_err(|e| st.err("pace_burst", &e.to_string()))?;
-            }
-            if !st.bool_or("pace_codel", true)? {
-                p.codel = None;
-            }
             // Capacity probes (`pace = "auto"` in the tunnel): a channel at 0 is paced
             // at its measured rate, one with a rate at the lower of the two.
             p.probe = st.bool_or("pace_probe", false)?;
-            p.validate(cfg.channels.len())
-                .map_err(|e| st.err("pace_mbps", &e))?;
-            cfg.pacing = Some(p);
+            p.validate(channels).map_err(|e| st.err("pace_mbps", &e))?;
+            Ok(Some(p))
         }
-        None => {
-            for k in ["pace_burst", "pace_codel", "pace_probe"] {
-                if st.t.contains_key(k) {
-                    return Err(st.err(k, "needs `pace_mbps`"));
-                }
-            }
-        }
+        None if st.t.contains_key("pace_probe") => Err(st.err("pace_probe", "needs `pace_mbps`")),
+        None => Ok(None),
     }
-    // Credits per channel (seed 004 in the session); the window defaults to the
-    // receive buffer less the markers' room, as in the tunnel.
-    if st.bool_or("credits", false)? {
-        let room = (cfg.receiver.buffer_packets as u64)
-            .saturating_sub(braid_proto::session::credits::MARKER_SLACK as u64)
-            .clamp(4, 1 << 24) as u32;
-        let window = st.u32_in(
-            "credit_window",
-            Some(room),
-            4,
-            1 << 24,
-            "a whole number of packets from 4 to 16777216",
-        )?;
-        let pool = match st.t.contains_key("credit_pool") {
-            false => None,
-            true => Some(st.u32_in(
-                "credit_pool",
-                None,
-                8,
-                1 << 24,
-                "a whole number of packets from 8 to 16777216",
-            )?),
-        };
-        cfg.credits = Some(braid_proto::session::CreditConfig { window, pool });
-    } else if st.t.contains_key("credit_window") || st.t.contains_key("credit_pool") {
-        return Err(st.cx.err(
-            Some("session"),
-            "credit_window and credit_pool need `credits = true`",
-        ));
-    }
-    cfg.validate().map_err(|e| st.cx.err(Some("session"), &e))?;
-    Ok(Variant::Session(Box::new(cfg)))
 }
 
 /// `[errctl]`: seed 002's error control over the one channel (see

@@ -106,7 +106,9 @@ scheduler = "srr"
     let e = parse_err(&format!("{base}[session]\nheartbeat = \"50 parsecs\"\n"));
     assert!(e.contains("session.heartbeat"), "{e}");
     let e = parse_err(&format!("{base}[session]\nmode = \"seq\"\n"));
-    assert!(e.contains("unknown key"), "{e}");
+    assert!(e.contains("session.mode") && e.contains("[[run]]"), "{e}");
+    let e = parse_err(&format!("{base}[session]\nhartbeat = \"50ms\"\n"));
+    assert!(e.contains("unknown field `hartbeat`"), "{e}");
     let e = parse_err(&format!(
         "{base}[session]\nheartbeat = \"200ms\"\ndead_after = \"300ms\"\n"
     ));
@@ -233,7 +235,10 @@ fn repair_and_aqm_keys_are_checked() {
     let key = "\narq = \"100ms\"\n";
     let e = parse_err(&base.replace(key, "\narq = \"soon\"\n"));
     assert!(e.contains("session.arq"), "{e}");
-    let e = parse_err(&base.replace(key, "\narq = \"100ms\"\nsecurity = \"none\"\n"));
+    let e = parse_err(&base.replace(
+        key,
+        "\narq = \"100ms\"\nsecurity = \"none\"\nallow_insecure = true\n",
+    ));
     assert!(e.contains("arq"), "{e}");
     let sc = parse(&base.replace(key, "\narq = \"100ms\"\naqm = true\n"));
     assert_eq!(sc.jobs.len(), 6);

@@ -453,7 +453,7 @@ fn scaled_paced_rate_drop_twin() -> Scenario {
 label = "paced"
 scheduler = "srr"
 receiver = "logical"
-set = { "session.arq" = "100ms", "session.aqm" = true, "session.pace_mbps" = [20.0, 10.0, 4.0] }
+set = { "session.arq" = "100ms", "session.aqm" = true, "session.adaptive" = false, "session.pace_mbps" = [20.0, 10.0, 4.0] }
 [[run]]
 label = "paced adaptive"
 scheduler = "srr"

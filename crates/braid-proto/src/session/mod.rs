@@ -41,6 +41,7 @@ mod liveness;
 mod pacing;
 pub mod probe;
 pub mod return_path;
+pub mod schema;
 pub mod settings;
 mod stats;
 
@@ -185,11 +186,13 @@ impl std::fmt::Debug for Config {
 }
 
 impl Config {
-    /// Defaults for these channels: SRR, logical reception with delay equalization,
-    /// markers at least every 5 ms, heartbeat 50 ms, down after 300 ms, rejoin after
-    /// 150 ms.
+    /// These channels with the default settings ([`schema::SessionSettings`]'s, the
+    /// same as a configuration file's or a scenario's that sets nothing): SRR, logical
+    /// reception with delay equalization, markers at least every 5 ms, heartbeat 50 ms,
+    /// down after 300 ms, rejoin after 150 ms; no pacing (the caller sets the channels'
+    /// rates).
     pub fn new(channels: Vec<ChannelParams>, max_datagram: u32, key: Vec<u8>) -> Config {
-        Config {
+        let mut c = Config {
             channels,
             max_datagram,
             mode: Mode::Logical,
@@ -199,15 +202,9 @@ impl Config {
             private_key: None,
             peer_public_key: None,
             rekey_after: Duration::from_secs(120),
-            markers: MarkerConfig {
-                max_interval: Some(Duration::from_millis(5)),
-                ..MarkerConfig::default()
-            },
+            markers: MarkerConfig::default(),
             trigger_every: 128,
-            receiver: ReceiverConfig {
-                equalize: true,
-                ..ReceiverConfig::default()
-            },
+            receiver: ReceiverConfig::default(),
             heartbeat: Duration::from_millis(50),
             dead_after: Duration::from_millis(300),
             rejoin_after: Duration::from_millis(150),
@@ -216,10 +213,22 @@ impl Config {
             aqm: None,
             arq: None,
             credits: None,
-            demote: Some(DemoteConfig::default()),
+            demote: None,
             pacing: None,
-            return_path: Some(ReturnPathConfig::default()),
-        }
+            return_path: None,
+        };
+        // The defaults are valid for any channel count (a unit test checks it).
+        let applied = schema::SessionSettings::default().apply(&mut c);
+        debug_assert!(applied.is_ok(), "{applied:?}");
+        c
+    }
+
+    /// Whether every channel is paced, at a rate or at its measured rate (`probe`
+    /// paces a channel without a rate at what it measures).
+    pub fn every_channel_paced(&self) -> bool {
+        self.pacing
+            .as_ref()
+            .is_some_and(|p| p.probe || p.rates_bps.iter().all(|&r| r > 0.0))
     }
 
     /// Whether weights adapt with this configuration (see [`Config::adaptive`]).

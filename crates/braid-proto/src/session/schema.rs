@@ -1,0 +1,783 @@
+//! The settings schema: every key of a `[session]` table, in one typed struct with one
+//! set of defaults.
+//!
+//! The tunnel's configuration file (`braid tunnel`, `braid send`/`recv`), the overlay
+//! node's flows and the simulator's scenarios all read their `[session]` table into
+//! [`SessionSettings`] and turn it into the session machine's [`Config`] with
+//! [`SessionSettings::apply`]: a setting is added here once and reaches all of them.
+//! [`Config::new`] starts from [`SessionSettings::default`], so a session built in code
+//! runs the same defaults as one read from a file. [`REFERENCE`] documents every key;
+//! `docs/settings.md` is generated from it (a test fails when the two disagree).
+//!
+//! The TOML is flat (`aqm_target`, not `[session.aqm] target`) so that existing files
+//! keep working; in code each concern has its own typed configuration, built from the
+//! keys that belong to it by one method below ([`SessionSettings::aqm`],
+//! [`SessionSettings::demote`], …).
+
+use serde::de::Error as _;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use super::{ArqConfig, Config, CreditConfig, DemoteConfig, ReturnPathConfig, SecurityMode};
+use crate::aqm::AqmConfig;
+use crate::config::{MarkerConfig, Mode};
+use crate::sched::SchedulerKind;
+use crate::time::Duration;
+use crate::units;
+
+/// A duration as a settings file spells it (`50ms`, `2m`; `docs/units.md`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Dur(pub Duration);
+
+impl Dur {
+    fn ms(ms: u64) -> Dur {
+        Dur(Duration::from_millis(ms))
+    }
+}
+
+impl std::fmt::Display for Dur {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let us = self.0.as_micros();
+        match us {
+            0 => write!(f, "0s"),
+            _ if us.is_multiple_of(60_000_000) => write!(f, "{}m", us / 60_000_000),
+            _ if us.is_multiple_of(1_000_000) => write!(f, "{}s", us / 1_000_000),
+            _ if us.is_multiple_of(1000) => write!(f, "{}ms", us / 1000),
+            _ => write!(f, "{us}us"),
+        }
+    }
+}
+
+impl Serialize for Dur {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Dur {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Dur, D::Error> {
+        let s = String::deserialize(d)?;
+        units::parse_duration_us(&s)
+            .map(Dur)
+            .map_err(D::Error::custom)
+    }
+}
+
+/// Serde for the named enums (receiver mode, scheduler, security mode): the names
+/// `docs/units.md` lists.
+macro_rules! by_name {
+    ($module:ident, $ty:ty, $name:expr, $parse:expr) => {
+        mod $module {
+            use super::*;
+            pub fn serialize<S: Serializer>(v: &$ty, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str($name(v))
+            }
+            pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<$ty, D::Error> {
+                let s = String::deserialize(d)?;
+                $parse(&s).map_err(D::Error::custom)
+            }
+        }
+    };
+}
+by_name!(mode_name, Mode, |m: &Mode| m.name(), units::parse_mode);
+by_name!(
+    scheduler_name,
+    SchedulerKind,
+    |k: &SchedulerKind| k.name(),
+    units::parse_scheduler
+);
+by_name!(
+    security_name,
+    SecurityMode,
+    |m: &SecurityMode| m.name(),
+    |s: &str| SecurityMode::from_name(s.trim())
+        .ok_or_else(|| format!("unknown security mode '{s}': expected encrypt, auth or none"))
+);
+
+/// Every setting of a session (the `[session]` table). Unknown keys are refused; a
+/// key left out takes the default given here, the same in the tunnel, the node and
+/// the simulator. `Option` fields without a default value are either secrets and
+/// files (which only the tunnel reads) or tunings whose default follows from other
+/// settings (said on each).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SessionSettings {
+    // --- keys (the tunnel, send and recv; the simulator uses a fixed key) ---
+    /// The pre-shared key, base64 (`braid genkey`), inline.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// A file holding the pre-shared key (relative to the configuration file).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key_file: Option<String>,
+    /// A file holding our static private key (WireGuard-style keys).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub private_key_file: Option<String>,
+    /// The peer's static public key, base64.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peer_public_key: Option<String>,
+    // --- security ---
+    /// What the security layer does to data.
+    #[serde(with = "security_name")]
+    pub security: SecurityMode,
+    /// Acknowledges that `security = "none"` is insecure.
+    pub allow_insecure: bool,
+    /// Fresh keys (a new handshake) this often.
+    pub rekey_after: Dur,
+    // --- striping (in a scenario these come from the run, [markers] and [receiver]) ---
+    /// Receiver mode.
+    #[serde(with = "mode_name")]
+    pub mode: Mode,
+    /// Causal scheduler.
+    #[serde(with = "scheduler_name")]
+    pub scheduler: SchedulerKind,
+    /// Markers every this many rounds (0: no periodic markers).
+    pub marker_every_rounds: u32,
+    /// Where markers go in the round.
+    pub marker_position: String,
+    /// Markers once after this long without data (0s: never).
+    pub marker_idle: Dur,
+    /// Markers at least this often while data flows (0s: rounds only).
+    pub marker_interval: Dur,
+    /// TRR: a trigger every this many data packets.
+    pub trigger_every: u32,
+    /// Delay equalization at the receiver.
+    pub equalize: bool,
+    /// How long the receiver waits for a missing packet.
+    pub max_wait: Dur,
+    /// Packets held per channel at the receiver.
+    pub buffer_packets: usize,
+    // --- liveness ---
+    /// Hello and heartbeat-marker interval.
+    pub heartbeat: Dur,
+    /// A channel silent this long is down.
+    pub dead_after: Dur,
+    /// A down channel must deliver this long to rejoin.
+    pub rejoin_after: Dur,
+    /// Application packets held while an epoch switch waits for its ack.
+    pub queue_packets: usize,
+    // --- weights and pacing ---
+    /// Adaptive weights; unset: on when every channel is paced.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub adaptive: Option<bool>,
+    /// Tokens a paced channel may save up, as time at its rate.
+    pub pace_burst: Dur,
+    /// CoDel on the pacer's transmit queue.
+    pub pace_codel: bool,
+    // --- congestion signals (AQM) ---
+    /// CoDel on each channel's queueing delay, with ECN marks.
+    pub aqm: bool,
+    /// CoDel target; unset: 5 ms scaled to the bond's round trip.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub aqm_target: Option<Dur>,
+    /// CoDel interval; unset: 100 ms scaled to the bond's round trip.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub aqm_interval: Option<Dur>,
+    /// Drop (rather than only mark) packets that are not ECN-capable.
+    pub aqm_loss_signal: bool,
+    // --- repair ---
+    /// In-bond repair: how long a lost datagram is waited for (0s: off).
+    pub arq: Dur,
+    /// The old name of `arq`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub repair: Option<Dur>,
+    // --- credits (seed 004) ---
+    /// Credit-based flow control per channel.
+    pub credits: bool,
+    /// Credits per channel; unset: the receive buffer less the markers' room.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub credit_window: Option<u32>,
+    /// A shared pool for adaptive allocation; unset: none (static windows).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub credit_pool: Option<u32>,
+    // --- bad links and the return path ---
+    /// Bad-link demotion.
+    pub demote: bool,
+    /// Loss share above which a channel is a net cost.
+    pub demote_loss: f64,
+    /// How long a channel must be bad before it leaves.
+    pub demote_after: Dur,
+    /// How long a demoted channel must be good before it returns.
+    pub promote_after: Dur,
+    /// Round-trip ratio (to the fastest channel) that demotes (0: off).
+    pub demote_rtt_ratio: f64,
+    /// The return path: acknowledgements ride the fastest channel alone.
+    pub return_path: bool,
+    // --- sockets (the tunnel) ---
+    /// SO_RCVBUF / SO_SNDBUF per channel socket, bytes (0: the kernel's default).
+    pub socket_buffer: usize,
+}
+
+impl Default for SessionSettings {
+    fn default() -> Self {
+        let markers = MarkerConfig::default();
+        let demote = DemoteConfig::default();
+        let aqm = AqmConfig::default();
+        let receiver = crate::config::ReceiverConfig::default();
+        SessionSettings {
+            key: None,
+            key_file: None,
+            private_key_file: None,
+            peer_public_key: None,
+            security: SecurityMode::Encrypt,
+            allow_insecure: false,
+            rekey_after: Dur(Duration::from_secs(120)),
+            mode: Mode::Logical,
+            scheduler: SchedulerKind::Srr,
+            marker_every_rounds: markers.every_rounds,
+            marker_position: "end".into(),
+            marker_idle: Dur(markers.idle.unwrap_or(Duration::ZERO)),
+            marker_interval: Dur::ms(5),
+            trigger_every: 128,
+            equalize: true,
+            max_wait: Dur(receiver.max_wait),
+            buffer_packets: receiver.buffer_packets,
+            heartbeat: Dur::ms(50),
+            dead_after: Dur::ms(300),
+            rejoin_after: Dur::ms(150),
+            queue_packets: 4096,
+            adaptive: None,
+            pace_burst: Dur::ms(2),
+            pace_codel: true,
+            aqm: false,
+            aqm_target: None,
+            aqm_interval: None,
+            aqm_loss_signal: aqm.loss_signal,
+            arq: Dur(Duration::ZERO),
+            repair: None,
+            credits: false,
+            credit_window: None,
+            credit_pool: None,
+            demote: true,
+            demote_loss: demote.loss,
+            demote_after: Dur(demote.after),
+            promote_after: Dur(demote.promote_after),
+            demote_rtt_ratio: demote.rtt_ratio,
+            return_path: true,
+            socket_buffer: 4 << 20,
+        }
+    }
+}
+
+/// A setting that is wrong: its key (as in the file, without the table's name) and
+/// why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SettingError {
+    /// The key, e.g. `dead_after`.
+    pub key: &'static str,
+    /// What is wrong and what would be right.
+    pub reason: String,
+}
+
+impl std::fmt::Display for SettingError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.key, self.reason)
+    }
+}
+
+fn bad(key: &'static str, reason: impl Into<String>) -> SettingError {
+    SettingError {
+        key,
+        reason: reason.into(),
+    }
+}
+
+fn opt(d: Dur) -> Option<Duration> {
+    (d.0 > Duration::ZERO).then_some(d.0)
+}
+
+impl SessionSettings {
+    /// Apply every setting but the keys to `cfg` (whose channels, datagram size and
+    /// pacing rates are set): the values, then each concern's configuration, then the
+    /// session's own checks. `cfg.pacing` must already say which channels are paced:
+    /// adaptive weights follow it when `adaptive` is unset.
+    pub fn apply(&self, cfg: &mut Config) -> Result<(), SettingError> {
+        if self.security == SecurityMode::None && !self.allow_insecure {
+            return Err(bad(
+                "security",
+                "\"none\" sends data in clear and delivers forged packets (anyone who can reach a channel's port can inject into the tunnel); set allow_insecure = true beside it to run so anyway, or use \"encrypt\" (the default) or \"auth\" (docs/security.md)",
+            ));
+        }
+        cfg.security = self.security;
+        if self.rekey_after.0 < Duration::from_secs(1) {
+            return Err(bad("rekey_after", "must be at least 1s"));
+        }
+        cfg.rekey_after = self.rekey_after.0;
+        cfg.mode = self.mode;
+        cfg.scheduler = self.scheduler;
+        cfg.markers = self.markers(cfg.channels.len())?;
+        if self.trigger_every == 0 {
+            return Err(bad("trigger_every", "must be at least 1"));
+        }
+        cfg.trigger_every = self.trigger_every;
+        if self.buffer_packets == 0 {
+            return Err(bad("buffer_packets", "must be at least 1"));
+        }
+        cfg.receiver.equalize = self.equalize;
+        cfg.receiver.max_wait = self.max_wait.0;
+        cfg.receiver.buffer_packets = self.buffer_packets;
+        self.liveness(cfg)?;
+        cfg.queue_packets = self.queue_packets;
+        self.pacing(cfg)?;
+        cfg.adaptive = self.adaptive.unwrap_or_else(|| cfg.every_channel_paced());
+        cfg.aqm = self.aqm()?;
+        cfg.arq = self.arq()?;
+        cfg.credits = self.credits(cfg.receiver.buffer_packets)?;
+        cfg.demote = self.demote()?;
+        cfg.return_path = self.return_path.then(ReturnPathConfig::default);
+        Ok(())
+    }
+
+    /// The markers' configuration.
+    pub fn markers(&self, channels: usize) -> Result<MarkerConfig, SettingError> {
+        Ok(MarkerConfig {
+            every_rounds: self.marker_every_rounds,
+            position: units::parse_marker_position(&self.marker_position, channels)
+                .map_err(|e| bad("marker_position", e.to_string()))?,
+            idle: opt(self.marker_idle),
+            max_interval: opt(self.marker_interval),
+            timestamps: false,
+        })
+    }
+
+    fn liveness(&self, cfg: &mut Config) -> Result<(), SettingError> {
+        if self.heartbeat.0 < Duration::from_millis(1) {
+            return Err(bad("heartbeat", "must be at least 1ms"));
+        }
+        if self.dead_after.0 < self.heartbeat.0 + self.heartbeat.0 {
+            return Err(bad(
+                "dead_after",
+                format!(
+                    "{} is less than twice the heartbeat ({}): healthy channels would flap",
+                    self.dead_after, self.heartbeat
+                ),
+            ));
+        }
+        cfg.heartbeat = self.heartbeat.0;
+        cfg.dead_after = self.dead_after.0;
+        cfg.rejoin_after = self.rejoin_after.0;
+        Ok(())
+    }
+
+    /// The pacer's burst and CoDel, on the rates `cfg.pacing` already holds.
+    fn pacing(&self, cfg: &mut Config) -> Result<(), SettingError> {
+        let defaults = SessionSettings::default();
+        let Some(p) = &mut cfg.pacing else {
+            if self.pace_burst != defaults.pace_burst || self.pace_codel != defaults.pace_codel {
+                let key = if self.pace_burst != defaults.pace_burst {
+                    "pace_burst"
+                } else {
+                    "pace_codel"
+                };
+                return Err(bad(key, "no channel is paced"));
+            }
+            return Ok(());
+        };
+        p.burst = self.pace_burst.0;
+        if !self.pace_codel {
+            p.codel = None;
+        }
+        Ok(())
+    }
+
+    /// Congestion signals: CoDel on the channels' queueing delay, or `None`.
+    pub fn aqm(&self) -> Result<Option<AqmConfig>, SettingError> {
+        if !self.aqm {
+            for (key, set) in [
+                ("aqm_target", self.aqm_target.is_some()),
+                ("aqm_interval", self.aqm_interval.is_some()),
+                (
+                    "aqm_loss_signal",
+                    self.aqm_loss_signal != AqmConfig::default().loss_signal,
+                ),
+            ] {
+                if set {
+                    return Err(bad(key, "needs `aqm = true`"));
+                }
+            }
+            return Ok(None);
+        }
+        let mut a = AqmConfig {
+            loss_signal: self.aqm_loss_signal,
+            ..AqmConfig::default()
+        };
+        for (key, v, slot) in [
+            ("aqm_target", self.aqm_target, &mut a.target),
+            ("aqm_interval", self.aqm_interval, &mut a.interval),
+        ] {
+            if let Some(d) = v {
+                if d.0 == Duration::ZERO {
+                    return Err(bad(key, "must be above zero"));
+                }
+                *slot = d.0;
+            }
+        }
+        // Configured values are used as they are, not scaled to the round trip.
+        a.scale_to_rtt = self.aqm_target.is_none() && self.aqm_interval.is_none();
+        Ok(Some(a))
+    }
+
+    /// In-bond repair, or `None` (`arq = "0s"`).
+    pub fn arq(&self) -> Result<Option<ArqConfig>, SettingError> {
+        let wait = match self.repair {
+            // `repair` is the old name of `arq`: the tunnel's repair is the
+            // error-control module's in-bond profile now, in every mode.
+            Some(_) if self.arq != SessionSettings::default().arq => {
+                return Err(bad(
+                    "repair",
+                    "`repair` is the old name of `arq`: set only `arq`",
+                ))
+            }
+            Some(r) => r,
+            None => self.arq,
+        };
+        Ok(opt(wait).map(|wait| ArqConfig { wait }))
+    }
+
+    /// Credits per channel, or `None`.
+    pub fn credits(&self, buffer_packets: usize) -> Result<Option<CreditConfig>, SettingError> {
+        if !self.credits {
+            return match (self.credit_window, self.credit_pool) {
+                (None, None) => Ok(None),
+                (Some(_), _) => Err(bad("credit_window", "needs `credits = true`")),
+                (None, Some(_)) => Err(bad("credit_pool", "needs `credits = true`")),
+            };
+        }
+        // The window defaults to the receive buffer less the markers' room.
+        let room = (buffer_packets as u64)
+            .saturating_sub(super::credits::MARKER_SLACK as u64)
+            .min(u32::MAX as u64) as u32;
+        Ok(Some(CreditConfig {
+            window: self.credit_window.unwrap_or(room),
+            pool: self.credit_pool,
+        }))
+    }
+
+    /// Bad-link demotion, or `None`.
+    pub fn demote(&self) -> Result<Option<DemoteConfig>, SettingError> {
+        let d = DemoteConfig {
+            loss: self.demote_loss,
+            after: self.demote_after.0,
+            promote_after: self.promote_after.0,
+            rtt_ratio: self.demote_rtt_ratio,
+        };
+        if !self.demote {
+            if d != DemoteConfig::default() {
+                return Err(bad(
+                    "demote",
+                    "is false: demote_loss, demote_after, promote_after and demote_rtt_ratio need it on",
+                ));
+            }
+            return Ok(None);
+        }
+        if !(d.loss > 0.0 && d.loss < 1.0) {
+            return Err(bad(
+                "demote_loss",
+                format!(
+                    "{}: expected a share of datagrams above 0 and below 1",
+                    d.loss
+                ),
+            ));
+        }
+        if !(d.rtt_ratio == 0.0 || (1.5..=1000.0).contains(&d.rtt_ratio)) {
+            return Err(bad(
+                "demote_rtt_ratio",
+                format!(
+                    "{}: expected 0 (off) or a ratio from 1.5 to 1000",
+                    d.rtt_ratio
+                ),
+            ));
+        }
+        Ok(Some(d))
+    }
+
+    /// The names of every key, in the struct's order (from serde's own list, so it
+    /// cannot drift from the struct).
+    pub fn keys() -> &'static [&'static str] {
+        field_names::<SessionSettings>()
+    }
+}
+
+/// One line of the reference: a key, where it applies and what it does.
+#[derive(Clone, Copy, Debug)]
+pub struct KeyDoc {
+    /// The key.
+    pub key: &'static str,
+    /// What it does, for a person (Markdown).
+    pub doc: &'static str,
+}
+
+/// Where the simulator takes a setting from instead of `[session]`, if elsewhere.
+pub fn simulator_source(key: &str) -> Option<&'static str> {
+    Some(match key {
+        "key" | "key_file" | "private_key_file" | "peer_public_key" => {
+            "not used: the simulator seals with a fixed key"
+        }
+        "socket_buffer" => "not used: no sockets",
+        "mode" | "scheduler" => "each `[[run]]`",
+        "marker_every_rounds" | "marker_position" | "marker_idle" | "marker_interval" => {
+            "`[markers]`"
+        }
+        "trigger_every" => "`[markers]` (`trigger_every`)",
+        "equalize" | "max_wait" | "buffer_packets" => "`[receiver]`",
+        _ => return None,
+    })
+}
+
+/// Every key of [`SessionSettings`], documented; `docs/settings.md` is made from this.
+pub const REFERENCE: &[KeyDoc] = &[
+    KeyDoc {
+        key: "key",
+        doc: "pre-shared key: 32 random bytes as base64 (`braid genkey`); authenticates the handshake. Passphrases and patterned keys are refused. Prefer `key_file` (a key in the config file is as readable as the file)",
+    },
+    KeyDoc {
+        key: "key_file",
+        doc: "the pre-shared key from a file (relative to the config file): base64 text or 32 raw bytes, read as bytes; refused if readable by group or others (`chmod 600`)",
+    },
+    KeyDoc {
+        key: "private_key_file",
+        doc: "static keys, WireGuard style: our X25519 private key (`braid genkey > private.key`); same file rules. With `peer_public_key`, the handshake is `Noise_IKpsk2` (the pre-shared key, if also set, is mixed in)",
+    },
+    KeyDoc {
+        key: "peer_public_key",
+        doc: "the peer's public key, base64 (`braid pubkey < its private.key`)",
+    },
+    KeyDoc {
+        key: "security",
+        doc: "`encrypt`: every datagram sealed and encrypted; `auth`: sealed, bodies in clear (integrity, no confidentiality); `none`: data travel bare and unauthenticated (trusted links, or payloads already encrypted such as WireGuard), control is still sealed; it is refused unless `allow_insecure = true` stands beside it, and the tunnel logs a warning at every start. Both ends must agree. See `docs/security.md`",
+    },
+    KeyDoc {
+        key: "allow_insecure",
+        doc: "the acknowledgement `security = \"none\"` needs: anyone who can reach a channel's port can then inject packets into the tunnel",
+    },
+    KeyDoc {
+        key: "rekey_after",
+        doc: "a fresh handshake (new keys) this often",
+    },
+    KeyDoc {
+        key: "mode",
+        doc: "receiver mode: `logical` (header-free data, markers in band, quasi-FIFO), `seq` (5-byte sequence header, exact FIFO), `trr` (header-free, triggers, never out of order, loss allowed), `none` (arrival order)",
+    },
+    KeyDoc {
+        key: "scheduler",
+        doc: "`srr` (quanta in bytes ∝ weight), `rr` (or `brr`), `grr` (packets per round ∝ weight), `random` (weighted random, seed 0 at both ends)",
+    },
+    KeyDoc {
+        key: "marker_every_rounds",
+        doc: "periodic markers every K SRR rounds (0: off; heartbeats still send them)",
+    },
+    KeyDoc {
+        key: "marker_position",
+        doc: "`start`, `end` or `channel:N` (or just `N`): where in the round markers go",
+    },
+    KeyDoc {
+        key: "marker_idle",
+        doc: "markers after this long without data (`0s`: off)",
+    },
+    KeyDoc {
+        key: "marker_interval",
+        doc: "while data flows, markers (triggers in `trr`) at least this often, so a loss is repaired and a TRR segment released within this time whatever the rate (`0s`: rounds and packet counts only). Costs one marker per channel per interval: raise it on very slow links",
+    },
+    KeyDoc {
+        key: "trigger_every",
+        doc: "`trr`: triggers on every channel every N data packets",
+    },
+    KeyDoc {
+        key: "equalize",
+        doc: "delay equalization: hold each channel's datagrams for the difference between the slowest channel's one-way delay and its own (measured from markers sent together), so every packet sees the same delay and TCP a steady round-trip time over paths of different delays (see `docs/architecture.md`)",
+    },
+    KeyDoc {
+        key: "max_wait",
+        doc: "the receiver gives up on a missing packet after this (while others wait)",
+    },
+    KeyDoc {
+        key: "buffer_packets",
+        doc: "receiver buffer per channel",
+    },
+    KeyDoc {
+        key: "heartbeat",
+        doc: "hellos on every channel, and markers (triggers in `trr`) on every channel of the transmit set",
+    },
+    KeyDoc {
+        key: "dead_after",
+        doc: "a channel from which nothing arrives for this long is declared down; at least 2 × heartbeat",
+    },
+    KeyDoc {
+        key: "rejoin_after",
+        doc: "a down channel must deliver continuously this long before it is up again",
+    },
+    KeyDoc {
+        key: "queue_packets",
+        doc: "packets held while an epoch switch waits for its ack; beyond: dropped and counted",
+    },
+    KeyDoc {
+        key: "adaptive",
+        doc: "adaptive weights: the SRR quanta follow what each channel delivers, from the peer's feedback; the configured `weight`s are only the start (srr with `logical`, `seq` or `none`; ignored otherwise). With every channel paced it also lowers a channel's pace while its link carries less (adaptive pacing), so it is on by default there; unpaced it is off by default: it rescues wrong weights but, with right ones, takes one TCP flow's slow-start queues for changes of the links (measured, `docs/lab.md`). See \"Adaptive weights\" below",
+    },
+    KeyDoc {
+        key: "pace_burst",
+        doc: "Tokens a paced channel may save up, as time at its rate.",
+    },
+    KeyDoc {
+        key: "pace_codel",
+        doc: "CoDel on the pacer's transmit queue (marks or drops while a queue stands).",
+    },
+    KeyDoc {
+        key: "aqm",
+        doc: "CoDel on the channels' queueing delay (markers carry the sender's clock; the receiver measures each channel's one-way delay above its 10 s minimum) with ECN: while a queue stands above `aqm_target` for `aqm_interval`, delivered ECN-capable IP packets are marked CE (others dropped, except small ones under 128 bytes: SYNs and pure ACKs, whose drop frees no queue and stalls a connection), and a burst of losses found on a channel whose queue stands is signalled too. A channel's delay counts only while it carries at least half of the most it carried in 100 ms over the last 10 s (a delay that outlasts the load, a jittery path, is not a queue TCP can drain), and only as the smallest of its last three samples (one late marker is not a queue). See \"In-bond repair and AQM\" below",
+    },
+    KeyDoc {
+        key: "aqm_target",
+        doc: "CoDel's target queueing delay (needs `aqm = true`). Unset, it follows the bond's round trip: 10 % of the interval once the interval is scaled above 100 ms, at least 5 ms (see \"Pacing\" below); set, it is used as it is",
+    },
+    KeyDoc {
+        key: "aqm_interval",
+        doc: "CoDel's interval (needs `aqm = true`). Unset, twice the slowest minimum round trip among the channels received on, from 100 ms to 1 s; set (either key), both are used as they are",
+    },
+    KeyDoc {
+        key: "aqm_loss_signal",
+        doc: "with `aqm`: a burst of losses (4 or more within 10 ms) found on a channel while its queue stands is signalled too (at most once per `aqm_interval`), catching a short tail-drop buffer that overflows within CoDel's first interval. A lone loss is not signalled: random loss of a link now and then meets a queue standing for a moment, and signalling it ended a long-round-trip flow's slow start early (lab and simulated twins). `false` leaves congestion to CoDel's delay signal",
+    },
+    KeyDoc {
+        key: "arq",
+        doc: "in-bond repair, every mode: a sealed datagram found missing on a channel (a gap in its sealing counter) is asked for again (`Resend`, session message kind 5, on the fastest channel) and the peer sends the same sealed bytes again on its fastest channel; the receiver holds that channel's later datagrams up to this long (e.g. `200ms`, about the slowest channel's round trip plus a margin) for it, then gives it up. Works below the resequencer, so logical reception sees no resync and `seq`/`trr` no loss. Needs `security` `encrypt` or `auth`. Use it with `aqm`, which keeps congestion visible to TCP (see \"In-bond repair and AQM\" below)",
+    },
+    KeyDoc {
+        key: "repair",
+        doc: "the old name of `arq`, kept so that old configurations work: it turns on the same in-bond repair, in every mode (setting both is an error). It used to turn on `seq` mode's NAK repair in the resequencer (`0xB5`/`0xB6`), which hid congestion losses from TCP and is no longer used by the tunnel; the simulator keeps it as a comparison point (`scenarios/repair/`)",
+    },
+    KeyDoc {
+        key: "credits",
+        doc: "credit-based flow control per channel (seed 004's N23 and Credit Update Protocol): the receiver lends each channel's sender room in its buffer for that channel, and the sender puts no data on a channel beyond its credit. Skewed channels (one much slower to arrive than another) then slow the sender down instead of overflowing the receiver, which otherwise forces progress (losses, resyncs, misordering). What waits for credit waits in the transmit queue (`queue_packets`, dropped and counted beyond). The rate of a channel is at most `credit_window` packets per credit loop (its one-way delay, plus the fastest channel's for the credit back, plus the time its packets wait in the receiver): size the buffer for it. Not in mode `none`. Both ends must agree. See \"Credits\" below",
+    },
+    KeyDoc {
+        key: "credit_window",
+        doc: "packets of a channel's receive buffer its sender may fill (N2 + N3); at most `buffer_packets - 64` (64 are kept for markers, which do not wait for credit). A credit goes back after 5 % of it is forwarded",
+    },
+    KeyDoc {
+        key: "credit_pool",
+        doc: "adaptive allocation (seed 004 §6): this many packets shared by all channels, divided every 100 ms by what each forwarded; `credit_window` is then one channel's maximum",
+    },
+    KeyDoc {
+        key: "demote",
+        doc: "bad-link demotion: a channel that loses `demote_loss` of its datagrams over `demote_after` (while a healthy channel is there) leaves the transmit set and carries only probes; it comes back after `promote_after` of looking healthy. Every mode and scheduler. See \"Bad links: demotion\" below",
+    },
+    KeyDoc {
+        key: "demote_loss",
+        doc: "loss share (0 < x < 1) at which a channel is demoted; it counts as healthy again at half of it",
+    },
+    KeyDoc {
+        key: "demote_after",
+        doc: "the window over which loss is judged (at least two heartbeats); also how long the delay criterion must hold",
+    },
+    KeyDoc {
+        key: "promote_after",
+        doc: "how long a demoted channel must look healthy (state `probing`) before it is promoted; doubled (up to 8×) for a channel demoted again soon after a promotion",
+    },
+    KeyDoc {
+        key: "demote_rtt_ratio",
+        doc: "delay criterion: demote a channel whose minimum round trip stays above this many times the fastest active channel's (plus 5 ms) while it carries under a tenth of the bond; from 1.5 to 1000",
+    },
+    KeyDoc {
+        key: "return_path",
+        doc: "the return path: while this end sends little more than the acknowledgements of the peer's flow, its data rides the channel with the shortest round trip alone (see \"The return path\" below)",
+    },
+    KeyDoc {
+        key: "socket_buffer",
+        doc: "SO_RCVBUF/SO_SNDBUF per channel socket (capped by `net.core.*mem_max`)",
+    },
+];
+
+/// The field names serde's derive gives a struct, read by asking it to deserialize
+/// from a deserializer that only records the list.
+fn field_names<'de, T: Deserialize<'de>>() -> &'static [&'static str] {
+    struct Names(Option<&'static [&'static str]>);
+    #[derive(Debug)]
+    struct Stop;
+    impl std::fmt::Display for Stop {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("stop")
+        }
+    }
+    impl std::error::Error for Stop {}
+    impl serde::de::Error for Stop {
+        fn custom<M: std::fmt::Display>(_: M) -> Self {
+            Stop
+        }
+    }
+    impl<'de> Deserializer<'de> for &mut Names {
+        type Error = Stop;
+        fn deserialize_any<V: serde::de::Visitor<'de>>(self, _: V) -> Result<V::Value, Stop> {
+            Err(Stop)
+        }
+        fn deserialize_struct<V: serde::de::Visitor<'de>>(
+            self,
+            _: &'static str,
+            fields: &'static [&'static str],
+            _: V,
+        ) -> Result<V::Value, Stop> {
+            self.0 = Some(fields);
+            Err(Stop)
+        }
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string
+            bytes byte_buf option unit unit_struct newtype_struct seq tuple
+            tuple_struct map enum identifier ignored_any
+        }
+    }
+    let mut n = Names(None);
+    let _ = T::deserialize(&mut n);
+    n.0.unwrap_or(&[])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::session::ChannelParams;
+
+    fn channels(n: usize) -> Vec<ChannelParams> {
+        (0..n)
+            .map(|i| ChannelParams {
+                name: format!("ch{i}"),
+                weight: 1,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_key_is_documented_once_in_the_structs_order() {
+        let keys: Vec<&str> = REFERENCE.iter().map(|d| d.key).collect();
+        assert_eq!(keys, SessionSettings::keys());
+    }
+
+    #[test]
+    fn config_new_runs_the_default_settings() {
+        let mut c = Config::new(channels(2), 1400, vec![7; 32]);
+        let built = c.clone();
+        SessionSettings::default().apply(&mut c).unwrap();
+        assert_eq!(c, built);
+    }
+
+    #[test]
+    fn durations_print_as_they_are_spelled() {
+        for s in ["0s", "250us", "50ms", "2s", "2m"] {
+            let d = Dur(units::parse_duration_us(s).unwrap());
+            assert_eq!(d.to_string(), s);
+        }
+    }
+
+    #[test]
+    fn settings_that_need_another_say_which() {
+        let s = SessionSettings {
+            aqm_target: Some(Dur::ms(3)),
+            ..SessionSettings::default()
+        };
+        let mut c = Config::new(channels(2), 1400, vec![7; 32]);
+        assert_eq!(s.apply(&mut c).unwrap_err().key, "aqm_target");
+        let s = SessionSettings {
+            dead_after: Dur::ms(60),
+            ..SessionSettings::default()
+        };
+        let e = s.apply(&mut c).unwrap_err();
+        assert_eq!(e.key, "dead_after");
+        assert!(e.reason.contains("twice the heartbeat (50ms)"), "{e}");
+    }
+}
