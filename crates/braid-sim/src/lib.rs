@@ -9,6 +9,7 @@
 //!   (backlogged, constant rate, Poisson, trace replay, a closed-loop TCP-like flow
 //!   ([`tcp`]); fixed, alternating, uniform,
 //!   bimodal and Internet-mix sizes);
+//! * [`run`]: what one run takes and gives (configuration, results, errors);
 //! * [`engine`]: the event loop for one run;
 //! * [`errctl`]: seed 002's error control over one channel (`[errctl]` runs);
 //! * [`scenario`]: TOML scenario files with runs and sweeps;
@@ -33,6 +34,7 @@ pub mod overlay;
 pub mod plot;
 pub mod report;
 pub mod rng;
+pub mod run;
 pub mod scenario;
 pub mod tcp;
 mod toml_cx;
