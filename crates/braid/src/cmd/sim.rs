@@ -27,38 +27,9 @@ pub struct Args {
     threads: Option<usize>,
 }
 
-/// Check a plot's output path before anything runs (a lab run takes minutes): the name
-/// ends in .svg or .png, and its folder exists. A missing folder is an error naming it,
-/// not created: a mistyped path would otherwise scatter folders, and the plot is one
-/// file like any other output (`>` and `braid recv` do not create folders either).
+/// Check a plot's output path before anything runs.
 pub(crate) fn check_plot(flag: &str, p: &Path) -> Result<plot::Format> {
-    let format = plot::Format::from_path(p).with_context(|| {
-        format!(
-            "{flag} {}: the file name must end in .svg or .png",
-            p.display()
-        )
-    })?;
-    if p.is_dir() {
-        bail!(
-            "{flag} {}: is a folder; give a file name ending in .svg or .png",
-            p.display()
-        );
-    }
-    let dir = match p.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    match std::fs::metadata(dir) {
-        Ok(m) if m.is_dir() => Ok(format),
-        Ok(_) => bail!("{flag} {}: '{}' is not a folder", p.display(), dir.display()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => bail!(
-            "{flag} {}: the folder '{}' does not exist; create it first (mkdir -p {}) or choose another path",
-            p.display(),
-            dir.display(),
-            dir.display()
-        ),
-        Err(e) => bail!("{flag} {}: folder '{}': {e}", p.display(), dir.display()),
-    }
+    plot::check_path(flag, p).map_err(anyhow::Error::msg)
 }
 
 /// Run `braid sim`.
@@ -152,42 +123,4 @@ pub fn run(a: Args) -> Result<()> {
         }
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn plot_paths_are_checked_and_a_missing_folder_is_named() {
-        let dir = std::env::temp_dir().join(format!("braid-plot-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let e = |p: &Path| check_plot("--plot", p).unwrap_err().to_string();
-        let missing = dir.join("results/fig.svg");
-        let m = e(&missing);
-        assert!(
-            m.contains(&format!(
-                "the folder '{}' does not exist",
-                dir.join("results").display()
-            )) && m.contains("mkdir -p"),
-            "{m}"
-        );
-        assert!(!dir.join("results").exists(), "the folder was created");
-        assert!(e(&dir.join("fig.pdf")).contains("must end in .svg or .png"));
-        let file = dir.join("file");
-        std::fs::write(&file, b"").unwrap();
-        assert!(e(&file.join("fig.svg")).contains("is not a folder"));
-        let folder = dir.join("looks.svg");
-        std::fs::create_dir_all(&folder).unwrap();
-        assert!(e(&folder).contains("is a folder"));
-        assert!(matches!(
-            check_plot("--plot", &dir.join("fig.PNG")),
-            Ok(plot::Format::Png)
-        ));
-        assert!(matches!(
-            check_plot("--plot", Path::new("fig.svg")),
-            Ok(plot::Format::Svg)
-        ));
-        let _ = std::fs::remove_dir_all(dir);
-    }
 }
