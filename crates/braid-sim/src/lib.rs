@@ -12,6 +12,7 @@
 //! * [`run`]: what one run takes and gives (configuration, results, errors);
 //! * [`engine`]: the event loop for one run;
 //! * [`errctl`]: seed 002's error control over one channel (`[errctl]` runs);
+//! * [`schedule`]: `braid schedule`'s table, the striper alone on one burst;
 //! * [`scenario`]: TOML scenario files with runs and sweeps;
 //! * [`report`]: JSON and table output;
 //! * [`plot`]: SVG and PNG plots;
@@ -36,6 +37,7 @@ pub mod report;
 pub mod rng;
 pub mod run;
 pub mod scenario;
+pub mod schedule;
 pub mod tcp;
 mod toml_cx;
 

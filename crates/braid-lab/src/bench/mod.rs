@@ -256,17 +256,18 @@ fn measure_runs(
     opt: &BenchOptions,
     progress: &mut impl FnMut(&str),
 ) -> Result<BenchResult, LabError> {
+    let payload = Payload::of(opt)?;
     let runs = opt.runs.max(1);
     let mut results = Vec::with_capacity(runs);
     for i in 1..=runs {
         if runs > 1 {
             progress(&format!("run {i} of {runs}"));
         }
-        results.push(measure(opt, progress)?);
+        let mut r = measure(opt, progress)?;
+        r.payload = Some(payload.clone());
+        results.push(r);
     }
-    let mut r = BenchResult::from_runs(results).expect("at least one run");
-    r.payload = Some(Payload::of(opt)?);
-    Ok(r)
+    Ok(BenchResult::from_runs(results).expect("at least one run"))
 }
 
 fn measure(opt: &BenchOptions, progress: &mut impl FnMut(&str)) -> Result<BenchResult, LabError> {
@@ -669,6 +670,12 @@ fn mptcp_run(opt: &BenchOptions, n: usize, secs: u64) -> Result<(f64, Vec<f64>),
             "ip mptcp limits",
         )?;
     }
+    // Each run adds the subflow endpoints anew: those of an earlier run (--runs) go
+    // first, or adding them fails as duplicates.
+    output(
+        ns_cmd(NS_CLIENT, &["ip", "mptcp", "endpoint", "flush"]),
+        "ip mptcp endpoint flush",
+    )?;
     for i in 1..n {
         let dev = format!("l{i}");
         output(

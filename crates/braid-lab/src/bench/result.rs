@@ -315,11 +315,12 @@ impl BenchResult {
             None => String::new(),
         };
         let payload = payload.map(|p| p.to_string()).unwrap_or_default();
-        format!(
-            "{what:<34} {:8.1}{range} {:7.1}% {payload:>8}{extra}\n",
+        let line = format!(
+            "{what:<34} {:8.1}{range} {:7.1}% {payload:>8}{extra}",
             bps / 1e6,
             100.0 * bps / self.sum_bps.max(1.0)
-        )
+        );
+        format!("{}\n", line.trim_end())
     }
 
     fn rows(&self) -> String {
