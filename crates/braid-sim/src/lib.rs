@@ -9,6 +9,7 @@
 //!   (backlogged, constant rate, Poisson, trace replay, a closed-loop TCP-like flow
 //!   ([`tcp`]); fixed, alternating, uniform,
 //!   bimodal and Internet-mix sizes);
+//! * [`args`]: the flags of `braid sim` and the run of a scenario file of any kind;
 //! * [`run`]: what one run takes and gives (configuration, results, errors);
 //! * [`engine`]: the event loop for one run;
 //! * [`errctl`]: seed 002's error control over one channel (`[errctl]` runs);
@@ -25,6 +26,7 @@
 
 #![warn(missing_docs)]
 
+pub mod args;
 pub mod credit;
 mod ends;
 pub mod engine;

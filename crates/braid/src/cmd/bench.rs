@@ -34,8 +34,7 @@ enum Role {
 /// Run `braid bench`.
 pub fn run(a: Args) -> Result<()> {
     init_tracing();
-    let rt = runtime()?;
-    rt.block_on(async move {
+    runtime()?.block_on(async move {
         match *a.role {
             Role::Send(x) => send(x).await,
             Role::Sink(x) => sink(x).await,

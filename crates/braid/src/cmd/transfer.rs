@@ -3,57 +3,24 @@
 //! `braid_io::transfer`, the flags `braid_io::args`; this opens the input and output, shows
 //! progress and prints the summary (always on stderr: stdout may carry the data).
 
-use std::io::IsTerminal;
-use std::time::Duration;
-
 use anyhow::{anyhow, Result};
 pub use braid_io::args::{RecvArgs, SendArgs};
-use braid_io::transfer::{self, Progress, RecvSummary, SendSummary};
+use braid_io::transfer::{self, ProgressLine, RecvSummary, SendSummary};
 use braid_io::Session;
 use serde::Serialize;
-use tokio::sync::watch;
 
 use super::tunnel::{init_tracing, runtime, shutdown_signal};
-
-/// A task that redraws the progress line on stderr, when wanted.
-fn progress_line(
-    forced: bool,
-) -> (
-    Option<watch::Sender<Progress>>,
-    Option<tokio::task::JoinHandle<()>>,
-) {
-    if !forced && !std::io::stderr().is_terminal() {
-        return (None, None);
-    }
-    let (tx, mut rx) = watch::channel(Progress::default());
-    let task = tokio::spawn(async move {
-        while rx.changed().await.is_ok() {
-            let line = rx.borrow_and_update().line();
-            eprint!("\r{line}   ");
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
-        eprintln!();
-    });
-    (Some(tx), Some(task))
-}
 
 /// After a transfer: let the progress line finish, close the session, and print the
 /// summary (`text` for a person, or JSON) on stderr, which stays clear of the data.
 async fn conclude<S: Serialize, E: Into<anyhow::Error>>(
     r: std::result::Result<S, E>,
-    progress: (
-        Option<watch::Sender<Progress>>,
-        Option<tokio::task::JoinHandle<()>>,
-    ),
+    progress: ProgressLine,
     session: Session,
     text: fn(&S) -> String,
     json: bool,
 ) -> Result<()> {
-    let (tx, task) = progress;
-    drop(tx);
-    if let Some(t) = task {
-        let _ = t.await;
-    }
+    progress.finish().await;
     let r = r.map_err(Into::into)?;
     session.close().await;
     if json {
@@ -71,9 +38,9 @@ pub fn send(a: SendArgs) -> Result<()> {
     runtime()?.block_on(async move {
         let input = transfer::open_input(&a.input).await?;
         let (mut session, _ctl, _) = a.s.start().await?;
-        let progress = progress_line(a.progress);
+        let progress = ProgressLine::start(a.progress);
         let r = tokio::select! {
-            r = transfer::send(&mut session, input, &cfg, progress.0.as_ref()) => r,
+            r = transfer::send(&mut session, input, &cfg, progress.sender()) => r,
             sig = shutdown_signal() => return Err(anyhow!("{sig}: transfer interrupted")),
         };
         conclude(r, progress, session, SendSummary::text, a.s.json).await
@@ -88,7 +55,7 @@ pub fn recv(a: RecvArgs) -> Result<()> {
         // Checks only: nothing on disk changes before data arrives.
         let mut output = transfer::open_output(&a.output, a.force).await?;
         let (mut session, _ctl, _) = a.s.start().await?;
-        let progress = progress_line(a.progress);
+        let progress = ProgressLine::start(a.progress);
         // On failure `output` is dropped, which removes its temporary file.
         let staged = output
             .staged()
@@ -99,7 +66,7 @@ pub fn recv(a: RecvArgs) -> Result<()> {
             None => e,
         };
         let r = tokio::select! {
-            r = transfer::recv(&mut session, &mut output, &cfg, progress.0.as_ref()) => r,
+            r = transfer::recv(&mut session, &mut output, &cfg, progress.sender()) => r,
             sig = shutdown_signal() => {
                 return Err(unchanged(anyhow!("{sig}: transfer interrupted")));
             }
