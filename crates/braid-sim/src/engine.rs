@@ -297,8 +297,37 @@ fn run_sim(
     baseline: Option<Baseline>,
     sqf: bool,
 ) -> Result<RunResult, RunError> {
-    let chans = cfg
-        .channels
+    let window_end = cfg.duration.unwrap_or(u64::MAX);
+    let mut sim = Sim {
+        now: 0,
+        heap: BinaryHeap::with_capacity(4 * cfg.channels.len() + 8),
+        evseq: 0,
+        ends,
+        baseline,
+        sqf,
+        chans: new_chans(cfg),
+        src: Source::new(cfg),
+        arena: Arena {
+            buf: BytesMut::with_capacity(ARENA_CHUNK),
+        },
+        rx: new_receiver(cfg),
+        window_end,
+        packets_limit: cfg.packets.unwrap_or(u64::MAX),
+        send_errors: 0,
+        last_timer_fire: None,
+        hard_stop: None,
+        drain: cfg.drain,
+        events: 0,
+        tcp: tcp_flow(cfg, window_end)?,
+    };
+    sim.schedule_start(cfg);
+    sim.run_loop()?;
+    Ok(sim.finish(cfg))
+}
+
+/// The simulated channels, each with its own loss and jitter random streams.
+fn new_chans(cfg: &RunConfig) -> Vec<Chan> {
+    cfg.channels
         .iter()
         .enumerate()
         .map(|(i, spec)| {
@@ -319,21 +348,13 @@ fn run_sim(
                 spec: spec.clone(),
             }
         })
-        .collect();
-    let mut episodes = Vec::new();
-    for c in &cfg.channels {
-        episodes.extend(c.loss_windows.iter().map(|w| (w.start, w.end)));
-        episodes.extend(c.down.iter().copied());
-    }
-    let mut sim = Sim {
-        now: 0,
-        heap: BinaryHeap::with_capacity(4 * cfg.channels.len() + 8),
-        evseq: 0,
-        ends,
-        baseline,
-        sqf,
-        chans,
-        src: Source {
+        .collect()
+}
+
+impl Source {
+    /// The traffic source of `cfg`, not yet started.
+    fn new(cfg: &RunConfig) -> Source {
+        Source {
             kind: match &cfg.traffic.arrivals {
                 Arrivals::Backlogged => SrcKind::Backlogged,
                 Arrivals::Cbr(r) => SrcKind::Cbr(*r),
@@ -353,78 +374,85 @@ fn run_sim(
             stopped: false,
             pending: None,
             blocked_on: None,
-        },
-        arena: Arena {
-            buf: BytesMut::with_capacity(ARENA_CHUNK),
-        },
-        rx: Receiver {
-            resync: Resync::new(episodes),
-            // Links that change over time: goodput per 100 ms, to see the change.
-            series_bin: cfg
-                .channels
-                .iter()
-                .any(|c| !c.changes.is_empty())
-                .then_some(SERIES_BIN),
-            ..Receiver::default()
-        },
-        window_end: cfg.duration.unwrap_or(u64::MAX),
-        packets_limit: cfg.packets.unwrap_or(u64::MAX),
-        send_errors: 0,
-        last_timer_fire: None,
-        hard_stop: None,
-        drain: cfg.drain,
-        events: 0,
-        tcp: None,
+        }
+    }
+}
+
+/// The receiving application's counters; loss episodes (loss windows and down periods
+/// of every channel) for the resynchronization figures.
+fn new_receiver(cfg: &RunConfig) -> Receiver {
+    let mut episodes = Vec::new();
+    for c in &cfg.channels {
+        episodes.extend(c.loss_windows.iter().map(|w| (w.start, w.end)));
+        episodes.extend(c.down.iter().copied());
+    }
+    Receiver {
+        resync: Resync::new(episodes),
+        // Links that change over time: goodput per 100 ms, to see the change.
+        series_bin: cfg
+            .channels
+            .iter()
+            .any(|c| !c.changes.is_empty())
+            .then_some(SERIES_BIN),
+        ..Receiver::default()
+    }
+}
+
+/// The TCP source's flow, when the traffic is one; its settings checked.
+fn tcp_flow(
+    cfg: &RunConfig,
+    window_end: Nanos,
+) -> Result<Option<Box<crate::tcp::TcpFlow>>, RunError> {
+    let Arrivals::Tcp(spec) = &cfg.traffic.arrivals else {
+        return Ok(None);
     };
-    if let Arrivals::Tcp(spec) = &cfg.traffic.arrivals {
-        let crate::model::Sizes::Fixed(seg) = cfg.traffic.sizes else {
-            return Err(RunError::Tcp(
-                "segments need one fixed size (sizes = \"fixed\")".into(),
-            ));
-        };
-        if seg < crate::tcp::MIN_TCP_PACKET || seg <= spec.header_bytes {
-            return Err(RunError::Tcp(format!(
-                "segments of {seg} bytes: need at least {} bytes and more than header_bytes ({})",
-                crate::tcp::MIN_TCP_PACKET,
-                spec.header_bytes
-            )));
-        }
-        if cfg.duration.is_none() {
-            return Err(RunError::Tcp(
-                "needs duration_s (the flow runs until the window ends)".into(),
-            ));
-        }
-        if cfg.traffic.start >= sim.window_end {
-            return Err(RunError::Tcp(
-                "the flow starts (start_s) at or after the window's end (duration_s)".into(),
-            ));
-        }
-        let ack_delay = spec.ack_delay.resolve(&cfg.channels);
-        let early = (
-            crate::tcp::AckDelay::Slowest.resolve(&cfg.channels),
-            cfg.traffic.start.saturating_add(spec.ack_slowest_for),
-        );
-        sim.tcp = Some(Box::new(crate::tcp::TcpFlow::new(
-            spec,
-            seg,
-            ack_delay,
-            early,
-            sim.window_end,
+    let crate::model::Sizes::Fixed(seg) = cfg.traffic.sizes else {
+        return Err(RunError::Tcp(
+            "segments need one fixed size (sizes = \"fixed\")".into(),
+        ));
+    };
+    if seg < crate::tcp::MIN_TCP_PACKET || seg <= spec.header_bytes {
+        return Err(RunError::Tcp(format!(
+            "segments of {seg} bytes: need at least {} bytes and more than header_bytes ({})",
+            crate::tcp::MIN_TCP_PACKET,
+            spec.header_bytes
         )));
     }
-    if let Some(d) = cfg.duration {
-        sim.schedule(d, Ev::Stop);
+    if cfg.duration.is_none() {
+        return Err(RunError::Tcp(
+            "needs duration_s (the flow runs until the window ends)".into(),
+        ));
     }
-    let start = cfg.traffic.start;
-    match &cfg.traffic.arrivals {
-        Arrivals::Trace(t) => {
-            let first = start.saturating_add(t.first().map_or(0, |x| x.0));
-            sim.schedule(first, Ev::Source);
+    if cfg.traffic.start >= window_end {
+        return Err(RunError::Tcp(
+            "the flow starts (start_s) at or after the window's end (duration_s)".into(),
+        ));
+    }
+    let ack_delay = spec.ack_delay.resolve(&cfg.channels);
+    let early = (
+        crate::tcp::AckDelay::Slowest.resolve(&cfg.channels),
+        cfg.traffic.start.saturating_add(spec.ack_slowest_for),
+    );
+    Ok(Some(Box::new(crate::tcp::TcpFlow::new(
+        spec, seg, ack_delay, early, window_end,
+    ))))
+}
+
+impl Sim {
+    /// The first events: the end of the measurement window and the source's first packet.
+    fn schedule_start(&mut self, cfg: &RunConfig) {
+        if let Some(d) = cfg.duration {
+            self.schedule(d, Ev::Stop);
         }
-        _ => sim.schedule(start, Ev::Source),
+        let start = cfg.traffic.start;
+        match &cfg.traffic.arrivals {
+            Arrivals::Trace(t) => {
+                let first = start.saturating_add(t.first().map_or(0, |x| x.0));
+                self.schedule(first, Ev::Source);
+            }
+            _ => self.schedule(start, Ev::Source),
+        }
     }
-    sim.run_loop()?;
-    Ok(sim.finish(cfg))
 }
 
 impl Sim {

@@ -495,6 +495,34 @@ fn tunnel_run(
     secs: u64,
     sum_bps: f64,
 ) -> Result<ModeResult, LabError> {
+    let tunnels = start_tunnels(opt, mode)?;
+    wait_for_tunnel(mode)?;
+    let c = tcp_client(NS_CLIENT, &[], "10.99.0.2", None, 5201, secs);
+    let tcp_json = with_changes(opt, || output(c, "iperf3 through the tunnel"))?;
+    let tcp_series_bps = iperf_series(&tcp_json);
+    let tcp_bps = iperf_bps(&tcp_json, "iperf3 through the tunnel")?;
+    let tcp_retransmits = iperf_retransmits(&tcp_json);
+
+    let (sent, got) = udp_through_tunnel(opt, sum_bps)?;
+    let tunnel_status = status_of(opt, NS_SERVER, "tun-b.sock");
+    let sender_status = status_of(opt, NS_CLIENT, "tun-a.sock");
+    drop(tunnels);
+    Ok(ModeResult {
+        tcp_bps,
+        tcp_retransmits,
+        udp_out_of_order: got.out_of_order,
+        udp_loss: got.loss_ratio,
+        udp_goodput_bps: got.goodput_bps,
+        udp_offered_bps: sent.offered_bps,
+        tunnel_status,
+        sender_status,
+        tcp_series_bps,
+    })
+}
+
+/// Both ends of the tunnel in `mode`, each with its configuration and log in the lab's
+/// state folder; they stop when dropped.
+fn start_tunnels(opt: &BenchOptions, mode: &str) -> Result<Vec<Tunnel>, LabError> {
     let dir = topo::state_dir();
     let mut tunnels = Vec::new();
     for (end_a, ns) in [(true, NS_CLIENT), (false, NS_SERVER)] {
@@ -509,6 +537,13 @@ fn tunnel_run(
         let log = dir.join(format!("tunnel-{tag}-{mode}.log"));
         tunnels.push(start_tunnel(opt, ns, &cfg, &log)?);
     }
+    Ok(tunnels)
+}
+
+/// Wait until a ping crosses the tunnel (at most 15 s, then the ends' logs are the
+/// error), then a second for it to settle.
+fn wait_for_tunnel(mode: &str) -> Result<(), LabError> {
+    let dir = topo::state_dir();
     // Wait until the tunnel carries traffic.
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
@@ -528,7 +563,7 @@ fn tunnel_run(
             // first round trips unequalized (15 ms, then 155 ms: HyStart leaves slow
             // start at the jump), which a tunnel that has been up for a second does not.
             std::thread::sleep(Duration::from_secs(1));
-            break;
+            return Ok(());
         }
         if Instant::now() > deadline {
             let log_a =
@@ -546,12 +581,14 @@ fn tunnel_run(
         }
         std::thread::sleep(Duration::from_millis(200));
     }
-    let c = tcp_client(NS_CLIENT, &[], "10.99.0.2", None, 5201, secs);
-    let tcp_json = with_changes(opt, || output(c, "iperf3 through the tunnel"))?;
-    let tcp_series_bps = iperf_series(&tcp_json);
-    let tcp_bps = iperf_bps(&tcp_json, "iperf3 through the tunnel")?;
-    let tcp_retransmits = iperf_retransmits(&tcp_json);
+}
 
+/// UDP through the tunnel with `braid bench udp-send/udp-sink`: the sender's and the
+/// sink's reports.
+fn udp_through_tunnel(
+    opt: &BenchOptions,
+    sum_bps: f64,
+) -> Result<(SendReport, SinkReport), LabError> {
     // UDP at 70 % of the sum of the links: below every bottleneck, so any loss or
     // misordering seen is the tunnel's (or the emulated links' own loss).
     let rate = format!("{}", (0.7 * sum_bps) as u64);
@@ -613,37 +650,26 @@ fn tunnel_run(
         cmd: "braid bench udp-sink".into(),
         reason: format!("{e}: {}", String::from_utf8_lossy(&out.stderr)),
     })?;
-    let status_of = |ns: &str, sock: &str| {
-        let sock = dir.join(sock);
-        let status = ns_cmd(
-            ns,
-            &[
-                opt.exe.to_str().unwrap_or("braid"),
-                "status",
-                "--control",
-                sock.to_str().unwrap_or_default(),
-                "--json",
-            ],
-        );
-        output(status, "braid status")
-            .ok()
-            .and_then(|t| serde_json::from_str(&t).ok())
-            .unwrap_or(Value::Null)
-    };
-    let tunnel_status = status_of(NS_SERVER, "tun-b.sock");
-    let sender_status = status_of(NS_CLIENT, "tun-a.sock");
-    drop(tunnels);
-    Ok(ModeResult {
-        tcp_bps,
-        tcp_retransmits,
-        udp_out_of_order: got.out_of_order,
-        udp_loss: got.loss_ratio,
-        udp_goodput_bps: got.goodput_bps,
-        udp_offered_bps: sent.offered_bps,
-        tunnel_status,
-        sender_status,
-        tcp_series_bps,
-    })
+    Ok((sent, got))
+}
+
+/// A tunnel end's counters (its `braid status --json`), or null.
+fn status_of(opt: &BenchOptions, ns: &str, sock: &str) -> Value {
+    let sock = topo::state_dir().join(sock);
+    let status = ns_cmd(
+        ns,
+        &[
+            opt.exe.to_str().unwrap_or("braid"),
+            "status",
+            "--control",
+            sock.to_str().unwrap_or_default(),
+            "--json",
+        ],
+    );
+    output(status, "braid status")
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or(Value::Null)
 }
 
 fn mptcp_run(opt: &BenchOptions, n: usize, secs: u64) -> Result<(f64, Vec<f64>), LabError> {
