@@ -178,24 +178,9 @@ fn err<E: std::fmt::Display>(e: E) -> PlotError {
     PlotError::Draw(e.to_string())
 }
 
-fn render<DB: DrawingBackend>(
-    sc: &Scenario,
-    lines: &[Series],
-    root: DrawingArea<DB, plotters::coord::Shift>,
-) -> Result<(), PlotError> {
-    root.fill(&WHITE).map_err(err)?;
-    // The legend gets its own panel on the right, so it never hides a line.
-    let legend_font: TextStyle = ("sans-serif", 14).into_font().into();
-    let mut text_w = 0u32;
-    for s in lines {
-        let (w, _) = root
-            .estimate_text_size(&s.name, &legend_font)
-            .map_err(err)?;
-        text_w = text_w.max(w);
-    }
-    let (total_w, _) = root.dim_in_pixel();
-    let panel_w = (text_w + 48).min(total_w * 2 / 5);
-    let (plot_area, legend_area) = root.split_horizontally(total_w - panel_w);
+/// The axes' ranges: every point's x, y from 0 (or below, for a negative value) to 8 %
+/// above the largest; never empty.
+fn bounds(lines: &[Series]) -> (f64, f64, f64, f64) {
     let (mut x0, mut x1, mut y1) = (f64::INFINITY, f64::NEG_INFINITY, 0.0f64);
     let mut y0 = 0.0f64;
     for s in lines {
@@ -216,7 +201,28 @@ fn render<DB: DrawingBackend>(
     if y1 <= y0 {
         y1 = y0 + 1.0;
     }
-    let y1 = y1 * 1.08;
+    (x0, x1, y0, y1 * 1.08)
+}
+
+fn render<DB: DrawingBackend>(
+    sc: &Scenario,
+    lines: &[Series],
+    root: DrawingArea<DB, plotters::coord::Shift>,
+) -> Result<(), PlotError> {
+    root.fill(&WHITE).map_err(err)?;
+    // The legend gets its own panel on the right, so it never hides a line.
+    let legend_font: TextStyle = ("sans-serif", 14).into_font().into();
+    let mut text_w = 0u32;
+    for s in lines {
+        let (w, _) = root
+            .estimate_text_size(&s.name, &legend_font)
+            .map_err(err)?;
+        text_w = text_w.max(w);
+    }
+    let (total_w, _) = root.dim_in_pixel();
+    let panel_w = (text_w + 48).min(total_w * 2 / 5);
+    let (plot_area, legend_area) = root.split_horizontally(total_w - panel_w);
+    let (x0, x1, y0, y1) = bounds(lines);
     let title = sc.plot.title.clone().unwrap_or_else(|| sc.name.clone());
     let xl = sc
         .plot
