@@ -6,9 +6,11 @@
 //! from the spacing of the PONGs that come back), UPDATEs of the node's measurements to
 //! every peer every `update_ms`, and the QRE on this node: an accessibility table fed by
 //! its own measurements and the peers' UPDATEs, and a [`Rerouter`] per configured
-//! destination choosing up to three paths. Every datagram carries the authentication
-//! trailer of [`braid_proto::overlay::auth`] under the overlay's pre-shared key;
-//! anything that does not verify is counted and dropped.
+//! destination choosing up to three paths. Each node has its own static key pair and
+//! knows every member's public key; with each peer it agrees on fresh session keys at
+//! every start (HELLOs), and every other datagram, DATA included, carries the
+//! authentication trailer of [`braid_proto::overlay::auth`] for its next hop; anything
+//! that does not verify is counted and dropped.
 //!
 //! The forwarding engine and the flow: a node with a `[flow] to = D` section stripes a
 //! flow to node D over the paths its QRE chose. It sends an authenticated PROVISION to
