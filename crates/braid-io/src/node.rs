@@ -28,7 +28,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
-use braid_proto::overlay::auth::{NodeAuth, TRAILER_LEN};
+use braid_proto::overlay::auth::{AuthError, NodeAuth, TRAILER_LEN};
 use braid_proto::overlay::{
     assign_slots, AccessTable, Choice, Decision, FlowTable, Measurement, Metric, NodeId,
     ProbeConfig, ProbeSchedule, RelayEntry, RerouteConfig, Rerouter, Role, RouteConfig,
@@ -553,6 +553,8 @@ struct State {
     next_eval: Instant,
     probe: braid_proto::overlay::Probe,
     probe_sent: bool,
+    /// When a HELLO that did not verify was last reported.
+    last_hello_warning: Option<Instant>,
 }
 
 /// A handle to a running node's state.
@@ -893,6 +895,7 @@ impl State {
             next_eval: now,
             probe,
             probe_sent: false,
+            last_hello_warning: None,
             cfg,
         })
     }
@@ -1459,8 +1462,27 @@ impl State {
                     }
                 }
                 Err(e) => {
-                    tracing::debug!(%from, "HELLO refused: {e}");
                     self.stats.auth_failures += 1;
+                    // From a member's address but not verifying: most likely a public key
+                    // that is wrong in one of the two configurations. Say so, at once the
+                    // first time, then at most every 10 s.
+                    let member = self.peers.iter().find(|p| p.addr == from).map(|p| p.id);
+                    match (e, member) {
+                        (AuthError::BadTag, Some(id))
+                            if self
+                                .last_hello_warning
+                                .is_none_or(|t| now - t >= Duration::from_secs(10)) =>
+                        {
+                            self.last_hello_warning = Some(now);
+                            tracing::warn!(
+                                "a HELLO from node {id}'s address {from} does not verify: node {id}'s \
+                                 public_key in this node's configuration, or this node's public key in \
+                                 node {id}'s (`braid pubkey < this node's private key`), is wrong \
+                                 (or someone else sends from that address)"
+                            );
+                        }
+                        _ => tracing::debug!(%from, "HELLO refused: {e}"),
+                    }
                 }
             }
             return;
