@@ -1,4 +1,4 @@
-//! `braid genkey` and `braid pubkey`: key material for `braid tunnel`.
+//! `braid genkey` and `braid pubkey`: key material for `braid tunnel` and `braid node`.
 
 use std::io::{Read, Write};
 use std::os::fd::AsFd;
