@@ -1,4 +1,4 @@
-//! Every wire parser (including error control, credits and the overlay's ALCP) on arbitrary bytes: no panic, and where a format has a `Repr`,
+//! Every wire parser (including error control, credits, the overlay's ALCP and its HELLO and trailer checks) on arbitrary bytes: no panic, and where a format has a `Repr`,
 //! parse → emit → parse gives the same value.
 #![no_main]
 
@@ -68,5 +68,24 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(h) = secure::Handshake::parse(data) {
         let v = h.to_vec();
         assert_eq!(secure::Handshake::parse(&v), Ok(h));
+    }
+    // The overlay's HELLO and trailer checks: node 1 with members 0 and 2, no keys yet,
+    // so nothing may pass (and nothing may panic).
+    {
+        use braid_proto::overlay::auth::NodeAuth;
+        use std::sync::{Mutex, OnceLock};
+        static NODE: OnceLock<Mutex<NodeAuth>> = OnceLock::new();
+        let node = NODE.get_or_init(|| {
+            let key = |s: u8| -> [u8; 32] {
+                core::array::from_fn(|i| s.wrapping_mul(37) ^ (i as u8 * 11 + 1))
+            };
+            let pk = |s: u8| NodeAuth::new(9, &key(s), &[], [7; 32]).unwrap().public_key();
+            Mutex::new(NodeAuth::new(1, &key(1), &[(0, pk(0)), (2, pk(2))], [5; 32]).unwrap())
+        });
+        let mut n = node.lock().unwrap();
+        if NodeAuth::is_hello(data) {
+            assert!(n.on_hello(braid_proto::Instant::ZERO, data).is_err());
+        }
+        assert!(n.open(data).is_err());
     }
 });

@@ -123,6 +123,29 @@ pub fn public_key(private: &[u8; KEY_LEN]) -> [u8; KEY_LEN] {
     braid_proto::session::crypto::public_key(private)
 }
 
+/// A warning if `fd` is a regular file that group or others may read (the rule
+/// [`read_file`] applies to key files), naming it when /proc knows its path.
+pub fn exposed_file_warning(fd: std::os::fd::BorrowedFd<'_>) -> Option<String> {
+    let meta = std::fs::File::from(fd.try_clone_to_owned().ok()?)
+        .metadata()
+        .ok()?;
+    let mode = meta.permissions().mode() & 0o777;
+    if !meta.is_file() || mode & 0o077 == 0 {
+        return None;
+    }
+    let name = std::fs::read_link(format!(
+        "/proc/self/fd/{}",
+        std::os::fd::AsRawFd::as_raw_fd(&fd)
+    ))
+    .map(|p| p.display().to_string())
+    .unwrap_or_else(|_| "FILE".into());
+    Some(format!(
+        "braid: warning: writing the key to {name}, which group or others can read (mode {mode:o}); \
+         braid refuses such a key file. Run: chmod 600 {name} (or set `umask 077` before \
+         `braid genkey > FILE`)"
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -178,5 +201,42 @@ mod tests {
         for p in [p, raw, open, text, latin1] {
             let _ = std::fs::remove_file(p);
         }
+    }
+
+    /// Only a regular file that group or others can read draws the warning, and the
+    /// warning names it; a private file, a pipe or a terminal do not.
+    #[test]
+    fn genkey_warns_when_its_output_file_is_readable_by_others() {
+        use std::os::fd::AsFd;
+        use std::os::unix::fs::OpenOptionsExt;
+        let dir = std::env::temp_dir().join(format!("braid-genkey-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let open = |name: &str, mode: u32| {
+            let p = dir.join(name);
+            let _ = std::fs::remove_file(&p);
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(mode)
+                .open(&p)
+                .unwrap();
+            // Whatever the umask, the mode asked for.
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+            (p, f)
+        };
+        for mode in [0o644, 0o640, 0o604] {
+            let (p, f) = open("open.key", mode);
+            let w = exposed_file_warning(f.as_fd()).expect("a warning");
+            assert!(w.contains(&format!("mode {mode:o}")), "{w}");
+            assert!(w.contains(&format!("chmod 600 {}", p.display())), "{w}");
+        }
+        for mode in [0o600, 0o400] {
+            let (_, f) = open("private.key", mode);
+            assert_eq!(exposed_file_warning(f.as_fd()), None);
+        }
+        let (r, w) = std::io::pipe().unwrap();
+        assert_eq!(exposed_file_warning(w.as_fd()), None);
+        drop(r);
+        let _ = std::fs::remove_dir_all(dir);
     }
 }

@@ -24,6 +24,7 @@
 
 #![warn(missing_docs)]
 
+pub mod args;
 pub mod config;
 pub mod keys;
 pub mod node;

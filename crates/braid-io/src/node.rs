@@ -6,9 +6,11 @@
 //! from the spacing of the PONGs that come back), UPDATEs of the node's measurements to
 //! every peer every `update_ms`, and the QRE on this node: an accessibility table fed by
 //! its own measurements and the peers' UPDATEs, and a [`Rerouter`] per configured
-//! destination choosing up to three paths. Every datagram carries the authentication
-//! trailer of [`braid_proto::overlay::auth`] under the overlay's pre-shared key;
-//! anything that does not verify is counted and dropped.
+//! destination choosing up to three paths. Each node has its own static key pair and
+//! knows every member's public key; with each peer it agrees on fresh session keys at
+//! every start (HELLOs), and every other datagram, DATA included, carries the
+//! authentication trailer of [`braid_proto::overlay::auth`] for its next hop; anything
+//! that does not verify is counted and dropped.
 //!
 //! The forwarding engine and the flow: a node with a `[flow] to = D` section stripes a
 //! flow to node D over the paths its QRE chose. It sends an authenticated PROVISION to
@@ -26,7 +28,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
-use braid_proto::overlay::auth::{NodeAuth, TRAILER_LEN};
+use braid_proto::overlay::auth::{AuthError, NodeAuth, TRAILER_LEN};
 use braid_proto::overlay::{
     assign_slots, AccessTable, Choice, Decision, FlowTable, Measurement, Metric, NodeId,
     ProbeConfig, ProbeSchedule, RelayEntry, RerouteConfig, Rerouter, Role, RouteConfig,
@@ -40,7 +42,7 @@ use tokio::net::UdpSocket;
 use toml::{Table, Value};
 
 use crate::config::TunnelConfig;
-use crate::node_flow::{AppSide, Endpoint, FlowConfig, SLOTS};
+use crate::node_flow::{AppSide, Endpoint, FlowConfig, Hop, SLOTS};
 
 /// Largest node id a configuration may use (the table is sized by the largest id).
 pub const MAX_NODE_ID: NodeId = 1023;
@@ -60,6 +62,8 @@ pub struct Peer {
     pub id: NodeId,
     /// Where it listens.
     pub addr: SocketAddr,
+    /// Its static X25519 public key: only this key's holder can speak as this node.
+    pub public_key: [u8; 32],
 }
 
 /// A node's configuration (`braid node --config`; keys in `docs/overlay.md`).
@@ -71,8 +75,8 @@ pub struct NodeConfig {
     pub listen: SocketAddr,
     /// Every other node.
     pub peers: Vec<Peer>,
-    /// The overlay's pre-shared key.
-    pub key: [u8; 32],
+    /// This node's static X25519 private key (`private_key_file`).
+    pub private_key: [u8; 32],
     /// Light-probe interval.
     pub ping: Duration,
     /// Throughput-probe slot (one ordered pair of the overlay per slot).
@@ -137,7 +141,7 @@ fn check_keys(t: &Table, at: &str, allowed: &[&str]) -> Result<(), String> {
 }
 
 impl NodeConfig {
-    /// Load a node configuration; a relative `key_file` is relative to the file.
+    /// Load a node configuration; a relative `private_key_file` is relative to the file.
     pub fn load(path: &Path) -> Result<NodeConfig, NodeConfigError> {
         let file = path.display().to_string();
         let e = |message: String| NodeConfigError {
@@ -149,14 +153,22 @@ impl NodeConfig {
         Self::parse(&text, dir).map_err(e)
     }
 
-    /// Parse configuration text; `dir` resolves a relative `key_file`.
+    /// Parse configuration text; `dir` resolves a relative `private_key_file`.
     pub fn parse(text: &str, dir: &Path) -> Result<NodeConfig, String> {
         let root: Table = toml::from_str(text).map_err(|e| format!("not valid TOML: {e}"))?;
         check_keys(
             &root,
             "",
             &[
-                "id", "listen", "key_file", "key", "peer", "probe", "route", "flow",
+                "id",
+                "listen",
+                "private_key_file",
+                "key_file",
+                "key",
+                "peer",
+                "probe",
+                "route",
+                "flow",
             ],
         )?;
         let id = num(&root, "id", None, 0.0, MAX_NODE_ID as f64)? as NodeId;
@@ -166,20 +178,22 @@ impl NodeConfig {
             .ok_or("`listen` is required: the address to bind, e.g. \"0.0.0.0:7400\"")?
             .parse::<SocketAddr>()
             .map_err(|e| format!("`listen`: {e}"))?;
-        let key = match (root.get("key_file"), root.get("key")) {
-            (Some(Value::String(f)), None) => crate::keys::read_file(&dir.join(f))
-                .map_err(|e| format!("`key_file`: {e}"))?,
-            (None, Some(Value::String(k))) => {
-                crate::keys::decode(k).map_err(|e| format!("`key`: {e}"))?
-            }
-            _ => return Err("give exactly one of `key_file` (a braid key file, `braid genkey`) or `key` (base64)".into()),
+        if root.contains_key("key_file") || root.contains_key("key") {
+            return Err("`key_file` / `key`: the overlay no longer uses one key shared by all nodes (any member could speak for any other); give this node its own key pair instead: `private_key_file = \"node.key\"` (`braid genkey > node.key; chmod 600 node.key`) and, in every [[peer]], `public_key = \"...\"` (`braid pubkey < that node's key`); see docs/overlay.md".into());
+        }
+        let private_key = match root.get("private_key_file") {
+            Some(Value::String(f)) => crate::keys::read_file(&dir.join(f))
+                .map_err(|e| format!("`private_key_file`: {e}"))?,
+            Some(v) => return Err(format!("`private_key_file`: expected a file name, found {v}")),
+            None => return Err("`private_key_file` is required: this node's private key (`braid genkey > node.key; chmod 600 node.key`; give the other nodes `braid pubkey < node.key`)".into()),
         };
+        let own_public = crate::keys::public_key(&private_key);
         let mut peers: Vec<Peer> = Vec::new();
         match root.get("peer") {
             Some(Value::Array(a)) => {
                 for (i, v) in a.iter().enumerate() {
                     let t = v.as_table().ok_or("`peer`: expected [[peer]] tables")?;
-                    check_keys(t, &format!("peer[{i}]."), &["id", "addr"])?;
+                    check_keys(t, &format!("peer[{i}]."), &["id", "addr", "public_key"])?;
                     let pid = num(t, "id", None, 0.0, MAX_NODE_ID as f64)
                         .map_err(|m| format!("peer[{i}]: {m}"))?
                         as NodeId;
@@ -194,7 +208,23 @@ impl NodeConfig {
                             "peer[{i}]: id {pid} is this node's or another peer's"
                         ));
                     }
-                    peers.push(Peer { id: pid, addr });
+                    let public_key = match t.get("public_key") {
+                        Some(Value::String(k)) => crate::keys::decode(k)
+                            .map_err(|e| format!("peer[{i}].public_key: {e}"))?,
+                        Some(v) => return Err(format!("peer[{i}].public_key: expected base64 text, found {v}")),
+                        None => return Err(format!("peer[{i}]: `public_key` is required: node {pid}'s public key (`braid pubkey < its private key`)")),
+                    };
+                    if public_key == own_public {
+                        return Err(format!("peer[{i}].public_key: node {pid}'s public key is this node's own (every node needs its own key pair: `braid genkey`)"));
+                    }
+                    if let Some(o) = peers.iter().find(|p| p.public_key == public_key) {
+                        return Err(format!("peer[{i}].public_key: nodes {} and {pid} have the same public key (every node needs its own key pair)", o.id));
+                    }
+                    peers.push(Peer {
+                        id: pid,
+                        addr,
+                        public_key,
+                    });
                 }
             }
             _ => return Err("at least one [[peer]] (id, addr) is required".into()),
@@ -268,12 +298,14 @@ impl NodeConfig {
                 routes.push(d);
             }
         }
+        // Public keys no X25519 key pair has, and the like.
+        NodeAuth::new(id, &private_key, &members(&peers), [1; 32]).map_err(|e| e.to_string())?;
         Ok(NodeConfig {
             flow,
             id,
             listen,
             peers,
-            key,
+            private_key,
             ping: ms("ping_ms", 100.0)?,
             slot: ms("slot_ms", 200.0)?,
             train: num(probe, "train", Some(20.0), 2.0, 1000.0)? as u16,
@@ -288,6 +320,20 @@ impl NodeConfig {
             consecutive: num(route, "consecutive", Some(3.0), 1.0, 1000.0)? as u32,
         })
     }
+}
+
+/// `(id, public key)` of every peer.
+fn members(peers: &[Peer]) -> Vec<(NodeId, [u8; 32])> {
+    peers.iter().map(|p| (p.id, p.public_key)).collect()
+}
+
+/// 32 fresh random bytes for this run's ephemeral key.
+fn fresh_secret() -> std::io::Result<[u8; 32]> {
+    crate::keys::generate().map_err(|e| {
+        std::io::Error::other(format!(
+            "no random bytes from the operating system for this run's key: {e}"
+        ))
+    })
 }
 
 fn parse_flow(t: &Table, peers: &[Peer]) -> Result<FlowConfig, String> {
@@ -354,8 +400,16 @@ pub struct NodeStats {
     pub sent: u64,
     /// Datagrams received.
     pub received: u64,
-    /// Dropped: the trailer did not verify or replayed a counter.
+    /// Dropped: the trailer did not verify (not sealed by the node it names, or with
+    /// keys of another run), replayed a counter, came from a non-member, or a HELLO
+    /// that did not verify or was replayed.
     pub auth_failures: u64,
+    /// Authentic HELLOs taken.
+    pub hellos: u64,
+    /// HELLOs sent.
+    pub hellos_sent: u64,
+    /// Messages not sent: no session keys with that peer yet.
+    pub no_keys: u64,
     /// Dropped: authentic but not a valid ALCP message, or from an unknown node.
     pub malformed: u64,
     /// UPDATEs taken into the table.
@@ -468,9 +522,11 @@ struct DstFlow {
 enum FlowCmd {
     Start {
         flow: u32,
+        /// The other end of the flow.
+        peer: NodeId,
         reverse: bool,
         weights: [u32; SLOTS],
-        hops: [Option<SocketAddr>; SLOTS],
+        hops: [Option<Hop>; SLOTS],
     },
     Stop,
 }
@@ -482,7 +538,8 @@ struct State {
     dst_flow: Option<DstFlow>,
     endpoint: Option<Arc<Endpoint>>,
     cmds: Vec<FlowCmd>,
-    auth: NodeAuth,
+    /// Shared with the flow end's shim tasks, which seal DATA.
+    auth: Arc<Mutex<NodeAuth>>,
     sched: ProbeSchedule,
     peers: Vec<PeerState>,
     table: AccessTable,
@@ -496,6 +553,8 @@ struct State {
     next_eval: Instant,
     probe: braid_proto::overlay::Probe,
     probe_sent: bool,
+    /// When a HELLO that did not verify was last reported.
+    last_hello_warning: Option<Instant>,
 }
 
 /// A handle to a running node's state.
@@ -553,58 +612,6 @@ impl Node {
 
     /// Use an already bound socket (tests bind first to learn the ports).
     pub fn with_socket(cfg: NodeConfig, socket: UdpSocket) -> std::io::Result<Node> {
-        let now = wall_now();
-        let mut ids: Vec<NodeId> = cfg.peers.iter().map(|p| p.id).collect();
-        ids.push(cfg.id);
-        let nodes = *ids.iter().max().unwrap_or(&0) as usize + 1;
-        let sched = ProbeSchedule::new(
-            ids,
-            cfg.id,
-            ProbeConfig {
-                slot: cfg.slot,
-                probe: cfg.slot,
-                epoch: Instant::ZERO,
-                ping_every: cfg.ping,
-            },
-        )
-        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
-        let route_cfg = RouteConfig {
-            metric: cfg.metric,
-            max_paths: cfg.max_paths,
-            max_age: cfg.dead_after,
-            ..RouteConfig::default()
-        };
-        let reroute = RerouteConfig {
-            threshold: cfg.threshold,
-            consecutive: cfg.consecutive,
-            dead_after: cfg.dead_after,
-        };
-        let rerouters = cfg
-            .routes
-            .iter()
-            .map(|&d| {
-                (
-                    d,
-                    Rerouter::new(cfg.id, d, route_cfg.clone(), reroute),
-                    Vec::new(),
-                )
-            })
-            .collect();
-        let peers = cfg
-            .peers
-            .iter()
-            .map(|p| PeerState {
-                id: p.id,
-                addr: p.addr,
-                rtt: None,
-                loss: 0.0,
-                throughput: None,
-                outstanding: None,
-                last_heard: None,
-                train: None,
-            })
-            .collect();
-        let probe = sched.next_probe(now);
         let app = cfg.flow.as_ref().and_then(|f| {
             f.tun.as_ref().map(|name| {
                 AppSide::Tun(TunnelConfig {
@@ -617,36 +624,7 @@ impl Node {
                 })
             })
         });
-        let src_flow = cfg.flow.as_ref().and_then(|f| f.to).map(|dst| SrcFlow {
-            dst,
-            flow: flow_id(),
-            first_route: None,
-            slots: Vec::new(),
-            relays: Vec::new(),
-            next_provision: now,
-        });
-        let state = State {
-            flows: FlowTable::new(cfg.id, MAX_RELAYED_FLOWS),
-            src_flow,
-            dst_flow: None,
-            endpoint: None,
-            cmds: Vec::new(),
-            auth: NodeAuth::new(&cfg.key, cfg.id, now.as_micros()),
-            sched,
-            peers,
-            table: AccessTable::new(nodes),
-            rerouters,
-            changes: Vec::new(),
-            stats: NodeStats::default(),
-            seq: 0,
-            update_seq: 0,
-            next_ping: now,
-            next_update: now,
-            next_eval: now,
-            probe,
-            probe_sent: false,
-            cfg,
-        };
+        let state = State::new(cfg, wall_now(), fresh_secret()?)?;
         Ok(Node {
             socket: Arc::new(socket),
             state: Arc::new(Mutex::new(state)),
@@ -743,15 +721,28 @@ impl Node {
             }
             FlowCmd::Start {
                 flow,
+                peer,
                 reverse,
                 weights,
                 hops,
             } => {
-                let (key, fc, replaced) = {
+                let (keys, auth, fc, replaced) = {
                     let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
                     let old = s.endpoint.take();
-                    (s.cfg.key, s.cfg.flow.clone(), old.is_some())
+                    let peer_public = s
+                        .cfg
+                        .peers
+                        .iter()
+                        .find(|p| p.id == peer)
+                        .map(|p| p.public_key);
+                    (
+                        peer_public.map(|pk| (s.cfg.private_key, pk)),
+                        s.auth.clone(),
+                        s.cfg.flow.clone(),
+                        old.is_some(),
+                    )
                 };
+                let Some(keys) = keys else { return };
                 if replaced {
                     // A new flow (the source restarted): the old end's tasks were
                     // aborted; let them close its TUN device before it is made again.
@@ -775,7 +766,8 @@ impl Node {
                     weights,
                     hops,
                 };
-                match crate::node_flow::start(spec, &key, &fc, app, self.socket.clone()).await {
+                match crate::node_flow::start(spec, keys, &fc, app, self.socket.clone(), auth).await
+                {
                     Ok(e) => {
                         self.state
                             .lock()
@@ -819,8 +811,107 @@ fn slot_path(c: &Option<Choice>) -> Option<String> {
 }
 
 impl State {
+    /// A node's state at `now` (the wall clock), with 32 fresh random bytes for this
+    /// run's ephemeral key.
+    fn new(cfg: NodeConfig, now: Instant, ephemeral: [u8; 32]) -> std::io::Result<State> {
+        let mut ids: Vec<NodeId> = cfg.peers.iter().map(|p| p.id).collect();
+        ids.push(cfg.id);
+        let nodes = *ids.iter().max().unwrap_or(&0) as usize + 1;
+        let sched = ProbeSchedule::new(
+            ids,
+            cfg.id,
+            ProbeConfig {
+                slot: cfg.slot,
+                probe: cfg.slot,
+                epoch: Instant::ZERO,
+                ping_every: cfg.ping,
+            },
+        )
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
+        let route_cfg = RouteConfig {
+            metric: cfg.metric,
+            max_paths: cfg.max_paths,
+            max_age: cfg.dead_after,
+            ..RouteConfig::default()
+        };
+        let reroute = RerouteConfig {
+            threshold: cfg.threshold,
+            consecutive: cfg.consecutive,
+            dead_after: cfg.dead_after,
+        };
+        let rerouters = cfg
+            .routes
+            .iter()
+            .map(|&d| {
+                (
+                    d,
+                    Rerouter::new(cfg.id, d, route_cfg.clone(), reroute),
+                    Vec::new(),
+                )
+            })
+            .collect();
+        let peers = cfg
+            .peers
+            .iter()
+            .map(|p| PeerState {
+                id: p.id,
+                addr: p.addr,
+                rtt: None,
+                loss: 0.0,
+                throughput: None,
+                outstanding: None,
+                last_heard: None,
+                train: None,
+            })
+            .collect();
+        let probe = sched.next_probe(now);
+        let src_flow = cfg.flow.as_ref().and_then(|f| f.to).map(|dst| SrcFlow {
+            dst,
+            flow: flow_id(),
+            first_route: None,
+            slots: Vec::new(),
+            relays: Vec::new(),
+            next_provision: now,
+        });
+        let auth = NodeAuth::new(cfg.id, &cfg.private_key, &members(&cfg.peers), ephemeral)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
+        Ok(State {
+            flows: FlowTable::new(cfg.id, MAX_RELAYED_FLOWS),
+            src_flow,
+            dst_flow: None,
+            endpoint: None,
+            cmds: Vec::new(),
+            auth: Arc::new(Mutex::new(auth)),
+            sched,
+            peers,
+            table: AccessTable::new(nodes),
+            rerouters,
+            changes: Vec::new(),
+            stats: NodeStats::default(),
+            seq: 0,
+            update_seq: 0,
+            next_ping: now,
+            next_update: now,
+            next_eval: now,
+            probe,
+            probe_sent: false,
+            last_hello_warning: None,
+            cfg,
+        })
+    }
+}
+
+impl State {
     fn peer_addr(&self, id: NodeId) -> Option<SocketAddr> {
         self.peers.iter().find(|p| p.id == id).map(|p| p.addr)
+    }
+
+    fn hop(&self, id: NodeId) -> Option<Hop> {
+        self.peer_addr(id).map(|addr| Hop { id, addr })
+    }
+
+    fn auth(&self) -> std::sync::MutexGuard<'_, NodeAuth> {
+        self.auth.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn flow_status(&self) -> Option<FlowStatus> {
@@ -861,10 +952,10 @@ impl State {
     }
 
     /// Next hop of every slot of the flow we source.
-    fn src_hops(&self, f: &SrcFlow) -> [Option<SocketAddr>; SLOTS] {
+    fn src_hops(&self, f: &SrcFlow) -> [Option<Hop>; SLOTS] {
         let mut h = [None; SLOTS];
         for (k, c) in f.slots.iter().enumerate().take(SLOTS) {
-            h[k] = c.and_then(|c| self.peer_addr(c.path.relay.unwrap_or(f.dst)));
+            h[k] = c.and_then(|c| self.hop(c.path.relay.unwrap_or(f.dst)));
         }
         h
     }
@@ -903,14 +994,10 @@ impl State {
                 dst: f.dst,
             };
             for r in gone {
-                if let Some(a) = self.peer_addr(r) {
-                    self.send(a, &td, out);
-                }
+                self.send(r, &td, out);
             }
             for n in relays.iter().copied().chain([f.dst]) {
-                if let Some(a) = self.peer_addr(n) {
-                    self.send(a, &msg, out);
-                }
+                self.send(n, &msg, out);
             }
             f.relays = relays;
         }
@@ -930,9 +1017,7 @@ impl State {
                 dst: f.dst,
             };
             for n in f.relays.iter().copied().chain([f.dst]) {
-                if let Some(a) = self.peer_addr(n) {
-                    self.send(a, &td, out);
-                }
+                self.send(n, &td, out);
             }
         }
         self.src_flow = Some(f);
@@ -969,6 +1054,7 @@ impl State {
                 let hops = self.src_hops(&f);
                 self.cmds.push(FlowCmd::Start {
                     flow: f.flow,
+                    peer: f.dst,
                     reverse: false,
                     weights,
                     hops,
@@ -999,38 +1085,47 @@ impl State {
     }
 
     /// A DATA datagram: ours to deliver, or to relay.
+    /// A DATA datagram whose trailer verified: `sender` is the previous hop, `msg`
+    /// the header and payload.
     fn on_data(
         &mut self,
         now: Instant,
-        from: SocketAddr,
-        d: &[u8],
+        sender: NodeId,
+        msg: &[u8],
         out: &mut Vec<(SocketAddr, Vec<u8>)>,
     ) {
-        let Ok((h, payload)) = DataHeader::parse(d) else {
+        let Ok((h, payload)) = DataHeader::parse(msg) else {
             self.stats.data_dropped += 1;
             return;
         };
         if let Some(e) = &self.endpoint {
             if e.flow == h.flow && e.reverse != h.reverse {
-                e.deliver(h.slot, payload);
-                self.stats.data_delivered += 1;
+                // Only from the node this end's slot goes through.
+                if e.hops()[h.slot as usize % SLOTS].is_some_and(|hop| hop.id == sender) {
+                    e.deliver(h.slot, payload);
+                    self.stats.data_delivered += 1;
+                } else {
+                    self.stats.data_dropped += 1;
+                }
                 return;
             }
         }
-        let Some(sender) = self.peers.iter().find(|p| p.addr == from).map(|p| p.id) else {
+        let Some(next) = self.flows.next_hop(now, sender, &h) else {
             self.stats.data_dropped += 1;
             return;
         };
-        match self
-            .flows
-            .next_hop(now, sender, &h)
-            .and_then(|n| self.peer_addr(n))
-        {
-            Some(to) => {
-                self.stats.forwarded += 1;
-                out.push((to, d.to_vec()));
-            }
-            None => self.stats.data_dropped += 1,
+        let Some(to) = self.peer_addr(next) else {
+            self.stats.data_dropped += 1;
+            return;
+        };
+        let mut v = Vec::with_capacity(msg.len() + TRAILER_LEN);
+        v.extend_from_slice(msg);
+        if self.auth().seal_in_place(next, &mut v) {
+            self.stats.forwarded += 1;
+            out.push((to, v));
+        } else {
+            self.stats.no_keys += 1;
+            self.stats.data_dropped += 1;
         }
     }
 
@@ -1062,7 +1157,7 @@ impl State {
                 let mut hops = [None; SLOTS];
                 for (slot, relay) in &slots {
                     if let Some(h) = hops.get_mut(*slot as usize) {
-                        *h = self.peer_addr(relay.unwrap_or(*src));
+                        *h = self.hop(relay.unwrap_or(*src));
                     }
                 }
                 let same = self
@@ -1088,6 +1183,7 @@ impl State {
                     tracing::info!(flow, src, "flow arriving; starting its end");
                     self.cmds.push(FlowCmd::Start {
                         flow: *flow,
+                        peer: *src,
                         reverse: true,
                         weights,
                         hops,
@@ -1113,10 +1209,42 @@ impl State {
         }
     }
 
-    fn send(&mut self, to: SocketAddr, r: &Repr, out: &mut Vec<(SocketAddr, Vec<u8>)>) {
-        if let Ok(v) = r.to_vec() {
-            out.push((to, self.auth.seal(&v)));
+    /// Seal `r` for peer `to` and queue it to the peer's configured address.
+    fn send(&mut self, to: NodeId, r: &Repr, out: &mut Vec<(SocketAddr, Vec<u8>)>) {
+        if let Some(addr) = self.peer_addr(to) {
+            self.send_to(to, addr, r, out);
         }
+    }
+
+    /// Seal `r` for peer `to` and queue it to `addr`; nothing without keys with `to`
+    /// yet (its HELLOs are under way).
+    fn send_to(
+        &mut self,
+        to: NodeId,
+        addr: SocketAddr,
+        r: &Repr,
+        out: &mut Vec<(SocketAddr, Vec<u8>)>,
+    ) {
+        if let Ok(mut v) = r.to_vec() {
+            if self.auth().seal_in_place(to, &mut v) {
+                out.push((addr, v));
+            } else {
+                self.stats.no_keys += 1;
+            }
+        }
+    }
+
+    /// HELLOs to every peer without established keys.
+    fn hellos(&mut self, out: &mut Vec<(SocketAddr, Vec<u8>)>) {
+        let auth = self.auth();
+        let due: Vec<(SocketAddr, Vec<u8>)> = auth
+            .unestablished()
+            .into_iter()
+            .filter_map(|id| Some((self.peer_addr(id)?, auth.hello(id)?)))
+            .collect();
+        drop(auth);
+        self.stats.hellos_sent += due.len() as u64;
+        out.extend(due);
     }
 
     fn next_seq(&mut self) -> u32 {
@@ -1127,15 +1255,19 @@ impl State {
     fn on_tick(&mut self, now: Instant, out: &mut Vec<(SocketAddr, Vec<u8>)>) {
         let me = self.cfg.id;
         if now >= self.next_ping {
+            self.hellos(out);
             for i in 0..self.peers.len() {
+                let id = self.peers[i].id;
+                if !self.auth().can_send(id) {
+                    continue;
+                }
                 if self.peers[i].outstanding.is_some() {
                     self.peers[i].loss = self.peers[i].loss * (1.0 - LOSS_EWMA) + LOSS_EWMA;
                 }
                 let seq = self.next_seq();
                 self.peers[i].outstanding = Some((seq, now));
-                let addr = self.peers[i].addr;
                 self.send(
-                    addr,
+                    id,
                     &Repr::Ping {
                         sender: me,
                         seq,
@@ -1150,13 +1282,13 @@ impl State {
         // Our throughput probe: a train at the start of our slot, its rate at the end.
         if !self.probe_sent && now >= self.probe.start && now < self.probe.end {
             if let Some(i) = self.peers.iter().position(|p| p.id == self.probe.peer) {
-                let addr = self.peers[i].addr;
+                let id = self.peers[i].id;
                 let seq0 = self.seq.wrapping_add(1);
                 for k in 1..=self.cfg.train {
                     let seq = self.next_seq();
                     let pad = self.cfg.train_bytes;
                     self.send(
-                        addr,
+                        id,
                         &Repr::Ping {
                             sender: me,
                             seq,
@@ -1236,9 +1368,9 @@ impl State {
                     seq: self.update_seq,
                     entries,
                 };
-                let addrs: Vec<SocketAddr> = self.peers.iter().map(|p| p.addr).collect();
-                for a in addrs {
-                    self.send(a, &msg, out);
+                let ids: Vec<NodeId> = self.peers.iter().map(|p| p.id).collect();
+                for id in ids {
+                    self.send(id, &msg, out);
                 }
             }
             self.next_update = now + self.cfg.update;
@@ -1315,17 +1447,59 @@ impl State {
         out: &mut Vec<(SocketAddr, Vec<u8>)>,
     ) {
         self.stats.received += 1;
-        if DataHeader::is_data(d) {
-            self.on_data(now, from, d, out);
+        if NodeAuth::is_hello(d) {
+            let r = self.auth().on_hello(now, d);
+            match r {
+                Ok(o) => {
+                    self.stats.hellos += 1;
+                    if o.rekeyed {
+                        tracing::info!(peer = o.from, "new session keys with peer");
+                    }
+                    // Always to the peer's configured address: never a reflector.
+                    if let (Some(reply), Some(addr)) = (o.reply, self.peer_addr(o.from)) {
+                        self.stats.hellos_sent += 1;
+                        out.push((addr, reply));
+                    }
+                }
+                Err(e) => {
+                    self.stats.auth_failures += 1;
+                    // From a member's address but not verifying: most likely a public key
+                    // that is wrong in one of the two configurations. Say so, at once the
+                    // first time, then at most every 10 s.
+                    let member = self.peers.iter().find(|p| p.addr == from).map(|p| p.id);
+                    match (e, member) {
+                        (AuthError::BadTag, Some(id))
+                            if self
+                                .last_hello_warning
+                                .is_none_or(|t| now - t >= Duration::from_secs(10)) =>
+                        {
+                            self.last_hello_warning = Some(now);
+                            tracing::warn!(
+                                "a HELLO from node {id}'s address {from} does not verify: node {id}'s \
+                                 public_key in this node's configuration, or this node's public key in \
+                                 node {id}'s (`braid pubkey < this node's private key`), is wrong \
+                                 (or someone else sends from that address)"
+                            );
+                        }
+                        _ => tracing::debug!(%from, "HELLO refused: {e}"),
+                    }
+                }
+            }
             return;
         }
-        let (sender, msg) = match self.auth.open(d) {
+        let opened = self.auth().open(d);
+        let (sender, msg) = match opened {
             Ok(x) => x,
-            Err(_) => {
+            Err(e) => {
+                tracing::trace!(%from, "datagram refused: {e}");
                 self.stats.auth_failures += 1;
                 return;
             }
         };
+        if DataHeader::is_data(msg) {
+            self.on_data(now, sender, msg, out);
+            return;
+        }
         let Ok(r) = Repr::parse(msg) else {
             self.stats.malformed += 1;
             return;
@@ -1337,7 +1511,8 @@ impl State {
         match r {
             Repr::Ping { seq, train, .. } => {
                 let me = self.cfg.id;
-                self.send(
+                self.send_to(
+                    sender,
                     from,
                     &Repr::Pong {
                         sender: me,
@@ -1391,5 +1566,143 @@ impl State {
             }
             Repr::Provision { .. } | Repr::Teardown { .. } => self.on_flow_control(now, sender, &r),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use braid_proto::overlay::auth::HELLO_LEN;
+
+    fn config(id: NodeId, keys: &[[u8; 32]], addrs: &[SocketAddr]) -> NodeConfig {
+        NodeConfig {
+            id,
+            listen: addrs[id as usize],
+            peers: (0..addrs.len() as NodeId)
+                .filter(|&p| p != id)
+                .map(|p| Peer {
+                    id: p,
+                    addr: addrs[p as usize],
+                    public_key: crate::keys::public_key(&keys[p as usize]),
+                })
+                .collect(),
+            private_key: keys[id as usize],
+            ping: Duration::from_millis(50),
+            slot: Duration::from_millis(40),
+            train: 4,
+            train_bytes: 100,
+            update: Duration::from_millis(50),
+            dead_after: Duration::from_millis(400),
+            eval: Duration::from_millis(25),
+            routes: Vec::new(),
+            metric: Metric::Throughput,
+            max_paths: 2,
+            threshold: 0.5,
+            consecutive: 3,
+            flow: None,
+        }
+    }
+
+    /// Run nodes `a` and `b` (at `addrs[0]`, `addrs[1]`) for `ticks` ticks of 5 ms from
+    /// `a_at` (a's clock) and `b_at` (b's), delivering everything at once; returns what
+    /// `a` sent to `b`.
+    fn run(
+        a: &mut State,
+        b: &mut State,
+        addrs: &[SocketAddr],
+        a_at: Instant,
+        b_at: Instant,
+        ticks: u64,
+    ) -> Vec<Vec<u8>> {
+        let mut sent = Vec::new();
+        for k in 0..ticks {
+            let step = Duration::from_millis(5 * k);
+            let (ta, tb) = (a_at + step, b_at + step);
+            let mut out_a = Vec::new();
+            let mut out_b = Vec::new();
+            a.on_tick(ta, &mut out_a);
+            b.on_tick(tb, &mut out_b);
+            // A few rounds, so that answers to answers (HELLOs) go through in a tick.
+            for _ in 0..4 {
+                let mut next_a = Vec::new();
+                let mut next_b = Vec::new();
+                for (to, d) in out_a.drain(..) {
+                    assert_eq!(to, addrs[1]);
+                    sent.push(d.clone());
+                    b.on_datagram(tb, addrs[0], &d, &mut next_b);
+                }
+                for (to, d) in out_b.drain(..) {
+                    assert_eq!(to, addrs[0]);
+                    a.on_datagram(ta, addrs[1], &d, &mut next_a);
+                }
+                out_a = next_a;
+                out_b = next_b;
+            }
+        }
+        sent
+    }
+
+    /// Node 0 restarts with its clock stepped back to the instant its first run started
+    /// (node 1 runs on): the old design took its counters from the clock under one
+    /// shared key, so both runs sealed their first PINGs with the same nonce and key
+    /// (byte-identical datagrams). Now no sealed datagram of the second run shares
+    /// (key, nonce) with one of the first: where message and counter are equal, the
+    /// tags differ. And node 1 refuses the first run's datagrams replayed.
+    #[test]
+    fn no_nonce_repeats_after_a_restart_with_the_clock_stepped_back() {
+        let keys: Vec<[u8; 32]> = (0..2).map(|_| crate::keys::generate().unwrap()).collect();
+        let addrs: Vec<SocketAddr> = vec![
+            "127.0.0.1:7400".parse().unwrap(),
+            "127.0.0.1:7401".parse().unwrap(),
+        ];
+        let t0 = Instant::from_micros(1_800_000_000_000_000);
+        let fresh = || fresh_secret().unwrap();
+        let mut b = State::new(config(1, &keys, &addrs), t0, fresh()).unwrap();
+        let mut a1 = State::new(config(0, &keys, &addrs), t0, fresh()).unwrap();
+        let first = run(&mut a1, &mut b, &addrs, t0, t0, 100);
+        // Node 1 heard node 0's PINGs (and node 0 its PONGs).
+        assert!(
+            b.stats.hellos > 0 && b.stats.auth_failures == 0,
+            "{:?}",
+            b.stats
+        );
+        assert!(a1.peers[0].rtt.is_some(), "{:?}", a1.stats);
+        // Restart at the same clock reading; node 1 is 0.5 s further on.
+        let b_at = t0 + Duration::from_millis(500);
+        let mut a2 = State::new(config(0, &keys, &addrs), t0, fresh()).unwrap();
+        let second = run(&mut a2, &mut b, &addrs, t0, b_at, 100);
+        assert!(a2.peers[0].rtt.is_some(), "{:?}", a2.stats);
+        let sealed = |v: &[Vec<u8>]| -> Vec<Vec<u8>> {
+            v.iter()
+                .filter(|d| !(d.len() == HELLO_LEN && NodeAuth::is_hello(d)))
+                .cloned()
+                .collect()
+        };
+        let (first, second) = (sealed(&first), sealed(&second));
+        let mut same_nonce_and_message = 0;
+        for d2 in &second {
+            let (ad2, tag2) = d2.split_at(d2.len() - 16);
+            for d1 in &first {
+                let (ad1, tag1) = d1.split_at(d1.len() - 16);
+                if ad1 == ad2 {
+                    same_nonce_and_message += 1;
+                    assert_ne!(tag1, tag2, "the same key and nonce sealed twice");
+                }
+            }
+        }
+        assert!(
+            same_nonce_and_message > 0,
+            "the runs sent nothing alike: the test proves nothing"
+        );
+        // The first run's datagrams, replayed to node 1: none is taken.
+        let before = b.stats.clone();
+        let mut out = Vec::new();
+        for d in &first {
+            b.on_datagram(b_at + Duration::from_secs(1), addrs[0], d, &mut out);
+        }
+        assert_eq!(
+            b.stats.auth_failures - before.auth_failures,
+            first.len() as u64
+        );
     }
 }

@@ -3,9 +3,10 @@
 //! The flow is a braid [`Session`] with [`SLOTS`] channels, one per slot of the
 //! flow's PROVISION (see [`braid_proto::overlay::flow`]). The session's channel
 //! sockets are on loopback and aimed at one *shim* socket per slot; the node puts a
-//! DATA header (flow, slot, direction) in front of what a shim receives and sends it
-//! from the node's own UDP socket to the slot's next hop (a relay, or the other end on
-//! the direct path); DATA arriving for this end goes, without its header, from the
+//! DATA header (flow, slot, direction) in front of what a shim receives, seals it for
+//! the slot's next hop (a relay, or the other end on the direct path) with the trailer
+//! of [`braid_proto::overlay::auth`], and sends it from the node's own UDP socket;
+//! DATA arriving for this end from that hop goes, without header and trailer, from the
 //! slot's shim to the session's channel. So the session (hellos, liveness, failover,
 //! markers, resequencing, its own authentication and encryption) runs unchanged over
 //! the overlay's paths, and a reroute only changes where a slot's datagrams go.
@@ -17,6 +18,8 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use braid_proto::overlay::auth::{NodeAuth, TRAILER_LEN};
+use braid_proto::overlay::NodeId;
 use braid_proto::wire::overlay::{DataHeader, DATA_HEADER_LEN, MAX_PROVISION_PATHS};
 use bytes::Bytes;
 use tokio::net::UdpSocket;
@@ -62,6 +65,15 @@ pub struct FlowConfig {
     pub adaptive: bool,
 }
 
+/// The next hop of a slot: the node and its address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Hop {
+    /// The node (DATA is sealed for it, and only DATA sealed by it is taken back).
+    pub id: NodeId,
+    /// Where it listens.
+    pub addr: SocketAddr,
+}
+
 /// Counters of one flow end.
 #[derive(Debug, Default)]
 pub struct EndCounters {
@@ -77,7 +89,7 @@ pub struct Endpoint {
     pub flow: u32,
     /// The direction bit of what this end sends (`true` at the destination).
     pub reverse: bool,
-    hops: Arc<Mutex<[Option<SocketAddr>; SLOTS]>>,
+    hops: Arc<Mutex<[Option<Hop>; SLOTS]>>,
     shims: Vec<Arc<UdpSocket>>,
     /// Counters.
     pub counters: Arc<EndCounters>,
@@ -95,7 +107,7 @@ impl Drop for Endpoint {
 
 impl Endpoint {
     /// Aim slot `i` at `hop` (`None`: the slot is unused; its datagrams are dropped).
-    pub fn set_hops(&self, hops: [Option<SocketAddr>; SLOTS]) {
+    pub fn set_hops(&self, hops: [Option<Hop>; SLOTS]) {
         *self.hops.lock().unwrap_or_else(|p| p.into_inner()) = hops;
     }
 
@@ -107,7 +119,7 @@ impl Endpoint {
     }
 
     /// The next hop of every slot.
-    pub fn hops(&self) -> [Option<SocketAddr>; SLOTS] {
+    pub fn hops(&self) -> [Option<Hop>; SLOTS] {
         *self.hops.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -130,17 +142,19 @@ pub struct EndSpec {
     /// The session's channel weights per slot (relative; > 0).
     pub weights: [u32; SLOTS],
     /// The next hop of every slot.
-    pub hops: [Option<SocketAddr>; SLOTS],
+    pub hops: [Option<Hop>; SLOTS],
 }
 
-/// Start one end of a flow: the session (keyed with the overlay's key), its shims, and
-/// the application side; DATA leaves from `net`.
+/// Start one end of a flow: the session (keyed with this node's static private key and
+/// the other end's public key, `keys`), its shims, and the application side; DATA
+/// leaves from `net`, sealed with `auth`.
 pub async fn start(
     spec: EndSpec,
-    key: &[u8; 32],
+    keys: ([u8; 32], [u8; 32]),
     fc: &FlowConfig,
     app: AppSide,
     net: Arc<UdpSocket>,
+    auth: Arc<Mutex<NodeAuth>>,
 ) -> Result<Endpoint, String> {
     let EndSpec {
         flow,
@@ -161,11 +175,16 @@ pub async fn start(
         let remote = s.local_addr().map_err(|e| e.to_string())?;
         let mut c = ChannelConfig::new(format!("slot{i}"), lo, remote);
         c.weight = weights[i].max(1);
-        // The DATA header rides in front of every session datagram on the real path.
-        c.mtu = fc.path_mtu.saturating_sub(DATA_HEADER_LEN as u32);
+        // The DATA header and the hop's trailer ride with every session datagram on
+        // the real path.
+        c.mtu = fc
+            .path_mtu
+            .saturating_sub((DATA_HEADER_LEN + TRAILER_LEN) as u32);
         channels.push(c);
     }
-    let mut sc = SessionConfig::new(channels, key.to_vec());
+    let mut sc = SessionConfig::new(channels, Vec::new());
+    sc.private_key = Some(keys.0);
+    sc.peer_public_key = Some(keys.1);
     sc.adaptive = fc.adaptive;
     sc.socket_buffer = 4 << 20;
     let session = Session::start(sc.clone())
@@ -191,6 +210,7 @@ pub async fn start(
             net.clone(),
             hops.clone(),
             counters.clone(),
+            auth.clone(),
         )));
     }
     let app_task = match app {
@@ -245,18 +265,20 @@ pub async fn start(
     })
 }
 
-/// Session datagrams of one slot out to the slot's next hop, with the DATA header.
+/// Session datagrams of one slot out to the slot's next hop, with the DATA header,
+/// sealed for that hop.
 async fn shim_out(
     h: DataHeader,
     shim: Arc<UdpSocket>,
     net: Arc<UdpSocket>,
-    hops: Arc<Mutex<[Option<SocketAddr>; SLOTS]>>,
+    hops: Arc<Mutex<[Option<Hop>; SLOTS]>>,
     counters: Arc<EndCounters>,
+    auth: Arc<Mutex<NodeAuth>>,
 ) {
     let mut buf = vec![0u8; 65_536];
-    buf[..DATA_HEADER_LEN].copy_from_slice(&h.bytes());
+    let mut d: Vec<u8> = Vec::with_capacity(65_536 + DATA_HEADER_LEN + TRAILER_LEN);
     loop {
-        let n = match shim.recv(&mut buf[DATA_HEADER_LEN..]).await {
+        let n = match shim.recv(&mut buf).await {
             Ok(n) => n,
             Err(_) => {
                 tokio::time::sleep(std::time::Duration::from_millis(1)).await;
@@ -264,10 +286,21 @@ async fn shim_out(
             }
         };
         let hop = hops.lock().unwrap_or_else(|p| p.into_inner())[h.slot as usize];
-        if let Some(to) = hop {
-            if net.send_to(&buf[..DATA_HEADER_LEN + n], to).await.is_ok() {
-                counters.sent[h.slot as usize].fetch_add(1, Ordering::Relaxed);
-            }
+        let Some(to) = hop else { continue };
+        d.clear();
+        d.extend_from_slice(&h.bytes());
+        d.extend_from_slice(&buf[..n]);
+        // No keys with the hop yet (its HELLOs are under way): lost, as on a path
+        // that is not up.
+        if !auth
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .seal_in_place(to.id, &mut d)
+        {
+            continue;
+        }
+        if net.send_to(&d, to.addr).await.is_ok() {
+            counters.sent[h.slot as usize].fetch_add(1, Ordering::Relaxed);
         }
     }
 }

@@ -249,6 +249,52 @@ impl Progress {
     }
 }
 
+/// The progress line a transfer redraws on stderr (at most every 250 ms), when stderr is
+/// a terminal or it is `forced`; [`ProgressLine::sender`] feeds it.
+pub struct ProgressLine {
+    tx: Option<watch::Sender<Progress>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl ProgressLine {
+    /// Start redrawing (a task on the current runtime), or nothing when not wanted.
+    pub fn start(forced: bool) -> ProgressLine {
+        use std::io::IsTerminal;
+        if !forced && !std::io::stderr().is_terminal() {
+            return ProgressLine {
+                tx: None,
+                task: None,
+            };
+        }
+        let (tx, mut rx) = watch::channel(Progress::default());
+        let task = tokio::spawn(async move {
+            while rx.changed().await.is_ok() {
+                let line = rx.borrow_and_update().line();
+                eprint!("\r{line}   ");
+                tokio::time::sleep(StdDuration::from_millis(250)).await;
+            }
+            eprintln!();
+        });
+        ProgressLine {
+            tx: Some(tx),
+            task: Some(task),
+        }
+    }
+
+    /// Where the transfer reports its progress (none when no line is drawn).
+    pub fn sender(&self) -> Option<&watch::Sender<Progress>> {
+        self.tx.as_ref()
+    }
+
+    /// Draw the last state and end the line.
+    pub async fn finish(self) {
+        drop(self.tx);
+        if let Some(t) = self.task {
+            let _ = t.await;
+        }
+    }
+}
+
 fn human_bytes(b: u64) -> String {
     match b {
         b if b >= 1 << 30 => format!("{:.2} GiB", b as f64 / f64::from(1u32 << 30)),

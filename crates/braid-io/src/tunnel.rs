@@ -135,9 +135,16 @@ impl Throttle {
     }
 }
 
+/// The TUN device's MTU: `tunnel.mtu`, else the largest inner packet a datagram
+/// carries (the smallest channel MTU less IP and UDP, the security envelope and the
+/// mode's header).
+pub fn tun_mtu(t: &TunnelConfig, s: &SessionConfig) -> u32 {
+    t.mtu.unwrap_or(s.max_inner() - s.data_overhead())
+}
+
 /// Create and configure the TUN device for this session.
 pub fn open_tun(t: &TunnelConfig, s: &SessionConfig) -> Result<Tun, TunnelError> {
-    let mtu = t.mtu.unwrap_or(s.max_inner() - s.data_overhead());
+    let mtu = tun_mtu(t, s);
     // Virtio-net headers, to write merged TCP segments (crate::offload).
     let tun = Tun::create_with(&t.name, true)?;
     tun.set_mtu(mtu)?;

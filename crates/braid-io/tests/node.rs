@@ -1,6 +1,6 @@
 //! Three `braid node`s on loopback (seed 003): they measure each other, exchange
 //! authenticated UPDATEs until every node's table holds all six hops, choose paths,
-//! ignore a fourth node that has the wrong key, and route around a node that stops.
+//! ignore a fourth node that is not a member, and route around a node that stops.
 
 use std::time::Duration as StdDuration;
 
@@ -10,10 +10,11 @@ use braid_proto::Duration;
 use tokio::net::UdpSocket;
 use tokio::sync::oneshot;
 
+/// Node `id` of the nodes at `sockets`, whose private keys are `keys`.
 fn config(
     id: u16,
     sockets: &[std::net::SocketAddr],
-    key: [u8; 32],
+    keys: &[[u8; 32]],
     route_to: Vec<u16>,
 ) -> NodeConfig {
     NodeConfig {
@@ -24,9 +25,10 @@ fn config(
             .map(|p| Peer {
                 id: p,
                 addr: sockets[p as usize],
+                public_key: braid_io::keys::public_key(&keys[p as usize]),
             })
             .collect(),
-        key,
+        private_key: keys[id as usize],
         ping: Duration::from_millis(50),
         slot: Duration::from_millis(40),
         train: 8,
@@ -64,7 +66,9 @@ async fn wait_for(what: &str, secs: u64, handles: &[NodeHandle], mut ok: impl Fn
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_nodes_measure_share_and_route() {
-    let key = braid_io::keys::generate().unwrap();
+    let keys: Vec<[u8; 32]> = (0..4)
+        .map(|_| braid_io::keys::generate().unwrap())
+        .collect();
     let mut socks = Vec::new();
     for _ in 0..4 {
         socks.push(UdpSocket::bind("127.0.0.1:0").await.unwrap());
@@ -78,7 +82,7 @@ async fn three_nodes_measure_share_and_route() {
     for id in 0..3u16 {
         let routes = if id == 0 { vec![2] } else { Vec::new() };
         let node =
-            Node::with_socket(config(id, three, key, routes), socks.next().unwrap()).unwrap();
+            Node::with_socket(config(id, three, &keys, routes), socks.next().unwrap()).unwrap();
         handles.push(node.handle());
         let (tx, rx) = oneshot::channel::<()>();
         stops.push(tx);
@@ -86,14 +90,9 @@ async fn three_nodes_measure_share_and_route() {
             let _ = rx.await;
         })));
     }
-    // A fourth node with another key pings and updates the three.
-    let mut bad_key = key;
-    bad_key[0] ^= 1;
-    let intruder = Node::with_socket(
-        config(3, &addrs, bad_key, Vec::new()),
-        socks.next().unwrap(),
-    )
-    .unwrap();
+    // A fourth node, which the three do not list as a member, says HELLO to them.
+    let intruder =
+        Node::with_socket(config(3, &addrs, &keys, Vec::new()), socks.next().unwrap()).unwrap();
     let (itx, irx) = oneshot::channel::<()>();
     let itask = tokio::spawn(intruder.run(async move {
         let _ = irx.await;
@@ -175,12 +174,21 @@ async fn three_nodes_measure_share_and_route() {
 
 #[test]
 fn config_files_are_checked() {
-    let dir = std::env::temp_dir();
-    let key = braid_io::keys::encode(&braid_io::keys::generate().unwrap());
+    use braid_io::keys;
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!("braid-node-cfg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let private = keys::generate().unwrap();
+    let kf = dir.join("node0.key");
+    std::fs::write(&kf, keys::encode(&private) + "\n").unwrap();
+    std::fs::set_permissions(&kf, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let own = keys::encode(&keys::public_key(&private));
+    let p1 = keys::encode(&keys::public_key(&keys::generate().unwrap()));
+    let p2 = keys::encode(&keys::public_key(&keys::generate().unwrap()));
     let good = format!(
-        "id = 0\nlisten = \"127.0.0.1:7400\"\nkey = \"{key}\"\n\
-         [[peer]]\nid = 1\naddr = \"127.0.0.1:7401\"\n\
-         [[peer]]\nid = 2\naddr = \"127.0.0.1:7402\"\n\
+        "id = 0\nlisten = \"127.0.0.1:7400\"\nprivate_key_file = \"node0.key\"\n\
+         [[peer]]\nid = 1\naddr = \"127.0.0.1:7401\"\npublic_key = \"{p1}\"\n\
+         [[peer]]\nid = 2\naddr = \"127.0.0.1:7402\"\npublic_key = \"{p2}\"\n\
          [probe]\nping_ms = 100\n[route]\nto = [2]\nmax_paths = 2\n"
     );
     let c = NodeConfig::parse(&good, &dir).unwrap();
@@ -189,15 +197,44 @@ fn config_files_are_checked() {
         (0, 2, vec![2], 2)
     );
     assert_eq!(c.ping, Duration::from_millis(100));
+    assert_eq!(c.private_key, private);
+    assert_eq!(c.peers[0].public_key, keys::decode(&p1).unwrap());
+    let shared = format!("key = \"{}\"\n", keys::encode(&keys::generate().unwrap()));
     for (bad, needle) in [
         (good.replace("id = 0\n", "id = 1\n"), "peer[0]"),
         (good.replace("to = [2]", "to = [7]"), "route.to"),
         (good.replace("ping_ms", "pingms"), "probe.pingms"),
-        (good.replace(&key, "secret"), "key"),
         (good.replace("max_paths = 2", "max_paths = 4"), "max_paths"),
         (good.replace("listen = \"127.0.0.1:7400\"\n", ""), "listen"),
+        // The old shared key: refused, saying what to do instead.
+        (
+            good.replace("private_key_file = \"node0.key\"\n", &shared),
+            "its own key pair",
+        ),
+        (
+            good.replace("private_key_file = \"node0.key\"\n", ""),
+            "`private_key_file` is required",
+        ),
+        (good.replace("node0.key", "missing.key"), "cannot read"),
+        (
+            good.replace(&format!("public_key = \"{p2}\"\n"), ""),
+            "peer[1]: `public_key` is required",
+        ),
+        (good.replace(&p2, "secret"), "peer[1].public_key"),
+        (good.replace(&p2, &own), "this node's own"),
+        (good.replace(&p2, &p1), "same public key"),
+        // A low-order point: no key pair has it.
+        (
+            good.replace(&p2, &keys::encode(&[0; 32])),
+            "peer[1].public_key",
+        ),
     ] {
         let e = NodeConfig::parse(&bad, &dir).unwrap_err();
         assert!(e.contains(needle), "{e:?} should mention {needle}");
     }
+    // A private key others can read is refused, as the tunnel refuses it.
+    std::fs::set_permissions(&kf, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let e = NodeConfig::parse(&good, &dir).unwrap_err();
+    assert!(e.contains("chmod 600"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

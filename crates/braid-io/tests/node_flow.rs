@@ -13,7 +13,7 @@ use bytes::Bytes;
 use tokio::net::UdpSocket;
 use tokio::sync::{mpsc, oneshot};
 
-fn config(id: u16, addrs: &[std::net::SocketAddr], key: [u8; 32]) -> NodeConfig {
+fn config(id: u16, addrs: &[std::net::SocketAddr], keys: &[[u8; 32]]) -> NodeConfig {
     let end = id == 0 || id == 4;
     NodeConfig {
         id,
@@ -23,9 +23,10 @@ fn config(id: u16, addrs: &[std::net::SocketAddr], key: [u8; 32]) -> NodeConfig 
             .map(|p| Peer {
                 id: p,
                 addr: addrs[p as usize],
+                public_key: braid_io::keys::public_key(&keys[p as usize]),
             })
             .collect(),
-        key,
+        private_key: keys[id as usize],
         ping: Duration::from_millis(50),
         slot: Duration::from_millis(30),
         train: 8,
@@ -82,7 +83,9 @@ async fn recv_until(rx: &mut mpsc::Receiver<Bytes>, ms: u64) -> Vec<u64> {
 /// Messages `seq` (8 bytes, then padding) from node 0's queue; what node 4 delivers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flow_through_relays_survives_a_relay_stop() {
-    let key = braid_io::keys::generate().unwrap();
+    let keys: Vec<[u8; 32]> = (0..5)
+        .map(|_| braid_io::keys::generate().unwrap())
+        .collect();
     let mut socks = Vec::new();
     for _ in 0..5 {
         socks.push(UdpSocket::bind("127.0.0.1:0").await.unwrap());
@@ -108,7 +111,7 @@ async fn flow_through_relays_survives_a_relay_stop() {
     let mut handles = Vec::new();
     let mut stops = Vec::new();
     for (id, sock) in socks.into_iter().enumerate() {
-        let mut node = Node::with_socket(config(id as u16, &addrs, key), sock).unwrap();
+        let mut node = Node::with_socket(config(id as u16, &addrs, &keys), sock).unwrap();
         if let Some(app) = apps[id].take() {
             node.set_app(app);
         }

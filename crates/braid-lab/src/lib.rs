@@ -2,6 +2,7 @@
 //!
 //! The testbed in which braid is measured against single links and Linux MPTCP:
 //!
+//! * [`args`]: the flags of `braid lab`'s subcommands and their check into options;
 //! * [`spec`]: link descriptions such as `100mbit/5ms` or `20mbit/60ms/1%`;
 //! * [`emu`]: the user-space link emulator. This kernel has no netem, so delay, jitter
 //!   and loss come from a program that reads each packet from a TUN device, holds it for
@@ -18,6 +19,7 @@
 //! Everything the two-link lab creates carries the `brl` prefix and the overlay lab the
 //! `bro-` prefix, so `topo::down` and `overlay::down` can remove them also after a crash.
 
+pub mod args;
 pub mod bench;
 pub mod chart;
 pub mod emu;

@@ -452,12 +452,22 @@ fn build(m: &Matrix, exe: &Path, seed: u64) -> Result<(), LabError> {
     Ok(())
 }
 
-/// The configuration of node `me`.
-pub fn node_config(me: usize, max_paths: usize, adaptive: bool) -> String {
-    let mut s = format!("id = {me}\nlisten = \"0.0.0.0:{PORT}\"\nkey_file = \"overlay.key\"\n\n");
+/// The configuration of node `me`, whose private key is in `node{me}.key`; `publics`
+/// holds every node's public key.
+pub fn node_config(
+    me: usize,
+    max_paths: usize,
+    adaptive: bool,
+    publics: &[[u8; 32]; NODES],
+) -> String {
+    let mut s =
+        format!("id = {me}\nlisten = \"0.0.0.0:{PORT}\"\nprivate_key_file = \"node{me}.key\"\n\n");
     for p in (0..NODES).filter(|&p| p != me) {
         let (_, theirs) = hop_addrs(me, p);
-        s += &format!("[[peer]]\nid = {p}\naddr = \"{theirs}:{PORT}\"\n\n");
+        s += &format!(
+            "[[peer]]\nid = {p}\naddr = \"{theirs}:{PORT}\"\npublic_key = \"{}\"\n\n",
+            braid_io::keys::encode(&publics[p])
+        );
     }
     s += "[probe]\nping_ms = 100\nslot_ms = 150\ntrain = 40\ntrain_bytes = 1200\nupdate_ms = 200\ndead_after_ms = 600\neval_ms = 50\n\n";
     s += &format!(
@@ -735,19 +745,23 @@ pub fn run_overlay(
     progress("building namespaces bro-s, bro-r1..3, bro-d, bro-x and ten emulated hops");
     build(&opt.matrix, &opt.exe, opt.seed)?;
     let dir = state_dir();
-    let key = braid_io::keys::generate().map_err(|e| LabError::Command {
-        cmd: "key".into(),
-        reason: e.to_string(),
-    })?;
-    let kf = dir.join("overlay.key");
-    fs::write(&kf, braid_io::keys::encode(&key) + "\n").map_err(io_err(&kf))?;
-    {
+    // Every node its own key pair; each lists the others' public keys.
+    let mut publics = [[0u8; 32]; NODES];
+    for (me, public) in publics.iter_mut().enumerate() {
+        let key = braid_io::keys::generate().map_err(|e| LabError::Command {
+            cmd: "key".into(),
+            reason: e.to_string(),
+        })?;
+        *public = braid_io::keys::public_key(&key);
+        let kf = dir.join(format!("node{me}.key"));
+        fs::write(&kf, braid_io::keys::encode(&key) + "\n").map_err(io_err(&kf))?;
         use std::os::unix::fs::PermissionsExt;
         fs::set_permissions(&kf, fs::Permissions::from_mode(0o600)).map_err(io_err(&kf))?;
     }
     for me in 0..NODES {
         let p = dir.join(format!("node{me}.toml"));
-        fs::write(&p, node_config(me, opt.max_paths, opt.adaptive)).map_err(io_err(&p))?;
+        fs::write(&p, node_config(me, opt.max_paths, opt.adaptive, &publics))
+            .map_err(io_err(&p))?;
     }
     let mut nodes: Vec<Option<NodeProc>> = Vec::new();
     for me in 0..NODES {
@@ -1019,14 +1033,25 @@ mod tests {
             hop_addrs(4, 0),
             ("10.202.53.1".into(), "10.201.53.1".into())
         );
-        let cfg = node_config(2, 3, false);
+        let keys: Vec<[u8; 32]> = (0..NODES)
+            .map(|_| braid_io::keys::generate().unwrap())
+            .collect();
+        let mut publics = [[0u8; 32]; NODES];
+        for (p, k) in publics.iter_mut().zip(&keys) {
+            *p = braid_io::keys::public_key(k);
+        }
+        let cfg = node_config(2, 3, false, &publics);
         assert!(cfg.contains("addr = \"10.201.51.1:7400\""), "{cfg}");
-        let key = braid_io::keys::encode(&braid_io::keys::generate().unwrap());
-        let parsed = braid_io::node::NodeConfig::parse(
-            &cfg.replace("key_file = \"overlay.key\"", &format!("key = \"{key}\"")),
-            Path::new("."),
-        );
-        assert!(parsed.is_ok(), "{parsed:?}");
+        let dir = std::env::temp_dir().join(format!("braid-lab-ovl-cfg-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let kf = dir.join("node2.key");
+        fs::write(&kf, braid_io::keys::encode(&keys[2])).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(&kf, fs::Permissions::from_mode(0o600)).unwrap();
+        let parsed = braid_io::node::NodeConfig::parse(&cfg, &dir);
+        let _ = fs::remove_dir_all(&dir);
+        let parsed = parsed.unwrap();
+        assert_eq!(parsed.peers[0].public_key, publics[0]);
         let m = Matrix {
             direct: LinkSpec::parse("4mbit/40ms").unwrap(),
             relays: ["10mbit/10ms", "8mbit/10ms", "6mbit/10ms"]

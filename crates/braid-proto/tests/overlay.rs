@@ -205,4 +205,33 @@ proptest! {
             prop_assert_eq!(r.to_vec().unwrap(), bytes);
         }
     }
+
+    #[test]
+    fn hello_and_trailer_checks_never_panic(mut bytes in prop::collection::vec(any::<u8>(), 0..200), ids in (0u16..4, 0u16..4)) {
+        use braid_proto::overlay::auth::{AuthError, NodeAuth, HELLO_LEN};
+        // Node 1 with members 0, 2, 3 (fixed keys); often a HELLO's length and header,
+        // or a plausible trailer naming a member.
+        let key = |s: u8| -> [u8; 32] { core::array::from_fn(|i| s.wrapping_mul(37) ^ (i as u8 * 11 + 1)) };
+        let pk = |s: u8| NodeAuth::new(9, &key(s), &[], [7; 32]).unwrap().public_key();
+        let mut me = NodeAuth::new(1, &key(1), &[(0, pk(0)), (2, pk(2)), (3, pk(3))], [5; 32]).unwrap();
+        if bytes.len() > 3 && bytes[0] % 3 == 0 {
+            bytes.resize(HELLO_LEN, 0);
+            let ready = bytes[3] & 1;
+            bytes[..4].copy_from_slice(&[0xB0, 1, 7, ready]);
+            bytes[4..6].copy_from_slice(&ids.0.to_be_bytes());
+            bytes[6..8].copy_from_slice(&ids.1.to_be_bytes());
+        } else if bytes.len() > 26 && bytes[0] % 3 == 1 {
+            let at = bytes.len() - 26;
+            bytes[at..at + 2].copy_from_slice(&ids.0.to_be_bytes());
+        }
+        if NodeAuth::is_hello(&bytes) {
+            // Nothing made without the pair's static secret is taken.
+            prop_assert!(me.on_hello(braid_proto::Instant::ZERO, &bytes).is_err());
+        }
+        // No keys yet with anyone: nothing opens.
+        prop_assert!(me.open(&bytes).is_err());
+        if let Err(AuthError::NoKeys(id)) = me.open(&bytes) {
+            prop_assert!(id == 0 || id == 2 || id == 3);
+        }
+    }
 }

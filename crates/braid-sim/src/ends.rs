@@ -7,8 +7,8 @@ use braid_proto::session::{DatagramKind, Event, Session};
 use braid_proto::{Instant, Resequencer, Striper, TransmitKind};
 use bytes::Bytes;
 
-use crate::engine::{CreditResult, SessionResult};
 use crate::model::Nanos;
+use crate::run::{CreditResult, SessionResult};
 
 /// One datagram from the sender for a forward channel.
 pub(crate) struct Outgoing {

@@ -27,15 +27,13 @@ use braid_proto::{Instant, Mode, Policy, Resequencer, StripeConfig, Striper};
 use bytes::{Bytes, BytesMut};
 
 use crate::ends::{Ends, Outgoing, SessionEnds};
-use crate::metrics::{Histogram, Receiver, Resync};
-use crate::model::{Arrivals, ChannelSpec, Fate, LossModel, Nanos, Rate, SizeGen, TrafficSpec};
+pub use crate::metrics::SERIES_BIN;
+use crate::metrics::{Receiver, Resync};
+use crate::model::{Arrivals, ChannelSpec, Fate, LossModel, Nanos, Rate, SizeGen};
 use crate::rng::{streams, Rng};
-
-/// Smallest packet the simulator can send. Every packet looks like an IPv4 packet of one
-/// flow (first byte 0x45, so it travels header-free; addresses 10.0.0.1 to 10.0.0.2 at
-/// bytes 12..20) and carries its id in bytes 4..12 and its send time in ns in bytes
-/// 20..28 (see [`packet_stamp`]).
-pub const MIN_PACKET: u32 = 28;
+pub use crate::run::{
+    ChannelResult, CreditResult, RunConfig, RunError, RunResult, SessionResult, Variant, MIN_PACKET,
+};
 
 /// Event code of the TCP source's acknowledgement arrivals (`Ev::Ack`).
 const ACK: u128 = 0x4000;
@@ -49,230 +47,6 @@ const BACK: u128 = 0x8000;
 /// Source and destination address bytes (IPv4 offsets 12..20) of every simulated
 /// packet: one flow, 10.0.0.1 to 10.0.0.2.
 const ADDRS: [u8; 8] = [10, 0, 0, 1, 10, 0, 0, 2];
-
-/// What runs over the channels.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Variant {
-    /// One striping session over all channels.
-    Striped(StripeConfig),
-    /// The upper bound of seed 000 Fig. 15: the same traffic over each channel alone
-    /// (receiver mode `none`), counters added up.
-    SumOfSingles,
-    /// Two whole session machines ([`braid_proto::session`]), as on real sockets:
-    /// hellos, liveness, epoch changes and failover run in virtual time. The sender's
-    /// datagrams cross the simulated channels; the receiver's (hellos, acks, markers,
-    /// NAKs) come back over each channel with its delay, lost while it is down.
-    Session(Box<session::Config>),
-    /// Seed 002's error control over one channel ([`crate::errctl`]): a window-limited
-    /// sender with (W, E, B) segments, SNAKs and PACKs out of band.
-    ErrCtl(Box<crate::errctl::ErrCtlSpec>),
-}
-
-/// Everything one simulation run needs.
-#[derive(Clone, Debug, PartialEq)]
-pub struct RunConfig {
-    /// The channels, in channel-index order.
-    pub channels: Vec<ChannelSpec>,
-    /// The traffic.
-    pub traffic: TrafficSpec,
-    /// The source stops offering packets at this time (the measurement window).
-    pub duration: Option<Nanos>,
-    /// The source stops after this many packets.
-    pub packets: Option<u64>,
-    /// After the source stops, run at most this long for packets in flight to arrive.
-    pub drain: Nanos,
-    /// The seed for every random process.
-    pub seed: u64,
-    /// The session (or the sum-of-singles bound).
-    pub variant: Variant,
-}
-
-/// Per-channel results. The JSON report shows them as they are, less the fields marked
-/// `skip` (used only to compute session-level figures).
-#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
-pub struct ChannelResult {
-    /// Channel index.
-    pub id: usize,
-    /// Bytes put on the channel (data and control, as on the wire).
-    pub bytes: u64,
-    /// Datagrams put on the channel (data and control).
-    pub packets: u64,
-    /// Of those, data packets.
-    pub data_packets: u64,
-    /// Of those, markers and triggers.
-    pub control_packets: u64,
-    /// Bytes whose transmission ended inside the measurement window, per second.
-    pub throughput_bps: f64,
-    /// Datagrams lost on the channel.
-    pub lost: u64,
-    /// Datagrams corrupted on the channel (dropped by the receiver).
-    pub corrupted: u64,
-    /// Datagrams dropped because the transmit queue was full.
-    pub queue_drops: u64,
-    /// Datagrams dropped because they exceeded the MTU.
-    pub mtu_drops: u64,
-    /// Of the bytes, markers and triggers.
-    #[serde(skip)]
-    pub control_bytes: u64,
-    /// Data packets lost or corrupted on the channel.
-    #[serde(skip)]
-    pub data_lost: u64,
-    /// Data packets dropped at the sender (full queue or over the MTU).
-    #[serde(skip)]
-    pub data_dropped: u64,
-}
-
-/// The result of one run.
-#[derive(Clone, Debug, Default)]
-pub struct RunResult {
-    /// The measurement span in seconds: the configured duration, or for a packet-count
-    /// run the time of the last delivery.
-    pub duration_s: f64,
-    /// Payload bytes delivered inside the span, per second, times 8.
-    pub goodput_bps: f64,
-    /// The same, counting only packets delivered in order.
-    pub inorder_goodput_bps: f64,
-    /// Links that change over time: goodput per [`SERIES_BIN`] from the start, bit/s.
-    pub goodput_series_bps: Vec<f64>,
-    /// Data packets accepted by the striper.
-    pub packets_sent: u64,
-    /// Data packets delivered to the application.
-    pub packets_delivered: u64,
-    /// `packets_sent - packets_delivered`.
-    pub packets_lost: u64,
-    /// Data packets lost or corrupted on a channel.
-    pub lost_on_channel: u64,
-    /// Data packets dropped at a full transmit queue or over the MTU.
-    pub dropped_at_sender: u64,
-    /// Packets the striper refused (larger than max_packet once framed).
-    pub send_errors: u64,
-    /// Deliveries of a packet after a packet that was sent later.
-    pub out_of_order: u64,
-    /// Largest (highest id delivered so far − id) over out-of-order deliveries.
-    pub max_reorder_depth: u64,
-    /// One-way latency, striper to application, ns.
-    pub latency: Histogram,
-    /// Per loss episode: seconds from its end until the last out-of-order delivery.
-    pub resync_s: Vec<f64>,
-    /// Per loss episode: in-order delivery resumed before the next episode (or the end).
-    pub fifo_restored: Vec<bool>,
-    /// Loss episodes as (start, end) seconds.
-    pub episodes: Vec<(f64, f64)>,
-    /// Data bytes put on the channels.
-    pub data_bytes: u64,
-    /// Marker and trigger bytes put on the channels.
-    pub control_bytes: u64,
-    /// Receiver resynchronizations (markers or triggers that changed its state).
-    pub resyncs: u64,
-    /// Times the receiver gave up waiting for a packet.
-    pub wait_timeouts: u64,
-    /// Per channel.
-    pub channels: Vec<ChannelResult>,
-    /// Events processed (packets offered, transmissions ended, arrivals, timers).
-    pub events: u64,
-    /// Session runs only: failover and rejoin times, duplicates.
-    pub session: Option<SessionResult>,
-    /// Error-control runs only: efficiency, segment delays, repairs.
-    pub errctl: Option<crate::errctl::ErrCtlResult>,
-    /// TCP source only: what the flow did.
-    pub tcp: Option<crate::tcp::TcpResult>,
-}
-
-/// What a session run measures beyond the striping figures.
-#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
-pub struct SessionResult {
-    /// Per link-down episode (in the order of `loss_episodes_s`' down periods): ms from
-    /// the link going down until the sender stopped putting data on it (it ended the
-    /// epoch that used it); `None` if it never did.
-    pub failover_ms: Vec<Option<f64>>,
-    /// Per link-down episode: ms from the link coming back until it carried data again;
-    /// `None` if it never did before the run ended.
-    pub rejoin_ms: Vec<Option<f64>>,
-    /// Deliveries of a packet that had already been delivered.
-    pub duplicates: u64,
-    /// Epoch switches completed by the sender.
-    pub epoch_changes: u64,
-    /// Times adaptive weights changed the sender's quanta.
-    pub quanta_changes: u64,
-    /// The sender's quantum per channel at the end (bytes).
-    pub final_quanta: Vec<u32>,
-    /// With `credits` on (otherwise left out of the JSON): what flow control did.
-    #[serde(flatten, skip_serializing_if = "Option::is_none")]
-    pub credits: Option<CreditResult>,
-}
-
-/// What credit-based flow control did in a session run (`[session] credits = true`).
-#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
-pub struct CreditResult {
-    /// Datagrams the receiver's channel buffers had no room for (overflow drops).
-    pub receiver_overflow: u64,
-    /// Most datagrams one channel buffer held at once.
-    pub receiver_high_water: u64,
-    /// Times a channel ran out of credit and the sender's striper waited.
-    pub credit_stalls: u64,
-    /// Credits the receiver sent.
-    pub credits_sent: u64,
-    /// Data the receiver refused for lack of credit (0 unless the sender misbehaves).
-    pub credit_refused: u64,
-    /// Packets the sender dropped because its transmit queue was full (what waits for
-    /// credit waits there).
-    pub sender_queue_drops: u64,
-}
-
-impl RunResult {
-    /// Control bytes as a fraction of everything put on the channels.
-    pub fn marker_overhead(&self) -> f64 {
-        let total = self.data_bytes + self.control_bytes;
-        if total == 0 {
-            0.0
-        } else {
-            self.control_bytes as f64 / total as f64
-        }
-    }
-}
-
-/// Why a run could not be carried out.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum RunError {
-    /// The stripe configuration is invalid.
-    #[error("invalid striping configuration: {0}")]
-    Config(#[from] braid_proto::ConfigError),
-    /// A channel's count differs between the channels and the configuration.
-    #[error("{channels} channels but the striping configuration has {weights} weights")]
-    ChannelCount {
-        /// Channel specs.
-        channels: usize,
-        /// Weights.
-        weights: usize,
-    },
-    /// Neither a duration nor a packet count: the run would never end.
-    #[error("the run has neither a duration nor a packet count")]
-    Unbounded,
-    /// A backlogged sender made no progress in time.
-    #[error(
-        "the backlogged source offered {0} packets without simulated time advancing: every \
-         packet is dropped before it reaches a queue (is every channel's mtu below the packet sizes?)"
-    )]
-    NoProgress(u64),
-    /// The session configuration is invalid.
-    #[error("invalid session configuration: {0}")]
-    Session(String),
-    /// Session runs need timed traffic.
-    #[error(
-        "a session run needs timed traffic (cbr, poisson or trace): a backlogged source \
-         would be held for the whole of each epoch switch"
-    )]
-    SessionBacklogged,
-    /// The error-control run cannot be carried out.
-    #[error("[errctl]: {0}")]
-    ErrCtl(String),
-    /// The TCP source's settings cannot be used.
-    #[error("tcp source: {0}")]
-    Tcp(String),
-    /// A packet size below the simulator's minimum.
-    #[error("packet size {0} bytes is below the simulator's minimum of {MIN_PACKET} bytes")]
-    PacketTooSmall(u32),
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Ev {
@@ -322,9 +96,6 @@ impl Chan {
         }
     }
 }
-
-/// Bin width of [`RunResult::goodput_series_bps`].
-pub const SERIES_BIN: Nanos = 100_000_000;
 
 /// Packet buffers carved out of large shared allocations.
 struct Arena {
@@ -526,8 +297,37 @@ fn run_sim(
     baseline: Option<Baseline>,
     sqf: bool,
 ) -> Result<RunResult, RunError> {
-    let chans = cfg
-        .channels
+    let window_end = cfg.duration.unwrap_or(u64::MAX);
+    let mut sim = Sim {
+        now: 0,
+        heap: BinaryHeap::with_capacity(4 * cfg.channels.len() + 8),
+        evseq: 0,
+        ends,
+        baseline,
+        sqf,
+        chans: new_chans(cfg),
+        src: Source::new(cfg),
+        arena: Arena {
+            buf: BytesMut::with_capacity(ARENA_CHUNK),
+        },
+        rx: new_receiver(cfg),
+        window_end,
+        packets_limit: cfg.packets.unwrap_or(u64::MAX),
+        send_errors: 0,
+        last_timer_fire: None,
+        hard_stop: None,
+        drain: cfg.drain,
+        events: 0,
+        tcp: tcp_flow(cfg, window_end)?,
+    };
+    sim.schedule_start(cfg);
+    sim.run_loop()?;
+    Ok(sim.finish(cfg))
+}
+
+/// The simulated channels, each with its own loss and jitter random streams.
+fn new_chans(cfg: &RunConfig) -> Vec<Chan> {
+    cfg.channels
         .iter()
         .enumerate()
         .map(|(i, spec)| {
@@ -548,21 +348,13 @@ fn run_sim(
                 spec: spec.clone(),
             }
         })
-        .collect();
-    let mut episodes = Vec::new();
-    for c in &cfg.channels {
-        episodes.extend(c.loss_windows.iter().map(|w| (w.start, w.end)));
-        episodes.extend(c.down.iter().copied());
-    }
-    let mut sim = Sim {
-        now: 0,
-        heap: BinaryHeap::with_capacity(4 * cfg.channels.len() + 8),
-        evseq: 0,
-        ends,
-        baseline,
-        sqf,
-        chans,
-        src: Source {
+        .collect()
+}
+
+impl Source {
+    /// The traffic source of `cfg`, not yet started.
+    fn new(cfg: &RunConfig) -> Source {
+        Source {
             kind: match &cfg.traffic.arrivals {
                 Arrivals::Backlogged => SrcKind::Backlogged,
                 Arrivals::Cbr(r) => SrcKind::Cbr(*r),
@@ -582,78 +374,85 @@ fn run_sim(
             stopped: false,
             pending: None,
             blocked_on: None,
-        },
-        arena: Arena {
-            buf: BytesMut::with_capacity(ARENA_CHUNK),
-        },
-        rx: Receiver {
-            resync: Resync::new(episodes),
-            // Links that change over time: goodput per 100 ms, to see the change.
-            series_bin: cfg
-                .channels
-                .iter()
-                .any(|c| !c.changes.is_empty())
-                .then_some(SERIES_BIN),
-            ..Receiver::default()
-        },
-        window_end: cfg.duration.unwrap_or(u64::MAX),
-        packets_limit: cfg.packets.unwrap_or(u64::MAX),
-        send_errors: 0,
-        last_timer_fire: None,
-        hard_stop: None,
-        drain: cfg.drain,
-        events: 0,
-        tcp: None,
+        }
+    }
+}
+
+/// The receiving application's counters; loss episodes (loss windows and down periods
+/// of every channel) for the resynchronization figures.
+fn new_receiver(cfg: &RunConfig) -> Receiver {
+    let mut episodes = Vec::new();
+    for c in &cfg.channels {
+        episodes.extend(c.loss_windows.iter().map(|w| (w.start, w.end)));
+        episodes.extend(c.down.iter().copied());
+    }
+    Receiver {
+        resync: Resync::new(episodes),
+        // Links that change over time: goodput per 100 ms, to see the change.
+        series_bin: cfg
+            .channels
+            .iter()
+            .any(|c| !c.changes.is_empty())
+            .then_some(SERIES_BIN),
+        ..Receiver::default()
+    }
+}
+
+/// The TCP source's flow, when the traffic is one; its settings checked.
+fn tcp_flow(
+    cfg: &RunConfig,
+    window_end: Nanos,
+) -> Result<Option<Box<crate::tcp::TcpFlow>>, RunError> {
+    let Arrivals::Tcp(spec) = &cfg.traffic.arrivals else {
+        return Ok(None);
     };
-    if let Arrivals::Tcp(spec) = &cfg.traffic.arrivals {
-        let crate::model::Sizes::Fixed(seg) = cfg.traffic.sizes else {
-            return Err(RunError::Tcp(
-                "segments need one fixed size (sizes = \"fixed\")".into(),
-            ));
-        };
-        if seg < crate::tcp::MIN_TCP_PACKET || seg <= spec.header_bytes {
-            return Err(RunError::Tcp(format!(
-                "segments of {seg} bytes: need at least {} bytes and more than header_bytes ({})",
-                crate::tcp::MIN_TCP_PACKET,
-                spec.header_bytes
-            )));
-        }
-        if cfg.duration.is_none() {
-            return Err(RunError::Tcp(
-                "needs duration_s (the flow runs until the window ends)".into(),
-            ));
-        }
-        if cfg.traffic.start >= sim.window_end {
-            return Err(RunError::Tcp(
-                "the flow starts (start_s) at or after the window's end (duration_s)".into(),
-            ));
-        }
-        let ack_delay = spec.ack_delay.resolve(&cfg.channels);
-        let early = (
-            crate::tcp::AckDelay::Slowest.resolve(&cfg.channels),
-            cfg.traffic.start.saturating_add(spec.ack_slowest_for),
-        );
-        sim.tcp = Some(Box::new(crate::tcp::TcpFlow::new(
-            spec,
-            seg,
-            ack_delay,
-            early,
-            sim.window_end,
+    let crate::model::Sizes::Fixed(seg) = cfg.traffic.sizes else {
+        return Err(RunError::Tcp(
+            "segments need one fixed size (sizes = \"fixed\")".into(),
+        ));
+    };
+    if seg < crate::tcp::MIN_TCP_PACKET || seg <= spec.header_bytes {
+        return Err(RunError::Tcp(format!(
+            "segments of {seg} bytes: need at least {} bytes and more than header_bytes ({})",
+            crate::tcp::MIN_TCP_PACKET,
+            spec.header_bytes
         )));
     }
-    if let Some(d) = cfg.duration {
-        sim.schedule(d, Ev::Stop);
+    if cfg.duration.is_none() {
+        return Err(RunError::Tcp(
+            "needs duration_s (the flow runs until the window ends)".into(),
+        ));
     }
-    let start = cfg.traffic.start;
-    match &cfg.traffic.arrivals {
-        Arrivals::Trace(t) => {
-            let first = start.saturating_add(t.first().map_or(0, |x| x.0));
-            sim.schedule(first, Ev::Source);
+    if cfg.traffic.start >= window_end {
+        return Err(RunError::Tcp(
+            "the flow starts (start_s) at or after the window's end (duration_s)".into(),
+        ));
+    }
+    let ack_delay = spec.ack_delay.resolve(&cfg.channels);
+    let early = (
+        crate::tcp::AckDelay::Slowest.resolve(&cfg.channels),
+        cfg.traffic.start.saturating_add(spec.ack_slowest_for),
+    );
+    Ok(Some(Box::new(crate::tcp::TcpFlow::new(
+        spec, seg, ack_delay, early, window_end,
+    ))))
+}
+
+impl Sim {
+    /// The first events: the end of the measurement window and the source's first packet.
+    fn schedule_start(&mut self, cfg: &RunConfig) {
+        if let Some(d) = cfg.duration {
+            self.schedule(d, Ev::Stop);
         }
-        _ => sim.schedule(start, Ev::Source),
+        let start = cfg.traffic.start;
+        match &cfg.traffic.arrivals {
+            Arrivals::Trace(t) => {
+                let first = start.saturating_add(t.first().map_or(0, |x| x.0));
+                self.schedule(first, Ev::Source);
+            }
+            _ => self.schedule(start, Ev::Source),
+        }
     }
-    sim.run_loop()?;
-    Ok(sim.finish(cfg))
 }
 
 impl Sim {

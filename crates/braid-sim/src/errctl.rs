@@ -14,59 +14,16 @@
 
 use std::collections::VecDeque;
 
-use braid_proto::errctl::{analysis, Config, Receiver, Sender};
+use braid_proto::errctl::{analysis, Receiver, Sender};
 use braid_proto::wire::errctl::{DataKind, DataPacket, DataRepr, DATA_HEADER_LEN};
 use braid_proto::Instant;
 use bytes::Bytes;
 
-use crate::engine::{ChannelResult, RunConfig, RunError, RunResult};
 use crate::metrics::Histogram;
 use crate::model::{Fate, LossModel, Nanos};
 use crate::rng::{streams, Rng};
-
-/// What an error-control run measures (flattened into the run's JSON).
-#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
-pub struct ErrCtlResult {
-    /// The tolerance [W, E, B]; W is the segment length in packets.
-    pub tolerance: [u16; 3],
-    /// The sender's window, in segments.
-    pub window: u32,
-    /// Ideal segment transmitting time / measured time per accepted segment.
-    pub throughput_efficiency: f64,
-    /// The §5.2 analysis for this link, window and loss probability (100 % recovery
-    /// and Bernoulli loss only; `null` otherwise).
-    pub analysis_efficiency: Option<f64>,
-    /// Largest segment delay, first packet sent to acceptance, ms.
-    pub max_delay_ms: f64,
-    /// Mean segment delay, ms.
-    pub mean_delay_ms: f64,
-    /// The §5.2 analysis of the mean delay from the receiver's view, D_r, ms (same
-    /// conditions as `analysis_efficiency`).
-    pub analysis_mean_delay_ms: Option<f64>,
-    /// Segments delivered.
-    pub segments: u64,
-    /// Segments delivered with more losses than the tolerance allows (deadline).
-    pub violations: u64,
-    /// Segments given up at the deadline.
-    pub forced: u64,
-    /// Packets lost and accepted within the tolerance.
-    pub packets_tolerated: u64,
-    /// Data packets sent again.
-    pub retransmissions: u64,
-    /// SNAKs sent by the receiver.
-    pub snaks: u64,
-    /// PACKs sent by the receiver.
-    pub packs: u64,
-}
-
-/// The `[errctl]` settings of a run.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ErrCtlSpec {
-    /// The protocol configuration (both ends).
-    pub config: Config,
-    /// Bytes of each data packet on the wire (header included).
-    pub packet_bytes: u32,
-}
+use crate::run::{ChannelResult, RunConfig, RunError, RunResult};
+pub use crate::run::{ErrCtlResult, ErrCtlSpec};
 
 struct Loop<'a> {
     cfg: &'a RunConfig,

@@ -9,8 +9,11 @@
 //!   (backlogged, constant rate, Poisson, trace replay, a closed-loop TCP-like flow
 //!   ([`tcp`]); fixed, alternating, uniform,
 //!   bimodal and Internet-mix sizes);
+//! * [`args`]: the flags of `braid sim` and the run of a scenario file of any kind;
+//! * [`run`]: what one run takes and gives (configuration, results, errors);
 //! * [`engine`]: the event loop for one run;
 //! * [`errctl`]: seed 002's error control over one channel (`[errctl]` runs);
+//! * [`schedule`]: `braid schedule`'s table, the striper alone on one burst;
 //! * [`scenario`]: TOML scenario files with runs and sweeps;
 //! * [`report`]: JSON and table output;
 //! * [`plot`]: SVG and PNG plots;
@@ -23,6 +26,7 @@
 
 #![warn(missing_docs)]
 
+pub mod args;
 pub mod credit;
 mod ends;
 pub mod engine;
@@ -33,7 +37,9 @@ pub mod overlay;
 pub mod plot;
 pub mod report;
 pub mod rng;
+pub mod run;
 pub mod scenario;
+pub mod schedule;
 pub mod tcp;
 mod toml_cx;
 

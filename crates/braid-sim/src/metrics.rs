@@ -2,6 +2,10 @@
 
 use crate::model::Nanos;
 
+/// Bin width of the series of goodput over time (`goodput_series_bps` of a run and of
+/// its TCP flow).
+pub const SERIES_BIN: Nanos = 100_000_000;
+
 /// A log-linear histogram of nanosecond values: exact below 256 ns, then 128 buckets
 /// per power of two (a quantile is reported as its bucket's midpoint, within 0.4 %).
 #[derive(Clone, Debug)]

@@ -423,7 +423,7 @@ pub enum Arrivals {
     Trace(Vec<(Nanos, u32)>),
     /// A closed-loop TCP-like flow ([`crate::tcp`]): segments of the fixed size, sent
     /// as its windows allow, acknowledged by the receiver after a delay.
-    Tcp(crate::tcp::TcpSpec),
+    Tcp(TcpSpec),
 }
 
 /// A traffic rate.
@@ -499,6 +499,95 @@ pub fn parse_trace(text: &str) -> Result<Vec<(Nanos, u32)>, String> {
         return Err("the trace holds no packets".into());
     }
     Ok(out)
+}
+
+/// The smallest packet the TCP source can send: a 20-byte IPv4 header, then the
+/// transmission id, the send time and the segment number, 8 bytes each.
+pub const MIN_TCP_PACKET: u32 = 44;
+
+/// Congestion control.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Cc {
+    /// CUBIC (RFC 8312), with HyStart's delay exit from slow start when `hystart`.
+    Cubic,
+    /// Reno AIMD: +1 segment per window, halve on congestion.
+    Reno,
+}
+
+impl Cc {
+    /// The name as in scenario files.
+    pub fn name(self) -> &'static str {
+        match self {
+            Cc::Cubic => "cubic",
+            Cc::Reno => "reno",
+        }
+    }
+}
+
+/// The TCP source's settings (`[traffic]` keys of `source = "tcp"`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TcpSpec {
+    /// Congestion control.
+    pub cc: Cc,
+    /// Bytes of each packet that are headers (IP + TCP + options), not goodput.
+    pub header_bytes: u32,
+    /// Delay of the acknowledgements from receiver to sender.
+    pub ack_delay: AckDelay,
+    /// For this long from the flow's start the acknowledgements take the slowest
+    /// channel's delay instead (the tunnel's return path cuts over only after its hold).
+    pub ack_slowest_for: Nanos,
+    /// Receive window, segments.
+    pub rwnd: u32,
+    /// Initial congestion window, segments.
+    pub init_cwnd: u32,
+    /// Lower bound of the retransmission timeout's variance term.
+    pub min_rto: Nanos,
+    /// CUBIC only: HyStart's delay exit from slow start.
+    pub hystart: bool,
+    /// Send ECN-capable packets (ECT(0)). Without, the AQM drops instead of marking.
+    pub ecn: bool,
+}
+
+impl Default for TcpSpec {
+    fn default() -> Self {
+        TcpSpec {
+            cc: Cc::Cubic,
+            header_bytes: 52,
+            ack_delay: AckDelay::Fastest,
+            ack_slowest_for: 0,
+            rwnd: 4096,
+            init_cwnd: 10,
+            min_rto: 200_000_000,
+            hystart: true,
+            ecn: true,
+        }
+    }
+}
+
+/// How long an acknowledgement takes from the receiver back to the sender (a fixed
+/// delay, no loss, no queue).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AckDelay {
+    /// The smallest one-way delay of the run's channels at the start (the default: a
+    /// return path as good as the best link).
+    Fastest,
+    /// The largest (a return path through a bond whose receiver equalizes delays).
+    Slowest,
+    /// This delay.
+    Fixed(Nanos),
+}
+
+impl AckDelay {
+    /// The delay for a run over `channels`.
+    pub fn resolve(self, channels: &[ChannelSpec]) -> Nanos {
+        let d = channels.iter().map(|c| c.delay);
+        match self {
+            AckDelay::Fastest => d.min().unwrap_or(0),
+            AckDelay::Slowest => d.max().unwrap_or(0),
+            AckDelay::Fixed(n) => n,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -37,6 +37,35 @@ impl Format {
     }
 }
 
+/// Check a plot's output path before anything runs (a lab run takes minutes): the name
+/// ends in .svg or .png, and its folder exists. A missing folder is an error naming it,
+/// not created: a mistyped path would otherwise scatter folders, and the plot is one
+/// file like any other output (`>` and `braid recv` do not create folders either).
+/// `flag` names the option in the error.
+pub fn check_path(flag: &str, p: &Path) -> Result<Format, String> {
+    let shown = p.display();
+    let format = Format::from_path(p)
+        .ok_or_else(|| format!("{flag} {shown}: the file name must end in .svg or .png"))?;
+    if p.is_dir() {
+        return Err(format!(
+            "{flag} {shown}: is a folder; give a file name ending in .svg or .png"
+        ));
+    }
+    let dir = match p.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let d = dir.display();
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => Ok(format),
+        Ok(_) => Err(format!("{flag} {shown}: '{d}' is not a folder")),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(format!(
+            "{flag} {shown}: the folder '{d}' does not exist; create it first (mkdir -p {d}) or choose another path"
+        )),
+        Err(e) => Err(format!("{flag} {shown}: folder '{d}': {e}")),
+    }
+}
+
 /// Why a plot could not be drawn.
 #[derive(Debug, thiserror::Error)]
 pub enum PlotError {
@@ -149,24 +178,9 @@ fn err<E: std::fmt::Display>(e: E) -> PlotError {
     PlotError::Draw(e.to_string())
 }
 
-fn render<DB: DrawingBackend>(
-    sc: &Scenario,
-    lines: &[Series],
-    root: DrawingArea<DB, plotters::coord::Shift>,
-) -> Result<(), PlotError> {
-    root.fill(&WHITE).map_err(err)?;
-    // The legend gets its own panel on the right, so it never hides a line.
-    let legend_font: TextStyle = ("sans-serif", 14).into_font().into();
-    let mut text_w = 0u32;
-    for s in lines {
-        let (w, _) = root
-            .estimate_text_size(&s.name, &legend_font)
-            .map_err(err)?;
-        text_w = text_w.max(w);
-    }
-    let (total_w, _) = root.dim_in_pixel();
-    let panel_w = (text_w + 48).min(total_w * 2 / 5);
-    let (plot_area, legend_area) = root.split_horizontally(total_w - panel_w);
+/// The axes' ranges: every point's x, y from 0 (or below, for a negative value) to 8 %
+/// above the largest; never empty.
+fn bounds(lines: &[Series]) -> (f64, f64, f64, f64) {
     let (mut x0, mut x1, mut y1) = (f64::INFINITY, f64::NEG_INFINITY, 0.0f64);
     let mut y0 = 0.0f64;
     for s in lines {
@@ -187,7 +201,28 @@ fn render<DB: DrawingBackend>(
     if y1 <= y0 {
         y1 = y0 + 1.0;
     }
-    let y1 = y1 * 1.08;
+    (x0, x1, y0, y1 * 1.08)
+}
+
+fn render<DB: DrawingBackend>(
+    sc: &Scenario,
+    lines: &[Series],
+    root: DrawingArea<DB, plotters::coord::Shift>,
+) -> Result<(), PlotError> {
+    root.fill(&WHITE).map_err(err)?;
+    // The legend gets its own panel on the right, so it never hides a line.
+    let legend_font: TextStyle = ("sans-serif", 14).into_font().into();
+    let mut text_w = 0u32;
+    for s in lines {
+        let (w, _) = root
+            .estimate_text_size(&s.name, &legend_font)
+            .map_err(err)?;
+        text_w = text_w.max(w);
+    }
+    let (total_w, _) = root.dim_in_pixel();
+    let panel_w = (text_w + 48).min(total_w * 2 / 5);
+    let (plot_area, legend_area) = root.split_horizontally(total_w - panel_w);
+    let (x0, x1, y0, y1) = bounds(lines);
     let title = sc.plot.title.clone().unwrap_or_else(|| sc.name.clone());
     let xl = sc
         .plot
@@ -413,6 +448,39 @@ impl<B: DrawingBackend> DrawingBackend for PixelText<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn plot_paths_are_checked_and_a_missing_folder_is_named() {
+        let dir = std::env::temp_dir().join(format!("braid-plot-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let e = |p: &Path| check_path("--plot", p).unwrap_err();
+        let missing = dir.join("results/fig.svg");
+        let m = e(&missing);
+        assert!(
+            m.contains(&format!(
+                "the folder '{}' does not exist",
+                dir.join("results").display()
+            )) && m.contains("mkdir -p"),
+            "{m}"
+        );
+        assert!(!dir.join("results").exists(), "the folder was created");
+        assert!(e(&dir.join("fig.pdf")).contains("must end in .svg or .png"));
+        let file = dir.join("file");
+        std::fs::write(&file, b"").unwrap();
+        assert!(e(&file.join("fig.svg")).contains("is not a folder"));
+        let folder = dir.join("looks.svg");
+        std::fs::create_dir_all(&folder).unwrap();
+        assert!(e(&folder).contains("is a folder"));
+        assert!(matches!(
+            check_path("--plot", &dir.join("fig.PNG")),
+            Ok(Format::Png)
+        ));
+        assert!(matches!(
+            check_path("--plot", Path::new("fig.svg")),
+            Ok(Format::Svg)
+        ));
+        let _ = std::fs::remove_dir_all(dir);
+    }
 
     #[test]
     fn format_from_extension() {

@@ -42,96 +42,9 @@ use std::collections::{BTreeSet, VecDeque};
 
 use bytes::{Bytes, BytesMut};
 
+use crate::metrics::SERIES_BIN;
 use crate::model::Nanos;
-
-/// The smallest packet the TCP source can send: a 20-byte IPv4 header, then the
-/// transmission id, the send time and the segment number, 8 bytes each.
-pub const MIN_TCP_PACKET: u32 = 44;
-
-/// Congestion control.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Cc {
-    /// CUBIC (RFC 8312), with HyStart's delay exit from slow start when `hystart`.
-    Cubic,
-    /// Reno AIMD: +1 segment per window, halve on congestion.
-    Reno,
-}
-
-impl Cc {
-    /// The name as in scenario files.
-    pub fn name(self) -> &'static str {
-        match self {
-            Cc::Cubic => "cubic",
-            Cc::Reno => "reno",
-        }
-    }
-}
-
-/// The TCP source's settings (`[traffic]` keys of `source = "tcp"`).
-#[derive(Clone, Debug, PartialEq)]
-pub struct TcpSpec {
-    /// Congestion control.
-    pub cc: Cc,
-    /// Bytes of each packet that are headers (IP + TCP + options), not goodput.
-    pub header_bytes: u32,
-    /// Delay of the acknowledgements from receiver to sender.
-    pub ack_delay: AckDelay,
-    /// For this long from the flow's start the acknowledgements take the slowest
-    /// channel's delay instead (the tunnel's return path cuts over only after its hold).
-    pub ack_slowest_for: Nanos,
-    /// Receive window, segments.
-    pub rwnd: u32,
-    /// Initial congestion window, segments.
-    pub init_cwnd: u32,
-    /// Lower bound of the retransmission timeout's variance term.
-    pub min_rto: Nanos,
-    /// CUBIC only: HyStart's delay exit from slow start.
-    pub hystart: bool,
-    /// Send ECN-capable packets (ECT(0)). Without, the AQM drops instead of marking.
-    pub ecn: bool,
-}
-
-impl Default for TcpSpec {
-    fn default() -> Self {
-        TcpSpec {
-            cc: Cc::Cubic,
-            header_bytes: 52,
-            ack_delay: AckDelay::Fastest,
-            ack_slowest_for: 0,
-            rwnd: 4096,
-            init_cwnd: 10,
-            min_rto: 200_000_000,
-            hystart: true,
-            ecn: true,
-        }
-    }
-}
-
-/// How long an acknowledgement takes from the receiver back to the sender (a fixed
-/// delay, no loss, no queue).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AckDelay {
-    /// The smallest one-way delay of the run's channels at the start (the default: a
-    /// return path as good as the best link).
-    Fastest,
-    /// The largest (a return path through a bond whose receiver equalizes delays).
-    Slowest,
-    /// This delay.
-    Fixed(Nanos),
-}
-
-impl AckDelay {
-    /// The delay for a run over `channels`.
-    pub fn resolve(self, channels: &[crate::model::ChannelSpec]) -> Nanos {
-        let d = channels.iter().map(|c| c.delay);
-        match self {
-            AckDelay::Fastest => d.min().unwrap_or(0),
-            AckDelay::Slowest => d.max().unwrap_or(0),
-            AckDelay::Fixed(n) => n,
-        }
-    }
-}
+pub use crate::model::{AckDelay, Cc, TcpSpec, MIN_TCP_PACKET};
 
 /// What the TCP flow did in a run (the JSON `tcp` object).
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
@@ -800,7 +713,7 @@ impl TcpReceiver {
             if n > 0 && now < self.window_end {
                 let bytes = n * self.payload;
                 self.goodput_bytes += bytes;
-                let i = (now / crate::engine::SERIES_BIN) as usize;
+                let i = (now / SERIES_BIN) as usize;
                 if self.series.len() <= i {
                     self.series.resize(i + 1, 0);
                 }
@@ -889,7 +802,7 @@ impl TcpFlow {
     /// The figures, `span_s` being the flow's time (start to the window's end).
     pub fn result(&self, span_s: f64) -> TcpResult {
         let s = &self.snd.stats;
-        let bin_s = crate::engine::SERIES_BIN as f64 / 1e9;
+        let bin_s = SERIES_BIN as f64 / 1e9;
         TcpResult {
             cc: self.cc.name().into(),
             goodput_bps: self.rcv.goodput_bytes as f64 * 8.0 / span_s.max(1e-9),

@@ -41,11 +41,12 @@ enum Command {
     /// Show the live state and counters of a running tunnel or bench.
     Status(cmd::status::Args),
     /// Print a new key (32 random bytes, base64): a pre-shared key for `key_file`, or a
-    /// private key for `private_key_file`. Store it with `chmod 600`; braid warns on stderr
-    /// when standard output is a file that group or others can read.
+    /// private key for `private_key_file` (tunnel or node). Store it with `chmod 600`;
+    /// braid warns on stderr when standard output is a file that group or others can
+    /// read.
     Genkey(cmd::keys::GenArgs),
     /// Read a private key on standard input and print its public key (for the peer's
-    /// `peer_public_key`).
+    /// `peer_public_key`, or a `[[peer]] public_key` of `braid node`).
     Pubkey(cmd::keys::PubArgs),
     /// The namespace testbed: links shaped with tbf plus braid's user-space link
     /// emulator for delay, jitter and loss (needs root).

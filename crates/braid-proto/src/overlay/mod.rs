@@ -15,7 +15,8 @@
 //! * [`dce`]: the DCE's serial probe schedule;
 //! * [`flow`]: the FE's relay table (PROVISION, TEARDOWN, where a DATA datagram goes
 //!   next) and the source's assignment of paths to session channels;
-//! * [`auth`]: the trailer that authenticates every datagram between nodes;
+//! * [`auth`]: per-node keys, the HELLO key exchange, and the trailer that authenticates
+//!   every datagram between nodes, hop by hop;
 //! * the ALCP messages (UPDATE, PROVISION, TEARDOWN, PING, PONG) are in
 //!   [`crate::wire::overlay`].
 //!

@@ -9,7 +9,8 @@
 //!  0        1        2        3
 //! +--------+--------+--------+--------+
 //! |  0xB0  |version |  kind  | flags  |  kind: 1 UPDATE, 2 PROVISION, 3 TEARDOWN,
-//! +--------+--------+--------+--------+        4 PING, 5 PONG; flags: 0 (reserved)
+//! +--------+--------+--------+--------+        4 PING, 5 PONG, 6 DATA, 7 HELLO;
+//!                                              flags: 0 (reserved)
 //! ```
 //!
 //! **UPDATE** (kind 1): node `origin`'s latest measurements of its hops to its peers,
@@ -70,12 +71,13 @@
 //! ```
 //!
 //! **DATA** (kind 6): a datagram of a provisioned flow's striping session, with an
-//! 8-byte header in front. A relay forwards it unchanged to the flow's destination
-//! (`dir` 0) or source (`dir` 1), if the flow is provisioned through it on that slot;
-//! an end hands the payload to the session's channel `slot`. DATA carries no trailer:
-//! the payload is a braid session datagram, authenticated (and by default encrypted)
-//! end to end by the session itself, and a relay only ever sends to the two nodes of a
-//! flow an authenticated PROVISION set up.
+//! 8-byte header in front. A relay forwards it to the flow's destination (`dir` 0) or
+//! source (`dir` 1), if the flow is provisioned through it on that slot and the
+//! datagram came from the node before it on the path; an end hands the payload to the
+//! session's channel `slot`. Like every ALCP message, DATA carries the authentication
+//! trailer of its previous hop (below), which a relay checks and replaces with its own;
+//! the payload is a braid session datagram, also authenticated (and by default
+//! encrypted) end to end by the session itself.
 //!
 //! ```text
 //! +--------+--------+--------+--------+
@@ -98,11 +100,12 @@
 //! +--------+--------+--------+--------+  PING only: padding, all zero, up to 8192 bytes
 //! ```
 //!
-//! **Authentication.** ALCP messages carry no tag of their own: a node sends each with the
-//! trailer of [`crate::overlay::auth`] (sender, counter, ChaCha20-Poly1305 tag under a key
-//! derived from the overlay's pre-shared key) and drops any that does not verify or
-//! replays a counter. A forged PROVISION would otherwise turn any node into an open
-//! relay, a forged UPDATE would steer flows.
+//! **Authentication.** ALCP messages carry no tag of their own: a node sends each (DATA
+//! included) with the trailer of [`crate::overlay::auth`] (sender, counter,
+//! ChaCha20-Poly1305 tag under the session key of that pair of nodes and direction,
+//! agreed at each start with HELLOs, kind 7, formatted there) and drops any that does
+//! not verify or replays a counter. A forged PROVISION would otherwise turn any node
+//! into an open relay, a forged UPDATE would steer flows.
 //!
 //! A parsed message is valid: lengths match the counts exactly, reserved bytes are
 //! zero, loss is at most one million ppm, PROVISION paths are 1..=3, distinct, loop
@@ -123,6 +126,8 @@ pub const KIND_PING: u8 = 4;
 pub const KIND_PONG: u8 = 5;
 /// Kind byte of a DATA datagram (see [`DataHeader`]).
 pub const KIND_DATA: u8 = 6;
+/// Kind byte of a HELLO (the key exchange of [`crate::overlay::auth`]).
+pub const KIND_HELLO: u8 = 7;
 /// The header in front of a DATA datagram's payload.
 pub const DATA_HEADER_LEN: usize = 8;
 /// A PONG, and a PING without padding.

@@ -13,8 +13,8 @@ pub struct Args {
     /// Node configuration (TOML; see docs/overlay.md).
     #[arg(long)]
     config: PathBuf,
-    /// Print the accessibility table and the flow counters this often, in seconds (0:
-    /// never).
+    /// Print the accessibility table, the relayed flows and the flow, authentication
+    /// and HELLO counters this often, in seconds (0: never).
     #[arg(long, default_value_t = 0.0)]
     table_every: f64,
 }
@@ -74,6 +74,21 @@ pub fn run(a: Args) -> Result<()> {
                         s.relayed.len(),
                         s.stats.forwarded,
                         s.stats.data_dropped
+                    );
+                    for e in &s.relayed {
+                        println!(
+                            "relayed flow {:08x} {}->{} slot {}",
+                            e.flow, e.src, e.dst, e.slot
+                        );
+                    }
+                    println!(
+                        "authentication: {} datagrams refused, {} HELLOs taken, {} sent; flow messages: {} PROVISIONs, {} TEARDOWNs, {} refused",
+                        s.stats.auth_failures,
+                        s.stats.hellos,
+                        s.stats.hellos_sent,
+                        s.stats.provisions,
+                        s.stats.teardowns,
+                        s.stats.flow_refused
                     );
                     if let Some(f) = &s.flow {
                         println!(

@@ -29,8 +29,7 @@ pub fn run(a: Args) -> Result<()> {
             let t = fc
                 .tunnel
                 .ok_or_else(|| anyhow!("config {}: no [tunnel] section", c.display()))?;
-            t.control
-                .unwrap_or_else(|| PathBuf::from(format!("/run/braid/{}.sock", t.name)))
+            braid_io::tunnel::control_path(None, &t)
         }
         (None, None) => PathBuf::from("/run/braid/braid0.sock"),
     };

@@ -5,9 +5,9 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::time::Duration;
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{bail, Context, Result};
+use braid_io::args::parse_timeout;
 use braid_io::{tunnel, FileConfig};
 
 /// Arguments of `braid tunnel`.
@@ -61,11 +61,6 @@ pub(crate) async fn shutdown_signal() -> &'static str {
         _ = tokio::signal::ctrl_c() => "SIGINT",
         _ = term.recv() => "SIGTERM",
     }
-}
-
-pub(crate) fn parse_timeout(s: &str, what: &str) -> Result<Option<Duration>> {
-    let d = braid_proto::units::parse_duration(s).map_err(|e| anyhow!("{what}: {e}"))?;
-    Ok(if d.is_zero() { None } else { Some(d) })
 }
 
 /// Run `braid tunnel`.

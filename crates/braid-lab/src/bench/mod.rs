@@ -15,11 +15,18 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use braid_io::traffic::{SendReport, SinkReport};
 
 use crate::spec::LinkSpec;
+
+mod payload;
+mod result;
+
+pub use payload::{Payload, INNER_TCP_HEADERS, LINK_MTU, MPTCP_DSS};
+pub use result::{BenchResult, LinkResult, ModeResult, Spread};
+
 use crate::tools;
 use crate::topo::{self, client_addr, server_addr, LabError, NS_CLIENT, NS_SERVER};
 
@@ -61,19 +68,12 @@ pub struct BenchOptions {
     /// links (the ceiling, braid in each mode, MPTCP); the links are put back as
     /// configured after each.
     pub changes: Vec<crate::spec::Change>,
+    /// How many times to repeat every measurement (at least 1).
+    pub runs: usize,
     /// The `braid` binary.
     pub exe: PathBuf,
     /// Emulator seed.
     pub seed: u64,
-}
-
-/// One link alone.
-#[derive(Clone, Debug)]
-pub struct LinkResult {
-    /// Its specification.
-    pub spec: String,
-    /// TCP goodput alone, bit/s.
-    pub tcp_bps: f64,
 }
 
 /// How the bench's tunnel paces its channels (`channel.pace`).
@@ -89,181 +89,6 @@ pub enum Pace {
     Share(f64),
     /// These rates, one per link (bit/s; `None`: `auto`).
     Rates(Vec<Option<u64>>),
-}
-
-/// braid in one mode.
-#[derive(Clone, Debug, Default)]
-pub struct ModeResult {
-    /// TCP goodput through the tunnel, bit/s.
-    pub tcp_bps: f64,
-    /// Segments the TCP sender retransmitted (iperf3's count).
-    pub tcp_retransmits: u64,
-    /// UDP packets delivered out of order at the tunnel output.
-    pub udp_out_of_order: u64,
-    /// UDP loss ratio at the tunnel output.
-    pub udp_loss: f64,
-    /// UDP goodput, bit/s, and the offered rate.
-    pub udp_goodput_bps: f64,
-    /// Offered UDP rate, bit/s.
-    pub udp_offered_bps: f64,
-    /// The receiving tunnel's counters after the run (its `braid status --json`).
-    pub tunnel_status: Value,
-    /// The sending tunnel's (the TCP sender's side: its pacer, its return path).
-    pub sender_status: Value,
-    /// TCP in each second as iperf3's sender counts it (bytes written into the socket:
-    /// the first seconds include filling its buffer), bit/s.
-    pub tcp_series_bps: Vec<f64>,
-}
-
-/// A whole run.
-#[derive(Clone, Debug)]
-pub struct BenchResult {
-    /// Each link alone.
-    pub links: Vec<LinkResult>,
-    /// Sum of the single-link goodputs.
-    pub sum_bps: f64,
-    /// All links at once, one TCP flow each.
-    pub ceiling_bps: f64,
-    /// braid per mode.
-    pub braid: BTreeMap<String, ModeResult>,
-    /// MPTCP, if measured.
-    pub mptcp_bps: Option<f64>,
-    /// MPTCP in each second, counted as [`ModeResult::tcp_series_bps`], bit/s.
-    pub mptcp_series_bps: Vec<f64>,
-    /// Per-link emulator counters at the end.
-    pub emulator: Vec<Value>,
-}
-
-fn series(v: &Value) -> Vec<f64> {
-    v.as_array()
-        .map(|a| a.iter().filter_map(Value::as_f64).collect())
-        .unwrap_or_default()
-}
-
-impl BenchResult {
-    /// The JSON object of the issue, with extra keys.
-    pub fn to_json(&self) -> Value {
-        let braid: serde_json::Map<String, Value> = self
-            .braid
-            .iter()
-            .map(|(m, r)| {
-                (
-                    m.clone(),
-                    json!({
-                        "tcp_bps": r.tcp_bps,
-                        "tcp_retransmits": r.tcp_retransmits,
-                        "udp_out_of_order": r.udp_out_of_order,
-                        "udp_loss": r.udp_loss,
-                        "udp_goodput_bps": r.udp_goodput_bps,
-                        "udp_offered_bps": r.udp_offered_bps,
-                        "tcp_ratio_to_sum": r.tcp_bps / self.sum_bps.max(1.0),
-                        "tunnel_status": r.tunnel_status,
-                        "sender_status": r.sender_status,
-                        "tcp_series_bps": r.tcp_series_bps,
-                    }),
-                )
-            })
-            .collect();
-        json!({
-            "links": self.links.iter().map(|l| json!({"spec": l.spec, "tcp_bps": l.tcp_bps})).collect::<Vec<_>>(),
-            "sum_bps": self.sum_bps,
-            "ceiling_bps": self.ceiling_bps,
-            "braid": braid,
-            "mptcp_bps": self.mptcp_bps,
-            "mptcp_series_bps": self.mptcp_series_bps,
-            "emulator": self.emulator,
-        })
-    }
-
-    /// Read back what [`BenchResult::to_json`] wrote (to redraw a chart or table).
-    pub fn from_json(v: &Value) -> Option<BenchResult> {
-        let links = v["links"]
-            .as_array()?
-            .iter()
-            .map(|l| {
-                Some(LinkResult {
-                    spec: l["spec"].as_str()?.to_string(),
-                    tcp_bps: l["tcp_bps"].as_f64()?,
-                })
-            })
-            .collect::<Option<Vec<_>>>()?;
-        let braid = v["braid"]
-            .as_object()?
-            .iter()
-            .map(|(m, r)| {
-                Some((
-                    m.clone(),
-                    ModeResult {
-                        tcp_bps: r["tcp_bps"].as_f64()?,
-                        tcp_retransmits: r["tcp_retransmits"].as_u64().unwrap_or(0),
-                        udp_out_of_order: r["udp_out_of_order"].as_u64().unwrap_or(0),
-                        udp_loss: r["udp_loss"].as_f64().unwrap_or(0.0),
-                        udp_goodput_bps: r["udp_goodput_bps"].as_f64().unwrap_or(0.0),
-                        udp_offered_bps: r["udp_offered_bps"].as_f64().unwrap_or(0.0),
-                        tunnel_status: r["tunnel_status"].clone(),
-                        sender_status: r["sender_status"].clone(),
-                        tcp_series_bps: series(&r["tcp_series_bps"]),
-                    },
-                ))
-            })
-            .collect::<Option<BTreeMap<_, _>>>()?;
-        Some(BenchResult {
-            links,
-            sum_bps: v["sum_bps"].as_f64()?,
-            ceiling_bps: v["ceiling_bps"].as_f64().unwrap_or(0.0),
-            braid,
-            mptcp_bps: v["mptcp_bps"].as_f64(),
-            mptcp_series_bps: series(&v["mptcp_series_bps"]),
-            emulator: v["emulator"].as_array().cloned().unwrap_or_default(),
-        })
-    }
-
-    /// A readable table.
-    pub fn table(&self) -> String {
-        let sum = self.sum_bps.max(1.0);
-        let row = |what: &str, bps: f64, extra: &str| {
-            format!(
-                "{what:<34} {:8.1} {:7.1}%{extra}\n",
-                bps / 1e6,
-                100.0 * bps / sum
-            )
-        };
-        let mut s = format!("{:<34} {:>8} {:>8}\n", "what", "Mbit/s", "of sum");
-        for (i, l) in self.links.iter().enumerate() {
-            s += &row(&format!("link {i} alone ({})", l.spec), l.tcp_bps, "");
-        }
-        s += &row("sum of links (the bound)", self.sum_bps, "");
-        s += &row("all links at once (ceiling)", self.ceiling_bps, "");
-        for (m, r) in &self.braid {
-            let extra = format!(
-                "   TCP retransmits {}; UDP loss {:.4}, out of order {}",
-                r.tcp_retransmits, r.udp_loss, r.udp_out_of_order
-            );
-            s += &row(&format!("braid {m}, TCP"), r.tcp_bps, &extra);
-        }
-        if let Some(m) = self.mptcp_bps {
-            s += &row("MPTCP, one subflow per link", m, "");
-        }
-        // Each TCP run second by second.
-        let line = |what: &str, v: &[f64]| {
-            let secs: Vec<String> = v.iter().map(|b| format!("{:.0}", b / 1e6)).collect();
-            format!("  {what:<18} {}\n", secs.join(" "))
-        };
-        let mut series = String::new();
-        for (m, r) in &self.braid {
-            if !r.tcp_series_bps.is_empty() {
-                series += &line(&format!("braid {m}"), &r.tcp_series_bps);
-            }
-        }
-        if !self.mptcp_series_bps.is_empty() {
-            series += &line("MPTCP", &self.mptcp_series_bps);
-        }
-        if !series.is_empty() {
-            s += "TCP in each second (Mbit/s, as iperf3's sender counts: the first seconds fill its buffer):\n";
-            s += &series;
-        }
-        s
-    }
 }
 
 fn ns_cmd(ns: &str, args: &[&str]) -> Command {
@@ -420,9 +245,29 @@ pub fn run(opt: &BenchOptions, mut progress: impl FnMut(&str)) -> Result<BenchRe
             )?;
         }
     }
-    let result = measure(opt, &mut progress);
+    let result = measure_runs(opt, &mut progress);
     let _ = topo::down();
     result
+}
+
+/// Every measurement `opt.runs` times on the same lab; with more than one run, the
+/// medians.
+fn measure_runs(
+    opt: &BenchOptions,
+    progress: &mut impl FnMut(&str),
+) -> Result<BenchResult, LabError> {
+    let payload = Payload::of(opt)?;
+    let runs = opt.runs.max(1);
+    let mut results = Vec::with_capacity(runs);
+    for i in 1..=runs {
+        if runs > 1 {
+            progress(&format!("run {i} of {runs}"));
+        }
+        let mut r = measure(opt, progress)?;
+        r.payload = Some(payload.clone());
+        results.push(r);
+    }
+    Ok(BenchResult::from_runs(results).expect("at least one run"))
 }
 
 fn measure(opt: &BenchOptions, progress: &mut impl FnMut(&str)) -> Result<BenchResult, LabError> {
@@ -491,6 +336,8 @@ fn measure(opt: &BenchOptions, progress: &mut impl FnMut(&str)) -> Result<BenchR
         mptcp_bps,
         mptcp_series_bps,
         emulator,
+        payload: None,
+        per_run: Vec::new(),
     })
 }
 
@@ -574,7 +421,7 @@ fn tunnel_config(opt: &BenchOptions, mode: &str, end_a: bool) -> String {
             None => (l.rate_bps / 1_000_000).max(1),
         };
         s += &format!(
-            "[[channel]]\nname = \"link{i}\"\nlocal = \"{local}:{port}\"\nremote = \"{remote}:{port}\"\nweight = {weight}\nmtu = 1500\n"
+            "[[channel]]\nname = \"link{i}\"\nlocal = \"{local}:{port}\"\nremote = \"{remote}:{port}\"\nweight = {weight}\nmtu = {LINK_MTU}\n"
         );
         match &opt.pace {
             Pace::Default => {}
@@ -648,6 +495,34 @@ fn tunnel_run(
     secs: u64,
     sum_bps: f64,
 ) -> Result<ModeResult, LabError> {
+    let tunnels = start_tunnels(opt, mode)?;
+    wait_for_tunnel(mode)?;
+    let c = tcp_client(NS_CLIENT, &[], "10.99.0.2", None, 5201, secs);
+    let tcp_json = with_changes(opt, || output(c, "iperf3 through the tunnel"))?;
+    let tcp_series_bps = iperf_series(&tcp_json);
+    let tcp_bps = iperf_bps(&tcp_json, "iperf3 through the tunnel")?;
+    let tcp_retransmits = iperf_retransmits(&tcp_json);
+
+    let (sent, got) = udp_through_tunnel(opt, sum_bps)?;
+    let tunnel_status = status_of(opt, NS_SERVER, "tun-b.sock");
+    let sender_status = status_of(opt, NS_CLIENT, "tun-a.sock");
+    drop(tunnels);
+    Ok(ModeResult {
+        tcp_bps,
+        tcp_retransmits,
+        udp_out_of_order: got.out_of_order,
+        udp_loss: got.loss_ratio,
+        udp_goodput_bps: got.goodput_bps,
+        udp_offered_bps: sent.offered_bps,
+        tunnel_status,
+        sender_status,
+        tcp_series_bps,
+    })
+}
+
+/// Both ends of the tunnel in `mode`, each with its configuration and log in the lab's
+/// state folder; they stop when dropped.
+fn start_tunnels(opt: &BenchOptions, mode: &str) -> Result<Vec<Tunnel>, LabError> {
     let dir = topo::state_dir();
     let mut tunnels = Vec::new();
     for (end_a, ns) in [(true, NS_CLIENT), (false, NS_SERVER)] {
@@ -662,6 +537,13 @@ fn tunnel_run(
         let log = dir.join(format!("tunnel-{tag}-{mode}.log"));
         tunnels.push(start_tunnel(opt, ns, &cfg, &log)?);
     }
+    Ok(tunnels)
+}
+
+/// Wait until a ping crosses the tunnel (at most 15 s, then the ends' logs are the
+/// error), then a second for it to settle.
+fn wait_for_tunnel(mode: &str) -> Result<(), LabError> {
+    let dir = topo::state_dir();
     // Wait until the tunnel carries traffic.
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
@@ -681,7 +563,7 @@ fn tunnel_run(
             // first round trips unequalized (15 ms, then 155 ms: HyStart leaves slow
             // start at the jump), which a tunnel that has been up for a second does not.
             std::thread::sleep(Duration::from_secs(1));
-            break;
+            return Ok(());
         }
         if Instant::now() > deadline {
             let log_a =
@@ -699,12 +581,14 @@ fn tunnel_run(
         }
         std::thread::sleep(Duration::from_millis(200));
     }
-    let c = tcp_client(NS_CLIENT, &[], "10.99.0.2", None, 5201, secs);
-    let tcp_json = with_changes(opt, || output(c, "iperf3 through the tunnel"))?;
-    let tcp_series_bps = iperf_series(&tcp_json);
-    let tcp_bps = iperf_bps(&tcp_json, "iperf3 through the tunnel")?;
-    let tcp_retransmits = iperf_retransmits(&tcp_json);
+}
 
+/// UDP through the tunnel with `braid bench udp-send/udp-sink`: the sender's and the
+/// sink's reports.
+fn udp_through_tunnel(
+    opt: &BenchOptions,
+    sum_bps: f64,
+) -> Result<(SendReport, SinkReport), LabError> {
     // UDP at 70 % of the sum of the links: below every bottleneck, so any loss or
     // misordering seen is the tunnel's (or the emulated links' own loss).
     let rate = format!("{}", (0.7 * sum_bps) as u64);
@@ -766,37 +650,26 @@ fn tunnel_run(
         cmd: "braid bench udp-sink".into(),
         reason: format!("{e}: {}", String::from_utf8_lossy(&out.stderr)),
     })?;
-    let status_of = |ns: &str, sock: &str| {
-        let sock = dir.join(sock);
-        let status = ns_cmd(
-            ns,
-            &[
-                opt.exe.to_str().unwrap_or("braid"),
-                "status",
-                "--control",
-                sock.to_str().unwrap_or_default(),
-                "--json",
-            ],
-        );
-        output(status, "braid status")
-            .ok()
-            .and_then(|t| serde_json::from_str(&t).ok())
-            .unwrap_or(Value::Null)
-    };
-    let tunnel_status = status_of(NS_SERVER, "tun-b.sock");
-    let sender_status = status_of(NS_CLIENT, "tun-a.sock");
-    drop(tunnels);
-    Ok(ModeResult {
-        tcp_bps,
-        tcp_retransmits,
-        udp_out_of_order: got.out_of_order,
-        udp_loss: got.loss_ratio,
-        udp_goodput_bps: got.goodput_bps,
-        udp_offered_bps: sent.offered_bps,
-        tunnel_status,
-        sender_status,
-        tcp_series_bps,
-    })
+    Ok((sent, got))
+}
+
+/// A tunnel end's counters (its `braid status --json`), or null.
+fn status_of(opt: &BenchOptions, ns: &str, sock: &str) -> Value {
+    let sock = topo::state_dir().join(sock);
+    let status = ns_cmd(
+        ns,
+        &[
+            opt.exe.to_str().unwrap_or("braid"),
+            "status",
+            "--control",
+            sock.to_str().unwrap_or_default(),
+            "--json",
+        ],
+    );
+    output(status, "braid status")
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or(Value::Null)
 }
 
 fn mptcp_run(opt: &BenchOptions, n: usize, secs: u64) -> Result<(f64, Vec<f64>), LabError> {
@@ -823,6 +696,12 @@ fn mptcp_run(opt: &BenchOptions, n: usize, secs: u64) -> Result<(f64, Vec<f64>),
             "ip mptcp limits",
         )?;
     }
+    // Each run adds the subflow endpoints anew: those of an earlier run (--runs) go
+    // first, or adding them fails as duplicates.
+    output(
+        ns_cmd(NS_CLIENT, &["ip", "mptcp", "endpoint", "flush"]),
+        "ip mptcp endpoint flush",
+    )?;
     for i in 1..n {
         let dev = format!("l{i}");
         output(

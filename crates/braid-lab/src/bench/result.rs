@@ -1,0 +1,482 @@
+//! What `braid lab bench` reports: one run's figures, or with `--runs` the median of
+//! each over the runs and its range, as a table and as JSON.
+
+use std::collections::BTreeMap;
+
+use serde_json::{json, Map, Value};
+
+use super::Payload;
+
+/// One link alone.
+#[derive(Clone, Debug)]
+pub struct LinkResult {
+    /// Its specification.
+    pub spec: String,
+    /// TCP goodput alone, bit/s.
+    pub tcp_bps: f64,
+}
+
+/// braid in one mode.
+#[derive(Clone, Debug, Default)]
+pub struct ModeResult {
+    /// TCP goodput through the tunnel, bit/s.
+    pub tcp_bps: f64,
+    /// Segments the TCP sender retransmitted (iperf3's count).
+    pub tcp_retransmits: u64,
+    /// UDP packets delivered out of order at the tunnel output.
+    pub udp_out_of_order: u64,
+    /// UDP loss ratio at the tunnel output.
+    pub udp_loss: f64,
+    /// UDP goodput, bit/s, and the offered rate.
+    pub udp_goodput_bps: f64,
+    /// Offered UDP rate, bit/s.
+    pub udp_offered_bps: f64,
+    /// The receiving tunnel's counters after the run (its `braid status --json`).
+    pub tunnel_status: Value,
+    /// The sending tunnel's (the TCP sender's side: its pacer, its return path).
+    pub sender_status: Value,
+    /// TCP in each second as iperf3's sender counts it (bytes written into the socket:
+    /// the first seconds include filling its buffer), bit/s.
+    pub tcp_series_bps: Vec<f64>,
+}
+
+/// A whole bench: one run, or the medians of several.
+#[derive(Clone, Debug)]
+pub struct BenchResult {
+    /// Each link alone.
+    pub links: Vec<LinkResult>,
+    /// Sum of the single-link goodputs.
+    pub sum_bps: f64,
+    /// All links at once, one TCP flow each.
+    pub ceiling_bps: f64,
+    /// braid per mode.
+    pub braid: BTreeMap<String, ModeResult>,
+    /// MPTCP, if measured.
+    pub mptcp_bps: Option<f64>,
+    /// MPTCP in each second, counted as [`ModeResult::tcp_series_bps`], bit/s.
+    pub mptcp_series_bps: Vec<f64>,
+    /// Per-link emulator counters at the end.
+    pub emulator: Vec<Value>,
+    /// Inner TCP payload bytes per datagram (computed from the configuration).
+    pub payload: Option<Payload>,
+    /// With `--runs` above 1, every run; the figures above are then their medians
+    /// (series, statuses and emulator counters: the last run's).
+    pub per_run: Vec<BenchResult>,
+}
+
+fn series(v: &Value) -> Vec<f64> {
+    v.as_array()
+        .map(|a| a.iter().filter_map(Value::as_f64).collect())
+        .unwrap_or_default()
+}
+
+/// The median and the range of one figure over the runs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Spread {
+    /// The median (of an even count, the mean of the middle two).
+    pub median: f64,
+    /// The smallest.
+    pub min: f64,
+    /// The largest.
+    pub max: f64,
+}
+
+impl Spread {
+    /// The spread of `values`; `None` when there are none.
+    pub fn of(values: &[f64]) -> Option<Spread> {
+        let mut v = values.to_vec();
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        let median = match n {
+            0 => return None,
+            _ if n % 2 == 1 => v[n / 2],
+            _ => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+        };
+        Some(Spread {
+            median,
+            min: v[0],
+            max: v[n - 1],
+        })
+    }
+}
+
+/// The figures of a braid mode that runs are summarized by, with their JSON keys.
+const MODE_FIGURES: [&str; 6] = [
+    "tcp_bps",
+    "tcp_retransmits",
+    "udp_out_of_order",
+    "udp_loss",
+    "udp_goodput_bps",
+    "udp_offered_bps",
+];
+
+impl ModeResult {
+    /// A figure by its JSON key (one of [`MODE_FIGURES`]).
+    fn figure(&self, key: &str) -> f64 {
+        match key {
+            "tcp_bps" => self.tcp_bps,
+            "tcp_retransmits" => self.tcp_retransmits as f64,
+            "udp_out_of_order" => self.udp_out_of_order as f64,
+            "udp_loss" => self.udp_loss,
+            "udp_goodput_bps" => self.udp_goodput_bps,
+            _ => self.udp_offered_bps,
+        }
+    }
+
+    fn set_figure(&mut self, key: &str, v: f64) {
+        match key {
+            "tcp_bps" => self.tcp_bps = v,
+            "tcp_retransmits" => self.tcp_retransmits = v.round() as u64,
+            "udp_out_of_order" => self.udp_out_of_order = v.round() as u64,
+            "udp_loss" => self.udp_loss = v,
+            "udp_goodput_bps" => self.udp_goodput_bps = v,
+            _ => self.udp_offered_bps = v,
+        }
+    }
+}
+
+/// One figure of a bench, to take its median or range over runs.
+type Figure<'a> = &'a dyn Fn(&BenchResult) -> Option<f64>;
+
+impl BenchResult {
+    /// The bench of several runs: each figure the median over `runs`, with every run
+    /// kept in [`BenchResult::per_run`]. One run is returned as it is; `None` if none.
+    pub fn from_runs(mut runs: Vec<BenchResult>) -> Option<BenchResult> {
+        if runs.len() <= 1 {
+            return runs.pop();
+        }
+        let mut r = runs.last()?.clone();
+        let median = |f: Figure| -> Option<f64> {
+            Spread::of(&runs.iter().filter_map(f).collect::<Vec<_>>()).map(|s| s.median)
+        };
+        for (i, l) in r.links.iter_mut().enumerate() {
+            l.tcp_bps = median(&|x| Some(x.links.get(i)?.tcp_bps)).unwrap_or(l.tcp_bps);
+        }
+        r.sum_bps = median(&|x| Some(x.sum_bps)).unwrap_or(r.sum_bps);
+        r.ceiling_bps = median(&|x| Some(x.ceiling_bps)).unwrap_or(r.ceiling_bps);
+        for (m, b) in r.braid.iter_mut() {
+            for key in MODE_FIGURES {
+                if let Some(v) = median(&|x| Some(x.braid.get(m)?.figure(key))) {
+                    b.set_figure(key, v);
+                }
+            }
+        }
+        r.mptcp_bps = median(&|x| x.mptcp_bps);
+        r.per_run = runs;
+        Some(r)
+    }
+
+    /// How many runs the figures summarize.
+    pub fn runs(&self) -> usize {
+        self.per_run.len().max(1)
+    }
+
+    /// The range of one figure over the runs; `None` for a single run.
+    pub fn spread(&self, f: Figure) -> Option<Spread> {
+        if self.per_run.len() < 2 {
+            return None;
+        }
+        Spread::of(&self.per_run.iter().filter_map(f).collect::<Vec<_>>())
+    }
+
+    /// With several runs, add `KEY_range: [min, max]` beside `key` in `obj`.
+    fn add_range(&self, obj: &mut Value, key: &str, f: Figure) {
+        if let (Some(s), Some(o)) = (self.spread(f), obj.as_object_mut()) {
+            o.insert(format!("{key}_range"), json!([s.min, s.max]));
+        }
+    }
+
+    fn mode_json(&self, m: &str, r: &ModeResult) -> Value {
+        let mut v = json!({
+            "tcp_bps": r.tcp_bps,
+            "tcp_retransmits": r.tcp_retransmits,
+            "udp_out_of_order": r.udp_out_of_order,
+            "udp_loss": r.udp_loss,
+            "udp_goodput_bps": r.udp_goodput_bps,
+            "udp_offered_bps": r.udp_offered_bps,
+            "tcp_ratio_to_sum": r.tcp_bps / self.sum_bps.max(1.0),
+            "tcp_payload_per_datagram": self.payload.as_ref().and_then(|p| p.braid.get(m)),
+            "tunnel_status": r.tunnel_status,
+            "sender_status": r.sender_status,
+            "tcp_series_bps": r.tcp_series_bps,
+        });
+        for key in MODE_FIGURES {
+            self.add_range(&mut v, key, &|x| Some(x.braid.get(m)?.figure(key)));
+        }
+        v
+    }
+
+    /// The JSON object: every figure under its key (with several runs the median, and
+    /// `KEY_range: [min, max]` beside it, and each run whole in `per_run`).
+    pub fn to_json(&self) -> Value {
+        let braid: Map<String, Value> = self
+            .braid
+            .iter()
+            .map(|(m, r)| (m.clone(), self.mode_json(m, r)))
+            .collect();
+        let links: Vec<Value> = self
+            .links
+            .iter()
+            .enumerate()
+            .map(|(i, l)| {
+                let mut v = json!({"spec": l.spec, "tcp_bps": l.tcp_bps});
+                self.add_range(&mut v, "tcp_bps", &|x| Some(x.links.get(i)?.tcp_bps));
+                v
+            })
+            .collect();
+        let mut v = json!({
+            "runs": self.runs(),
+            "links": links,
+            "sum_bps": self.sum_bps,
+            "ceiling_bps": self.ceiling_bps,
+            "braid": braid,
+            "mptcp_bps": self.mptcp_bps,
+            "mptcp_series_bps": self.mptcp_series_bps,
+            "tcp_payload_per_datagram": self.payload.as_ref().map(Payload::to_json),
+            "emulator": self.emulator,
+        });
+        self.add_range(&mut v, "sum_bps", &|x| Some(x.sum_bps));
+        self.add_range(&mut v, "ceiling_bps", &|x| Some(x.ceiling_bps));
+        self.add_range(&mut v, "mptcp_bps", &|x| x.mptcp_bps);
+        if self.per_run.len() > 1 {
+            v["per_run"] = self.per_run.iter().map(BenchResult::to_json).collect();
+        }
+        v
+    }
+
+    /// Read back what [`BenchResult::to_json`] wrote (to redraw a chart or table).
+    pub fn from_json(v: &Value) -> Option<BenchResult> {
+        let links = v["links"]
+            .as_array()?
+            .iter()
+            .map(|l| {
+                Some(LinkResult {
+                    spec: l["spec"].as_str()?.to_string(),
+                    tcp_bps: l["tcp_bps"].as_f64()?,
+                })
+            })
+            .collect::<Option<Vec<_>>>()?;
+        let braid = v["braid"]
+            .as_object()?
+            .iter()
+            .map(|(m, r)| Some((m.clone(), mode_from_json(r)?)))
+            .collect::<Option<BTreeMap<_, _>>>()?;
+        let per_run = match v["per_run"].as_array() {
+            Some(a) => a
+                .iter()
+                .map(BenchResult::from_json)
+                .collect::<Option<_>>()?,
+            None => Vec::new(),
+        };
+        Some(BenchResult {
+            links,
+            sum_bps: v["sum_bps"].as_f64()?,
+            ceiling_bps: v["ceiling_bps"].as_f64().unwrap_or(0.0),
+            braid,
+            mptcp_bps: v["mptcp_bps"].as_f64(),
+            mptcp_series_bps: series(&v["mptcp_series_bps"]),
+            emulator: v["emulator"].as_array().cloned().unwrap_or_default(),
+            payload: Payload::from_json(&v["tcp_payload_per_datagram"]),
+            per_run,
+        })
+    }
+
+    /// A readable table: Mbit/s (with several runs the median and the range), share of
+    /// the sum, inner TCP payload bytes per datagram.
+    pub fn table(&self) -> String {
+        let multi = self.per_run.len() > 1;
+        let mut s = if multi {
+            format!(
+                "{} runs: the median of each figure and its range (min-max)\n{:<34} {:>8} {:>13} {:>8} {:>8}\n",
+                self.runs(),
+                "what",
+                "Mbit/s",
+                "min-max",
+                "of sum",
+                "B/dgram"
+            )
+        } else {
+            format!(
+                "{:<34} {:>8} {:>8} {:>8}\n",
+                "what", "Mbit/s", "of sum", "B/dgram"
+            )
+        };
+        s += &self.rows();
+        s += &self.series_lines();
+        s
+    }
+
+    /// One table row: `bps` and its range under `f`, the payload, `extra`.
+    fn row(&self, what: &str, f: Figure, payload: Option<u32>, extra: &str) -> String {
+        let bps = f(self).unwrap_or(0.0);
+        let range = match self.spread(f) {
+            Some(r) => format!(" {:>13}", format!("{:.1}-{:.1}", r.min / 1e6, r.max / 1e6)),
+            None if self.per_run.len() > 1 => format!(" {:>13}", ""),
+            None => String::new(),
+        };
+        let payload = payload.map(|p| p.to_string()).unwrap_or_default();
+        let line = format!(
+            "{what:<34} {:8.1}{range} {:7.1}% {payload:>8}{extra}",
+            bps / 1e6,
+            100.0 * bps / self.sum_bps.max(1.0)
+        );
+        format!("{}\n", line.trim_end())
+    }
+
+    fn rows(&self) -> String {
+        let p = self.payload.as_ref();
+        let tcp = p.map(|p| p.tcp);
+        let mut s = String::new();
+        for (i, l) in self.links.iter().enumerate() {
+            let what = format!("link {i} alone ({})", l.spec);
+            s += &self.row(&what, &|x| Some(x.links.get(i)?.tcp_bps), tcp, "");
+        }
+        s += &self.row("sum of links (the bound)", &|x| Some(x.sum_bps), None, "");
+        s += &self.row(
+            "all links at once (ceiling)",
+            &|x| Some(x.ceiling_bps),
+            tcp,
+            "",
+        );
+        for (m, r) in &self.braid {
+            let fig = |key: &'static str, digits: usize| {
+                let v = format!("{:.*}", digits, r.figure(key));
+                match self.spread(&|x| Some(x.braid.get(m)?.figure(key))) {
+                    Some(sp) => format!("{v} ({:.*}-{:.*})", digits, sp.min, digits, sp.max),
+                    None => v,
+                }
+            };
+            let extra = format!(
+                "   TCP retransmits {}; UDP loss {}, out of order {}",
+                fig("tcp_retransmits", 0),
+                fig("udp_loss", 4),
+                fig("udp_out_of_order", 0)
+            );
+            let payload = p.and_then(|p| p.braid.get(m).copied());
+            let f = |x: &BenchResult| Some(x.braid.get(m)?.tcp_bps);
+            s += &self.row(&format!("braid {m}, TCP"), &f, payload, &extra);
+        }
+        if self.mptcp_bps.is_some() {
+            let what = "MPTCP, one subflow per link";
+            s += &self.row(what, &|x| x.mptcp_bps, p.map(|p| p.mptcp), "");
+        }
+        s
+    }
+
+    /// Each TCP run second by second (the last run's).
+    fn series_lines(&self) -> String {
+        let line = |what: &str, v: &[f64]| {
+            let secs: Vec<String> = v.iter().map(|b| format!("{:.0}", b / 1e6)).collect();
+            format!("  {what:<18} {}\n", secs.join(" "))
+        };
+        let mut series = String::new();
+        for (m, r) in &self.braid {
+            if !r.tcp_series_bps.is_empty() {
+                series += &line(&format!("braid {m}"), &r.tcp_series_bps);
+            }
+        }
+        if !self.mptcp_series_bps.is_empty() {
+            series += &line("MPTCP", &self.mptcp_series_bps);
+        }
+        if series.is_empty() {
+            return series;
+        }
+        let which = if self.per_run.len() > 1 {
+            " (last run)"
+        } else {
+            ""
+        };
+        format!("TCP in each second{which} (Mbit/s, as iperf3's sender counts: the first seconds fill its buffer):\n{series}")
+    }
+}
+
+fn mode_from_json(r: &Value) -> Option<ModeResult> {
+    Some(ModeResult {
+        tcp_bps: r["tcp_bps"].as_f64()?,
+        tcp_retransmits: r["tcp_retransmits"].as_u64().unwrap_or(0),
+        udp_out_of_order: r["udp_out_of_order"].as_u64().unwrap_or(0),
+        udp_loss: r["udp_loss"].as_f64().unwrap_or(0.0),
+        udp_goodput_bps: r["udp_goodput_bps"].as_f64().unwrap_or(0.0),
+        udp_offered_bps: r["udp_offered_bps"].as_f64().unwrap_or(0.0),
+        tunnel_status: r["tunnel_status"].clone(),
+        sender_status: r["sender_status"].clone(),
+        tcp_series_bps: series(&r["tcp_series_bps"]),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(scale: f64, retransmits: u64) -> BenchResult {
+        let mode = ModeResult {
+            tcp_bps: 100e6 * scale,
+            tcp_retransmits: retransmits,
+            udp_loss: 0.01 * scale,
+            ..ModeResult::default()
+        };
+        BenchResult {
+            links: vec![LinkResult {
+                spec: "100mbit/0ms".into(),
+                tcp_bps: 90e6 * scale,
+            }],
+            sum_bps: 90e6 * scale,
+            ceiling_bps: 95e6 * scale,
+            braid: BTreeMap::from([("logical".to_string(), mode)]),
+            mptcp_bps: Some(80e6 * scale),
+            mptcp_series_bps: vec![80e6 * scale],
+            emulator: Vec::new(),
+            payload: None,
+            per_run: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn spread_is_the_median_and_the_extremes() {
+        let s = Spread::of(&[3.0, 1.0, 2.0]).unwrap();
+        assert_eq!((s.median, s.min, s.max), (2.0, 1.0, 3.0));
+        assert_eq!(Spread::of(&[4.0, 1.0, 2.0, 3.0]).unwrap().median, 2.5);
+        assert_eq!(Spread::of(&[]), None);
+    }
+
+    /// Three runs: every figure is the median, its range is beside it in the JSON and
+    /// the table, every run is kept, and the JSON reads back the same.
+    #[test]
+    fn runs_report_the_median_and_the_range_of_each_figure() {
+        let r = BenchResult::from_runs(vec![run(1.0, 5), run(0.5, 9), run(1.2, 1)]).unwrap();
+        assert_eq!(r.runs(), 3);
+        assert_eq!(r.braid["logical"].tcp_bps, 100e6);
+        assert_eq!(r.braid["logical"].tcp_retransmits, 5);
+        assert_eq!(r.mptcp_bps, Some(80e6));
+        let v = r.to_json();
+        assert_eq!(v["runs"], 3);
+        assert_eq!(v["braid"]["logical"]["tcp_bps"], 100e6);
+        assert_eq!(v["braid"]["logical"]["tcp_bps_range"], json!([50e6, 120e6]));
+        assert_eq!(
+            v["braid"]["logical"]["tcp_retransmits_range"],
+            json!([1.0, 9.0])
+        );
+        assert_eq!(v["ceiling_bps_range"], json!([47.5e6, 114e6]));
+        assert_eq!(v["links"][0]["tcp_bps_range"], json!([45e6, 108e6]));
+        assert_eq!(v["per_run"].as_array().unwrap().len(), 3);
+        let t = r.table();
+        assert!(t.contains("3 runs"), "{t}");
+        assert!(
+            t.contains("50.0-120.0") && t.contains("TCP retransmits 5 (1-9)"),
+            "{t}"
+        );
+        let back = BenchResult::from_json(&v).unwrap();
+        assert_eq!(back.to_json(), v);
+    }
+
+    /// One run: no ranges, no per-run copies; the figures as measured.
+    #[test]
+    fn a_single_run_keeps_its_figures_and_has_no_ranges() {
+        let r = BenchResult::from_runs(vec![run(1.0, 5)]).unwrap();
+        let v = r.to_json();
+        assert_eq!(v["runs"], 1);
+        assert!(v.get("per_run").is_none() && v.get("ceiling_bps_range").is_none());
+        assert!(v["braid"]["logical"].get("tcp_bps_range").is_none());
+        assert!(!r.table().contains("min-max"));
+    }
+}
