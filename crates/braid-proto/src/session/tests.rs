@@ -595,9 +595,11 @@ fn recorded_traffic_of_an_earlier_run_locks_nothing_out() {
     p.run_until(at_ms(500));
     let recorded = p.sent_a.take().unwrap();
     // Both ends restart; the recording is played to the new B, mixed into the new run.
+    // (The new run is later: its initiations' timestamps are newer.)
     let mut q = Pair::new(2, Mode::Seq, &[10, 10]);
     q.a = Session::new(config(2, Mode::Seq), [11; 32], Instant::ZERO).unwrap();
     q.b = Session::new(config(2, Mode::Seq), [12; 32], Instant::ZERO).unwrap();
+    q.a.set_wall_clock(Instant::ZERO, 10_000_000_000);
     for (i, (c, d)) in recorded.iter().enumerate() {
         q.inject(false, *c, d.clone());
         if i % 10 == 0 {
@@ -616,7 +618,6 @@ fn recorded_traffic_of_an_earlier_run_locks_nothing_out() {
     clean.run_until(at_ms(1500));
     let hs = q.b.stats(q.now).handshakes;
     assert_eq!(hs.completed, clean.b.stats(clean.now).handshakes.completed);
-    assert!(hs.answered > clean.b.stats(clean.now).handshakes.answered);
 }
 
 #[test]
@@ -912,7 +913,7 @@ fn arq_rejects_requests_for_datagrams_never_sent() {
         key_index,
         counters: vec![counter + 1_000, counter + 1_001],
     });
-    let forged = p.b.crypto.seal(0, &m.to_vec(), true).unwrap();
+    let forged = p.b.crypto.seal(p.now, 0, &m.to_vec(), true).unwrap();
     let before = p.a.stats(p.now).channels[1].arq;
     p.a.handle_datagram(p.now, 0, forged);
     let after = p.a.stats(p.now).channels[1].arq;
