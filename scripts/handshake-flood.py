@@ -96,7 +96,9 @@ print(n, time.time() - t0, flush=True)
 '''
 
 REPLAYER = r'''
-import socket, struct, sys, time, threading
+import signal, socket, struct, sys, time, threading
+stop = threading.Event()
+signal.signal(signal.SIGTERM, lambda *a: stop.set())
 ifaces = sys.argv[1].split(","); rate = float(sys.argv[2]); secs = float(sys.argv[3])
 maxn = int(sys.argv[4]); keep = int(sys.argv[5])
 recorded = []   # (src, sport, dst, dport, payload)
@@ -133,7 +135,7 @@ def ip_udp(src, sport, dst, dport, payload):
     return h + udp
 r = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)
 n = 0; t0 = time.time(); end = t0 + secs; i = 0
-while time.time() < end and n < maxn:
+while time.time() < end and n < maxn and not stop.is_set():
     with lock:
         recs = list(recorded)
     if not recs:

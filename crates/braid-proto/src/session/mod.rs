@@ -28,6 +28,13 @@
 //!   [`Session::poll_deliver`] (packets for the application, in order) and
 //!   [`Session::poll_event`] (state changes worth logging); then ask
 //!   [`Session::poll_timeout`] again.
+//! * Handshakes, optionally ([`Session::offload_handshakes`]): drain
+//!   [`Session::poll_handshake`] too, run each [`HandshakeJob`] anywhere (a thread, a
+//!   blocking task) and give its result to [`Session::handle_handshake_done`], or give
+//!   it back with [`Session::handshake_shed`] when the queue is full. Without the call
+//!   the public-key work is done inside [`Session::handle_datagram`] (the simulator).
+//!   A driver on real sockets also sets [`Session::set_wall_clock`] (initiation
+//!   timestamps) and [`Session::set_channel_address`] (cookies).
 //!
 //! Every input takes `now`, an [`Instant`] from the driver's origin.
 
