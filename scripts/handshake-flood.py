@@ -203,6 +203,7 @@ class Lab:
         )
         rekey = f'rekey_after = "{self.rekey_after}"\n' if self.rekey_after else ""
         if self.static:
+            self.public(end)  # our key file exists before the tunnel reads it
             keys = (f'private_key_file = "{self.tmp}/k{end}.key"\n'
                     f'peer_public_key = "{self.public(other)}"\n')
         else:

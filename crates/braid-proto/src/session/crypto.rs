@@ -138,6 +138,13 @@ pub const LOAD_HOLD: Duration = Duration::from_secs(1);
 pub const SOURCE_RATE: u64 = 20;
 /// See [`SOURCE_RATE`].
 pub const SOURCE_BURST: u64 = 5;
+/// Cookie replies one source (channel) gets per second at most, after a burst of
+/// [`COOKIE_REPLY_BURST`]: a flood of initiations with a valid mac1 (whoever knows the
+/// public key can make them) does not turn into as many replies to send. The genuine
+/// initiator, sending a copy every heartbeat, still gets one within seconds.
+pub const COOKIE_REPLY_RATE: u64 = 1000;
+/// See [`COOKIE_REPLY_RATE`].
+pub const COOKIE_REPLY_BURST: u64 = 100;
 /// Handshake jobs out at most; more initiations are shed (counted).
 pub const MAX_JOBS: usize = 32;
 /// The mac1 values of initiations already processed that are remembered (a copy or a
@@ -530,20 +537,38 @@ struct Source {
     addr: Vec<u8>,
     /// Rate limit (GCRA): when the source's allowance is next fully spent.
     tat: Option<Instant>,
+    /// The same for its cookie replies.
+    cookie_tat: Option<Instant>,
     /// The peer's cookie for us on this channel, and when it came.
     cookie: Option<([u8; MAC_LEN], Instant)>,
+}
+
+/// A GCRA rate limit: `rate` per second after a burst of `burst`; true if one more is
+/// allowed now (and counted).
+fn gcra(tat: &mut Option<Instant>, now: Instant, rate: u64, burst: u64) -> bool {
+    let interval = Duration::from_micros(1_000_000 / rate);
+    let next = tat.map_or(now, |t| if t > now { t } else { now }) + interval;
+    if next - now > Duration::from_micros(interval.as_micros() * burst) {
+        return false;
+    }
+    *tat = Some(next);
+    true
 }
 
 impl Source {
     /// One public-key operation for this source, if its rate allows.
     fn take(&mut self, now: Instant) -> bool {
-        let interval = Duration::from_micros(1_000_000 / SOURCE_RATE);
-        let tat = self.tat.map_or(now, |t| if t > now { t } else { now }) + interval;
-        if tat - now > Duration::from_micros(interval.as_micros() * SOURCE_BURST) {
-            return false;
-        }
-        self.tat = Some(tat);
-        true
+        gcra(&mut self.tat, now, SOURCE_RATE, SOURCE_BURST)
+    }
+
+    /// One cookie reply to this source, if its rate allows.
+    fn take_cookie_reply(&mut self, now: Instant) -> bool {
+        gcra(
+            &mut self.cookie_tat,
+            now,
+            COOKIE_REPLY_RATE,
+            COOKIE_REPLY_BURST,
+        )
     }
 }
 
@@ -734,7 +759,8 @@ pub struct HandshakeStats {
     pub cookie_replies_sent: u64,
     /// Cookie replies from the peer that we could open.
     pub cookie_replies_received: u64,
-    /// Initiations not processed because their source's rate was spent.
+    /// Initiations not processed because their source's rate (of public-key work, or
+    /// under load of cookie replies) was spent.
     pub rate_limited: u64,
     /// Initiations not processed because too many were waiting for public-key work.
     pub shed: u64,
@@ -1393,6 +1419,9 @@ impl Crypto {
         mac2: [u8; MAC_LEN],
         out: &mut Outcome,
     ) {
+        if c >= self.sources.len() {
+            return;
+        }
         let ours_static = self.keys.private.is_some();
         if static_keys != ours_static {
             let f = HandshakeFailure::KeyKind {
@@ -1434,7 +1463,11 @@ impl Crypto {
         if self.under_load(now) {
             let cookie = self.cookie(now, c);
             if !mac16_ok(&cookie, &datagram[..datagram.len() - MAC_LEN], &mac2) {
-                out.reply = Some(self.cookie_reply(now, c, sender, &mac1));
+                if self.sources[c].take_cookie_reply(now) {
+                    out.reply = Some(self.cookie_reply(now, c, sender, &mac1));
+                } else {
+                    self.stats.rate_limited += 1;
+                }
                 return;
             }
         }
@@ -2111,9 +2144,11 @@ mod tests {
     /// B under load (LOAD_RATE initiations needing work in a second).
     fn load(b: &mut Crypto, now: Instant) {
         let mut x = pair(psk_keys(), psk_keys()).0;
+        // On the last channel (the tests look at channel 0).
+        let c = b.channels - 1;
         for i in 0..=LOAD_RATE as u64 {
             let init = fresh_init(&mut x, Instant::ZERO + Duration::from_micros(i));
-            b.on_handshake(now, 3, &init);
+            b.on_handshake(now, c, &init);
         }
         assert!(b.under_load(now));
     }
