@@ -66,8 +66,21 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(credit::Repr::parse_bytes(&r.to_vec()), Ok(r));
     }
     if let Ok(h) = secure::Handshake::parse(data) {
+        // Initiations, responses, rejections and cookie replies: the same bytes back.
         let v = h.to_vec();
+        assert_eq!(v, data);
         assert_eq!(secure::Handshake::parse(&v), Ok(h));
+        if let secure::Handshake::Cookie { .. } = h {
+            assert_eq!(v.len(), secure::COOKIE_REPLY_LEN);
+        }
+        let (mac1, mac2) = secure::mac_offsets(data[0], data.len()).expect("parsed");
+        assert!(mac1 <= data.len() && mac2.is_none_or(|m| m <= data.len()));
+    }
+    // The initiation's timestamp (TAI64N): parse, emit, parse.
+    if let Ok(t) = secure::Timestamp::parse(data) {
+        assert_eq!(t.to_bytes()[..], data[..secure::TIMESTAMP_LEN]);
+        assert_eq!(secure::Timestamp::parse(&t.to_bytes()), Ok(t));
+        assert!(t.nanos < 1_000_000_000);
     }
     // The overlay's HELLO and trailer checks: node 1 with members 0 and 2, no keys yet,
     // so nothing may pass (and nothing may panic).

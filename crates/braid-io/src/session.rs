@@ -777,6 +777,36 @@ struct Driver {
     tx_errors: Vec<u64>,
     /// Per channel: the readers' queue shares.
     budgets: Vec<Arc<Budget>>,
+    /// Public-key work of handshakes, to the handshake thread (bounded: what does not
+    /// fit is shed).
+    hs_jobs: std::sync::mpsc::SyncSender<machine::HandshakeJob>,
+    /// Its results.
+    hs_done: Option<mpsc::UnboundedReceiver<machine::HandshakeDone>>,
+}
+
+/// Handshake jobs queued for the handshake thread, at most (beyond, they are shed and
+/// counted): a flood of initiations that pass the cheap checks costs the data path
+/// nothing but those checks.
+const HS_QUEUE: usize = 16;
+
+/// The handshake thread: runs the public-key work of initiations, off the data task,
+/// until the driver goes away.
+fn handshake_thread() -> std::io::Result<(
+    std::sync::mpsc::SyncSender<machine::HandshakeJob>,
+    mpsc::UnboundedReceiver<machine::HandshakeDone>,
+)> {
+    let (job_tx, job_rx) = std::sync::mpsc::sync_channel::<machine::HandshakeJob>(HS_QUEUE);
+    let (done_tx, done_rx) = mpsc::unbounded_channel();
+    std::thread::Builder::new()
+        .name("braid-handshake".into())
+        .spawn(move || {
+            while let Ok(job) = job_rx.recv() {
+                if done_tx.send(job.run()).is_err() {
+                    return;
+                }
+            }
+        })?;
+    Ok((job_tx, done_rx))
 }
 
 impl Driver {
@@ -793,9 +823,24 @@ impl Driver {
         getrandom::fill(&mut seed).map_err(|e| {
             SessionError::Config(format!("no randomness from the operating system: {e}"))
         })?;
-        let machine = machine::Session::new(cfg.session_config(), seed, Instant::ZERO)
+        let mut machine = machine::Session::new(cfg.session_config(), seed, Instant::ZERO)
             .map_err(|e| SessionError::Config(e.0))?;
+        // Handshakes: public-key work off the data task; initiations stamped with the
+        // wall clock (the peer accepts only newer ones); cookies bound to each
+        // channel's peer address.
+        machine.offload_handshakes();
+        let unix = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        machine.set_wall_clock(Instant::ZERO, unix);
+        for (i, c) in cfg.channels.iter().enumerate() {
+            machine.set_channel_address(i, c.remote.to_string().as_bytes());
+        }
+        let (hs_jobs, hs_done) = handshake_thread()
+            .map_err(|e| SessionError::Config(format!("cannot start the handshake thread: {e}")))?;
         Ok(Driver {
+            hs_jobs,
+            hs_done: Some(hs_done),
             machine,
             origin: std::time::Instant::now(),
             tx_errors: vec![0; socks.len()],
@@ -832,6 +877,8 @@ impl Driver {
     ) {
         let mut app_open = true;
         let mut closing = false;
+        let mut hs_done = self.hs_done.take().expect("run once");
+        let mut hs_open = true;
         loop {
             let deadline = self.machine.poll_timeout();
             let at = tokio::time::Instant::from_std(
@@ -871,6 +918,13 @@ impl Driver {
                     }
                     None => app_open = false,
                 },
+                d = hs_done.recv(), if hs_open => match d {
+                    Some(d) => self.machine.handle_handshake_done(self.now(), d),
+                    None => {
+                        hs_open = false;
+                        error!("the handshake thread stopped: no more handshakes are answered");
+                    }
+                },
                 _ = tokio::time::sleep_until(at) => {}
             }
             if closing {
@@ -881,6 +935,7 @@ impl Driver {
             }
             let now = self.now();
             self.machine.handle_timeout(now);
+            self.dispatch_handshakes();
             self.deliver_out();
             self.log_events();
             self.send_out().await;
@@ -905,6 +960,20 @@ impl Driver {
             l.handshakes.clone_from(hs);
             changed
         });
+    }
+
+    /// Hand the machine's handshake work to the handshake thread; what does not fit in
+    /// its queue is shed (the machine counts it; the initiator tries again).
+    fn dispatch_handshakes(&mut self) {
+        while let Some(job) = self.machine.poll_handshake() {
+            match self.hs_jobs.try_send(job) {
+                Ok(()) => {}
+                Err(
+                    std::sync::mpsc::TrySendError::Full(job)
+                    | std::sync::mpsc::TrySendError::Disconnected(job),
+                ) => self.machine.handshake_shed(job),
+            }
+        }
     }
 
     fn take_datagrams(&mut self, now: Instant, c: usize, batch: Vec<Bytes>) {

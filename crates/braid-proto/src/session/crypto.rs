@@ -11,13 +11,32 @@
 //!   channel's counter runs out. Both may initiate at once; each completed handshake is a
 //!   valid key pair and the newest one is used for sending.
 //! * **Key confirmation.** The initiator uses the new keys as soon as the response
-//!   arrives. The responder only once the first datagram sealed with them arrives: a
-//!   replayed initiation (from an earlier run, or recorded) therefore costs a response
-//!   and nothing else, since whoever replays it cannot derive the keys.
+//!   arrives. The responder only once the first datagram sealed with them arrives: an
+//!   unconfirmed handshake never replaces the keys in use. It waits as the one pending
+//!   handshake, which only a newer initiation from the peer (its timestamp) replaces.
+//! * **Cheap checks first.** Every initiation and response carries mac1, keyed by the
+//!   receiver's static public key (or the pre-shared key), checked before any
+//!   public-key work. Under load (see [`LOAD_JOBS`], [`LOAD_RATE`]) the responder answers
+//!   initiations without a valid mac2 with a cookie reply (64 bytes, smaller than any
+//!   initiation) bound to the channel's peer address, and does public-key work only for
+//!   those that carry mac2 over that cookie; the cookie secret changes every
+//!   [`COOKIE_ROTATE`]. Public-key work is rate-limited per source ([`SOURCE_RATE`]) and
+//!   can run off the data path ([`HandshakeJob`]).
+//! * **Replays.** Each initiation carries a timestamp (TAI64N, sealed in the Noise
+//!   payload); an initiation is accepted only if its timestamp is newer than the newest
+//!   one accepted from the peer, so a recorded initiation is never answered again.
 //! * **Restarts.** Each end picks a random run identifier at start and sends it inside
 //!   the handshake; a confirmed handshake with a new run identifier means the peer
-//!   restarted. No clock is involved, so a peer whose clock is behind reconnects like any
-//!   other.
+//!   restarted. The timestamp is the wall clock at start plus the time since, so it
+//!   grows within a run whatever the clock does, and a restarted peer's is newer unless
+//!   its clock went back past its last initiation (then it is refused until its clock
+//!   passes that point, as in WireGuard).
+//! * **Timers** (constants, in WireGuard's spirit): a new handshake after `rekey_after`
+//!   (configured) or [`REKEY_AFTER_COUNT`] datagrams on a channel; keys older than
+//!   [`Crypto::reject_after`] or past [`REJECT_AFTER_COUNT`] are no longer used; a new
+//!   handshake when nothing authenticated came from the peer for
+//!   [`REHANDSHAKE_AFTER_SILENCE`]; an unanswered initiation is replaced after
+//!   [`HANDSHAKE_TIMEOUT`] plus a random jitter of up to [`HANDSHAKE_JITTER`].
 //! * **Sealing.** ChaCha20-Poly1305 per datagram with the direction's key; the nonce is
 //!   the channel index and a per-channel counter; the receiver keeps a window of 2048
 //!   counters per channel and key. Mode `auth` authenticates the body without
@@ -26,7 +45,12 @@
 //! Randomness comes from a seed the driver passes in (a deterministic generator keyed by
 //! it), so the simulator stays reproducible and the core reads no entropy on its own.
 
+use blake2::digest::consts::U16;
+use blake2::digest::{Digest, Mac};
+use blake2::{Blake2s256, Blake2sMac};
 use bytes::Bytes;
+use chacha20poly1305::aead::{Aead as _, KeyInit, Payload};
+use chacha20poly1305::{XChaCha20Poly1305, XNonce};
 use ring::aead::{Aad, LessSafeKey, Nonce, Tag, UnboundKey, CHACHA20_POLY1305};
 use snow::params::{CipherChoice, DHChoice, HashChoice};
 use snow::resolvers::{CryptoResolver, DefaultResolver};
@@ -34,7 +58,10 @@ use snow::types::{Cipher, Dh, Hash, Random};
 
 use super::settings::{Mismatch, Settings};
 use crate::time::{Duration, Instant};
-use crate::wire::secure::{self, Handshake, Header, ECHO_LEN, HEADER_LEN, TAG_LEN};
+use crate::wire::secure::{
+    self, Handshake, Header, Timestamp, COOKIE_NONCE_LEN, COOKIE_SEALED_LEN, ECHO_LEN, HEADER_LEN,
+    INIT_HEADER_LEN, MAC_LEN, TAG_LEN, TIMESTAMP_LEN,
+};
 
 /// What the security layer does to each datagram.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -85,10 +112,46 @@ pub const REPLAY_WINDOW: u64 = 2048;
 pub const REKEY_AFTER_COUNT: u64 = 1 << 48;
 /// Never seal with a counter at or beyond this (a new handshake is overdue).
 pub const REJECT_AFTER_COUNT: u64 = 1 << 60;
-/// An initiation not answered within this long is replaced by a new one.
+/// An initiation not answered within this long (plus a jitter) is replaced by a new
+/// one.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(1);
-/// Responder-side handshakes waiting for confirmation, at most.
-const MAX_PENDING: usize = 8;
+/// The most random time added to [`HANDSHAKE_TIMEOUT`] (so that the two ends, or many
+/// sessions, do not retry in step).
+pub const HANDSHAKE_JITTER: Duration = Duration::from_millis(333);
+/// Keys are no longer used (for sending or receiving) this long after the latest time
+/// either end re-keys them (1.5 × `rekey_after`, see `due`).
+pub const REJECT_AFTER_MARGIN: Duration = Duration::from_secs(60);
+/// Nothing authenticated from the peer for this long: a new handshake (its keys may be
+/// gone, say after a restart whose initiations did not reach us).
+pub const REHANDSHAKE_AFTER_SILENCE: Duration = Duration::from_secs(15);
+/// The responder's cookie secret is replaced this often; a cookie the initiator holds
+/// is used for as long.
+pub const COOKIE_ROTATE: Duration = Duration::from_secs(120);
+/// Under load when this many handshake jobs are out (handed to the driver, not back).
+pub const LOAD_JOBS: usize = 4;
+/// Under load when more initiations than this needed public-key work in one second.
+pub const LOAD_RATE: u32 = 16;
+/// Under load for this long after either.
+pub const LOAD_HOLD: Duration = Duration::from_secs(1);
+/// Initiations per second one source (channel: its peer address) may have processed
+/// with public-key work, after a burst of [`SOURCE_BURST`].
+pub const SOURCE_RATE: u64 = 20;
+/// See [`SOURCE_RATE`].
+pub const SOURCE_BURST: u64 = 5;
+/// Cookie replies one source (channel) gets per second at most, after a burst of
+/// [`COOKIE_REPLY_BURST`]: a flood of initiations with a valid mac1 (whoever knows the
+/// public key can make them) does not turn into as many replies to send. The genuine
+/// initiator, sending a copy every heartbeat, still gets one within seconds.
+pub const COOKIE_REPLY_RATE: u64 = 1000;
+/// See [`COOKIE_REPLY_RATE`].
+pub const COOKIE_REPLY_BURST: u64 = 100;
+/// Handshake jobs out at most; more initiations are shed (counted).
+pub const MAX_JOBS: usize = 32;
+/// The mac1 values of initiations already processed that are remembered (a copy or a
+/// replay of one costs no public-key work).
+const SEEN: usize = 256;
+const LABEL_MAC1: &[u8] = b"braid mac1 v2";
+const LABEL_COOKIE: &[u8] = b"braid cookie v2";
 /// At most one rejection per channel this often (the initiator repeats its initiation
 /// every heartbeat on every channel; one answer is enough, and a bound keeps a flood of
 /// forged initiations from turning us into a reflector).
@@ -210,6 +273,97 @@ impl Keys {
             return Err("no key: configure a pre-shared key, or static keys at both ends".into());
         }
         Ok(())
+    }
+}
+
+/// BLAKE2s-256 of a label and a key: the keys of mac1 and of the cookie reply.
+fn derive(label: &[u8], key: &[u8]) -> [u8; 32] {
+    Blake2s256::new()
+        .chain_update(label)
+        .chain_update(key)
+        .finalize()
+        .into()
+}
+
+/// Keyed BLAKE2s-128 of `data`.
+fn mac16(key: &[u8], data: &[u8]) -> [u8; MAC_LEN] {
+    let mut m = <Blake2sMac<U16> as KeyInit>::new_from_slice(key).expect("keys of 16 to 32 bytes");
+    Mac::update(&mut m, data);
+    m.finalize().into_bytes().into()
+}
+
+/// Does `tag` verify as [`mac16`] of `data` (in constant time)?
+fn mac16_ok(key: &[u8], data: &[u8], tag: &[u8]) -> bool {
+    let m = <Blake2sMac<U16> as KeyInit>::new_from_slice(key).expect("keys of 16 to 32 bytes");
+    mac16_ok_with(&m, data, tag)
+}
+
+/// [`mac16_ok`] from a state already keyed (the key's block is compressed once, not
+/// for every message: a third of the work on an initiation).
+fn mac16_ok_with(keyed: &Blake2sMac<U16>, data: &[u8], tag: &[u8]) -> bool {
+    let mut m = keyed.clone();
+    Mac::update(&mut m, data);
+    m.verify_slice(tag).is_ok()
+}
+
+/// The keys of the cheap checks, from the static public keys (or the pre-shared key
+/// when static keys are not used): mac1 of a message is keyed by its receiver's key,
+/// a cookie reply is sealed with its sender's.
+#[derive(Clone)]
+struct MacKeys {
+    /// mac1 of messages to us.
+    mac1_in: [u8; 32],
+    /// mac1 of messages to the peer.
+    mac1_out: [u8; 32],
+    /// Seals the cookie replies we send.
+    cookie_in: [u8; 32],
+    /// Opens the cookie replies the peer sends.
+    cookie_out: [u8; 32],
+    /// The MAC keyed with `mac1_in`, ready to clone.
+    mac1_in_keyed: Blake2sMac<U16>,
+}
+
+impl MacKeys {
+    fn new(keys: &Keys) -> MacKeys {
+        let (ours, theirs) = match (&keys.private, &keys.peer_public, &keys.psk) {
+            (Some(p), Some(peer), _) => (public_key(p), *peer),
+            (_, _, Some(psk)) => (*psk, *psk),
+            _ => ([0; 32], [0; 32]),
+        };
+        let mac1_in = derive(LABEL_MAC1, &ours);
+        MacKeys {
+            mac1_in_keyed: <Blake2sMac<U16> as KeyInit>::new_from_slice(&mac1_in)
+                .expect("32-byte key"),
+            mac1_in,
+            mac1_out: derive(LABEL_MAC1, &theirs),
+            cookie_in: derive(LABEL_COOKIE, &ours),
+            cookie_out: derive(LABEL_COOKIE, &theirs),
+        }
+    }
+}
+
+/// A Noise handshake state for these keys (`seed` feeds its ephemeral key).
+fn build(
+    pattern: &'static str,
+    keys: &Keys,
+    seed: [u8; 32],
+    initiator: bool,
+) -> Result<snow::HandshakeState, snow::Error> {
+    let params = pattern.parse().expect("a valid pattern");
+    let mut b = snow::Builder::with_resolver(params, Box::new(Seeded(seed))).prologue(PROLOGUE)?;
+    if let Some(p) = &keys.private {
+        b = b.local_private_key(p)?;
+    }
+    if let (Some(p), true) = (&keys.peer_public, initiator) {
+        b = b.remote_public_key(p)?;
+    }
+    let at = if keys.private.is_some() { 2 } else { 0 };
+    let psk = keys.psk.unwrap_or([0u8; 32]);
+    b = b.psk(at, &psk)?;
+    if initiator {
+        b.build_initiator()
+    } else {
+        b.build_responder()
     }
 }
 
@@ -355,19 +509,206 @@ impl Aead {
 struct Initiation {
     index: u32,
     hs: snow::HandshakeState,
+    /// Its bytes, mac2 zero.
     msg: Bytes,
+    /// Its mac1 (a cookie reply is sealed with it as associated data).
+    mac1: [u8; MAC_LEN],
     started: Instant,
+    /// Replaced by a new one after this long.
+    timeout: Duration,
     /// The peer answered it with a rejection or with settings we cannot use: not sent
-    /// again; a new one after [`HANDSHAKE_TIMEOUT`].
+    /// again; a new one after its timeout.
     refused: bool,
 }
 
-/// A handshake we answered, waiting for the initiator's first sealed datagram.
+/// The handshake we answered, waiting for the initiator's first sealed datagram.
 struct Pending {
     keys: Keypair,
-    /// The initiation it answered (to answer a copy the same way).
-    init: Bytes,
+    /// The mac1 of the initiation it answered (to answer a copy the same way).
+    mac1: [u8; MAC_LEN],
     response: Bytes,
+}
+
+/// What we know of one source of handshakes: a channel, whose socket hears only the
+/// peer's address on it.
+#[derive(Clone, Default)]
+struct Source {
+    /// The peer's address on this channel (the driver's bytes; a cookie is bound to it).
+    addr: Vec<u8>,
+    /// Rate limit (GCRA): when the source's allowance is next fully spent.
+    tat: Option<Instant>,
+    /// The same for its cookie replies.
+    cookie_tat: Option<Instant>,
+    /// The peer's cookie for us on this channel, and when it came.
+    cookie: Option<([u8; MAC_LEN], Instant)>,
+}
+
+/// A GCRA rate limit: `rate` per second after a burst of `burst`; true if one more is
+/// allowed now (and counted).
+fn gcra(tat: &mut Option<Instant>, now: Instant, rate: u64, burst: u64) -> bool {
+    let interval = Duration::from_micros(1_000_000 / rate);
+    let next = tat.map_or(now, |t| if t > now { t } else { now }) + interval;
+    if next - now > Duration::from_micros(interval.as_micros() * burst) {
+        return false;
+    }
+    *tat = Some(next);
+    true
+}
+
+impl Source {
+    /// One public-key operation for this source, if its rate allows.
+    fn take(&mut self, now: Instant) -> bool {
+        gcra(&mut self.tat, now, SOURCE_RATE, SOURCE_BURST)
+    }
+
+    /// One cookie reply to this source, if its rate allows.
+    fn take_cookie_reply(&mut self, now: Instant) -> bool {
+        gcra(
+            &mut self.cookie_tat,
+            now,
+            COOKIE_REPLY_RATE,
+            COOKIE_REPLY_BURST,
+        )
+    }
+}
+
+/// Public-key work of an initiation that passed the cheap checks: read it, check who
+/// sent it, write the response. [`HandshakeJob::run`] needs nothing else (no session),
+/// so a driver can run it on another thread and hand the [`HandshakeDone`] back
+/// (`Session::handle_handshake_done`).
+pub struct HandshakeJob {
+    channel: usize,
+    /// The initiation.
+    init: Bytes,
+    mac1: [u8; MAC_LEN],
+    sender: u32,
+    pattern: &'static str,
+    keys: Keys,
+    mac1_out: [u8; 32],
+    seed: [u8; 32],
+    /// Our key index for the response.
+    index: u32,
+    /// Our response payload.
+    payload: Vec<u8>,
+}
+
+/// A [`HandshakeJob`] done.
+pub struct HandshakeDone {
+    channel: usize,
+    init: Bytes,
+    mac1: [u8; MAC_LEN],
+    sender: u32,
+    result: Result<Accepted, (HandshakeFailure, u8)>,
+}
+
+impl std::fmt::Debug for HandshakeJob {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "HandshakeJob(channel {})", self.channel)
+    }
+}
+
+impl std::fmt::Debug for HandshakeDone {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "HandshakeDone(channel {}, ok {})",
+            self.channel,
+            self.result.is_ok()
+        )
+    }
+}
+
+impl HandshakeDone {
+    /// The channel the initiation came on.
+    pub fn channel(&self) -> usize {
+        self.channel
+    }
+}
+
+/// An initiation read and answered (the session then checks its timestamp).
+struct Accepted {
+    index: u32,
+    response: Bytes,
+    /// (initiator to responder, responder to initiator) keys.
+    split: ([u8; 32], [u8; 32]),
+    peer_run: u64,
+    timestamp: Timestamp,
+    theirs: Settings,
+}
+
+impl HandshakeJob {
+    /// The channel the initiation came on.
+    pub fn channel(&self) -> usize {
+        self.channel
+    }
+
+    /// Do the public-key work (two to four X25519 operations).
+    pub fn run(self) -> HandshakeDone {
+        let result = self.work();
+        HandshakeDone {
+            channel: self.channel,
+            init: self.init,
+            mac1: self.mac1,
+            sender: self.sender,
+            result,
+        }
+    }
+
+    fn work(&self) -> Result<Accepted, (HandshakeFailure, u8)> {
+        let static_keys = self.keys.private.is_some();
+        let unauthenticated = (
+            HandshakeFailure::Unauthenticated { static_keys },
+            secure::REJECT_UNAUTHENTICATED,
+        );
+        let mut hs =
+            build(self.pattern, &self.keys, self.seed, false).map_err(|_| unauthenticated)?;
+        let noise = &self.init[INIT_HEADER_LEN..self.init.len() - 2 * MAC_LEN];
+        let mut payload = [0u8; MSG_MAX];
+        let len = hs
+            .read_message(noise, &mut payload)
+            .map_err(|_| unauthenticated)?;
+        // IK: the initiator's static key travels in the message; it must be the one
+        // configured for the peer.
+        if let Some(want) = self.keys.peer_public {
+            if hs.get_remote_static() != Some(&want[..]) {
+                let mut theirs = [0u8; KEY_LEN];
+                if let Some(k) = hs.get_remote_static().filter(|k| k.len() == KEY_LEN) {
+                    theirs.copy_from_slice(k);
+                }
+                return Err((
+                    HandshakeFailure::UnknownKey {
+                        theirs,
+                        expected: want,
+                    },
+                    secure::REJECT_UNKNOWN_KEY,
+                ));
+            }
+        }
+        let (peer_run, timestamp, theirs) = Crypto::read_init_payload(&payload[..len])
+            .ok_or((HandshakeFailure::Unreadable, secure::REJECT_UNREADABLE))?;
+        let mut buf = [0u8; MSG_MAX];
+        let n = hs
+            .write_message(&self.payload, &mut buf)
+            .map_err(|_| unauthenticated)?;
+        let mut response = Handshake::Resp {
+            sender: self.index,
+            receiver: self.sender,
+            noise: &buf[..n],
+            mac1: [0; MAC_LEN],
+        }
+        .to_vec();
+        let at = response.len() - MAC_LEN;
+        let mac1 = mac16(&self.mac1_out, &response[..at]);
+        response[at..].copy_from_slice(&mac1);
+        Ok(Accepted {
+            index: self.index,
+            response: Bytes::from(response),
+            split: hs.dangerously_get_raw_split(),
+            peer_run,
+            timestamp,
+            theirs,
+        })
+    }
 }
 
 /// Why a datagram was rejected.
@@ -412,6 +753,20 @@ pub struct HandshakeStats {
     pub mismatched: u64,
     /// Handshake responses received (that named an initiation of ours).
     pub responses: u64,
+    /// Handshake messages whose mac1 did not verify (counted in `failed` too).
+    pub mac1_failures: u64,
+    /// Cookie replies we sent (under load, to initiations without a valid mac2).
+    pub cookie_replies_sent: u64,
+    /// Cookie replies from the peer that we could open.
+    pub cookie_replies_received: u64,
+    /// Initiations not processed because their source's rate (of public-key work, or
+    /// under load of cookie replies) was spent.
+    pub rate_limited: u64,
+    /// Initiations not processed because too many were waiting for public-key work.
+    pub shed: u64,
+    /// Initiations refused as replays: a copy of one already processed, or one whose
+    /// timestamp is not newer than the newest accepted from the peer.
+    pub replays: u64,
 }
 
 /// Why a handshake failed, in words a person can act on ([`std::fmt::Display`]).
@@ -594,10 +949,22 @@ impl Throttle {
     }
 }
 
+/// When the responder counts as under load.
+#[derive(Default)]
+struct Load {
+    /// Start of the current one-second window, and the initiations that needed
+    /// public-key work in it.
+    window: Option<Instant>,
+    count: u32,
+    /// Under load until then.
+    until: Option<Instant>,
+}
+
 /// The security state of one session end.
 pub(crate) struct Crypto {
     pub mode: SecurityMode,
     keys: Keys,
+    macs: MacKeys,
     pattern: &'static str,
     rekey_after: Duration,
     channels: usize,
@@ -605,7 +972,7 @@ pub(crate) struct Crypto {
     run: u64,
     next_index: u32,
     init: Option<Initiation>,
-    pending: Vec<Pending>,
+    pending: Option<Pending>,
     current: Option<Keypair>,
     older: std::collections::VecDeque<Keypair>,
     peer_run: Option<u64>,
@@ -626,6 +993,24 @@ pub(crate) struct Crypto {
     /// channel lost it, and repairs filling gaps must not hide a lossy channel from the
     /// feedback (and a count that never goes down is one the estimator can difference).
     missing: Vec<u64>,
+    /// Nanoseconds since 1970 at `Instant::ZERO` (our timestamps: this plus `now`).
+    wall_base: u128,
+    /// The newest timestamp of an initiation accepted from the peer.
+    newest_ts: Option<Timestamp>,
+    /// Per channel: rate limit, address, the peer's cookie.
+    sources: Vec<Source>,
+    /// Our cookie secret and when it was made.
+    cookie_secret: Option<([u8; 32], Instant)>,
+    load: Load,
+    /// The mac1 of initiations processed or being processed.
+    seen: std::collections::VecDeque<[u8; MAC_LEN]>,
+    /// Jobs handed out and not back yet, and their mac1.
+    inflight: Vec<[u8; MAC_LEN]>,
+    /// Hand public-key work out ([`Crypto::poll_job`]) instead of doing it at once.
+    offload: bool,
+    jobs: std::collections::VecDeque<HandshakeJob>,
+    /// When an authenticated datagram last came from the peer.
+    last_heard: Option<Instant>,
 }
 
 impl Crypto {
@@ -644,6 +1029,7 @@ impl Crypto {
         let next_index = drbg.u64() as u32;
         Ok(Crypto {
             mode,
+            macs: MacKeys::new(&keys),
             keys,
             pattern,
             rekey_after,
@@ -652,7 +1038,7 @@ impl Crypto {
             run,
             next_index,
             init: None,
-            pending: Vec::new(),
+            pending: None,
             current: None,
             older: std::collections::VecDeque::new(),
             peer_run: None,
@@ -663,7 +1049,61 @@ impl Crypto {
             next_reject: vec![None; channels],
             throttles: Default::default(),
             answer_reported: false,
+            wall_base: 0,
+            newest_ts: None,
+            sources: vec![Source::default(); channels],
+            cookie_secret: None,
+            load: Load::default(),
+            seen: std::collections::VecDeque::with_capacity(SEEN),
+            inflight: Vec::new(),
+            offload: false,
+            jobs: std::collections::VecDeque::new(),
+            last_heard: None,
         })
+    }
+
+    /// The wall clock: `unix_nanos` nanoseconds since 1970 at `now`. Our initiations'
+    /// timestamps are this plus the time since (without it: the time since
+    /// `Instant::ZERO`).
+    pub fn set_wall_clock(&mut self, now: Instant, unix_nanos: u128) {
+        self.wall_base = unix_nanos.saturating_sub(u128::from(now.as_micros()) * 1000);
+    }
+
+    /// The peer's address on channel `c` (any bytes that name it): cookies are bound
+    /// to it.
+    pub fn set_channel_address(&mut self, c: usize, addr: &[u8]) {
+        if let Some(s) = self.sources.get_mut(c) {
+            s.addr = addr.to_vec();
+        }
+    }
+
+    /// Hand public-key work to the driver ([`Crypto::poll_job`]) from now on.
+    pub fn offload(&mut self) {
+        self.offload = true;
+    }
+
+    /// The next public-key work to do.
+    pub fn poll_job(&mut self) -> Option<HandshakeJob> {
+        self.jobs.pop_front()
+    }
+
+    /// A job the driver could not run (its queue was full): forgotten, counted.
+    pub fn shed(&mut self, job: HandshakeJob) {
+        self.inflight.retain(|m| *m != job.mac1);
+        self.forget_seen(&job.mac1);
+        self.stats.shed += 1;
+    }
+
+    fn forget_seen(&mut self, mac1: &[u8; MAC_LEN]) {
+        if let Some(i) = self.seen.iter().position(|m| m == mac1) {
+            self.seen.remove(i);
+        }
+    }
+
+    /// Keys are not used past this age.
+    pub fn reject_after(&self) -> Duration {
+        let r = self.rekey_after.as_micros();
+        Duration::from_micros(r + r / 2) + REJECT_AFTER_MARGIN
     }
 
     /// Datagrams missing on channel `c` (see the `missing` field).
@@ -686,44 +1126,16 @@ impl Crypto {
         self.run
     }
 
-    fn builder(&mut self) -> snow::Builder<'_> {
-        let params = self.pattern.parse().expect("a valid pattern");
-        let seed = self.drbg.seed();
-        let mut b = snow::Builder::with_resolver(params, Box::new(Seeded(seed)))
-            .prologue(PROLOGUE)
-            .expect("prologue");
-        if let Some(p) = &self.keys.private {
-            b = b.local_private_key(p).expect("32 bytes");
-        }
-        b
-    }
-
-    fn new_handshake(&mut self, initiator: bool) -> Result<snow::HandshakeState, snow::Error> {
-        let psk = self.keys.psk.unwrap_or([0u8; 32]);
-        let peer = self.keys.peer_public;
-        let at = if self.keys.private.is_some() { 2 } else { 0 };
-        let mut b = self.builder();
-        b = match &peer {
-            Some(p) if initiator => b.remote_public_key(p)?,
-            _ => b,
-        };
-        b = b.psk(at, &psk)?;
-        if initiator {
-            b.build_initiator()
-        } else {
-            b.build_responder()
-        }
-    }
-
     fn fresh_index(&mut self) -> u32 {
         self.next_index = self.next_index.wrapping_add(1);
         self.next_index
     }
 
-    /// Is a (new) handshake due: no keys, keys older than `rekey_after`, or a counter
-    /// near its end? The end that initiated the current keys re-keys on the timer; the
-    /// other only half a period later, if that did not happen (so the two ends do not
-    /// both re-key at once, each dropping keys the other still uses).
+    /// Is a (new) handshake due: no keys, keys older than `rekey_after`, a counter
+    /// near its end, or the peer silent for [`REHANDSHAKE_AFTER_SILENCE`] (and the
+    /// keys at least that old)? The end that initiated the current keys re-keys on the
+    /// timer; the other only half a period later, if that did not happen (so the two
+    /// ends do not both re-key at once, each dropping keys the other still uses).
     fn due(&self, now: Instant) -> bool {
         match &self.current {
             None => true,
@@ -734,48 +1146,91 @@ impl Crypto {
                 } else {
                     self.rekey_after + Duration::from_micros(self.rekey_after.as_micros() / 2)
                 };
-                age >= limit || k.counters.iter().any(|&c| c >= REKEY_AFTER_COUNT)
+                let silent = self
+                    .last_heard
+                    .is_some_and(|l| now - l >= REHANDSHAKE_AFTER_SILENCE)
+                    && age >= REHANDSHAKE_AFTER_SILENCE;
+                age >= limit || silent || k.counters.iter().any(|&c| c >= REKEY_AFTER_COUNT)
             }
         }
     }
 
+    /// Our timestamp now.
+    fn timestamp(&self, now: Instant) -> Timestamp {
+        Timestamp::from_unix_nanos(self.wall_base + u128::from(now.as_micros()) * 1000)
+    }
+
     /// The initiation to send now, if a handshake is due: the outstanding one again
     /// (copies on several channels or a lost one), or a new one if none is outstanding
-    /// or it timed out.
+    /// or it timed out. Its mac2 is zero: [`Crypto::for_channel`] adds it.
     pub fn initiation(&mut self, now: Instant) -> Option<Bytes> {
         if !self.due(now) {
             self.init = None;
             return None;
         }
         if let Some(i) = &self.init {
-            if now - i.started < HANDSHAKE_TIMEOUT {
+            if now - i.started < i.timeout {
                 return (!i.refused).then(|| i.msg.clone());
             }
         }
-        let mut hs = self.new_handshake(true).ok()?;
+        let seed = self.drbg.seed();
+        let mut hs = build(self.pattern, &self.keys, seed, true).ok()?;
         let index = self.fresh_index();
         let mut buf = [0u8; MSG_MAX];
-        let n = hs.write_message(&self.payload(), &mut buf).ok()?;
-        let msg = Bytes::from(
-            Handshake::Init {
-                static_keys: self.keys.private.is_some(),
-                sender: index,
-                noise: &buf[..n],
-            }
-            .to_vec(),
-        );
+        let n = hs.write_message(&self.init_payload(now), &mut buf).ok()?;
+        let mut msg = Handshake::Init {
+            static_keys: self.keys.private.is_some(),
+            sender: index,
+            noise: &buf[..n],
+            mac1: [0; MAC_LEN],
+            mac2: [0; MAC_LEN],
+        }
+        .to_vec();
+        let at = msg.len() - 2 * MAC_LEN;
+        let mac1 = mac16(&self.macs.mac1_out, &msg[..at]);
+        msg[at..at + MAC_LEN].copy_from_slice(&mac1);
+        let msg = Bytes::from(msg);
+        let jitter = self.drbg.u64() % (HANDSHAKE_JITTER.as_micros() + 1);
         self.stats.initiated += 1;
         self.init = Some(Initiation {
             index,
             hs,
             msg: msg.clone(),
+            mac1,
             started: now,
+            timeout: HANDSHAKE_TIMEOUT + Duration::from_micros(jitter),
             refused: false,
         });
         Some(msg)
     }
 
-    /// The Noise payload of our handshake messages: run identifier, settings.
+    /// An initiation as it goes on channel `c`: with mac2 if we hold a cookie of the
+    /// peer's for that channel.
+    pub fn for_channel(&self, now: Instant, c: usize, msg: &Bytes) -> Bytes {
+        let cookie = self
+            .sources
+            .get(c)
+            .and_then(|s| s.cookie)
+            .filter(|(_, t)| now - *t < COOKIE_ROTATE);
+        let Some((cookie, _)) = cookie else {
+            return msg.clone();
+        };
+        let mut v = msg.to_vec();
+        let at = v.len() - MAC_LEN;
+        let mac2 = mac16(&cookie, &v[..at]);
+        v[at..].copy_from_slice(&mac2);
+        Bytes::from(v)
+    }
+
+    /// The Noise payload of our initiation: run identifier, timestamp, settings.
+    fn init_payload(&self, now: Instant) -> Vec<u8> {
+        let mut p = self.run.to_be_bytes().to_vec();
+        p.extend_from_slice(&self.timestamp(now).to_bytes());
+        p.extend_from_slice(&self.settings.to_vec());
+        p
+    }
+
+    /// The Noise payload of our response: run identifier, settings.
     fn payload(&self) -> Vec<u8> {
         let mut p = self.run.to_be_bytes().to_vec();
         p.extend_from_slice(&self.settings.to_vec());
@@ -822,10 +1277,17 @@ impl Crypto {
         ))
     }
 
-    /// The peer's run identifier and settings from a handshake payload.
+    /// The peer's run identifier and settings from a response's payload.
     fn read_payload(p: &[u8]) -> Option<(u64, Settings)> {
         let run = u64::from_be_bytes(p.get(..8)?.try_into().ok()?);
         Some((run, Settings::parse(&p[8..])?))
+    }
+
+    /// The peer's run identifier, timestamp and settings from an initiation's payload.
+    fn read_init_payload(p: &[u8]) -> Option<(u64, Timestamp, Settings)> {
+        let run = u64::from_be_bytes(p.get(..8)?.try_into().ok()?);
+        let ts = Timestamp::parse(p.get(8..8 + TIMESTAMP_LEN)?).ok()?;
+        Some((run, ts, Settings::parse(&p[8 + TIMESTAMP_LEN..])?))
     }
 
     /// A handshake message arrived on channel `c`: what to send back, whether a
@@ -837,17 +1299,35 @@ impl Crypto {
                 static_keys,
                 sender,
                 noise,
-            }) => self.on_init(now, c, datagram, static_keys, sender, noise, &mut out),
+                mac1,
+                mac2,
+            }) => self.on_init(
+                now,
+                c,
+                datagram,
+                static_keys,
+                sender,
+                noise,
+                mac1,
+                mac2,
+                &mut out,
+            ),
             Ok(Handshake::Resp {
                 sender,
                 receiver,
                 noise,
-            }) => self.on_resp(now, c, sender, receiver, noise, &mut out),
+                mac1,
+            }) => self.on_resp(now, c, datagram, sender, receiver, noise, mac1, &mut out),
             Ok(Handshake::Reject {
                 reason,
                 receiver,
                 echo,
             }) => self.on_reject(now, c, reason, receiver, echo, &mut out),
+            Ok(Handshake::Cookie {
+                receiver,
+                nonce,
+                sealed,
+            }) => self.on_cookie(now, c, receiver, nonce, sealed, &mut out),
             Err(_) => {
                 self.stats.failed += 1;
                 if let Some(n) = self.failed_on.get_mut(c) {
@@ -858,6 +1338,74 @@ impl Crypto {
         out
     }
 
+    /// Under load now (see [`LOAD_JOBS`], [`LOAD_RATE`])?
+    pub fn under_load(&self, now: Instant) -> bool {
+        self.inflight.len() >= LOAD_JOBS || self.load.until.is_some_and(|u| now < u)
+    }
+
+    /// One more initiation that needs public-key work.
+    fn count_work(&mut self, now: Instant) {
+        if self
+            .load
+            .window
+            .is_none_or(|w| now - w >= Duration::from_secs(1))
+        {
+            self.load.window = Some(now);
+            self.load.count = 0;
+        }
+        self.load.count += 1;
+        if self.load.count > LOAD_RATE || self.inflight.len() >= LOAD_JOBS {
+            self.load.until = Some(now + LOAD_HOLD);
+        }
+    }
+
+    /// Our cookie for the peer's address on channel `c` (a new secret when the one we
+    /// have is [`COOKIE_ROTATE`] old).
+    fn cookie(&mut self, now: Instant, c: usize) -> [u8; MAC_LEN] {
+        let secret = match self.cookie_secret {
+            Some((s, t)) if now - t < COOKIE_ROTATE => s,
+            _ => {
+                let s = self.drbg.seed();
+                self.cookie_secret = Some((s, now));
+                s
+            }
+        };
+        let mut id = vec![c as u8];
+        id.extend_from_slice(&self.sources[c].addr);
+        mac16(&secret, &id)
+    }
+
+    /// The cookie reply to an initiation from key index `sender` with this mac1.
+    fn cookie_reply(&mut self, now: Instant, c: usize, sender: u32, mac1: &[u8]) -> Bytes {
+        let cookie = self.cookie(now, c);
+        let mut nonce = [0u8; COOKIE_NONCE_LEN];
+        self.drbg.fill(&mut nonce);
+        let aead = XChaCha20Poly1305::new(&self.macs.cookie_in.into());
+        let v = aead
+            .encrypt(
+                XNonce::from_slice(&nonce),
+                Payload {
+                    msg: &cookie,
+                    aad: mac1,
+                },
+            )
+            .expect("16 bytes seal");
+        let mut sealed = [0u8; COOKIE_SEALED_LEN];
+        sealed.copy_from_slice(&v);
+        self.stats.cookie_replies_sent += 1;
+        Bytes::from(
+            Handshake::Cookie {
+                receiver: sender,
+                nonce,
+                sealed,
+            }
+            .to_vec(),
+        )
+    }
+
+    /// An initiation: the cheap checks (key kind, mac1, copies and replays of what we
+    /// processed, mac2 under load, the source's rate), then the public-key work, now or
+    /// by the driver.
     #[allow(clippy::too_many_arguments)]
     fn on_init(
         &mut self,
@@ -867,11 +1415,11 @@ impl Crypto {
         static_keys: bool,
         sender: u32,
         noise: &[u8],
+        mac1: [u8; MAC_LEN],
+        mac2: [u8; MAC_LEN],
         out: &mut Outcome,
     ) {
-        if let Some(p) = self.pending.iter().find(|p| p.init == *datagram) {
-            self.stats.answered += 1;
-            out.reply = Some(p.response.clone());
+        if c >= self.sources.len() {
             return;
         }
         let ours_static = self.keys.private.is_some();
@@ -883,58 +1431,103 @@ impl Crypto {
             out.reply = self.reject(now, c, sender, noise, secure::REJECT_KEY_KIND);
             return;
         }
-        let Ok(mut hs) = self.new_handshake(false) else {
-            return;
-        };
-        let mut payload = [0u8; MSG_MAX];
-        let read = hs.read_message(noise, &mut payload);
-        let Ok(len) = read else {
+        let at = datagram.len() - 2 * MAC_LEN;
+        if !mac16_ok_with(&self.macs.mac1_in_keyed, &datagram[..at], &mac1) {
+            // Not made with our key (or junk): no public-key work. Rejected (rate-limited,
+            // smaller than the message) so that a peer with other keys is told.
+            self.stats.mac1_failures += 1;
             let f = HandshakeFailure::Unauthenticated {
                 static_keys: ours_static,
             };
             self.fail(now, c, f, out);
             out.reply = self.reject(now, c, sender, noise, secure::REJECT_UNAUTHENTICATED);
             return;
-        };
-        // IK: the initiator's static key travels in the message; it must be the one
-        // configured for the peer.
-        if let Some(want) = self.keys.peer_public {
-            if hs.get_remote_static() != Some(&want[..]) {
-                let mut theirs = [0u8; KEY_LEN];
-                if let Some(k) = hs.get_remote_static().filter(|k| k.len() == KEY_LEN) {
-                    theirs.copy_from_slice(k);
+        }
+        // A copy of the initiation we answered last: the same answer (smaller than it).
+        if let Some(p) = self.pending.as_ref().filter(|p| p.mac1 == mac1) {
+            self.stats.answered += 1;
+            out.reply = Some(p.response.clone());
+            return;
+        }
+        if self.inflight.contains(&mac1) {
+            // A copy (on another channel) of one being processed.
+            return;
+        }
+        if self.seen.contains(&mac1) {
+            // Processed already (or being processed): a copy on another channel, or a
+            // replay.
+            self.stats.replays += 1;
+            return;
+        }
+        self.count_work(now);
+        if self.under_load(now) {
+            let cookie = self.cookie(now, c);
+            if !mac16_ok(&cookie, &datagram[..datagram.len() - MAC_LEN], &mac2) {
+                if self.sources[c].take_cookie_reply(now) {
+                    out.reply = Some(self.cookie_reply(now, c, sender, &mac1));
+                } else {
+                    self.stats.rate_limited += 1;
                 }
-                let f = HandshakeFailure::UnknownKey {
-                    theirs,
-                    expected: want,
-                };
-                self.fail(now, c, f, out);
-                out.reply = self.reject(now, c, sender, noise, secure::REJECT_UNKNOWN_KEY);
                 return;
             }
         }
-        let Some((peer_run, theirs)) = Self::read_payload(&payload[..len]) else {
-            self.fail(now, c, HandshakeFailure::Unreadable, out);
-            out.reply = self.reject(now, c, sender, noise, secure::REJECT_UNREADABLE);
+        if !self.sources[c].take(now) {
+            self.stats.rate_limited += 1;
             return;
-        };
-        let mismatch = self.settings.mismatch(&theirs);
-        let index = self.fresh_index();
-        let mut buf = [0u8; MSG_MAX];
-        let Ok(n) = hs.write_message(&self.payload(), &mut buf) else {
+        }
+        if self.inflight.len() >= MAX_JOBS {
+            self.stats.shed += 1;
             return;
+        }
+        if self.seen.len() >= SEEN {
+            self.seen.pop_front();
+        }
+        self.seen.push_back(mac1);
+        self.inflight.push(mac1);
+        let job = HandshakeJob {
+            channel: c,
+            init: datagram.clone(),
+            mac1,
+            sender,
+            pattern: self.pattern,
+            keys: self.keys.clone(),
+            mac1_out: self.macs.mac1_out,
+            seed: self.drbg.seed(),
+            index: self.fresh_index(),
+            payload: self.payload(),
         };
-        let response = Bytes::from(
-            Handshake::Resp {
-                sender: index,
-                receiver: sender,
-                noise: &buf[..n],
+        if self.offload {
+            self.jobs.push_back(job);
+        } else {
+            let done = job.run();
+            self.on_done(now, done, out);
+        }
+    }
+
+    /// Public-key work done: the timestamp decides, then the answer and the pending
+    /// handshake.
+    pub fn on_done(&mut self, now: Instant, d: HandshakeDone, out: &mut Outcome) {
+        self.inflight.retain(|m| *m != d.mac1);
+        let c = d.channel;
+        let a = match d.result {
+            Err((f, reason)) => {
+                self.fail(now, c, f, out);
+                let noise = &d.init[INIT_HEADER_LEN..d.init.len() - 2 * MAC_LEN];
+                out.reply = self.reject(now, c, d.sender, noise, reason);
+                return;
             }
-            .to_vec(),
-        );
+            Ok(a) => a,
+        };
+        if self.newest_ts.is_some_and(|t| a.timestamp <= t) {
+            // A replay (or a copy overtaken by a newer initiation): never answered, and
+            // it displaces nothing.
+            self.stats.replays += 1;
+            return;
+        }
+        self.newest_ts = Some(a.timestamp);
         self.stats.answered += 1;
-        out.reply = Some(response.clone());
-        if let Some(m) = mismatch {
+        out.reply = Some(a.response.clone());
+        if let Some(m) = self.settings.mismatch(&a.theirs) {
             // Answered (our settings in it tell the initiator what differs), but no
             // keys are kept: the initiator cannot confirm this handshake.
             // Without keys we initiate ourselves every heartbeat and learn it from the
@@ -949,46 +1542,52 @@ impl Crypto {
             return;
         }
         // Initiator sends with the first key, responder with the second.
-        let (i2r, r2i) = hs.dangerously_get_raw_split();
+        let (i2r, r2i) = a.split;
         let keys = Keypair::new(
-            index,
-            sender,
+            a.index,
+            d.sender,
             (r2i, i2r),
             now,
             self.channels,
-            peer_run,
+            a.peer_run,
             false,
         );
-        if self.pending.len() >= MAX_PENDING {
-            self.pending.remove(0);
-        }
-        self.pending.push(Pending {
+        // The newest initiation replaces the pending one: its initiator gave that up.
+        self.pending = Some(Pending {
             keys,
-            init: datagram.clone(),
-            response,
+            mac1: d.mac1,
+            response: a.response,
         });
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn on_resp(
         &mut self,
         now: Instant,
         c: usize,
+        datagram: &Bytes,
         sender: u32,
         receiver: u32,
         noise: &[u8],
+        mac1: [u8; MAC_LEN],
         out: &mut Outcome,
     ) {
+        let at = datagram.len() - MAC_LEN;
         let Some(init) = self
             .init
             .as_mut()
             .filter(|i| i.index == receiver && !i.refused)
+            .filter(|_| mac16_ok(&self.macs.mac1_in, &datagram[..at], &mac1))
         else {
             // A copy of the response we already used (the initiation went out on every
             // channel), or of one we refused, is no failure; anything else is.
             let ours = self.current.as_ref().is_some_and(|k| k.local == receiver)
                 || self.init.as_ref().is_some_and(|i| i.index == receiver);
-            if !ours {
+            if !ours || !mac16_ok(&self.macs.mac1_in, &datagram[..at], &mac1) {
                 self.stats.failed += 1;
+                if ours {
+                    self.stats.mac1_failures += 1;
+                }
                 if let Some(n) = self.failed_on.get_mut(c) {
                     *n += 1;
                 }
@@ -1058,6 +1657,49 @@ impl Crypto {
         self.fail(now, c, f, out);
     }
 
+    /// The peer is under load and sent a cookie for our address on channel `c`: kept
+    /// for that channel, and our initiation sent again on it at once with mac2 (once
+    /// per new cookie: a replayed cookie reply makes us send nothing).
+    fn on_cookie(
+        &mut self,
+        now: Instant,
+        c: usize,
+        receiver: u32,
+        nonce: [u8; COOKIE_NONCE_LEN],
+        sealed: [u8; COOKIE_SEALED_LEN],
+        out: &mut Outcome,
+    ) {
+        let Some(init) = self
+            .init
+            .as_ref()
+            .filter(|i| i.index == receiver && !i.refused)
+        else {
+            return;
+        };
+        let aead = XChaCha20Poly1305::new(&self.macs.cookie_out.into());
+        let opened = aead.decrypt(
+            XNonce::from_slice(&nonce),
+            Payload {
+                msg: &sealed,
+                aad: &init.mac1,
+            },
+        );
+        let Some(cookie) = opened.ok().and_then(|v| <[u8; MAC_LEN]>::try_from(v).ok()) else {
+            self.stats.failed += 1;
+            return;
+        };
+        let msg = init.msg.clone();
+        self.stats.cookie_replies_received += 1;
+        let Some(src) = self.sources.get_mut(c) else {
+            return;
+        };
+        let new = src.cookie.is_none_or(|(k, _)| k != cookie);
+        src.cookie = Some((cookie, now));
+        if new {
+            out.reply = Some(self.for_channel(now, c, &msg));
+        }
+    }
+
     fn install(&mut self, keys: Keypair) -> Established {
         let e = Established {
             first: self.peer_run.is_none(),
@@ -1078,11 +1720,13 @@ impl Crypto {
         e
     }
 
-    /// Seal `inner` for channel `c` with the current keys; `None` without keys.
-    pub fn seal(&mut self, c: usize, inner: &[u8], encrypt: bool) -> Option<Bytes> {
+    /// Seal `inner` for channel `c` with the current keys; `None` without keys, or
+    /// with keys past their reject-after age or count.
+    pub fn seal(&mut self, now: Instant, c: usize, inner: &[u8], encrypt: bool) -> Option<Bytes> {
+        let reject_after = self.reject_after();
         let k = self.current.as_mut()?;
         let counter = k.counters[c];
-        if counter >= REJECT_AFTER_COUNT {
+        if counter >= REJECT_AFTER_COUNT || now - k.created >= reject_after {
             return None;
         }
         k.counters[c] += 1;
@@ -1107,7 +1751,12 @@ impl Crypto {
 
     /// Open a sealed datagram received on channel `c`: the inner datagram, and whether
     /// it confirmed a handshake.
-    pub fn open(&mut self, c: usize, d: &Bytes) -> Result<(Bytes, Option<Established>), Reject> {
+    pub fn open(
+        &mut self,
+        now: Instant,
+        c: usize,
+        d: &Bytes,
+    ) -> Result<(Bytes, Option<Established>), Reject> {
         let h = Header::parse(d).map_err(|_| Reject::Malformed)?;
         if h.encrypted != (self.mode == SecurityMode::Encrypt || self.mode == SecurityMode::None) {
             // Bodies in clear where we encrypt, or the other way round: a peer in
@@ -1117,7 +1766,11 @@ impl Crypto {
         let body_end = d.len() - TAG_LEN;
         let tag = &d[body_end..];
         let n = nonce(c, h.counter);
+        let reject_after = self.reject_after();
         let (slot, k) = self.find(h.index).ok_or(Reject::Unauthenticated)?;
+        if now - k.created >= reject_after {
+            return Err(Reject::Unauthenticated);
+        }
         if c >= k.windows.len() || !k.windows[c].fresh(h.counter) {
             return Err(Reject::Replay);
         }
@@ -1131,12 +1784,9 @@ impl Crypto {
         };
         let gap = k.windows[c].mark(h.counter);
         self.missing[c] = self.missing[c].saturating_add(gap.max(0) as u64);
+        self.last_heard = Some(now);
         let established = match slot {
-            Slot::Pending(i) => {
-                let p = self.pending.remove(i);
-                self.pending.clear();
-                Some(self.install(p.keys))
-            }
+            Slot::Pending => self.pending.take().map(|p| self.install(p.keys)),
             _ => None,
         };
         Ok((inner, established))
@@ -1149,15 +1799,15 @@ impl Crypto {
         if let Some(i) = self.older.iter().position(|k| k.local == index) {
             return Some((Slot::Older, &mut self.older[i]));
         }
-        let i = self.pending.iter().position(|p| p.keys.local == index)?;
-        Some((Slot::Pending(i), &mut self.pending[i].keys))
+        let p = self.pending.as_mut().filter(|p| p.keys.local == index)?;
+        Some((Slot::Pending, &mut p.keys))
     }
 }
 
 enum Slot {
     Current,
     Older,
-    Pending(usize),
+    Pending,
 }
 
 #[cfg(test)]
@@ -1197,17 +1847,17 @@ mod tests {
         let init = a.initiation(now).unwrap();
         // The sizes docs/wire.md gives.
         let ik = a.keys.private.is_some();
-        assert_eq!(init.len(), if ik { 148 } else { 100 });
+        assert_eq!(init.len(), if ik { 192 } else { 144 });
         let o = b.on_handshake(now, 0, &init);
         let resp = o.reply.unwrap();
-        assert_eq!(resp.len(), 104);
+        assert_eq!(resp.len(), 120);
         assert!(o.established.is_none());
         let o = a.on_handshake(now, 0, &resp);
         assert!(o.reply.is_none() && o.failure.is_none() && o.mismatch.is_none());
         assert!(o.established.is_some());
         // B confirms on A's first sealed datagram.
-        let d = a.seal(0, b"hello", true).unwrap();
-        let (inner, e) = b.open(0, &d).unwrap();
+        let d = a.seal(Instant::ZERO, 0, b"hello", true).unwrap();
+        let (inner, e) = b.open(Instant::ZERO, 0, &d).unwrap();
         assert_eq!(&inner[..], b"hello");
         assert!(e.is_some());
     }
@@ -1231,8 +1881,8 @@ mod tests {
     fn psk_and_static_handshakes_give_working_keys_both_ways() {
         let (mut a, mut b) = pair(psk_keys(), psk_keys());
         handshake(&mut a, &mut b, Instant::ZERO);
-        let d = b.seal(1, b"back", true).unwrap();
-        assert_eq!(&a.open(1, &d).unwrap().0[..], b"back");
+        let d = b.seal(Instant::ZERO, 1, b"back", true).unwrap();
+        assert_eq!(&a.open(Instant::ZERO, 1, &d).unwrap().0[..], b"back");
         let (pa, pb) = ([3u8; 32], [4u8; 32]);
         let ka = Keys {
             psk: None,
@@ -1299,44 +1949,373 @@ mod tests {
         let o = a.on_handshake(Instant::ZERO, 0, &reject);
         assert!(o.failure.unwrap().0.is_answer());
         assert_eq!(a.initiation(Instant::ZERO), None);
-        assert!(a.initiation(Instant::ZERO + HANDSHAKE_TIMEOUT).is_some());
+        assert!(a
+            .initiation(Instant::ZERO + HANDSHAKE_TIMEOUT + HANDSHAKE_JITTER)
+            .is_some());
 
         let (mut a, mut b) = pair(psk_keys(), psk_keys());
         handshake(&mut a, &mut b, Instant::ZERO);
-        let d = a.seal(0, b"payload", true).unwrap();
-        assert_eq!(b.open(1, &d), Err(Reject::BadTag));
+        let d = a.seal(Instant::ZERO, 0, b"payload", true).unwrap();
+        assert_eq!(b.open(Instant::ZERO, 1, &d), Err(Reject::BadTag));
         let mut t = d.to_vec();
         t[HEADER_LEN] ^= 1;
-        assert_eq!(b.open(0, &Bytes::from(t)), Err(Reject::BadTag));
-        assert!(b.open(0, &d).is_ok());
-        assert_eq!(b.open(0, &d), Err(Reject::Replay));
+        assert_eq!(
+            b.open(Instant::ZERO, 0, &Bytes::from(t)),
+            Err(Reject::BadTag)
+        );
+        assert!(b.open(Instant::ZERO, 0, &d).is_ok());
+        assert_eq!(b.open(Instant::ZERO, 0, &d), Err(Reject::Replay));
         // Encrypted: the body is not in clear.
-        let d = a.seal(0, b"secret words", true).unwrap();
+        let d = a.seal(Instant::ZERO, 0, b"secret words", true).unwrap();
         assert!(!d.windows(12).any(|w| w == b"secret words"));
     }
 
+    fn at(ms: u64) -> Instant {
+        Instant::ZERO + Duration::from_millis(ms)
+    }
+
+    /// A new initiation of `a`'s at `now` (the outstanding one dropped).
+    fn fresh_init(a: &mut Crypto, now: Instant) -> Bytes {
+        a.init = None;
+        a.initiation(now).unwrap()
+    }
+
     #[test]
-    fn replayed_initiation_is_answered_but_never_confirmed() {
+    fn replayed_initiations_are_not_answered_and_displace_nothing() {
         let (mut a, mut b) = pair(psk_keys(), psk_keys());
         handshake(&mut a, &mut b, Instant::ZERO);
-        let old_init = {
-            let mut a2 = Crypto::new(
-                SecurityMode::Encrypt,
-                psk_keys(),
-                Duration::from_secs(120),
-                settings(2),
-                [9; 32],
-            )
-            .unwrap();
-            a2.initiation(Instant::ZERO).unwrap()
-        };
-        // Replayed many times: answered from the cache, keys unchanged.
-        for _ in 0..20 {
-            assert!(b.on_handshake(Instant::ZERO, 0, &old_init).reply.is_some());
+        let recorded = a.init.as_ref().map(|i| i.msg.clone());
+        assert!(recorded.is_none(), "used up");
+        // A rekey (rekey_after is 120 s): A's new initiation, answered; B holds it pending.
+        let genuine = fresh_init(&mut a, at(120_000));
+        let resp = b.on_handshake(at(120_000), 0, &genuine).reply.unwrap();
+        let pending = b.pending.as_ref().unwrap().keys.local;
+        // Older initiations of A's (recorded earlier, here: made with earlier clocks)
+        // replayed many times: never answered, the pending one stays, no report.
+        let mut a_old = Crypto::new(
+            SecurityMode::Encrypt,
+            psk_keys(),
+            Duration::from_secs(120),
+            settings(2),
+            [9; 32],
+        )
+        .unwrap();
+        let olds: Vec<Bytes> = (0..12)
+            .map(|i| fresh_init(&mut a_old, at(i * 1000)))
+            .collect();
+        for _ in 0..50 {
+            for o in &olds {
+                let out = b.on_handshake(at(120_001), 1, o);
+                // At this rate B is under load: at most a cookie reply, smaller.
+                assert!(out.failure.is_none());
+                assert!(out
+                    .reply
+                    .is_none_or(|r| r.len() == secure::COOKIE_REPLY_LEN));
+            }
         }
-        let d = a.seal(0, b"still", true).unwrap();
-        assert_eq!(b.open(0, &d).unwrap().1, None);
-        assert_eq!(b.stats.completed, 1);
+        assert_eq!(b.pending.as_ref().unwrap().keys.local, pending);
+        // None answered: each old one cost public-key work at most once (rate-limited,
+        // then cookie replies under load); the rest were known replays.
+        let st = &b.stats;
+        assert_eq!(st.answered, 2, "{st:?}");
+        assert_eq!(
+            st.replays + st.cookie_replies_sent + st.rate_limited,
+            12 * 50
+        );
+        assert!(st.replays >= 12 * 10, "{st:?}");
+        // A copy of the genuine one is answered the same way (no new keys).
+        assert_eq!(
+            b.on_handshake(at(120_002), 1, &genuine).reply,
+            Some(resp.clone())
+        );
+        // The genuine handshake completes; B's keys were never disturbed meanwhile.
+        let d = a.seal(at(120_002), 0, b"old keys", true).unwrap();
+        assert_eq!(b.open(at(120_002), 0, &d).unwrap().1, None);
+        assert!(a.on_handshake(at(120_003), 0, &resp).established.is_some());
+        let d = a.seal(at(120_003), 0, b"new keys", true).unwrap();
+        assert!(b.open(at(120_003), 0, &d).unwrap().1.is_some());
+        assert_eq!(b.stats.completed, 2);
+        // Replaying the genuine initiation now: nothing.
+        assert!(b.on_handshake(at(120_004), 0, &genuine).reply.is_none());
+        assert!(b.pending.is_none());
+    }
+
+    #[test]
+    fn only_a_newer_initiation_replaces_the_pending_one() {
+        let (mut a, mut b) = pair(psk_keys(), psk_keys());
+        let first = fresh_init(&mut a, at(1000));
+        let second = fresh_init(&mut a, at(2000));
+        // The newer one first: the older one, arriving late, is a replay.
+        assert!(b.on_handshake(at(2000), 0, &second).reply.is_some());
+        let p = b.pending.as_ref().unwrap().keys.local;
+        assert!(b.on_handshake(at(2001), 0, &first).reply.is_none());
+        assert_eq!(b.pending.as_ref().unwrap().keys.local, p);
+        let third = fresh_init(&mut a, at(3000));
+        assert!(b.on_handshake(at(3000), 0, &third).reply.is_some());
+        assert_ne!(b.pending.as_ref().unwrap().keys.local, p);
+    }
+
+    #[test]
+    fn a_bad_mac1_costs_no_public_key_work_and_is_rejected_cheaply() {
+        let (mut a, mut b) = pair(psk_keys(), psk_keys());
+        b.offload();
+        let init = a.initiation(Instant::ZERO).unwrap();
+        let mut forged = init.to_vec();
+        forged[20] ^= 1;
+        let o = b.on_handshake(Instant::ZERO, 0, &Bytes::from(forged.clone()));
+        assert!(b.poll_job().is_none(), "no public-key work");
+        assert_eq!((b.stats.mac1_failures, b.stats.failed), (1, 1));
+        let r = o.reply.unwrap();
+        assert!(r.len() < forged.len());
+        assert!(matches!(
+            Handshake::parse(&r),
+            Ok(Handshake::Reject {
+                reason: secure::REJECT_UNAUTHENTICATED,
+                ..
+            })
+        ));
+        // Random bytes of an initiation's length: the same.
+        let mut junk = vec![0x5Au8; init.len()];
+        junk[..4].copy_from_slice(&[0xBA, secure::HS_VERSION, 0, 0]);
+        b.on_handshake(Instant::ZERO, 0, &Bytes::from(junk));
+        assert!(b.poll_job().is_none());
+        assert_eq!(b.stats.mac1_failures, 2);
+        // The genuine one passes and becomes a job; its copies wait for it.
+        b.on_handshake(Instant::ZERO, 0, &init);
+        b.on_handshake(Instant::ZERO, 1, &init);
+        let job = b.poll_job().unwrap();
+        assert!(b.poll_job().is_none(), "one job for the copies");
+        let mut o = Outcome::default();
+        b.on_done(Instant::ZERO, job.run(), &mut o);
+        let resp = o.reply.unwrap();
+        assert!(a
+            .on_handshake(Instant::ZERO, 0, &resp)
+            .established
+            .is_some());
+        // A response with a bad mac1 is not read.
+        let mut a2 = pair(psk_keys(), psk_keys()).0;
+        let i2 = a2.initiation(Instant::ZERO).unwrap();
+        let mut o = b.on_handshake(at(5000), 0, &i2);
+        if let Some(j) = b.poll_job() {
+            b.on_done(at(5000), j.run(), &mut o);
+        }
+        let mut r = o.reply.unwrap().to_vec();
+        let last = r.len() - 1;
+        r[last] ^= 1;
+        let before = a2.stats.responses;
+        assert!(a2
+            .on_handshake(at(5000), 0, &Bytes::from(r))
+            .established
+            .is_none());
+        assert_eq!(a2.stats.responses, before);
+        assert_eq!(a2.stats.mac1_failures, 1);
+    }
+
+    #[test]
+    fn mac1_is_keyed_by_the_responders_static_public_key() {
+        let (pa, pb) = ([3u8; 32], [4u8; 32]);
+        let ka = Keys {
+            psk: Some([1; 32]),
+            private: Some(pa),
+            peer_public: Some(public_key(&pb)),
+        };
+        let kb = Keys {
+            psk: Some([1; 32]),
+            private: Some(pb),
+            peer_public: Some(public_key(&pa)),
+        };
+        let (mut a, mut b) = pair(ka.clone(), kb.clone());
+        handshake(&mut a, &mut b, Instant::ZERO);
+        // An initiator aiming at another public key: its mac1 fails at B.
+        let mut wrong = ka;
+        wrong.peer_public = Some(public_key(&[6; 32]));
+        let (mut c, _) = pair(wrong, kb);
+        let init = c.initiation(Instant::ZERO).unwrap();
+        b.on_handshake(Instant::ZERO, 0, &init);
+        assert_eq!(b.stats.mac1_failures, 1);
+        let at = init.len() - 2 * MAC_LEN;
+        assert!(mac16_ok(
+            &derive(LABEL_MAC1, &public_key(&[6; 32])),
+            &init[..at],
+            &init[at..at + MAC_LEN]
+        ));
+    }
+
+    /// B under load (LOAD_RATE initiations needing work in a second).
+    fn load(b: &mut Crypto, now: Instant) {
+        let mut x = pair(psk_keys(), psk_keys()).0;
+        // On the last channel (the tests look at channel 0).
+        let c = b.channels - 1;
+        for i in 0..=LOAD_RATE as u64 {
+            let init = fresh_init(&mut x, Instant::ZERO + Duration::from_micros(i));
+            b.on_handshake(now, c, &init);
+        }
+        assert!(b.under_load(now));
+    }
+
+    #[test]
+    fn under_load_initiations_need_a_cookie_bound_to_the_address() {
+        let mut s4 = settings(4);
+        s4.weights = vec![1; 4];
+        let dur = Duration::from_secs(120);
+        let mut a =
+            Crypto::new(SecurityMode::Encrypt, psk_keys(), dur, s4.clone(), [1; 32]).unwrap();
+        let mut b = Crypto::new(SecurityMode::Encrypt, psk_keys(), dur, s4, [2; 32]).unwrap();
+        for c in 0..4 {
+            b.set_channel_address(c, format!("10.0.0.1:700{c}").as_bytes());
+        }
+        b.offload();
+        let t = at(10_000);
+        load(&mut b, t);
+        while b.poll_job().is_some() {}
+        let init = fresh_init(&mut a, t);
+        let sent = b.stats.cookie_replies_sent;
+        let o = b.on_handshake(t, 0, &init);
+        assert!(b.poll_job().is_none(), "no public-key work without mac2");
+        let cookie = o.reply.unwrap();
+        assert_eq!(cookie.len(), secure::COOKIE_REPLY_LEN);
+        assert!(cookie.len() < init.len());
+        assert_eq!(b.stats.cookie_replies_sent, sent + 1);
+        // A takes the cookie and sends its initiation again on that channel, with mac2.
+        let o = a.on_handshake(t, 0, &cookie);
+        let with_mac2 = o.reply.unwrap();
+        assert_eq!(
+            with_mac2[..init.len() - MAC_LEN],
+            init[..init.len() - MAC_LEN]
+        );
+        assert_ne!(with_mac2, init);
+        assert_eq!(a.for_channel(t, 0, &init), with_mac2);
+        assert_eq!(a.for_channel(t, 1, &init), init, "no cookie for channel 1");
+        // The same cookie reply again (replayed): A sends nothing more.
+        assert!(a.on_handshake(t, 0, &cookie).reply.is_none());
+        // On another channel (another address) the cookie does not hold.
+        let o = b.on_handshake(t, 1, &with_mac2);
+        assert!(b.poll_job().is_none());
+        assert!(o.reply.is_some_and(|r| r.len() == secure::COOKIE_REPLY_LEN));
+        // On its own channel it does: public-key work, then the response.
+        b.on_handshake(t, 0, &with_mac2);
+        let job = b.poll_job().expect("mac2 valid");
+        let mut o = Outcome::default();
+        b.on_done(t, job.run(), &mut o);
+        assert!(a
+            .on_handshake(t, 0, &o.reply.unwrap())
+            .established
+            .is_some());
+        // A cookie reply that does not open (another key, or not for our initiation) is
+        // ignored.
+        let mut a3 = pair(psk_keys(), psk_keys()).0;
+        let init = fresh_init(&mut a3, at(20_000));
+        let forged = Handshake::Cookie {
+            receiver: a3.init.as_ref().unwrap().index,
+            nonce: [0; COOKIE_NONCE_LEN],
+            sealed: [0; COOKIE_SEALED_LEN],
+        };
+        assert!(a3
+            .on_handshake(at(20_000), 0, &Bytes::from(forged.to_vec()))
+            .reply
+            .is_none());
+        assert_eq!(a3.stats.cookie_replies_received, 0);
+        // Nor is a genuine one for another initiation.
+        assert!(a3.on_handshake(at(20_000), 0, &cookie).reply.is_none());
+        // After COOKIE_ROTATE B's secret is new: A's cookie no longer holds.
+        let later = t + COOKIE_ROTATE;
+        load(&mut b, later);
+        while b.poll_job().is_some() {}
+        let init2 = fresh_init(&mut a, later);
+        let mut stale = init2.to_vec();
+        let n = stale.len();
+        let cookie0 = a.sources[0].cookie.unwrap().0;
+        let m = mac16(&cookie0, &stale[..n - MAC_LEN]);
+        stale[n - MAC_LEN..].copy_from_slice(&m);
+        let o = b.on_handshake(later, 0, &Bytes::from(stale));
+        assert!(b.poll_job().is_none());
+        assert!(o.reply.is_some_and(|r| r.len() == secure::COOKIE_REPLY_LEN));
+        let _ = init;
+    }
+
+    #[test]
+    fn public_key_work_is_rate_limited_per_source() {
+        let (mut a, mut b) = pair(psk_keys(), psk_keys());
+        b.offload();
+        let mut jobs = 0;
+        // 12 distinct genuine initiations on channel 0 at once (not enough for load): a
+        // burst of SOURCE_BURST.
+        for i in 0..12 {
+            let init = fresh_init(&mut a, at(i));
+            b.on_handshake(at(100), 0, &init);
+            while let Some(j) = b.poll_job() {
+                b.shed(j);
+                jobs += 1;
+            }
+        }
+        assert_eq!(jobs, SOURCE_BURST as usize);
+        assert_eq!(b.stats.rate_limited, 12 - SOURCE_BURST);
+        // Channel 1 has its own allowance, and channel 0 gets more in time.
+        let init = fresh_init(&mut a, at(50));
+        b.on_handshake(at(100), 1, &init);
+        assert!(b.poll_job().is_some());
+        let init = fresh_init(&mut a, at(60));
+        b.on_handshake(
+            at(100) + Duration::from_millis(1000 / SOURCE_RATE),
+            0,
+            &init,
+        );
+        assert!(b.poll_job().is_some());
+    }
+
+    #[test]
+    fn jobs_out_put_the_responder_under_load_and_the_rest_is_shed() {
+        let (mut a, mut b) = pair(psk_keys(), psk_keys());
+        b.offload();
+        for i in 0..LOAD_JOBS as u64 {
+            let init = fresh_init(&mut a, at(i));
+            b.on_handshake(at(100), (i % 2) as usize, &init);
+        }
+        assert!(b.under_load(at(100)));
+        let mut jobs: Vec<_> = std::iter::from_fn(|| b.poll_job()).collect();
+        assert_eq!(jobs.len(), LOAD_JOBS);
+        // Done (in any order): no longer loaded once LOAD_HOLD has passed.
+        let last = jobs.pop().unwrap();
+        let mut o = Outcome::default();
+        b.on_done(at(100), last.run(), &mut o);
+        for j in jobs {
+            b.on_done(at(100), j.run(), &mut o);
+        }
+        assert!(!b.under_load(at(100) + LOAD_HOLD));
+        // The newest was accepted first, so the others were replays.
+        assert_eq!(b.stats.replays, LOAD_JOBS as u64 - 1);
+    }
+
+    #[test]
+    fn timers_reject_old_keys_rehandshake_after_silence_and_jitter_retries() {
+        let (mut a, mut b) = pair(psk_keys(), psk_keys());
+        handshake(&mut a, &mut b, Instant::ZERO);
+        let r = a.reject_after();
+        assert_eq!(r, Duration::from_secs(180 + 60));
+        let r = Instant::ZERO + r;
+        let before = Instant::from_micros(r.as_micros() - 1);
+        assert!(a.seal(before, 0, b"x", true).is_some());
+        assert!(a.seal(r, 0, b"x", true).is_none());
+        let d = b.seal(at(1), 0, b"y", true).unwrap();
+        assert_eq!(a.open(r, 0, &d), Err(Reject::Unauthenticated));
+        // Silence: B heard A at time 0; after REHANDSHAKE_AFTER_SILENCE, B initiates
+        // although its keys are far from rekey_after.
+        assert!(b.initiation(at(1000)).is_none());
+        assert!(b
+            .initiation(Instant::ZERO + REHANDSHAKE_AFTER_SILENCE)
+            .is_some());
+        // Retries: each after HANDSHAKE_TIMEOUT plus a jitter within HANDSHAKE_JITTER,
+        // not all the same.
+        let mut c = pair(psk_keys(), psk_keys()).0;
+        let mut timeouts = std::collections::BTreeSet::new();
+        for i in 0..20 {
+            c.init = None;
+            c.initiation(at(i * 10_000)).unwrap();
+            let t = c.init.as_ref().unwrap().timeout;
+            assert!(t >= HANDSHAKE_TIMEOUT && t <= HANDSHAKE_TIMEOUT + HANDSHAKE_JITTER);
+            timeouts.insert(t.as_micros());
+        }
+        assert!(timeouts.len() > 10);
     }
 
     #[test]
@@ -1351,11 +2330,12 @@ mod tests {
             [10; 32],
         )
         .unwrap();
-        let init = a2.initiation(Instant::ZERO).unwrap();
+        // Restarted later: its timestamps are newer.
+        let init = a2.initiation(at(5000)).unwrap();
         let resp = b.on_handshake(Instant::ZERO, 0, &init).reply;
         a2.on_handshake(Instant::ZERO, 0, &resp.unwrap());
-        let d = a2.seal(0, b"x", true).unwrap();
-        let e = b.open(0, &d).unwrap().1.unwrap();
+        let d = a2.seal(Instant::ZERO, 0, b"x", true).unwrap();
+        let e = b.open(Instant::ZERO, 0, &d).unwrap().1.unwrap();
         assert!(e.restart && !e.first);
     }
 
@@ -1367,12 +2347,18 @@ mod tests {
         let init = a.initiation(Instant::ZERO).unwrap();
         let resp = b.on_handshake(Instant::ZERO, 0, &init).reply.unwrap();
         a.on_handshake(Instant::ZERO, 0, &resp);
-        let d = a.seal(0, b"visible text", false).unwrap();
+        let d = a.seal(Instant::ZERO, 0, b"visible text", false).unwrap();
         assert_eq!(&d[HEADER_LEN..HEADER_LEN + 12], b"visible text");
         let mut t = d.to_vec();
         t[HEADER_LEN] ^= 1;
-        assert_eq!(b.open(0, &Bytes::from(t)), Err(Reject::BadTag));
-        assert_eq!(&b.open(0, &d).unwrap().0[..], b"visible text");
+        assert_eq!(
+            b.open(Instant::ZERO, 0, &Bytes::from(t)),
+            Err(Reject::BadTag)
+        );
+        assert_eq!(
+            &b.open(Instant::ZERO, 0, &d).unwrap().0[..],
+            b"visible text"
+        );
     }
 
     #[test]
@@ -1422,7 +2408,7 @@ mod tests {
         // The refused initiation is not sent again; a new one after the timeout, whose
         // answer is counted but reported only after REPORT_EVERY (with the count).
         assert_eq!(a.initiation(Instant::ZERO), None);
-        let t1 = Instant::ZERO + HANDSHAKE_TIMEOUT;
+        let t1 = Instant::ZERO + HANDSHAKE_TIMEOUT + HANDSHAKE_JITTER;
         let again = a.initiation(t1).unwrap();
         let r = b.on_handshake(t1, 0, &again).reply.unwrap();
         assert!(a.on_handshake(t1, 0, &r).mismatch.is_none());

@@ -137,7 +137,7 @@ impl Session {
                 self.out.push_back(super::Transmit {
                     channel: c,
                     kind: super::DatagramKind::Control,
-                    bytes: init.clone(),
+                    bytes: self.crypto.for_channel(now, c, &init),
                 });
             }
         }

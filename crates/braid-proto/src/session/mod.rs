@@ -28,6 +28,13 @@
 //!   [`Session::poll_deliver`] (packets for the application, in order) and
 //!   [`Session::poll_event`] (state changes worth logging); then ask
 //!   [`Session::poll_timeout`] again.
+//! * Handshakes, optionally ([`Session::offload_handshakes`]): drain
+//!   [`Session::poll_handshake`] too, run each [`HandshakeJob`] anywhere (a thread, a
+//!   blocking task) and give its result to [`Session::handle_handshake_done`], or give
+//!   it back with [`Session::handshake_shed`] when the queue is full. Without the call
+//!   the public-key work is done inside [`Session::handle_datagram`] (the simulator).
+//!   A driver on real sockets also sets [`Session::set_wall_clock`] (initiation
+//!   timestamps) and [`Session::set_channel_address`] (cookies).
 //!
 //! Every input takes `now`, an [`Instant`] from the driver's origin.
 
@@ -61,7 +68,9 @@ use crate::errctl::link as arq;
 pub use crate::errctl::link::{ArqChannelStats, ArqConfig};
 pub use credits::{CreditConfig, CreditCounters};
 use crypto::{Crypto, Established, Keys, Reject};
-pub use crypto::{HandshakeFailure, HandshakeStats, SecurityMode, KEY_LEN};
+pub use crypto::{
+    HandshakeDone, HandshakeFailure, HandshakeJob, HandshakeStats, SecurityMode, KEY_LEN,
+};
 pub use demote::{DemoteConfig, Role};
 pub use liveness::LinkState;
 pub use pacing::{PacingConfig, PacingStats};
@@ -888,6 +897,11 @@ impl Session {
     /// A handshake message: answer it on the channel it came on.
     fn on_handshake(&mut self, now: Instant, c: usize, d: &Bytes) {
         let o = self.crypto.on_handshake(now, c, d);
+        self.apply(now, c, o);
+    }
+
+    /// What a handshake message (or its public-key work) led to.
+    fn apply(&mut self, now: Instant, c: usize, o: crypto::Outcome) {
         if let Some(r) = o.reply {
             self.out.push_back(Transmit {
                 channel: c,
@@ -915,6 +929,48 @@ impl Session {
             // the responder.
             self.send_hellos();
         }
+    }
+
+    /// Hand the public-key work of initiations to the driver from now on
+    /// ([`Session::poll_handshake`]), so that it can run off the data path; without
+    /// this call it is done at once, inside [`Session::handle_datagram`].
+    pub fn offload_handshakes(&mut self) {
+        self.crypto.offload();
+    }
+
+    /// The next public-key work of a handshake to run: [`HandshakeJob::run`] (on any
+    /// thread), then [`Session::handle_handshake_done`]. A driver that cannot take it
+    /// (its queue is full) gives it back with [`Session::handshake_shed`].
+    pub fn poll_handshake(&mut self) -> Option<HandshakeJob> {
+        self.crypto.poll_job()
+    }
+
+    /// The result of a [`HandshakeJob`].
+    pub fn handle_handshake_done(&mut self, now: Instant, done: HandshakeDone) {
+        self.clock = self.clock.max(now);
+        let c = done.channel();
+        let mut o = crypto::Outcome::default();
+        self.crypto.on_done(now, done, &mut o);
+        self.apply(now, c, o);
+    }
+
+    /// A [`HandshakeJob`] the driver could not run: forgotten (counted as shed).
+    pub fn handshake_shed(&mut self, job: HandshakeJob) {
+        self.crypto.shed(job);
+    }
+
+    /// The wall clock: `unix_nanos` nanoseconds since 1970 at `now`. The timestamps of
+    /// our initiations are this plus the time since (the peer accepts an initiation
+    /// only if it is newer than the last it accepted). Without it they count from
+    /// `Instant::ZERO`, which suits the simulator.
+    pub fn set_wall_clock(&mut self, now: Instant, unix_nanos: u128) {
+        self.crypto.set_wall_clock(now, unix_nanos);
+    }
+
+    /// The peer's address on channel `c`, as any bytes that name it (the driver's
+    /// socket address): the cookies we give under load are bound to it.
+    pub fn set_channel_address(&mut self, c: usize, addr: &[u8]) {
+        self.crypto.set_channel_address(c, addr);
     }
 
     fn on_established(&mut self, now: Instant, e: Established) {
@@ -960,7 +1016,7 @@ impl Session {
     /// repair) on the channel whose missing counter it carries, when it is a repair sent
     /// on another channel. Returns the channel it was sealed for.
     fn open(&mut self, c: usize, d: &Bytes) -> Result<(usize, Bytes, Option<Established>), Reject> {
-        let first = match self.crypto.open(c, d) {
+        let first = match self.crypto.open(self.clock, c, d) {
             Ok((inner, e)) => return Ok((c, inner, e)),
             Err(r) => r,
         };
@@ -972,7 +1028,7 @@ impl Session {
         };
         for other in 0..self.n {
             if other != c && self.arq_rx[other].is_missing(key, counter) {
-                if let Ok((inner, e)) = self.crypto.open(other, d) {
+                if let Ok((inner, e)) = self.crypto.open(self.clock, other, d) {
                     return Ok((other, inner, e));
                 }
             }
@@ -1287,7 +1343,8 @@ impl Session {
     #[cfg(feature = "fuzz")]
     pub fn seal_for_fuzzing(&mut self, c: usize, inner: &[u8]) -> Option<Bytes> {
         let encrypt = self.crypto.mode != SecurityMode::Auth;
-        self.crypto.seal(c.min(self.n - 1), inner, encrypt)
+        self.crypto
+            .seal(self.clock, c.min(self.n - 1), inner, encrypt)
     }
 
     /// The next datagram to send.
@@ -1314,7 +1371,10 @@ impl Session {
     fn emit(&mut self, c: usize, kind: DatagramKind, inner: Bytes) {
         let bytes = match (self.crypto.mode, kind) {
             (SecurityMode::None, DatagramKind::Data | DatagramKind::Repair) => inner,
-            (mode, _) => match self.crypto.seal(c, &inner, mode != SecurityMode::Auth) {
+            (mode, _) => match self
+                .crypto
+                .seal(self.clock, c, &inner, mode != SecurityMode::Auth)
+            {
                 Some(b) => b,
                 None => {
                     self.counters.unsent += 1;

@@ -595,9 +595,11 @@ fn recorded_traffic_of_an_earlier_run_locks_nothing_out() {
     p.run_until(at_ms(500));
     let recorded = p.sent_a.take().unwrap();
     // Both ends restart; the recording is played to the new B, mixed into the new run.
+    // (The new run is later: its initiations' timestamps are newer.)
     let mut q = Pair::new(2, Mode::Seq, &[10, 10]);
     q.a = Session::new(config(2, Mode::Seq), [11; 32], Instant::ZERO).unwrap();
     q.b = Session::new(config(2, Mode::Seq), [12; 32], Instant::ZERO).unwrap();
+    q.a.set_wall_clock(Instant::ZERO, 10_000_000_000);
     for (i, (c, d)) in recorded.iter().enumerate() {
         q.inject(false, *c, d.clone());
         if i % 10 == 0 {
@@ -616,7 +618,6 @@ fn recorded_traffic_of_an_earlier_run_locks_nothing_out() {
     clean.run_until(at_ms(1500));
     let hs = q.b.stats(q.now).handshakes;
     assert_eq!(hs.completed, clean.b.stats(clean.now).handshakes.completed);
-    assert!(hs.answered > clean.b.stats(clean.now).handshakes.answered);
 }
 
 #[test]
@@ -912,7 +913,7 @@ fn arq_rejects_requests_for_datagrams_never_sent() {
         key_index,
         counters: vec![counter + 1_000, counter + 1_001],
     });
-    let forged = p.b.crypto.seal(0, &m.to_vec(), true).unwrap();
+    let forged = p.b.crypto.seal(p.now, 0, &m.to_vec(), true).unwrap();
     let before = p.a.stats(p.now).channels[1].arq;
     p.a.handle_datagram(p.now, 0, forged);
     let after = p.a.stats(p.now).channels[1].arq;
@@ -1540,4 +1541,52 @@ fn a_close_without_keys_sends_nothing() {
     s.close(Instant::ZERO);
     assert!(s.poll_transmit().is_none());
     assert_eq!(s.stats(Instant::ZERO).unsent, 0);
+}
+
+/// Issue 27, item 2: recorded initiations (more than the 8 unconfirmed handshakes the
+/// responder used to keep) replayed at 500/s to the responder, while the ends re-key
+/// every second over links of 20 ms (confirmation takes a round trip): rekeys go on and
+/// nothing is lost. A replay's timestamp is not newer than the newest accepted: it is
+/// never answered, and the one pending handshake is replaced only by a newer
+/// initiation. (The issue's outage did not reproduce in this harness before the change
+/// either; `crypto::tests::replayed_initiations_are_not_answered_and_displace_nothing`
+/// checks the mechanism itself.)
+#[test]
+fn replayed_initiations_break_no_rekey() {
+    let mut c = config(2, Mode::Seq);
+    c.rekey_after = Duration::from_secs(1);
+    let mut p = Pair::new(2, Mode::Seq, &[20, 20]);
+    p.a = Session::new(c.clone(), [41; 32], Instant::ZERO).unwrap();
+    p.b = Session::new(c, [42; 32], Instant::ZERO).unwrap();
+    p.sent_a = Some(Vec::new());
+    // Record A's initiations over 20 s (a rekey every second, by either end).
+    p.run_until(at_ms(20_000));
+    let mut recorded: Vec<(usize, Bytes)> = Vec::new();
+    for (ch, d) in p.sent_a.take().unwrap() {
+        if d[0] == wire::TYPE_HS_INIT && !recorded.iter().any(|(_, r)| *r == d) {
+            recorded.push((ch, d));
+        }
+    }
+    // More than the 8 unconfirmed handshakes the responder used to keep.
+    assert!(recorded.len() >= 12, "{} recorded", recorded.len());
+    let completed = p.b.handshake_stats().completed;
+    let (sent0, got0) = (p.next_id, p.delivered.len() as u64);
+    // 10 s of replays at 500/s, round robin.
+    for i in 0..5000usize {
+        let (ch, d) = recorded[i % recorded.len()].clone();
+        p.inject(false, ch, d);
+        let t = p.now + Duration::from_millis(2);
+        p.run_until(t);
+    }
+    let t = p.now + Duration::from_millis(500);
+    p.run_until(t);
+    let hs = p.b.handshake_stats().clone();
+    let lost = (p.next_id - sent0) - (p.delivered.len() as u64 - got0);
+    assert!(hs.completed >= completed + 8, "rekeys went on: {hs:?}");
+    // The last half second's packets may still be in flight.
+    assert!(
+        lost <= 30,
+        "{lost} packets lost while replays went on; {hs:?}"
+    );
+    assert!(p.delivered.windows(2).all(|w| w[0] < w[1]));
 }
