@@ -237,11 +237,11 @@ impl Default for SessionSettings {
             adaptive: None,
             pace_burst: Dur::ms(2),
             pace_codel: true,
-            aqm: false,
+            aqm: true,
             aqm_target: None,
             aqm_interval: None,
             aqm_loss_signal: aqm.loss_signal,
-            arq: Dur(Duration::ZERO),
+            arq: Dur::ms(200),
             repair: None,
             credits: false,
             credit_window: None,
@@ -767,6 +767,7 @@ mod tests {
     #[test]
     fn settings_that_need_another_say_which() {
         let s = SessionSettings {
+            aqm: false,
             aqm_target: Some(Dur::ms(3)),
             ..SessionSettings::default()
         };
