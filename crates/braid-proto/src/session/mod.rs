@@ -823,7 +823,13 @@ impl Session {
                     match (self.cfg.arq, sealed_id(&d)) {
                         (Some(a), Some((key, counter))) => {
                             let mut out = Vec::new();
-                            let missing = self.arq_rx[sealed_for].stats.missing;
+                            let rx = &mut self.arq_rx[sealed_for];
+                            let (missing, stale) = (rx.stats.missing, rx.stats.stale);
+                            if inner.first() == Some(&wire::TYPE_SESSION)
+                                && inner.get(2) == Some(&wire::session::KIND_END)
+                            {
+                                rx.fence(key, counter);
+                            }
                             // Control that needs no order is not held behind a gap.
                             let urgent = match inner.first() {
                                 Some(&wire::TYPE_NAK) => true,
@@ -839,6 +845,10 @@ impl Session {
                             self.arq_rx[sealed_for]
                                 .accept(now, a.wait, key, counter, inner, urgent, &mut out);
                             let found = self.arq_rx[sealed_for].stats.missing - missing;
+                            // Sealed before an epoch end that is passed: the old
+                            // epoch's, too late for it.
+                            self.counters.stray_drops +=
+                                self.arq_rx[sealed_for].stats.stale - stale;
                             if found > 0 {
                                 // Repaired or not, a drop behind a standing queue is
                                 // congestion: the AQM passes it on to the traffic, and
