@@ -20,10 +20,10 @@
 //! * the **sender** keeps its last sealed datagrams per channel, as they went out
 //!   ([`LinkSender`]);
 //! * the **receiver** ([`LinkReceiver`]) holds what arrives on a channel behind a gap,
-//!   asks for the missing counters on the fastest other channel that is up (a `Resend`
-//!   session message, `wire::session`), and releases the channel's datagrams in
-//!   counter order as soon as the gap is filled, or when the wait runs out (then the
-//!   datagram is lost, as without repair);
+//!   asks for the missing counters on the fastest other channel that is up and heard
+//!   lately (a `Resend` session message, `wire::session`), and releases the channel's
+//!   datagrams in counter order as soon as the gap is filled, or when the wait runs
+//!   out (then the datagram is lost, as without repair);
 //! * the sender answers on its fastest channel with the **same sealed bytes**: not
 //!   re-sealed and not wrapped, so a repair is no larger than the original and needs no
 //!   room in the MTU. The receiver recognises one when it fails to open on the channel

@@ -1013,8 +1013,13 @@ impl Session {
     /// The channel that is up with the smallest smoothed round trip (the lowest index
     /// while none is measured), preferring any other than `avoid`.
     fn fastest(&self, avoid: Option<usize>) -> Option<usize> {
+        self.fastest_of(avoid, |_| true)
+    }
+
+    /// [`Session::fastest`] among the channels `ok` accepts.
+    fn fastest_of(&self, avoid: Option<usize>, ok: impl Fn(usize) -> bool) -> Option<usize> {
         (0..self.n)
-            .filter(|&c| self.chans[c].state != LinkState::Down)
+            .filter(|&c| self.chans[c].state != LinkState::Down && ok(c))
             .min_by_key(|&c| {
                 (
                     Some(c) == avoid,
@@ -1038,7 +1043,7 @@ impl Session {
         }
         for lost in 0..self.n {
             // Not on the channel that lost it (its queue may be what overflowed).
-            let via = self.fastest(Some(lost));
+            let via = self.repair_path(lost);
             // Its base round trip, not the smoothed one a standing queue inflates; and
             // at least three asks within the wait.
             let wait = self.cfg.arq.map_or(Duration::ZERO, |a| a.wait);
@@ -1068,6 +1073,21 @@ impl Session {
                 );
             }
         }
+    }
+
+    /// The channel a resend request or a repair for channel `lost` takes: the fastest
+    /// other channel heard within two heartbeats, else the fastest that is up. A
+    /// channel cut a moment ago stays up until `dead_after` (300 ms), longer than the
+    /// repair's wait (200 ms): requests and repairs sent on it were lost, and every
+    /// loss on the others in that time was given up.
+    fn repair_path(&self, lost: usize) -> Option<usize> {
+        let recent = Duration::from_micros(self.cfg.heartbeat.as_micros() * 2);
+        self.fastest_of(Some(lost), |c| {
+            self.chans[c]
+                .last_rx
+                .is_some_and(|t| self.clock.saturating_since(t) <= recent)
+        })
+        .or_else(|| self.fastest(Some(lost)))
     }
 
     /// With in-bond repair and delay equalization, the equalizer holds everything a
@@ -1100,7 +1120,7 @@ impl Session {
         if self.cfg.arq.is_none() || lost >= self.n {
             return;
         }
-        let via = self.fastest(Some(lost)).unwrap_or(lost);
+        let via = self.repair_path(lost).unwrap_or(lost);
         // Once per round trip of the path a repair takes (there on `via`, the request
         // back on the peer's fastest: about `via`'s smoothed round trip, which counts
         // its standing queue): a request repeated sooner has not seen the last copy.

@@ -961,6 +961,29 @@ fn arq_gives_up_after_its_wait_when_no_repair_can_come() {
 }
 
 #[test]
+fn arq_asks_and_answers_on_a_channel_still_heard() {
+    // Channel 1 goes silent both ways; it is declared down only after `dead_after`
+    // (300 ms), longer than the repair's wait (200 ms). Meanwhile channel 0 loses one
+    // datagram in 10 towards B. Requests and repairs that took the silent channel (the
+    // "other" one) were lost until it was declared down, and every loss of those
+    // 200 ms was given up.
+    let mut p = pair_with(2, Mode::Seq, &[5, 10], arq_on);
+    p.run_until(at_ms(1000));
+    for l in [&mut p.ab[1], &mut p.ba[1]] {
+        l.up = false;
+        l.queue.clear();
+    }
+    p.ab[0].drop_every = 10;
+    p.run_until(at_ms(1200));
+    p.ab[0].drop_every = 0;
+    p.run_until(at_ms(2000));
+    let arq = p.b.stats(p.now).channels[0].arq;
+    assert!(arq.missing >= 10, "{arq:?}");
+    assert_eq!(arq.given_up, 0, "{arq:?}");
+    assert_eq!(arq.repaired, arq.missing, "{arq:?}");
+}
+
+#[test]
 fn arq_needs_a_sealing_mode() {
     let mut c = config(2, Mode::Logical);
     c.arq = Some(ArqConfig::default());
