@@ -20,7 +20,8 @@
 //!   channel meanwhile: the new `seq` epoch took its old, high number for its own and
 //!   dropped every packet of its own as stale (seed 12, seq, one channel cut for 4 s:
 //!   135 of 135 packets lost). Such stragglers are dropped now (`errctl::link`'s
-//!   fence).
+//!   fence; `arq_drops_a_straggler_from_before_an_epoch_switch`), and the repair is
+//!   asked for on a channel still heard, so here it comes in time.
 
 use super::*;
 
