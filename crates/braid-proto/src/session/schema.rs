@@ -781,6 +781,7 @@ mod tests {
     #[test]
     fn settings_that_need_another_say_which() {
         let s = SessionSettings {
+            aqm: false,
             aqm_target: Some(Dur::ms(3)),
             ..SessionSettings::default()
         };
