@@ -939,11 +939,29 @@ remote = "127.0.0.1:7102"
         assert_eq!(s.receiver.repair, None);
         let c = FileConfig::parse("t.toml", &with("repair = \"0s\""), None).unwrap();
         assert!(c.session.session_config().arq.is_none());
+        // Repair and AQM are on by default (issue 28); markers then carry the time.
+        let c = FileConfig::parse("t.toml", GOOD, None).unwrap();
+        let s = c.session.session_config();
+        assert_eq!(s.arq.unwrap().wait, braid_proto::Duration::from_millis(200));
+        assert!(s.aqm.is_some() && s.stripe_config(&[0, 1]).markers.timestamps);
+        let c = FileConfig::parse("t.toml", &with("aqm = false"), None).unwrap();
         assert!(!c.session.stripe_config(&[0, 1]).markers.timestamps);
+        // With security "none" repair cannot find gaps: off unless asked for, and
+        // then refused.
+        let none = "security = \"none\"\nallow_insecure = true";
+        let c = FileConfig::parse("t.toml", &with(none), None).unwrap();
+        assert!(c.session.session_config().arq.is_none());
+        let e = FileConfig::parse("t.toml", &with(&format!("{none}\narq = \"200ms\"")), None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("arq"), "{e}");
         for (extra, key) in [
-            ("aqm_target = \"10ms\"", "session.aqm_target"),
+            ("aqm = false\naqm_target = \"10ms\"", "session.aqm_target"),
             ("aqm = true\naqm_interval = \"0s\"", "session.aqm_interval"),
-            ("aqm_loss_signal = false", "session.aqm_loss_signal"),
+            (
+                "aqm = false\naqm_loss_signal = false",
+                "session.aqm_loss_signal",
+            ),
             ("arq = \"soon\"", "session.arq"),
             ("arq = \"100ms\"\nrepair = \"100ms\"", "session.repair"),
         ] {

@@ -1328,6 +1328,14 @@ impl SessionOptions {
             }
             (None, false) => self.channels_config()?,
         };
+        // A transfer carries its own error control (seed 002: loss tolerance,
+        // deadlines, selective retransmission end to end) and a byte stream, not IP
+        // packets. In-bond repair would hold data below it past its deadlines and hide
+        // the losses its tolerance is about; AQM's signals are for an inner TCP, and a
+        // chunk that happened to look like an IP header must be neither marked nor
+        // dropped. Both tunnel defaults are off here.
+        cfg.arq = None;
+        cfg.aqm = None;
         if let Some(m) = &self.mode {
             cfg.mode = units::parse_mode(m).map_err(|e| format!("--mode: {e}"))?;
         }

@@ -92,8 +92,19 @@ fn config(remotes: &[SocketAddr]) -> SessionConfig {
 }
 
 async fn sessions(a: &[SocketAddr], b: &[SocketAddr]) -> (Session, Session) {
-    let mut sa = Session::start(config(a)).await.unwrap();
-    let mut sb = Session::start(config(b)).await.unwrap();
+    sessions_with(a, b, |_| {}).await
+}
+
+async fn sessions_with(
+    a: &[SocketAddr],
+    b: &[SocketAddr],
+    tune: impl Fn(&mut SessionConfig),
+) -> (Session, Session) {
+    let (mut ca, mut cb) = (config(a), config(b));
+    tune(&mut ca);
+    tune(&mut cb);
+    let mut sa = Session::start(ca).await.unwrap();
+    let mut sb = Session::start(cb).await.unwrap();
     sa.wait_for_peer(Duration::from_secs(5)).await.unwrap();
     sb.wait_for_peer(Duration::from_secs(5)).await.unwrap();
     (sa, sb)
@@ -135,7 +146,8 @@ fn reliable() -> TransferConfig {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn file_arrives_bit_identical_over_lossy_channels() {
     let net = Lossy::new(2, 0.05, 42);
-    let (mut a, mut b) = sessions(&net.a, &net.b).await;
+    // The transfer's own repair is under test: in-bond repair (on by default) off.
+    let (mut a, mut b) = sessions_with(&net.a, &net.b, |c| c.arq = None).await;
     let input = random_bytes(4 << 20, 7);
     let t0 = std::time::Instant::now();
     let (out, sent, got) = tokio::time::timeout(
@@ -170,7 +182,9 @@ async fn tolerated_gaps_stay_within_the_tolerance() {
     const BLOCK: usize = 1000;
     const BLOCKS: u64 = 3000;
     let net = Lossy::new(2, 0.05, 9);
-    let (mut a, mut b) = sessions(&net.a, &net.b).await;
+    // The losses must reach the transfer: in-bond repair (on by default) would
+    // resend them below it.
+    let (mut a, mut b) = sessions_with(&net.a, &net.b, |c| c.arq = None).await;
     let mut input = Vec::new();
     for i in 0..BLOCKS {
         let mut blk = random_bytes(BLOCK, i);

@@ -64,13 +64,14 @@ pub struct BenchArgs {
     /// Static weights in the tunnel (`adaptive = false`), also with --pace
     #[arg(long)]
     pub static_weights: bool,
-    /// AQM in the tunnel (`aqm = true`): CoDel on the channels' queueing delay,
-    /// marking ECN CE; turns ECN on for TCP in the lab's end hosts.
-    #[arg(long)]
-    pub aqm: bool,
-    /// With --aqm: signal a loss found behind a standing queue too (`on`, the
+    /// The tunnel's AQM (`aqm`): CoDel on the channels' queueing delay, marking ECN
+    /// CE. On by default (`--aqm` alone: on); `off` turns it off. While it is on, ECN
+    /// is on for TCP in the lab's end hosts.
+    #[arg(long, value_name = "on|off", value_parser = parse_on_off, num_args = 0..=1, default_missing_value = "on")]
+    pub aqm: Option<bool>,
+    /// With the AQM: signal a loss found behind a standing queue too (`on`, the
     /// tunnel's default) or leave congestion to CoDel's delay signal alone (`off`).
-    #[arg(long, value_name = "on|off", value_parser = parse_on_off, requires = "aqm")]
+    #[arg(long, value_name = "on|off", value_parser = parse_on_off)]
     pub aqm_loss_signal: Option<bool>,
     /// Turn the tunnel's return path off (`return_path = false`; on by default: an
     /// end that sends little more than the acknowledgements of the other end's flow
@@ -96,8 +97,8 @@ pub struct BenchArgs {
     #[arg(long, value_name = "MODE")]
     pub security: Option<String>,
     /// In-bond repair in the tunnel, every mode (`arq = DURATION`: how long the
-    /// receiver holds a channel for a lost datagram asked for again), e.g. 200ms;
-    /// 0s turns it off.
+    /// receiver holds a channel for a lost datagram asked for again), e.g. 100ms;
+    /// the tunnel's default is 200ms, and 0s turns it off.
     #[arg(long, value_name = "DURATION")]
     pub arq: Option<String>,
     /// Credit-based flow control per channel in the tunnel (`credits = true`): the

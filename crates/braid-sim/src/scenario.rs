@@ -1186,24 +1186,25 @@ fn session_settings(st: &Tab) -> Result<SessionSettings, ScenarioError> {
     })
 }
 
-/// Pacing at `pace_mbps`, measured with `pace_probe`; `None` without `pace_mbps`.
+/// Pacing at `pace_mbps`, measured with `pace_probe`. Without `pace_mbps`, the
+/// tunnel's default: every channel measured and paced at what it measures (`pace =
+/// "auto"`), unless `pace_probe = false` (the tunnel's `pace = "off"`: no pacing).
 fn session_pacing(
     st: &Tab,
     channels: usize,
 ) -> Result<Option<braid_proto::session::PacingConfig>, ScenarioError> {
-    match st.num_list("pace_mbps", "a rate in Mbit/s >= 0, one per channel")? {
-        Some(r) => {
-            let mut p =
-                braid_proto::session::PacingConfig::new(r.iter().map(|x| x * 1e6).collect());
-            // Capacity probes (`pace = "auto"` in the tunnel): a channel at 0 is paced
-            // at its measured rate, one with a rate at the lower of the two.
-            p.probe = st.bool_or("pace_probe", false)?;
-            p.validate(channels).map_err(|e| st.err("pace_mbps", &e))?;
-            Ok(Some(p))
-        }
-        None if st.t.contains_key("pace_probe") => Err(st.err("pace_probe", "needs `pace_mbps`")),
-        None => Ok(None),
-    }
+    let rates = st.num_list("pace_mbps", "a rate in Mbit/s >= 0, one per channel")?;
+    let probe = st.bool_or("pace_probe", rates.is_none())?;
+    let p = match rates {
+        Some(r) => braid_proto::session::PacingConfig::new(r.iter().map(|x| x * 1e6).collect()),
+        None if probe => braid_proto::session::PacingConfig::new(vec![0.0; channels]),
+        None => return Ok(None),
+    };
+    // Capacity probes: a channel at 0 is paced at its measured rate, one with a rate
+    // at the lower of the two.
+    let p = braid_proto::session::PacingConfig { probe, ..p };
+    p.validate(channels).map_err(|e| st.err("pace_mbps", &e))?;
+    Ok(Some(p))
 }
 
 /// `[errctl]`: seed 002's error control over the one channel (see

@@ -232,6 +232,8 @@ fn repair_and_aqm_keys_are_checked() {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios/repair/lossy-link.toml"),
     )
     .unwrap();
+    // The scenario pins aqm off; these cases set it themselves.
+    let base = base.replace("\naqm = false\n", "\n");
     let key = "\narq = \"100ms\"\n";
     let e = parse_err(&base.replace(key, "\narq = \"soon\"\n"));
     assert!(e.contains("session.arq"), "{e}");
@@ -248,7 +250,7 @@ fn repair_and_aqm_keys_are_checked() {
     ));
     assert_eq!(sc.jobs.len(), 6);
     for (extra, k) in [
-        ("aqm_target = \"10ms\"\n", "session.aqm_target"),
+        ("aqm = false\naqm_target = \"10ms\"\n", "session.aqm_target"),
         (
             "aqm = true\naqm_interval = \"0s\"\n",
             "session.aqm_interval",

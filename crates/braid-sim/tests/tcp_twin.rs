@@ -248,6 +248,9 @@ max_interval_ms = 5
 equalize = true
 [session]
 security = "auth"
+aqm = false
+arq = "0s"
+pace_probe = false
 [[run]]
 label = "plain"
 scheduler = "srr"
@@ -361,7 +364,10 @@ fn adaptive_weights_turn_wrong_weights_round_for_one_tcp_flow() {
 
 /// The scaled wrong-weights twin paced at rates nobody configured right: measured when
 /// the channels come up (`pace = "auto"`), and nominal rates (20 Mbit/s each, twice and
-/// five times the slower links') with and without the measurement.
+/// five times the slower links') with and without the measurement. Repair and AQM off,
+/// as when this was measured: with them (the defaults since issue 28) the measured run
+/// gets 23.9 Mbit/s, not 27.4 — repair hides the slow start's overflow drops from the
+/// flow (an open item of issue 28).
 fn scaled_measured_rates_twin() -> Scenario {
     parse(&format!(
         "{SCALED_LINKS}{FAST_ACKS_EQUALIZED}{}",
@@ -375,19 +381,19 @@ label = "measured"
 scheduler = "srr"
 receiver = "logical"
 weights = [1445, 3613, 7225]
-set = { "session.adaptive" = true, "session.pace_mbps" = [0.0, 0.0, 0.0], "session.pace_probe" = true }
+set = { "session.arq" = "0s", "session.aqm" = false, "session.adaptive" = true, "session.pace_mbps" = [0.0, 0.0, 0.0], "session.pace_probe" = true }
 [[run]]
 label = "nominal"
 scheduler = "srr"
 receiver = "logical"
 weights = [1445, 3613, 7225]
-set = { "session.adaptive" = true, "session.pace_mbps" = [20.0, 20.0, 20.0] }
+set = { "session.arq" = "0s", "session.aqm" = false, "session.adaptive" = true, "session.pace_mbps" = [20.0, 20.0, 20.0] }
 [[run]]
 label = "nominal, measured"
 scheduler = "srr"
 receiver = "logical"
 weights = [1445, 3613, 7225]
-set = { "session.adaptive" = true, "session.pace_mbps" = [20.0, 20.0, 20.0], "session.pace_probe" = true }
+set = { "session.arq" = "0s", "session.aqm" = false, "session.adaptive" = true, "session.pace_mbps" = [20.0, 20.0, 20.0], "session.pace_probe" = true }
 "#,
     ))
 }

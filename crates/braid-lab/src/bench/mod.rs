@@ -46,8 +46,9 @@ pub struct BenchOptions {
     /// Adaptive weights in the tunnel (`session.adaptive`); `None`: the tunnel's
     /// default (on when every channel is paced).
     pub adaptive: Option<bool>,
-    /// AQM in the tunnel (`session.aqm`), with ECN turned on for TCP at both ends.
-    pub aqm: bool,
+    /// AQM in the tunnel (`session.aqm`; `None`: the tunnel's default, on). While it
+    /// is on, ECN is turned on for TCP at both ends.
+    pub aqm: Option<bool>,
     /// With the AQM: whether a loss behind a standing queue is signalled too
     /// (`session.aqm_loss_signal`; `None`: the tunnel's default).
     pub aqm_loss_signal: Option<bool>,
@@ -235,8 +236,8 @@ pub fn run(opt: &BenchOptions, mut progress: impl FnMut(&str)) -> Result<BenchRe
     }
     let _ = topo::down();
     topo::up(&opt.links, &opt.exe, opt.seed)?;
-    if opt.aqm {
-        // The AQM signals with ECN: TCP asks for it at both ends (Linux's default only
+    if opt.aqm != Some(false) {
+        // The AQM (on by default) signals with ECN: TCP asks for it at both ends (Linux's default only
         // accepts it). The MPTCP run has it too; nothing marks its packets.
         for ns in [NS_CLIENT, NS_SERVER] {
             output(
@@ -383,20 +384,26 @@ fn tunnel_config(opt: &BenchOptions, mode: &str, end_a: bool) -> String {
     };
     let mut s = format!(
         "[tunnel]\nname = \"brl-tun\"\naddress = \"{addr}\"\ncontrol = \"{}/tun-{sock}.sock\"\nlog_interval = \"0s\"\n\n\
-         [session]\nmode = \"{mode}\"\nscheduler = \"srr\"\naqm = {}\nkey = \"f1njdwrpfIzRyXbWUPz15DmEK5AHdvKw7LmAZC4M6Rw=\"\n",
+         [session]\nmode = \"{mode}\"\nscheduler = \"srr\"\nkey = \"f1njdwrpfIzRyXbWUPz15DmEK5AHdvKw7LmAZC4M6Rw=\"\n",
         topo::state_dir().display(),
-        opt.aqm
     );
+    if let Some(on) = opt.aqm {
+        s += &format!("aqm = {on}\n");
+    }
     if let Some(a) = opt.adaptive {
         s += &format!("adaptive = {a}\n");
     }
     if let Some(m) = &opt.security {
         s += &format!("security = \"{m}\"\n");
+        if m == "none" {
+            // The bench asked for it: the tunnel refuses it without the acknowledgement.
+            s += "allow_insecure = true\n";
+        }
     }
     if let Some(a) = &opt.arq {
         s += &format!("arq = \"{a}\"\n");
     }
-    if let (true, Some(on)) = (opt.aqm, opt.aqm_loss_signal) {
+    if let (true, Some(on)) = (opt.aqm != Some(false), opt.aqm_loss_signal) {
         s += &format!("aqm_loss_signal = {on}\n");
     }
     if let Some(b) = opt.buffer_packets {

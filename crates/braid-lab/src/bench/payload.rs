@@ -110,7 +110,7 @@ mod tests {
             mptcp: true,
             weights: None,
             adaptive: None,
-            aqm: false,
+            aqm: None,
             aqm_loss_signal: None,
             pace: Pace::Default,
             security: security.map(String::from),

@@ -20,10 +20,10 @@
 //! * the **sender** keeps its last sealed datagrams per channel, as they went out
 //!   ([`LinkSender`]);
 //! * the **receiver** ([`LinkReceiver`]) holds what arrives on a channel behind a gap,
-//!   asks for the missing counters on the fastest other channel that is up (a `Resend`
-//!   session message, `wire::session`), and releases the channel's datagrams in
-//!   counter order as soon as the gap is filled, or when the wait runs out (then the
-//!   datagram is lost, as without repair);
+//!   asks for the missing counters on the fastest other channel that is up and heard
+//!   lately (a `Resend` session message, `wire::session`), and releases the channel's
+//!   datagrams in counter order as soon as the gap is filled, or when the wait runs
+//!   out (then the datagram is lost, as without repair);
 //! * the sender answers on its fastest channel with the **same sealed bytes**: not
 //!   re-sealed and not wrapped, so a repair is no larger than the original and needs no
 //!   room in the MTU. The receiver recognises one when it fails to open on the channel
@@ -188,6 +188,11 @@ pub struct ArqChannelStats {
     pub expired: u64,
     /// Requests for datagrams never sent (rejected; a broken or hostile peer).
     pub rejected: u64,
+    /// Datagrams that came after their counter was given up (or under the keys
+    /// before) and were sealed before the channel's last epoch end
+    /// ([`LinkReceiver::fence`]): dropped, since the new epoch's resequencer would take
+    /// the old epoch's numbers for its own.
+    pub stale: u64,
 }
 
 impl ArqChannelStats {
@@ -216,6 +221,9 @@ pub struct LinkReceiver {
     /// Datagrams waiting behind a gap, with their arrival times.
     held: BTreeMap<u64, (Bytes, Instant)>,
     missing: BTreeMap<u64, Miss>,
+    /// The key index and counter of the last epoch end on this channel: what was
+    /// sealed before it belongs to an epoch that ended here.
+    fence: Option<(u32, u64)>,
     /// Receiver-side counters (the sender-side ones stay zero).
     pub stats: ArqChannelStats,
 }
@@ -224,6 +232,34 @@ impl LinkReceiver {
     /// Is `counter` under `key` one we are waiting for?
     pub fn is_missing(&self, key: u32, counter: u64) -> bool {
         self.key == Some(key) && self.missing.contains_key(&counter)
+    }
+
+    /// An epoch end sealed under `key` with `counter` arrived on this channel.
+    ///
+    /// What was sealed before it and is still held or missing goes on in counter
+    /// order, before the end, as a FIFO channel would have carried it. But a datagram
+    /// that comes after its counter was given up (a repair or a straggler past the
+    /// wait), or under the keys before, goes on as it comes, out of order: once the end
+    /// is passed, it would reach the next epoch's resequencer, which takes its number
+    /// for one of its own (in `seq` mode, a number far ahead: every packet of the new
+    /// epoch then looks stale). Such a datagram is dropped and counted
+    /// ([`ArqChannelStats::stale`]).
+    pub fn fence(&mut self, key: u32, counter: u64) {
+        match self.fence {
+            Some((k, c)) if k == key && c >= counter => {}
+            Some((k, _)) if k != key && self.prev_key == Some(key) => {}
+            _ => self.fence = Some((key, counter)),
+        }
+    }
+
+    /// Was the datagram under `key` with `counter` sealed before the last epoch end?
+    fn before_fence(&self, key: u32, counter: u64) -> bool {
+        match self.fence {
+            Some((k, c)) if k == key => counter < c,
+            // Sealed under the keys before those of the end.
+            Some((k, _)) => self.key == Some(k) && self.prev_key == Some(key),
+            None => false,
+        }
     }
 
     /// An authenticated datagram `inner` (sealed under `key` with `counter`) arrived at
@@ -258,7 +294,11 @@ impl LinkReceiver {
         }
         if self.key != Some(key) {
             if self.prev_key == Some(key) {
-                out.push((inner, now)); // late, under the keys before: as it comes
+                if self.before_fence(key, counter) {
+                    self.stats.stale += 1;
+                } else {
+                    out.push((inner, now)); // late, under the keys before: as it comes
+                }
                 return;
             }
             // New keys: their counters start at 0. What waits under the old ones goes.
@@ -272,6 +312,8 @@ impl LinkReceiver {
                 self.stats.repaired += 1;
                 self.held.insert(counter, (inner, m.seen));
                 self.release(now, out);
+            } else if self.before_fence(key, counter) {
+                self.stats.stale += 1;
             } else {
                 // Given up already (or never waited for): late, but deliver it.
                 out.push((inner, now));
@@ -442,6 +484,42 @@ mod tests {
         // It turns up after all: delivered late rather than dropped.
         r.accept(ms(150), W, 7, 1, b(1), false, &mut out);
         assert_eq!(bytes(&out), vec![b(0), b(2), b(1)]);
+    }
+
+    #[test]
+    fn a_straggler_from_before_an_epoch_end_is_dropped_not_passed_on() {
+        let mut r = LinkReceiver::default();
+        let mut out = vec![];
+        r.accept(ms(0), W, 7, 0, b(0), false, &mut out);
+        r.accept(ms(1), W, 7, 2, b(2), false, &mut out); // 1 missing
+        r.release(ms(101), &mut out); // given up: 2 goes on
+                                      // The epoch ends on this channel (counter 3), then the next epoch's data.
+        r.fence(7, 3);
+        r.accept(ms(102), W, 7, 3, b(3), false, &mut out);
+        r.accept(ms(103), W, 7, 4, b(4), false, &mut out);
+        assert_eq!(bytes(&out), vec![b(0), b(2), b(3), b(4)]);
+        // 1 turns up (a repair past the wait): it is the old epoch's, and would reach
+        // the new epoch's resequencer out of order.
+        r.accept(ms(150), W, 7, 1, b(1), false, &mut out);
+        assert_eq!(out.len(), 4);
+        assert_eq!(r.stats.stale, 1);
+        // A straggler sealed after the end still goes on, late.
+        r.accept(ms(151), W, 7, 6, b(6), false, &mut out); // 5 missing
+        r.release(ms(300), &mut out);
+        r.accept(ms(301), W, 7, 5, b(5), false, &mut out);
+        assert_eq!(bytes(&out), vec![b(0), b(2), b(3), b(4), b(6), b(5)]);
+        // New keys, and an epoch end under them: what comes late under the keys
+        // before was sealed before that end.
+        r.accept(ms(302), W, 9, 0, b(10), false, &mut out);
+        r.fence(9, 1);
+        r.accept(ms(303), W, 9, 1, b(11), false, &mut out);
+        r.accept(ms(304), W, 7, 7, b(7), false, &mut out);
+        assert_eq!(out.len(), 8);
+        assert_eq!(r.stats.stale, 2);
+        // An older end does not move the fence back.
+        r.fence(7, 2);
+        r.accept(ms(305), W, 7, 8, b(8), false, &mut out);
+        assert_eq!(r.stats.stale, 3);
     }
 
     #[test]

@@ -832,7 +832,13 @@ impl Session {
                     match (self.cfg.arq, sealed_id(&d)) {
                         (Some(a), Some((key, counter))) => {
                             let mut out = Vec::new();
-                            let missing = self.arq_rx[sealed_for].stats.missing;
+                            let rx = &mut self.arq_rx[sealed_for];
+                            let (missing, stale) = (rx.stats.missing, rx.stats.stale);
+                            if inner.first() == Some(&wire::TYPE_SESSION)
+                                && inner.get(2) == Some(&wire::session::KIND_END)
+                            {
+                                rx.fence(key, counter);
+                            }
                             // Control that needs no order is not held behind a gap.
                             let urgent = match inner.first() {
                                 Some(&wire::TYPE_NAK) => true,
@@ -848,6 +854,10 @@ impl Session {
                             self.arq_rx[sealed_for]
                                 .accept(now, a.wait, key, counter, inner, urgent, &mut out);
                             let found = self.arq_rx[sealed_for].stats.missing - missing;
+                            // Sealed before an epoch end that is passed: the old
+                            // epoch's, too late for it.
+                            self.counters.stray_drops +=
+                                self.arq_rx[sealed_for].stats.stale - stale;
                             if found > 0 {
                                 // Repaired or not, a drop behind a standing queue is
                                 // congestion: the AQM passes it on to the traffic, and
@@ -1059,8 +1069,13 @@ impl Session {
     /// The channel that is up with the smallest smoothed round trip (the lowest index
     /// while none is measured), preferring any other than `avoid`.
     fn fastest(&self, avoid: Option<usize>) -> Option<usize> {
+        self.fastest_of(avoid, |_| true)
+    }
+
+    /// [`Session::fastest`] among the channels `ok` accepts.
+    fn fastest_of(&self, avoid: Option<usize>, ok: impl Fn(usize) -> bool) -> Option<usize> {
         (0..self.n)
-            .filter(|&c| self.chans[c].state != LinkState::Down)
+            .filter(|&c| self.chans[c].state != LinkState::Down && ok(c))
             .min_by_key(|&c| {
                 (
                     Some(c) == avoid,
@@ -1084,7 +1099,7 @@ impl Session {
         }
         for lost in 0..self.n {
             // Not on the channel that lost it (its queue may be what overflowed).
-            let via = self.fastest(Some(lost));
+            let via = self.repair_path(lost);
             // Its base round trip, not the smoothed one a standing queue inflates; and
             // at least three asks within the wait.
             let wait = self.cfg.arq.map_or(Duration::ZERO, |a| a.wait);
@@ -1114,6 +1129,21 @@ impl Session {
                 );
             }
         }
+    }
+
+    /// The channel a resend request or a repair for channel `lost` takes: the fastest
+    /// other channel heard within two heartbeats, else the fastest that is up. A
+    /// channel cut a moment ago stays up until `dead_after` (300 ms), longer than the
+    /// repair's wait (200 ms): requests and repairs sent on it were lost, and every
+    /// loss on the others in that time was given up.
+    fn repair_path(&self, lost: usize) -> Option<usize> {
+        let recent = Duration::from_micros(self.cfg.heartbeat.as_micros() * 2);
+        self.fastest_of(Some(lost), |c| {
+            self.chans[c]
+                .last_rx
+                .is_some_and(|t| self.clock.saturating_since(t) <= recent)
+        })
+        .or_else(|| self.fastest(Some(lost)))
     }
 
     /// With in-bond repair and delay equalization, the equalizer holds everything a
@@ -1146,7 +1176,7 @@ impl Session {
         if self.cfg.arq.is_none() || lost >= self.n {
             return;
         }
-        let via = self.fastest(Some(lost)).unwrap_or(lost);
+        let via = self.repair_path(lost).unwrap_or(lost);
         // Once per round trip of the path a repair takes (there on `via`, the request
         // back on the peer's fastest: about `via`'s smoothed round trip, which counts
         // its standing queue): a request repeated sooner has not seen the last copy.

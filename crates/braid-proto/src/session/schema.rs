@@ -24,6 +24,11 @@ use crate::sched::SchedulerKind;
 use crate::time::Duration;
 use crate::units;
 
+/// In-bond repair's wait when `arq` is unset: about the slowest channel's round trip
+/// on a bond of common links, plus a margin (chosen by measurement, issue 28: with
+/// AQM it holds a bond with a lossy link near its ceiling).
+pub const ARQ_WAIT: Duration = Duration::from_millis(200);
+
 /// A duration as a settings file spells it (`50ms`, `2m`; `docs/units.md`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Dur(pub Duration);
@@ -174,8 +179,10 @@ pub struct SessionSettings {
     /// Drop (rather than only mark) packets that are not ECN-capable.
     pub aqm_loss_signal: bool,
     // --- repair ---
-    /// In-bond repair: how long a lost datagram is waited for (0s: off).
-    pub arq: Dur,
+    /// In-bond repair: how long a lost datagram is waited for (0s: off); unset:
+    /// [`ARQ_WAIT`], off with security `none`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub arq: Option<Dur>,
     /// The old name of `arq`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub repair: Option<Dur>,
@@ -237,11 +244,15 @@ impl Default for SessionSettings {
             adaptive: None,
             pace_burst: Dur::ms(2),
             pace_codel: true,
-            aqm: false,
+            // Chosen by measurement (`braid lab bench`, issue 28): with 1 % loss on one
+            // link of three, in-bond repair (`arq`, ARQ_WAIT) with AQM keeps 0.81-0.88
+            // of the ceiling where the bond without them fell under a tenth; on clean
+            // links the modes stay within noise of themselves without (docs/lab.md).
+            aqm: true,
             aqm_target: None,
             aqm_interval: None,
             aqm_loss_signal: aqm.loss_signal,
-            arq: Dur(Duration::ZERO),
+            arq: None,
             repair: None,
             credits: false,
             credit_window: None,
@@ -417,17 +428,20 @@ impl SessionSettings {
 
     /// In-bond repair, or `None` (`arq = "0s"`).
     pub fn arq(&self) -> Result<Option<ArqConfig>, SettingError> {
-        let wait = match self.repair {
+        let wait = match (self.repair, self.arq) {
             // `repair` is the old name of `arq`: the tunnel's repair is the
             // error-control module's in-bond profile now, in every mode.
-            Some(_) if self.arq != SessionSettings::default().arq => {
+            (Some(_), Some(_)) => {
                 return Err(bad(
                     "repair",
                     "`repair` is the old name of `arq`: set only `arq`",
                 ))
             }
-            Some(r) => r,
-            None => self.arq,
+            (Some(w), None) | (None, Some(w)) => w,
+            // Repair finds losses by the sealing counter: with no seal it is off
+            // unless asked for (and then the session's check refuses it).
+            (None, None) if self.security == SecurityMode::None => Dur(Duration::ZERO),
+            (None, None) => Dur(ARQ_WAIT),
         };
         Ok(opt(wait).map(|wait| ArqConfig { wait }))
     }
@@ -622,7 +636,7 @@ pub const REFERENCE: &[KeyDoc] = &[
     },
     KeyDoc {
         key: "aqm",
-        doc: "CoDel on the channels' queueing delay (markers carry the sender's clock; the receiver measures each channel's one-way delay above its 10 s minimum) with ECN: while a queue stands above `aqm_target` for `aqm_interval`, delivered ECN-capable IP packets are marked CE (others dropped, except small ones under 128 bytes: SYNs and pure ACKs, whose drop frees no queue and stalls a connection), and a burst of losses found on a channel whose queue stands is signalled too. A channel's delay counts only while it carries at least half of the most it carried in 100 ms over the last 10 s (a delay that outlasts the load, a jittery path, is not a queue TCP can drain), and only as the smallest of its last three samples (one late marker is not a queue). See \"In-bond repair and AQM\" below",
+        doc: "CoDel on the channels' queueing delay (markers carry the sender's clock; the receiver measures each channel's one-way delay above its 10 s minimum) with ECN: while a queue stands above `aqm_target` for `aqm_interval`, delivered ECN-capable IP packets are marked CE (others dropped, except small ones under 128 bytes: SYNs and pure ACKs, whose drop frees no queue and stalls a connection), and a burst of losses found on a channel whose queue stands is signalled too. A channel's delay counts only while it carries at least half of the most it carried in 100 ms over the last 10 s (a delay that outlasts the load, a jittery path, is not a queue TCP can drain), and only as the smallest of its last three samples (one late marker is not a queue). On by default (with `arq`); without ECN at the end hosts, CoDel drops instead of marking. See \"In-bond repair and AQM\" below",
     },
     KeyDoc {
         key: "aqm_target",
@@ -638,7 +652,7 @@ pub const REFERENCE: &[KeyDoc] = &[
     },
     KeyDoc {
         key: "arq",
-        doc: "in-bond repair, every mode: a sealed datagram found missing on a channel (a gap in its sealing counter) is asked for again (`Resend`, session message kind 5, on the fastest channel) and the peer sends the same sealed bytes again on its fastest channel; the receiver holds that channel's later datagrams up to this long (e.g. `200ms`, about the slowest channel's round trip plus a margin) for it, then gives it up. Works below the resequencer, so logical reception sees no resync and `seq`/`trr` no loss. Needs `security` `encrypt` or `auth`. Use it with `aqm`, which keeps congestion visible to TCP (see \"In-bond repair and AQM\" below)",
+        doc: "unset: `200ms` (off with `security = \"none\"`). In-bond repair, every mode: a sealed datagram found missing on a channel (a gap in its sealing counter) is asked for again (`Resend`, session message kind 5, on the fastest channel) and the peer sends the same sealed bytes again on its fastest channel; the receiver holds that channel's later datagrams up to this long (e.g. `200ms`, about the slowest channel's round trip plus a margin) for it, then gives it up. Works below the resequencer, so logical reception sees no resync and `seq`/`trr` no loss. Needs `security` `encrypt` or `auth` (off by default with `none`). On by default with `aqm`, which keeps congestion visible to TCP: together they hold a lossy link's bond near its ceiling (see \"In-bond repair and AQM\" below); `0s` turns it off",
     },
     KeyDoc {
         key: "repair",
@@ -767,6 +781,7 @@ mod tests {
     #[test]
     fn settings_that_need_another_say_which() {
         let s = SessionSettings {
+            aqm: false,
             aqm_target: Some(Dur::ms(3)),
             ..SessionSettings::default()
         };

@@ -126,7 +126,7 @@ fn a_lossy_channel_is_demoted_and_promoted_back_with_delivery_exact_seq() {
 /// resynchronizations on the bad channel: it carries no data to lose.
 #[test]
 fn after_demotion_logical_reception_has_nothing_to_resync() {
-    let mut p = Pair::new(3, Mode::Logical, &[10, 20, 30]);
+    let mut p = pair_with(3, Mode::Logical, &[10, 20, 30], |c| c.arq = None);
     p.run_until(at_ms(1000));
     lossy(&mut p, 1, 0.3);
     p.run_until(at_ms(3000));
