@@ -90,7 +90,7 @@ fuzz_target!(|data: &[u8]| {
         static NODE: OnceLock<Mutex<NodeAuth>> = OnceLock::new();
         let node = NODE.get_or_init(|| {
             let key = |s: u8| -> [u8; 32] {
-                core::array::from_fn(|i| s.wrapping_mul(37) ^ (i as u8 * 11 + 1))
+                core::array::from_fn(|i| s.wrapping_mul(37) ^ (i as u8).wrapping_mul(11).wrapping_add(1))
             };
             let pk = |s: u8| NodeAuth::new(9, &key(s), &[], [7; 32]).unwrap().public_key();
             Mutex::new(NodeAuth::new(1, &key(1), &[(0, pk(0)), (2, pk(2))], [5; 32]).unwrap())

@@ -29,6 +29,7 @@ pub mod config;
 pub mod keys;
 pub mod node;
 pub mod node_flow;
+pub mod node_report;
 pub mod observe;
 pub mod offload;
 pub mod relay;

@@ -32,84 +32,12 @@ pub fn run(a: Args) -> Result<()> {
             .with_context(|| format!("binding {listen}"))?;
         let handle = node.handle();
         eprintln!("node {me} listening on {}", node.local_addr()?);
+        let mut report = braid_io::node_report::Report::new(a.table_every);
         let printer = tokio::spawn(async move {
-            let mut shown = 0;
-            let mut shown_slots: Option<(u32, Vec<Option<String>>)> = None;
-            let mut last_table = std::time::Instant::now();
             loop {
                 tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                let s = handle.snapshot();
-                for c in &s.changes[shown..] {
-                    let paths: Vec<String> = c
-                        .paths
-                        .iter()
-                        .map(|(p, mbps)| format!("{p} ({mbps:.2} Mbit/s)"))
-                        .collect();
-                    println!("route to {}: {} [{}]", c.dst, paths.join(" + "), c.reason);
-                }
-                shown = s.changes.len();
-                if let Some(f) = &s.flow {
-                    let now = Some((f.flow, f.slots.clone()));
-                    if now != shown_slots {
-                        let slots: Vec<String> = f
-                            .slots
-                            .iter()
-                            .enumerate()
-                            .map(|(i, p)| format!("{i}: {}", p.as_deref().unwrap_or("unused")))
-                            .collect();
-                        println!(
-                            "flow {:08x} {}->{}: slots {}",
-                            f.flow,
-                            f.src,
-                            f.dst,
-                            slots.join(", ")
-                        );
-                        shown_slots = now;
-                    }
-                }
-                if a.table_every > 0.0 && last_table.elapsed().as_secs_f64() >= a.table_every {
-                    last_table = std::time::Instant::now();
-                    println!(
-                        "relaying {} flow(s): {} DATA datagrams forwarded, {} dropped",
-                        s.relayed.len(),
-                        s.stats.forwarded,
-                        s.stats.data_dropped
-                    );
-                    for e in &s.relayed {
-                        println!(
-                            "relayed flow {:08x} {}->{} slot {}",
-                            e.flow, e.src, e.dst, e.slot
-                        );
-                    }
-                    println!(
-                        "authentication: {} datagrams refused, {} HELLOs taken, {} sent; flow messages: {} PROVISIONs, {} TEARDOWNs, {} refused",
-                        s.stats.auth_failures,
-                        s.stats.hellos,
-                        s.stats.hellos_sent,
-                        s.stats.provisions,
-                        s.stats.teardowns,
-                        s.stats.flow_refused
-                    );
-                    if let Some(f) = &s.flow {
-                        println!(
-                            "flow {:08x}: sent per slot {:?}, received per slot {:?}",
-                            f.flow, f.sent, f.received
-                        );
-                    }
-                    let now = braid_io::node::wall_now();
-                    for from in 0..s.table.nodes() as u16 {
-                        for to in 0..s.table.nodes() as u16 {
-                            if let Some(m) = s.table.get(from, to) {
-                                println!(
-                                    "hop {from}->{to}: {:.2} Mbit/s, rtt {:.1} ms, loss {:.2} %, age {} ms",
-                                    m.throughput_bps / 1e6,
-                                    m.rtt.as_secs_f64() * 1e3,
-                                    m.loss * 100.0,
-                                    (now - m.at).as_micros() / 1000
-                                );
-                            }
-                        }
-                    }
+                for line in report.lines(&handle.snapshot()) {
+                    println!("{line}");
                 }
             }
         });
