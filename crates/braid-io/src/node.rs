@@ -340,7 +340,15 @@ fn parse_flow(t: &Table, peers: &[Peer]) -> Result<FlowConfig, String> {
     check_keys(
         t,
         "flow.",
-        &["to", "tun", "address", "path_mtu", "settle_ms", "adaptive"],
+        &[
+            "to",
+            "tun",
+            "address",
+            "path_mtu",
+            "settle_ms",
+            "adaptive",
+            "session",
+        ],
     )?;
     let to = match t.get("to") {
         None => None,
@@ -383,7 +391,9 @@ fn parse_flow(t: &Table, peers: &[Peer]) -> Result<FlowConfig, String> {
         Some(Value::Boolean(b)) => *b,
         Some(v) => return Err(format!("flow.adaptive: expected true or false, found {v}")),
     };
+    let session = flow_session(t.get("session"))?;
     Ok(FlowConfig {
+        session,
         to,
         tun,
         address,
@@ -391,6 +401,42 @@ fn parse_flow(t: &Table, peers: &[Peer]) -> Result<FlowConfig, String> {
         settle: Duration::from_millis(num(t, "settle_ms", Some(10_000.0), 0.0, 3_600_000.0)? as u64),
         adaptive,
     })
+}
+
+/// `[flow.session]`: the flow's session settings through the one schema (the tunnel's
+/// `[session]` keys and defaults), but for the keys: the flow uses the nodes' own.
+fn flow_session(
+    v: Option<&Value>,
+) -> Result<braid_proto::session::schema::SessionSettings, String> {
+    let t = match v {
+        None => return Ok(Default::default()),
+        Some(Value::Table(t)) => t,
+        Some(v) => return Err(format!("flow.session: expected a table, found {v}")),
+    };
+    for k in ["key", "key_file", "private_key_file", "peer_public_key"] {
+        if t.contains_key(k) {
+            return Err(format!(
+                "flow.session.{k}: a flow's session uses the two nodes' own keys \
+                 (private_key_file and the peers' public_key)"
+            ));
+        }
+    }
+    let s: braid_proto::session::schema::SessionSettings =
+        serde_path_to_error::deserialize(Value::Table(t.clone())).map_err(|e| {
+            let key = e.path().to_string();
+            let why = e.into_inner().to_string();
+            format!("flow.session.{key}: {}", why.trim_end())
+        })?;
+    // The checks that span keys (dead_after against heartbeat, …), now rather than
+    // when the first flow starts.
+    let slot = braid_proto::session::ChannelParams {
+        name: "slot0".into(),
+        weight: 1,
+    };
+    let mut probe = braid_proto::session::Config::new(vec![slot], 1400, Vec::new());
+    s.apply(&mut probe)
+        .map_err(|e| format!("flow.session.{}: {}", e.key, e.reason))?;
+    Ok(s)
 }
 
 /// Counters of a running node.

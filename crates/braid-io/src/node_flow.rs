@@ -63,6 +63,9 @@ pub struct FlowConfig {
     pub settle: braid_proto::Duration,
     /// Adaptive SRR weights in the flow's session (see `docs/tunnel.md`).
     pub adaptive: bool,
+    /// The flow's session settings (`[flow.session]`: the settings schema,
+    /// `docs/settings.md`; the keys are the nodes' own, so no key settings).
+    pub session: braid_proto::session::schema::SessionSettings,
 }
 
 /// The next hop of a slot: the node and its address.
@@ -185,6 +188,8 @@ pub async fn start(
     let mut sc = SessionConfig::new(channels, Vec::new());
     sc.private_key = Some(keys.0);
     sc.peer_public_key = Some(keys.1);
+    sc.apply(&fc.session)
+        .map_err(|e| format!("flow.session.{}: {}", e.key, e.reason))?;
     sc.adaptive = fc.adaptive;
     sc.socket_buffer = 4 << 20;
     let session = Session::start(sc.clone())

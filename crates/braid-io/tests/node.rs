@@ -196,6 +196,13 @@ fn config_files_are_checked() {
         (c.id, c.peers.len(), c.routes.clone(), c.max_paths),
         (0, 2, vec![2], 2)
     );
+    // The flow's session settings: the tunnel's schema, keys and defaults.
+    let flow =
+        format!("{good}[flow]\nto = 2\n[flow.session]\nheartbeat = \"20ms\"\nmode = \"seq\"\n");
+    let f = NodeConfig::parse(&flow, &dir).unwrap().flow.unwrap();
+    assert_eq!(f.session.heartbeat.to_string(), "20ms");
+    assert_eq!(f.session.mode, braid_proto::Mode::Seq);
+    assert_eq!(f.session.arq, None, "unset: the schema's default");
     assert_eq!(c.ping, Duration::from_millis(100));
     assert_eq!(c.private_key, private);
     assert_eq!(c.peers[0].public_key, keys::decode(&p1).unwrap());
@@ -205,6 +212,18 @@ fn config_files_are_checked() {
         (good.replace("to = [2]", "to = [7]"), "route.to"),
         (good.replace("ping_ms", "pingms"), "probe.pingms"),
         (good.replace("max_paths = 2", "max_paths = 4"), "max_paths"),
+        (
+            format!("{good}[flow]\n[flow.session]\nhartbeat = \"20ms\"\n"),
+            "flow.session.hartbeat",
+        ),
+        (
+            format!("{good}[flow]\n[flow.session]\nkey_file = \"k\"\n"),
+            "nodes' own keys",
+        ),
+        (
+            format!("{good}[flow]\n[flow.session]\ndead_after = \"60ms\"\n"),
+            "flow.session.dead_after",
+        ),
         (good.replace("listen = \"127.0.0.1:7400\"\n", ""), "listen"),
         // The old shared key: refused, saying what to do instead.
         (

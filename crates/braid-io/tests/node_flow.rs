@@ -46,6 +46,7 @@ fn config(id: u16, addrs: &[std::net::SocketAddr], keys: &[[u8; 32]]) -> NodeCon
             path_mtu: 1500,
             settle: Duration::from_millis(3000),
             adaptive: false,
+            session: Default::default(),
         }),
     }
 }
