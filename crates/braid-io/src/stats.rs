@@ -239,6 +239,25 @@ pub struct SessionStats {
     /// security, credits, channel count) differ from ours (the log names the setting).
     #[serde(default)]
     pub settings_mismatches: u64,
+    /// Handshake messages dropped for a wrong mac1, before any public-key work.
+    #[serde(default)]
+    pub handshake_mac1_failures: u64,
+    /// Cookie replies we sent (we were under load), and received (the peer was).
+    #[serde(default)]
+    pub cookie_replies_sent: u64,
+    /// Cookie replies received from the peer.
+    #[serde(default)]
+    pub cookie_replies_received: u64,
+    /// Initiations refused by the per-channel limit on public-key work.
+    #[serde(default)]
+    pub handshakes_rate_limited: u64,
+    /// Handshake jobs shed because the handshake worker's queue was full.
+    #[serde(default)]
+    pub handshakes_shed: u64,
+    /// Initiations not answered: a copy of one already processed, or a timestamp
+    /// not newer than the last accepted.
+    #[serde(default)]
+    pub handshake_replays: u64,
     /// Unparseable datagrams, all channels.
     pub malformed: u64,
     /// Resynchronizations, all channels.
@@ -478,6 +497,21 @@ impl SessionStats {
                 self.channels.iter().map(|c| c.arq_rejected).sum::<u64>(),
             );
         }
+        let defence = [
+            self.handshake_mac1_failures,
+            self.cookie_replies_sent,
+            self.cookie_replies_received,
+            self.handshakes_rate_limited,
+            self.handshakes_shed,
+            self.handshake_replays,
+        ];
+        if defence.iter().any(|&n| n > 0) {
+            let _ = writeln!(
+                s,
+                "handshake defence: mac1 failures {}  cookie replies sent {} received {}  rate-limited {}  shed {}  replays {}",
+                defence[0], defence[1], defence[2], defence[3], defence[4], defence[5]
+            );
+        }
         if self.handshake_failures + self.settings_mismatches > 0 {
             let per: Vec<String> = self
                 .channels
@@ -711,6 +745,12 @@ const COUNTERS: &[(bool, &str, &str)] = &[
     (false, "handshakes", "Handshakes completed (the first, re-keys, after peer restarts)"),
     (false, "handshake_failures", "Handshake messages that failed (wrong key, corrupted, stray responses)"),
     (false, "settings_mismatches", "Handshakes refused because the peer's settings (mode, scheduler, weights, security, credits, channel count) differ from ours"),
+    (false, "handshake_mac1_failures", "Handshake messages dropped for a wrong mac1, before any public-key work"),
+    (false, "cookie_replies_sent", "Cookie replies sent: we were under handshake load"),
+    (false, "cookie_replies_received", "Cookie replies received: the peer was under handshake load"),
+    (false, "handshakes_rate_limited", "Initiations refused by the per-channel limit on public-key work"),
+    (false, "handshakes_shed", "Handshake jobs shed: the handshake worker's queue was full"),
+    (false, "handshake_replays", "Initiations not answered: copies of one already processed, or timestamps not newer than the last accepted"),
     (false, "malformed", "Datagrams that could not be parsed, all channels"),
     (false, "resyncs", "Receiver resynchronizations on markers or triggers, all channels"),
     (false, "quanta_changes", "Times adaptive weights changed the SRR quanta"),
@@ -1092,5 +1132,17 @@ mod tests {
             "{p}"
         );
         assert!(p.contains("braid_settings_mismatches_total 0"), "{p}");
+        // Under a flood: what the handshake's defences did, in the table and metrics.
+        assert!(!t.contains("handshake defence"), "{t}");
+        s.cookie_replies_sent = 1200;
+        s.handshakes_rate_limited = 7;
+        let t = s.table();
+        assert!(
+            t.contains("handshake defence: mac1 failures 0  cookie replies sent 1200 received 0  rate-limited 7"),
+            "{t}"
+        );
+        let p = s.prometheus();
+        assert!(p.contains("braid_cookie_replies_sent_total 1200"), "{p}");
+        assert!(p.contains("braid_handshakes_rate_limited_total 7"), "{p}");
     }
 }
