@@ -30,6 +30,7 @@ fn bin() -> String {
 }
 
 mod common;
+use common::sh;
 
 fn skip_reason() -> Option<String> {
     // SAFETY: geteuid has no preconditions.
@@ -42,28 +43,10 @@ fn skip_reason() -> Option<String> {
     if let Some(why) = common::missing_tool(&[("ip", "iproute2"), ("ping", "iputils-ping")]) {
         return Some(why);
     }
-    if Command::new("python3")
-        .arg("-c")
-        .arg("pass")
-        .output()
-        .map_or(true, |o| !o.status.success())
-    {
-        return Some("python3 is not available (the attacker and the TCP ends)".into());
+    if let Some(why) = common::missing_python("the attacker and the TCP ends") {
+        return Some(why);
     }
     None
-}
-
-fn sh(args: &[&str]) {
-    let out = Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .expect("run");
-    assert!(
-        out.status.success(),
-        "{:?} failed: {}",
-        args,
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 /// Namespaces, processes and files of one test; removed on drop.

@@ -28,6 +28,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_braid");
 const PORT: u16 = 7400;
 
 mod common;
+use common::sh;
 
 fn skip_reason() -> Option<String> {
     // SAFETY: geteuid has no preconditions.
@@ -37,28 +38,10 @@ fn skip_reason() -> Option<String> {
     if let Some(why) = common::missing_tool(&[("ip", "iproute2")]) {
         return Some(why);
     }
-    if Command::new("python3")
-        .arg("-c")
-        .arg("pass")
-        .output()
-        .map_or(true, |o| !o.status.success())
-    {
-        return Some("python3 is not available (sends the spoofed DATA, records the link)".into());
+    if let Some(why) = common::missing_python("sends the spoofed DATA, records the link") {
+        return Some(why);
     }
     None
-}
-
-fn sh(args: &[&str]) {
-    let out = Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .expect("run");
-    assert!(
-        out.status.success(),
-        "{:?} failed: {}",
-        args,
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 /// Namespaces, processes and files of the test; removed on drop.

@@ -11,6 +11,7 @@ use serde_json::Value;
 const BIN: &str = env!("CARGO_BIN_EXE_braid");
 
 mod common;
+use common::sh;
 
 fn skip_reason() -> Option<String> {
     // SAFETY: geteuid has no preconditions.
@@ -23,28 +24,10 @@ fn skip_reason() -> Option<String> {
     if let Some(why) = common::missing_tool(&[("ip", "iproute2")]) {
         return Some(why);
     }
-    if Command::new("python3")
-        .arg("-c")
-        .arg("pass")
-        .output()
-        .map_or(true, |o| !o.status.success())
-    {
-        return Some("python3 is not available (used as TCP client and server)".into());
+    if let Some(why) = common::missing_python("used as TCP client and server") {
+        return Some(why);
     }
     None
-}
-
-fn sh(args: &[&str]) {
-    let out = Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .expect("run");
-    assert!(
-        out.status.success(),
-        "{:?} failed: {}",
-        args,
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 /// Namespaces, processes and files of one test; removed on drop.

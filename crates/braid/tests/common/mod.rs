@@ -48,3 +48,28 @@ pub fn lab_skip_reason() -> Option<String> {
     }
     None
 }
+
+/// Run a command and assert that it succeeded (its stderr in the failure).
+#[allow(dead_code)] // not every test binary that includes `common` runs commands
+pub fn sh(args: &[&str]) {
+    let out = std::process::Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .expect("run");
+    assert!(
+        out.status.success(),
+        "{:?} failed: {}",
+        args,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `python3` missing (needed here for `purpose`), as a reason; `None` if it runs.
+#[allow(dead_code)] // not every test binary that includes `common` drives python
+pub fn missing_python(purpose: &str) -> Option<String> {
+    let runs = std::process::Command::new("python3")
+        .args(["-c", "pass"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    (!runs).then(|| format!("python3 is not available ({purpose})"))
+}
