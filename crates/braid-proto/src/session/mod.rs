@@ -242,7 +242,7 @@ impl Config {
 
     /// Whether weights adapt with this configuration (see [`Config::adaptive`]).
     pub fn adapts(&self) -> bool {
-        self.adaptive && self.scheduler == SchedulerKind::Srr && self.mode != Mode::Trr
+        self.adaptive && self.scheduler == SchedulerKind::Srr
     }
 
     /// Check the configuration; the message names what is wrong.
@@ -1331,9 +1331,9 @@ impl Session {
                 self.n
             )));
         }
-        if self.cfg.scheduler != SchedulerKind::Srr || self.cfg.mode == Mode::Trr {
+        if self.cfg.scheduler != SchedulerKind::Srr {
             return Err(ConfigError(
-                "set_weights: only with the srr scheduler, not in trr mode".into(),
+                "set_weights: only with the srr scheduler".into(),
             ));
         }
         let max_packet = u64::from(self.tx.striper.config().max_packet);
