@@ -18,7 +18,8 @@ flood once, then --runs times each (alternating, medians reported):
             goes under load and answers with cookie replies;
   and prints each flow's throughput, the rate the flooder reached (it takes a core of
   its own: on a 2-core machine the tunnels, iperf3 and the kernel share the other), the
-  1-minute load, and the median of the runs' init / junk (goal >= 0.9).
+  CPU each tunnel used and how busy the whole machine was during the flow, the 1-minute
+  load, and the median of the runs' init / junk (goal >= 0.9).
 
 replay mode (--replay): rekey_after = 20s; genuine initiations of the sender are recorded
   on its veths from the start and replayed (each to the channel it was seen on, spoofed
@@ -323,7 +324,12 @@ def flood_run(lab, kind, secs, maxn, cap):
                     secs + 1.5, maxn, mac1_key(lab), length, int(lab.static), cap,
                     1 if lab.legacy else HS_VERSION)
         lab.procs.append(fl)
+    t0, cpu0, m0 = time.time(), [proc_ticks(p.pid) for p in lab.tunnels], machine_ticks()
     bps = lab.iperf(secs)
+    dt, m1 = time.time() - t0, machine_ticks()
+    hz = os.sysconf("SC_CLK_TCK")
+    cores = [(proc_ticks(p.pid) - c) / hz / dt for p, c in zip(lab.tunnels, cpu0)]
+    busy = (m1[0] - m0[0]) / max(1, m1[1] - m0[1])
     sent, rate = 0, 0.0
     if fl:
         out, err = fl.communicate(timeout=secs + 30)
@@ -335,7 +341,25 @@ def flood_run(lab, kind, secs, maxn, cap):
     st = lab.status(2) or {}
     return {"kind": kind or "none", "tcp_bps": bps, "flood_sent": sent,
             "flood_pps": round(rate), "handshake_failures_b": st.get("handshake_failures"),
-            "peer_seen_b": st.get("peer_seen")}
+            "peer_seen_b": st.get("peer_seen"), "cpu_a": round(cores[0], 3),
+            "cpu_b": round(cores[1], 3), "machine_busy": round(busy, 3)}
+
+
+def proc_ticks(pid):
+    """User and system CPU time of process `pid` so far, in clock ticks."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            rest = f.read().rsplit(")", 1)[1].split()
+        return int(rest[11]) + int(rest[12])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def machine_ticks():
+    """(busy, total) clock ticks of all CPUs so far (busy: neither idle nor iowait)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return sum(v) - v[3] - v[4], sum(v)
 
 
 def median(v):
@@ -360,7 +384,9 @@ def flood(args):
             capped = f", capped at {cap:.0f}/s" if cap else ""
             print(f"{row['kind']:>10}: TCP {row['tcp_bps'] / 1e6:8.1f} Mbit/s  "
                   f"flood {row['flood_pps']:>7} datagrams/s ({row['flood_sent']} sent"
-                  f"{capped}); load {row['load1']}", flush=True)
+                  f"{capped}); tunnels' CPU A {row['cpu_a']:.2f} B {row['cpu_b']:.2f} cores, "
+                  f"machine {100 * row['machine_busy']:.0f} % busy, load {row['load1']}",
+                  flush=True)
         time.sleep(1)
         return row
 
@@ -390,8 +416,11 @@ def flood(args):
                 if junk["tcp_bps"]:
                     mac1_ratios.append(m["tcp_bps"] / junk["tcp_bps"])
 
-    by = {k: {"tcp_bps": round(median([r["tcp_bps"] for r in rows if r["kind"] == k])),
-              "flood_pps": round(median([r["flood_pps"] for r in rows if r["kind"] == k]))}
+    def med(k, field):
+        return median([r[field] for r in rows if r["kind"] == k])
+
+    by = {k: {"tcp_bps": round(med(k, "tcp_bps")), "flood_pps": round(med(k, "flood_pps")),
+              "cpu_b": round(med(k, "cpu_b"), 3), "machine_busy": round(med(k, "machine_busy"), 3)}
           for k in dict.fromkeys(r["kind"] for r in rows)}
     ratio = median(ratios)
     res = {"mode": "flood", "seconds": args.seconds, "runs": args.runs, "median": by,
@@ -479,7 +508,8 @@ def main():
     elif not args.replay:
         for k, m in res["median"].items():
             print(f"median {k:>10}: TCP {m['tcp_bps'] / 1e6:8.1f} Mbit/s, "
-                  f"flood {m['flood_pps']} datagrams/s")
+                  f"flood {m['flood_pps']} datagrams/s, responder's CPU {m['cpu_b']:.2f} "
+                  f"cores, machine {100 * m['machine_busy']:.0f} % busy")
         per = ", ".join(f"{r:.3f}" for r in res["ratios_init_to_junk"])
         print(f"init / junk = {res['ratio_init_to_junk']:.3f}, the median of {per} "
               f"(goal >= 0.9; junk at {res['junk_rate']})")
