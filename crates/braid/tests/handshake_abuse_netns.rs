@@ -12,7 +12,7 @@
 //!   rekeys every second. Before, each replay added an unconfirmed handshake to a list
 //!   of 8 that pushed the genuine one out during the round trip before its
 //!   confirmation, and one direction was dead until the next rekey: the build before
-//!   issue 27 loses pings here (10–16 of 600). With the router's delay at 0 ms it
+//!   issue 27 loses pings here (16 and 34 of 600). With the router's delay at 0 ms it
 //!   lost none (the confirmation came before 8 replays did), hence the delay.
 //!
 //! Needs root, /dev/net/tun, `ip`, `ping` and python3; without them each test says why
@@ -575,8 +575,9 @@ with lock:
 /// a heartbeat), so once 9 distinct initiations of the rekeying end are recorded the
 /// genuine one is pushed out and its datagrams are dropped until the other end's
 /// rekey, half a period later. On that build (`BRAID_TEST_BIN` pointing at it, commit
-/// 4a2affc) this test lost 16 and 10 of 600 pings in two runs (outages of 300–500 ms,
-/// the first about 9 s in); on this one, 0, with the replays counted as refused.
+/// 4a2affc) this test lost 16 and 34 of 600 pings in two runs (outages of 300 ms to
+/// 1.35 s, the first about 9 s in; 10 at 3000 replays/s); on this one, 0, with the
+/// replays counted as refused.
 ///
 /// Rekeys every second instead of the issue's 20 s over 70 s: what breaks is each
 /// rekey's answer-to-confirmation window, which the round trip and the replay rate set
