@@ -1693,3 +1693,40 @@ fn replayed_initiations_break_no_rekey() {
     );
     assert!(p.delivered.windows(2).all(|w| w[0] < w[1]));
 }
+
+/// In-bond repair adds no delay while the channels lose nothing: once they have shown
+/// it for [`super::MARGIN_AFTER_GAP`], a sparse flow (a ping every 500 ms over two
+/// 20 ms paths) is delivered one path's delay after it was sent, as without repair.
+/// (The equalizer's repair margin, the fastest round trip plus 5 ms, held every packet
+/// 45 ms longer for ever.) When a channel loses, the margin is back.
+#[test]
+fn repair_adds_no_delay_while_nothing_is_lost() {
+    let quiet = super::MARGIN_AFTER_GAP.as_micros() / 1000;
+    let after_send = |p: &Pair, from: u64| -> Vec<u64> {
+        // Packet k was sent at k x 500 ms.
+        p.delivered
+            .iter()
+            .zip(&p.delivered_at)
+            .filter(|(&id, _)| id * 500 >= from)
+            .map(|(&id, &at)| at.saturating_since(at_ms(id * 500)).as_micros() / 1000)
+            .collect()
+    };
+    for mode in [Mode::Logical, Mode::Seq, Mode::Trr] {
+        let mut p = pair_with(2, mode, &[20, 20], arq_on);
+        p.every = Duration::from_millis(500);
+        p.run_until(at_ms(quiet + 4000));
+        // Held for a repair's time at first (the channels may lose), not after.
+        let early = after_send(&p, 1000);
+        assert!(early[..4].iter().all(|&ms| ms >= 60), "{mode:?}: {early:?}");
+        let lat = after_send(&p, quiet + 500);
+        assert!(lat.len() >= 6, "{mode:?}: {lat:?}");
+        assert!(lat.iter().all(|&ms| ms <= 21), "{mode:?}: {lat:?}");
+        // Channel 1 loses every 3rd datagram: repairs, and the margin holds what
+        // follows for a repair's time.
+        p.ab[1].drop_every = 3;
+        let from = quiet + 4000;
+        p.run_until(at_ms(from + 4000));
+        let lat = after_send(&p, from + 1000);
+        assert!(lat.iter().all(|&ms| ms >= 60), "{mode:?}: {lat:?}");
+    }
+}
