@@ -60,6 +60,7 @@ enum Command {
     Sim(cmd::sim::Args),
     /// Run the strIPe virtual interface: a TUN device whose IP packets are striped over
     /// the configured UDP channels and resequenced at the peer (needs CAP_NET_ADMIN).
+    /// Under systemd (braid@NAME.service) it reports readiness once the peer answers.
     Tunnel(cmd::tunnel::Args),
     /// Traffic generator and sink over braid channels (no TUN, no privileges), and a raw
     /// UDP baseline: goodput, loss, out-of-order, latency.

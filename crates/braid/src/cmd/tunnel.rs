@@ -20,6 +20,8 @@ use tracing::{error, info, warn};
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Configuration file (TOML): [tunnel], [session] and one [[channel]] per path.
+    /// SIGHUP (systemctl reload) re-reads it: new channel weights and tunnel.log_level
+    /// apply at once, the log names the changes that need a restart.
     #[arg(long)]
     config: PathBuf,
     /// Serve Prometheus metrics at http://ADDR/metrics (overrides tunnel.metrics).
