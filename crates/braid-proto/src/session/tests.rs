@@ -1246,6 +1246,14 @@ fn set_weights_moves_the_stripe_and_survives_a_new_epoch() {
         assert!(p.a.set_weights(&[1]).is_err());
         assert!(p.a.set_weights(&[0, 1]).is_err());
         p.a.set_weights(&[3, 1]).unwrap();
+        // The stats show the quanta the new weights give (what `braid status` prints).
+        let q: Vec<u32> =
+            p.a.stats(p.now)
+                .channels
+                .iter()
+                .map(|c| c.quantum)
+                .collect();
+        assert_eq!(q[0], 3 * q[1], "{mode:?} {q:?}");
         p.data_at.iter_mut().for_each(Vec::clear);
         p.run_until(at_ms(1500));
         let ratio = p.data_at[0].len() as f64 / p.data_at[1].len() as f64;
