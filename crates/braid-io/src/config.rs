@@ -17,15 +17,21 @@ use braid_proto::config::MAX_CHANNELS;
 
 use crate::keys;
 
-/// One channel: a UDP socket bound to `local`, aimed at the peer's `remote`.
+/// One channel: a UDP socket bound to `local`, aimed at the peer's `remote` (or, on
+/// the end that waits to be reached, at the address the peer's first authenticated
+/// datagram on it comes from). Either way the peer's address follows what
+/// authenticates: a client behind a NAT whose mapping changes is followed.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ChannelConfig {
     /// A name for logs and stats.
     pub name: String,
-    /// Local address to bind.
+    /// Local address to bind (port 0: any free port; `0.0.0.0:0` for a client behind
+    /// NAT).
     pub local: SocketAddr,
-    /// The peer's address for this channel.
-    pub remote: SocketAddr,
+    /// The peer's address for this channel to start with; `None`: learnt from the
+    /// peer's first authenticated datagram (the end that waits; its `local` needs a
+    /// fixed port).
+    pub remote: Option<SocketAddr>,
     /// Bind the socket to this interface (SO_BINDTODEVICE; needs CAP_NET_RAW).
     pub device: Option<String>,
     /// Relative capacity (any unit); SRR quanta and GRR counts are proportional to it.
@@ -48,7 +54,7 @@ impl ChannelConfig {
         ChannelConfig {
             name: name.into(),
             local,
-            remote,
+            remote: Some(remote),
             device: None,
             weight: 1,
             mtu: 1500,
@@ -57,9 +63,18 @@ impl ChannelConfig {
         }
     }
 
+    /// A channel that waits on `local` (a fixed port) for the peer, whose address it
+    /// learns from the peer's first authenticated datagram.
+    pub fn waiting(name: impl Into<String>, local: SocketAddr) -> Self {
+        ChannelConfig {
+            remote: None,
+            ..ChannelConfig::new(name, local, local)
+        }
+    }
+
     /// IP + UDP header bytes for this channel's address family.
     pub fn udp_overhead(&self) -> u32 {
-        if self.remote.is_ipv4() {
+        if self.local.is_ipv4() {
             28
         } else {
             48
@@ -290,11 +305,26 @@ impl SessionConfig {
                     c.name, c.mtu
                 ));
             }
-            if c.local.is_ipv4() != c.remote.is_ipv4() {
-                return Err(format!(
-                    "channel {i} ({}): local {} and remote {} are of different address families",
-                    c.name, c.local, c.remote
-                ));
+            match c.remote {
+                Some(r) if c.local.is_ipv4() != r.is_ipv4() => {
+                    return Err(format!(
+                        "channel {i} ({}): local {} and remote {r} are of different address families",
+                        c.name, c.local
+                    ));
+                }
+                Some(r) if r.port() == 0 => {
+                    return Err(format!(
+                        "channel {i} ({}): remote {r}: port 0 cannot be a destination",
+                        c.name
+                    ));
+                }
+                None if c.local.port() == 0 => {
+                    return Err(format!(
+                        "channel {i} ({}): no remote and local port 0: the peer could not reach this channel; give a remote, or a fixed local port to wait on",
+                        c.name
+                    ));
+                }
+                _ => {}
             }
             for (j, d) in self.channels.iter().enumerate().take(i) {
                 if d.local == c.local && c.local.port() != 0 {
@@ -424,8 +454,8 @@ struct RawTunnel {
 #[serde(deny_unknown_fields)]
 struct RawChannel {
     name: Option<String>,
-    local: String,
-    remote: String,
+    local: Option<String>,
+    remote: Option<String>,
     device: Option<String>,
     weight: Option<u32>,
     mtu: Option<u32>,
@@ -572,10 +602,30 @@ fn parse_channel(i: usize, c: &RawChannel) -> Result<ChannelConfig, Fault> {
         v.parse()
             .map_err(|_| (k(f), format!("'{v}' is not an IP:PORT address")))
     };
-    let local = addr("local", &c.local)?;
-    let remote = addr("remote", &c.remote)?;
-    if remote.port() == 0 {
+    let remote = match &c.remote {
+        Some(r) => Some(addr("remote", r)?),
+        None => None,
+    };
+    if remote.is_some_and(|r| r.port() == 0) {
         return Err((k("remote"), "port 0 cannot be a destination".into()));
+    }
+    let local = match (&c.local, remote) {
+        (Some(l), _) => addr("local", l)?,
+        // A client: any free port, on the remote's address family.
+        (None, Some(r)) if r.is_ipv4() => SocketAddr::from((std::net::Ipv4Addr::UNSPECIFIED, 0)),
+        (None, Some(_)) => SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, 0)),
+        (None, None) => {
+            return Err((
+                k("local"),
+                "neither local nor remote: give remote (the peer's address; local may then be left out), or local with a fixed port to wait for the peer on".into(),
+            ))
+        }
+    };
+    if remote.is_none() && local.port() == 0 {
+        return Err((
+            k("remote"),
+            format!("missing, and local {local} has no fixed port: the peer could not reach this channel; give remote, or a fixed local port to wait on"),
+        ));
     }
     let weight = c.weight.unwrap_or(1);
     if weight == 0 {
@@ -778,6 +828,43 @@ weight = 2
 local = "127.0.0.1:7002"
 remote = "127.0.0.1:7102"
 "#;
+
+    #[test]
+    fn a_server_channel_may_leave_out_remote_and_a_client_channel_local() {
+        // The end that waits: a fixed local port, the peer's address learnt.
+        let server = GOOD.replace("remote = \"127.0.0.1:7101\"\n", "");
+        let c = FileConfig::parse("t.toml", &server, None).unwrap();
+        assert_eq!(c.session.channels[0].remote, None);
+        assert_eq!(
+            c.session.channels[0].local,
+            "127.0.0.1:7001".parse().unwrap()
+        );
+        // A client behind NAT: no local (any port, the remote's family).
+        let client = GOOD
+            .replace("local = \"127.0.0.1:7001\"\n", "")
+            .replace("local = \"127.0.0.1:7002\"", "local = \"0.0.0.0:0\"")
+            .replace("127.0.0.1:7102", "[2001:db8::1]:7102");
+        let e = FileConfig::parse("t.toml", &client, None).unwrap_err();
+        assert!(e.to_string().contains("different address families"), "{e}");
+        let client = client.replace("local = \"0.0.0.0:0\"", "local = \"[::]:0\"");
+        let c = FileConfig::parse("t.toml", &client, None).unwrap();
+        assert_eq!(c.session.channels[0].local, "0.0.0.0:0".parse().unwrap());
+        assert_eq!(c.session.channels[1].local, "[::]:0".parse().unwrap());
+        assert_eq!(
+            c.session.channels[1].remote,
+            Some("[2001:db8::1]:7102".parse().unwrap())
+        );
+        assert_eq!(c.session.channels[1].udp_overhead(), 48);
+        // Neither, or no remote and no fixed port to wait on: nobody could reach it.
+        let neither = server.replace("local = \"127.0.0.1:7001\"\n", "");
+        let e = FileConfig::parse("t.toml", &neither, None).unwrap_err();
+        assert_eq!(e.key, "channel[0].local");
+        assert!(e.reason.contains("neither local nor remote"), "{e}");
+        let no_port = server.replace("127.0.0.1:7001", "0.0.0.0:0");
+        let e = FileConfig::parse("t.toml", &no_port, None).unwrap_err();
+        assert_eq!(e.key, "channel[0].remote");
+        assert!(e.reason.contains("no fixed port"), "{e}");
+    }
 
     #[test]
     fn good_file_parses() {
