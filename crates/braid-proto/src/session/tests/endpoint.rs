@@ -31,6 +31,13 @@ struct Nat {
     delivered_b: Vec<u64>,
     delivered_a: Vec<u64>,
     next_id: u64,
+    /// No application traffic.
+    idle: bool,
+    /// When each end last sent on each channel, and the longest silence so far (of
+    /// either end, any channel), from `watch_from` on.
+    last_tx: [Vec<Instant>; 2],
+    longest_silence: Duration,
+    watch_from: Instant,
 }
 
 impl Nat {
@@ -59,6 +66,10 @@ impl Nat {
             delivered_b: Vec::new(),
             delivered_a: Vec::new(),
             next_id: 0,
+            idle: false,
+            last_tx: [vec![Instant::ZERO; n], vec![Instant::ZERO; n]],
+            longest_silence: Duration::ZERO,
+            watch_from: Instant::ZERO,
         }
     }
 
@@ -74,7 +85,7 @@ impl Nat {
                 self.a.handle_datagram_from(now, c, src, d);
             }
         }
-        if self.a.peer_seen() {
+        if self.a.peer_seen() && !self.idle {
             self.a.handle_packet(now, packet(self.next_id));
             self.b.handle_packet(now, packet(self.next_id));
             self.next_id += 1;
@@ -86,12 +97,14 @@ impl Nat {
             self.b.handle_timeout(now);
         }
         while let Some(t) = self.a.poll_transmit() {
+            self.sent(0, t.channel);
             assert_eq!(t.destination, Some(self.server[t.channel]));
             self.captured[t.channel].push(t.bytes.clone());
             let src = self.mapped[t.channel];
             self.wire.push((true, t.channel, src, t.bytes));
         }
         while let Some(t) = self.b.poll_transmit() {
+            self.sent(1, t.channel);
             let to = t.destination.expect("a server sends only where it knows");
             if to == self.mapped[t.channel] {
                 let src = self.server[t.channel];
@@ -110,6 +123,12 @@ impl Nat {
             self.events_b.push(e);
         }
         while self.a.poll_event().is_some() {}
+    }
+
+    fn sent(&mut self, end: usize, c: usize) {
+        let last = self.last_tx[end][c].max(self.watch_from);
+        self.longest_silence = self.longest_silence.max(self.now.saturating_since(last));
+        self.last_tx[end][c] = self.now;
     }
 
     fn run_ms(&mut self, ms: u64) {
@@ -242,4 +261,32 @@ fn a_forged_a_replayed_or_a_late_datagram_never_moves_an_endpoint() {
     );
     assert_eq!(p.b.endpoint(0), Some(p.mapped[0]));
     assert_eq!(p.b.stats(p.now).channels[0].endpoint_changes, 0);
+}
+
+#[test]
+fn an_idle_session_sends_on_every_channel_every_heartbeat_at_both_ends() {
+    // The hellos are the keepalives that hold a NAT's mapping open: with no traffic
+    // at all, each end still sends on each channel at least once per heartbeat.
+    let mut p = Nat::new(3);
+    p.idle = true;
+    p.run_ms(300);
+    assert!(p.a.peer_seen() && p.b.peer_seen());
+    p.watch_from = p.now;
+    p.longest_silence = Duration::ZERO;
+    p.run_ms(10_000);
+    let heartbeat = p.a.config().heartbeat;
+    for end in 0..2 {
+        for (c, &t) in p.last_tx[end].iter().enumerate() {
+            assert!(
+                p.now.saturating_since(t) <= heartbeat,
+                "end {end} channel {c}"
+            );
+        }
+    }
+    assert!(
+        p.longest_silence <= heartbeat,
+        "a channel was silent for {:?} (heartbeat {heartbeat:?})",
+        p.longest_silence
+    );
+    assert_eq!(p.delivered_b.len() + p.delivered_a.len(), 0);
 }
