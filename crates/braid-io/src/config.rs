@@ -2,7 +2,7 @@
 //! shared by `braid tunnel` and `braid bench` ([`FileConfig`]). The `[session]` keys are
 //! the settings schema's (`braid_proto::session::schema`, `docs/settings.md`).
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -410,6 +410,9 @@ pub struct TunnelConfig {
     pub name: String,
     /// IPv4 address and prefix length for the device.
     pub address: Option<(Ipv4Addr, u8)>,
+    /// IPv6 address and prefix length for the device (the tunnel carries IPv4 and
+    /// IPv6 packets either way; this is the device's own address).
+    pub address6: Option<(Ipv6Addr, u8)>,
     /// MTU of the device; `None`: the largest that fits every channel.
     pub mtu: Option<u32>,
     /// Unix socket for `braid status`. From a file: `tunnel.control`, else
@@ -443,7 +446,7 @@ struct RawFile {
 #[serde(deny_unknown_fields)]
 struct RawTunnel {
     name: Option<String>,
-    address: Option<String>,
+    address: Option<Addresses>,
     mtu: Option<u32>,
     control: Option<String>,
     metrics: Option<String>,
@@ -460,6 +463,56 @@ struct RawChannel {
     weight: Option<u32>,
     mtu: Option<u32>,
     pace: Option<String>,
+}
+
+/// `tunnel.address`: one `ADDRESS/PREFIX`, or a list of them (at most one IPv4 and
+/// one IPv6).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Addresses {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// Parse `X:Y::Z/len` (IPv6).
+pub fn parse_cidr6(s: &str) -> Result<(Ipv6Addr, u8), String> {
+    let (a, l) = s
+        .split_once('/')
+        .ok_or_else(|| format!("'{s}' is not ADDRESS/PREFIX (e.g. fd77::1/64)"))?;
+    let addr: Ipv6Addr = a
+        .parse()
+        .map_err(|_| format!("'{a}' is not an IPv6 address"))?;
+    let len: u8 = l
+        .parse()
+        .ok()
+        .filter(|&n| n <= 128)
+        .ok_or_else(|| format!("'{l}' is not a prefix length 0..=128"))?;
+    Ok((addr, len))
+}
+
+/// The device's addresses from `tunnel.address`: at most one of each family.
+type TunAddresses = (Option<(Ipv4Addr, u8)>, Option<(Ipv6Addr, u8)>);
+
+fn parse_addresses(a: &Addresses) -> Result<TunAddresses, String> {
+    let list = match a {
+        Addresses::One(s) => std::slice::from_ref(s),
+        Addresses::Many(v) => &v[..],
+    };
+    let (mut v4, mut v6) = (None, None);
+    for s in list {
+        if s.split_once('/').is_some_and(|(a, _)| a.contains(':')) {
+            if v6.replace(parse_cidr6(s)?).is_some() {
+                return Err(format!(
+                    "'{s}': two IPv6 addresses; give at most one of each family"
+                ));
+            }
+        } else if v4.replace(parse_cidr(s)?).is_some() {
+            return Err(format!(
+                "'{s}': two IPv4 addresses; give at most one of each family"
+            ));
+        }
+    }
+    Ok((v4, v6))
 }
 
 /// Parse `A.B.C.D/len`.
@@ -712,9 +765,9 @@ fn parse_tunnel(t: RawTunnel, cfg: &SessionConfig) -> Result<TunnelConfig, Fault
             format!("'{name}' must be 1 to 15 bytes long"),
         ));
     }
-    let address = match &t.address {
-        None => None,
-        Some(a) => Some(parse_cidr(a).map_err(|r| fault("tunnel.address", r))?),
+    let (address, address6) = match &t.address {
+        None => (None, None),
+        Some(a) => parse_addresses(a).map_err(|r| fault("tunnel.address", r))?,
     };
     let auto = cfg.max_inner() - cfg.data_overhead();
     if let Some(m) = t.mtu {
@@ -749,6 +802,7 @@ fn parse_tunnel(t: RawTunnel, cfg: &SessionConfig) -> Result<TunnelConfig, Fault
     Ok(TunnelConfig {
         name,
         address,
+        address6,
         mtu: t.mtu,
         control,
         metrics,
@@ -864,6 +918,38 @@ remote = "127.0.0.1:7102"
         let e = FileConfig::parse("t.toml", &no_port, None).unwrap_err();
         assert_eq!(e.key, "channel[0].remote");
         assert!(e.reason.contains("no fixed port"), "{e}");
+    }
+
+    #[test]
+    fn the_tunnel_takes_an_ipv4_and_an_ipv6_address_and_channels_of_either_family() {
+        let both = GOOD
+            .replace(
+                "address = \"10.77.0.1/24\"",
+                "address = [\"10.77.0.1/24\", \"fd77::1/64\"]",
+            )
+            .replace("127.0.0.1:7002", "[::1]:7002")
+            .replace("127.0.0.1:7102", "[::1]:7102");
+        let c = FileConfig::parse("t.toml", &both, None).unwrap();
+        let t = c.tunnel.unwrap();
+        assert_eq!(t.address, Some((Ipv4Addr::new(10, 77, 0, 1), 24)));
+        assert_eq!(t.address6, Some(("fd77::1".parse().unwrap(), 64)));
+        // A bond of an IPv4 and an IPv6 channel: the IPv6 one's headers are larger.
+        let ch = &c.session.channels;
+        assert_eq!((ch[0].udp_overhead(), ch[1].udp_overhead()), (28, 48));
+        let v6 = GOOD.replace("10.77.0.1/24", "fd77::1/64");
+        let t = FileConfig::parse("t.toml", &v6, None)
+            .unwrap()
+            .tunnel
+            .unwrap();
+        assert_eq!((t.address, t.address6.map(|a| a.1)), (None, Some(64)));
+        let e = |text: &str| FileConfig::parse("t.toml", text, None).unwrap_err();
+        let x = e(&GOOD.replace("\"10.77.0.1/24\"", "[\"10.77.0.1/24\", \"10.78.0.1/24\"]"));
+        assert_eq!(x.key, "tunnel.address");
+        assert!(x.reason.contains("two IPv4 addresses"), "{x}");
+        let x = e(&GOOD.replace("10.77.0.1/24", "fd77::1/129"));
+        assert!(x.reason.contains("0..=128"), "{x}");
+        let x = e(&GOOD.replace("10.77.0.1/24", "fd77::g/64"));
+        assert!(x.reason.contains("not an IPv6 address"), "{x}");
     }
 
     #[test]

@@ -152,6 +152,10 @@ pub fn open_tun(t: &TunnelConfig, s: &SessionConfig) -> Result<Tun, TunnelError>
         tun.set_ipv4(addr, len)?;
     }
     tun.up()?;
+    // After up: the kernel adds the prefix's route to a running device.
+    if let Some((addr, len)) = t.address6 {
+        tun.set_ipv6(addr, len)?;
+    }
     info!(
         "TUN {} up, mtu {mtu}, mode {}, security {}, {} channels",
         tun.name(),
