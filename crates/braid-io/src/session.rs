@@ -679,7 +679,7 @@ async fn reader(
         let read_at = std::time::Instant::now();
         let n = match r {
             Ok(n) => n,
-            // ICMP errors from a connected UDP socket (peer not running yet): ignore.
+            // A receive error (an ICMP error queued on the socket): ignore.
             Err(e) => {
                 debug!(channel, "recv error: {e}");
                 tokio::time::sleep(StdDuration::from_millis(1)).await;
