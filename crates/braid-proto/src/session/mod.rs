@@ -34,7 +34,14 @@
 //!   it back with [`Session::handshake_shed`] when the queue is full. Without the call
 //!   the public-key work is done inside [`Session::handle_datagram`] (the simulator).
 //!   A driver on real sockets also sets [`Session::set_wall_clock`] (initiation
-//!   timestamps) and [`Session::set_channel_address`] (cookies).
+//!   timestamps).
+//! * Addresses, on real sockets: [`Session::set_endpoint`] for every channel first (the
+//!   peer's configured address, or `None` to learn it), then
+//!   [`Session::handle_datagram_from`] with each datagram's source, and each
+//!   [`Transmit`] goes to its [`Transmit::destination`]. A channel's endpoint follows
+//!   the peer's authenticated datagrams only ([`Event::EndpointChanged`]); cookies are
+//!   bound to each handshake message's source. Without these calls (the simulator)
+//!   each channel is one fixed path and `destination` is `None`.
 //!
 //! Every input takes `now`, an [`Instant`] from the driver's origin.
 
