@@ -217,6 +217,9 @@ pub(crate) async fn forward(
     shutdown: std::pin::Pin<&mut impl std::future::Future<Output = &'static str>>,
 ) -> Result<(), TunnelError> {
     let sender = session.sender();
+    // The largest inner packet the bond carries: TCP SYNs entering the tunnel announce
+    // no larger a segment (crate::mss).
+    let bond_mtu = sender.max_message();
     let mut reader = {
         let tun = tun.clone();
         tokio::spawn(async move {
@@ -226,6 +229,7 @@ pub(crate) async fn forward(
                 if n == 0 {
                     continue;
                 }
+                crate::mss::clamp(&mut buf[..n], bond_mtu);
                 match sender.send(Bytes::copy_from_slice(&buf[..n])).await {
                     Ok(()) => {}
                     Err(SessionError::Closed) => return Ok(()),
