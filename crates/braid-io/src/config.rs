@@ -422,6 +422,9 @@ pub struct TunnelConfig {
     pub metrics: Option<SocketAddr>,
     /// Period of the one-line log summary (zero: off).
     pub log_interval: Duration,
+    /// Log level (`off`, `error`, `warn`, `info`, `debug`, `trace`); `None`: the
+    /// command line's, RUST_LOG, else `info`. A reload applies it.
+    pub log_level: Option<String>,
 }
 
 /// A parsed configuration file.
@@ -451,6 +454,7 @@ struct RawTunnel {
     control: Option<String>,
     metrics: Option<String>,
     log_interval: Option<String>,
+    log_level: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -799,6 +803,22 @@ fn parse_tunnel(t: RawTunnel, cfg: &SessionConfig) -> Result<TunnelConfig, Fault
         None => Duration::from_secs(10),
         Some(v) => parse_duration(v).map_err(|r| fault("tunnel.log_interval", r.to_string()))?,
     };
+    const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
+    let log_level = match &t.log_level {
+        None => None,
+        Some(l) => Some(
+            LEVELS
+                .iter()
+                .find(|x| x.eq_ignore_ascii_case(l))
+                .map(|x| x.to_string())
+                .ok_or_else(|| {
+                    fault(
+                        "tunnel.log_level",
+                        format!("'{l}' is not one of {}", LEVELS.join(", ")),
+                    )
+                })?,
+        ),
+    };
     Ok(TunnelConfig {
         name,
         address,
@@ -807,6 +827,7 @@ fn parse_tunnel(t: RawTunnel, cfg: &SessionConfig) -> Result<TunnelConfig, Fault
         control,
         metrics,
         log_interval,
+        log_level,
     })
 }
 
@@ -1333,6 +1354,19 @@ remote = "127.0.0.1:7102"
             x.to_string(),
             "config /nonexistent/t.toml: cannot read: No such file or directory (os error 2)"
         );
+    }
+
+    #[test]
+    fn tunnel_log_level_is_one_of_the_levels() {
+        let p = |t: &str| FileConfig::parse("t.toml", t, None);
+        assert_eq!(p(GOOD).unwrap().tunnel.unwrap().log_level, None);
+        let with =
+            |l: &str| GOOD.replacen("[session]", &format!("log_level = \"{l}\"\n\n[session]"), 1);
+        let t = p(&with("Debug")).unwrap().tunnel.unwrap();
+        assert_eq!(t.log_level.as_deref(), Some("debug"));
+        let e = p(&with("loud")).unwrap_err();
+        assert_eq!(e.key, "tunnel.log_level");
+        assert!(e.reason.contains("'loud' is not one of off, error"), "{e}");
     }
 
     #[test]

@@ -668,6 +668,7 @@ impl Node {
                     control: None,
                     metrics: None,
                     log_interval: std::time::Duration::ZERO,
+                    log_level: None,
                 })
             })
         });

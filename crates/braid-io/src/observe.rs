@@ -1,5 +1,6 @@
 //! Ways to look at a running session from outside: the local control socket read by
-//! `braid status`, and a minimal Prometheus endpoint.
+//! `braid status`, and a minimal HTTP endpoint: Prometheus metrics, the JSON snapshot
+//! and a live status page.
 //!
 //! Control protocol (Unix stream socket): the client writes one line, `stats`, and
 //! reads one JSON document ([`SessionStats`]) until the server closes the connection.
@@ -115,7 +116,12 @@ pub async fn query_control(path: &Path) -> Result<SessionStats, String> {
     serde_json::from_str(&buf).map_err(|e| format!("{}: bad answer ({e}): {buf}", path.display()))
 }
 
-/// Serve the Prometheus text format at `http://ADDR/metrics`. Returns the bound
+/// The live status page served at `/`: it polls `/stats.json` and draws the last five
+/// minutes per channel (rate, RTT, loss, weight, state) and the events; self-contained.
+const STATUS_PAGE: &str = include_str!("status_page.html");
+
+/// Serve the Prometheus text format at `http://ADDR/metrics`, the snapshot `braid status
+/// --json` prints at `/stats.json`, and a live status page at `/`. Returns the bound
 /// address (useful with port 0) and the task.
 pub async fn serve_metrics(
     addr: SocketAddr,
@@ -161,8 +167,27 @@ pub async fn serve_metrics(
                         Ok(s) => ("200 OK", s.prometheus(), "text/plain; version=0.0.4"),
                         Err(e) => ("503 Service Unavailable", format!("{e}\n"), "text/plain"),
                     }
+                } else if target == "/stats.json" {
+                    match stats.get().await {
+                        Ok(s) => (
+                            "200 OK",
+                            serde_json::to_string(&s).unwrap_or_default(),
+                            "application/json",
+                        ),
+                        Err(e) => ("503 Service Unavailable", format!("{e}\n"), "text/plain"),
+                    }
+                } else if target == "/" {
+                    (
+                        "200 OK",
+                        STATUS_PAGE.to_string(),
+                        "text/html; charset=utf-8",
+                    )
                 } else {
-                    ("404 Not Found", "try /metrics\n".to_string(), "text/plain")
+                    (
+                        "404 Not Found",
+                        "try / (the status page), /metrics or /stats.json\n".to_string(),
+                        "text/plain",
+                    )
                 };
                 let resp = format!(
                     "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",

@@ -183,11 +183,36 @@ pub async fn run(
     peer_timeout: Option<Duration>,
     shutdown: impl std::future::Future<Output = &'static str>,
 ) -> Result<(), TunnelError> {
+    run_with_hooks(t, s, observers, peer_timeout, shutdown, Hooks::default()).await
+}
+
+/// Told of a running tunnel's progress (the CLI's systemd notifications and reload).
+#[derive(Default)]
+pub struct Hooks {
+    /// The session has started (the TUN device is up; the peer may not have answered):
+    /// its handle, to read stats and change weights while it runs.
+    pub started: Option<Box<dyn FnOnce(StatsHandle) + Send>>,
+    /// The peer answered: packets flow.
+    pub up: Option<Box<dyn FnOnce() + Send>>,
+}
+
+/// [`run`], calling `hooks` as the tunnel starts and comes up.
+pub async fn run_with_hooks(
+    t: &TunnelConfig,
+    s: SessionConfig,
+    observers: Observers,
+    peer_timeout: Option<Duration>,
+    shutdown: impl std::future::Future<Output = &'static str>,
+    mut hooks: Hooks,
+) -> Result<(), TunnelError> {
     let tun = open_tun(t, &s)?;
     let mut session = Session::start(s).await?;
     // A rejection of our handshake is unauthenticated: logged, never a reason to stop.
     session.keep_trying_when_rejected();
     let stats = session.stats_handle();
+    if let Some(f) = hooks.started.take() {
+        f(stats.clone());
+    }
     let _ctl = start_observers(&observers, stats).await?;
     tokio::pin!(shutdown);
     info!("waiting for the peer...");
@@ -200,6 +225,9 @@ pub async fn run(
         }
     }
     info!("peer answered; forwarding");
+    if let Some(f) = hooks.up.take() {
+        f();
+    }
     let result = forward(Arc::new(tun), &mut session, shutdown).await;
     if let Ok(st) = session.stats().await {
         info!("final: {}", st.log_line());

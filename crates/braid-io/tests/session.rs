@@ -309,11 +309,25 @@ async fn prometheus_endpoint_serves_live_counters() {
         body.contains("braid_channel_up{channel=\"1\",name=\"c1\"} 1"),
         "{body}"
     );
-    let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
-    conn.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
-    let mut body = String::new();
-    conn.read_to_string(&mut body).await.unwrap();
-    assert!(body.starts_with("HTTP/1.1 404"), "{body}");
+    // The status page at /, the snapshot it polls at /stats.json, 404 elsewhere.
+    let get = |path: &'static str| async move {
+        let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+        conn.write_all(format!("GET {path} HTTP/1.1\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let mut body = String::new();
+        conn.read_to_string(&mut body).await.unwrap();
+        body
+    };
+    let page = get("/").await;
+    assert!(page.starts_with("HTTP/1.1 200 OK"), "{page}");
+    assert!(page.contains("Content-Type: text/html") && page.contains("fetch(\"/stats.json\""));
+    let json = get("/stats.json").await;
+    assert!(json.starts_with("HTTP/1.1 200 OK"), "{json}");
+    let snapshot: braid_io::SessionStats =
+        serde_json::from_str(json.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+    assert_eq!(snapshot.delivered_packets, 1000);
+    assert!(get("/nothing").await.starts_with("HTTP/1.1 404"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

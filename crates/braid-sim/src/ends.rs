@@ -8,7 +8,7 @@ use braid_proto::{Instant, Resequencer, Striper, TransmitKind};
 use bytes::Bytes;
 
 use crate::model::Nanos;
-use crate::run::{CreditResult, SessionResult};
+use crate::run::{CreditResult, NotDelivered, SessionResult};
 
 /// One datagram from the sender for a forward channel.
 pub(crate) struct Outgoing {
@@ -121,7 +121,8 @@ impl SessionEnds {
         dup
     }
 
-    pub fn result(&self) -> SessionResult {
+    /// The session's figures; `delivered`: packets the receiving end delivered.
+    pub fn result(&self, delivered: u64) -> SessionResult {
         let ms = |a: Nanos, b: Option<Nanos>| b.map(|b| (b.saturating_sub(a)) as f64 / 1e6);
         let st = self.a.stats(Instant::ZERO);
         let credits = st.credits.map(|tx| {
@@ -161,7 +162,27 @@ impl SessionEnds {
             epoch_changes: st.tx_epoch_changes,
             quanta_changes: st.quanta_changes,
             final_quanta: st.channels.iter().map(|c| c.quantum).collect(),
+            not_delivered: self.not_delivered(&st, delivered),
         }
+    }
+
+    fn not_delivered(
+        &self,
+        st: &braid_proto::session::SessionStats,
+        delivered: u64,
+    ) -> NotDelivered {
+        let b = self.b.stats(Instant::ZERO);
+        let mut n = NotDelivered {
+            offered: st.sent_packets,
+            sender_queue: st.queue_drops,
+            pacer: st.pacing.map_or(0, |p| p.drops),
+            receiver_aqm: b.aqm.as_ref().map_or(0, |a| a.drops),
+            receiver_gave_up: b.lost,
+            lost_unseen: 0,
+        };
+        let counted = delivered + n.sender_queue + n.pacer + n.receiver_aqm + n.receiver_gave_up;
+        n.lost_unseen = n.offered.saturating_sub(counted);
+        n
     }
 
     /// Reverse datagrams from B, with the time each arrives at A (`None`: lost because

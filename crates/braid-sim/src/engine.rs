@@ -992,7 +992,7 @@ impl Sim {
                     b.channels.iter().map(|c| c.resequencer.resyncs).sum(),
                     b.channels.iter().map(|c| c.resequencer.wait_timeouts).sum(),
                     a.sent_packets - a.queue_drops,
-                    Some(s.result()),
+                    Some(s.result(rx.delivered)),
                 )
             }
         };

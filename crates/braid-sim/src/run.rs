@@ -161,9 +161,37 @@ pub struct SessionResult {
     pub quanta_changes: u64,
     /// The sender's quantum per channel at the end (bytes).
     pub final_quanta: Vec<u32>,
+    /// Every packet the source offered and the receiving end did not deliver, by cause.
+    pub not_delivered: NotDelivered,
     /// With `credits` on (otherwise left out of the JSON): what flow control did.
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub credits: Option<CreditResult>,
+}
+
+/// What became of the packets the source offered that were not delivered, by cause,
+/// in a session run: `offered` less the packets delivered is the sum of the other
+/// fields.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct NotDelivered {
+    /// Packets the source handed to the sending end.
+    pub offered: u64,
+    /// Dropped by the sending end: its transmit queue was full (the bond carries less
+    /// than is offered) or, during an epoch switch, its switch queue.
+    pub sender_queue: u64,
+    /// Dropped by the pacer's CoDel for their time in the sending end's queue (IP and
+    /// not ECN-capable; ECN-capable ones are marked instead).
+    pub pacer: u64,
+    /// Dropped by the receiving end's AQM as a congestion signal.
+    pub receiver_aqm: u64,
+    /// Given up by the receiving end, which counted them: lost on a link (its queue
+    /// overflowed, or the link lost them) and not repaired in time, or left
+    /// undeliverable at an epoch switch. (The link-level counts are the channels'
+    /// `lost` and `queue_drops`; a repaired loss is counted there but delivered.)
+    pub receiver_gave_up: u64,
+    /// Lost in the bond where the receiving end cannot count them (logical reception
+    /// has no sequence numbers: a lost packet leaves no gap it can see), or still in
+    /// flight when the run stopped.
+    pub lost_unseen: u64,
 }
 
 /// What credit-based flow control did in a session run (`[session] credits = true`).

@@ -3,8 +3,21 @@
 //! Each subcommand lives in its own module under `cmd/`.
 
 mod cmd;
+mod logging;
+mod reload;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
+
+/// The exit status, for `--help` and the man page (kept here, next to `main`, which
+/// returns it).
+const EXIT_STATUS: &str = "\
+Exit status:
+  0    success (a tunnel, bench or node stopped by SIGINT or SIGTERM also exits 0)
+  1    a runtime error: a bad configuration file, a missing key, a network or device
+       error, a peer that did not answer in time, a failed check; the message on
+       standard error names what failed
+  2    a command-line usage error (an unknown flag, a missing or invalid argument)
+  101  a bug in braid (a panic): please report it with the message";
 
 /// braid stripes one packet stream over several FIFO channels (links, UDP paths,
 /// tunnels) and puts it back together in order at the receiver, at the sum of the
@@ -14,10 +27,27 @@ use clap::{Parser, Subcommand};
 /// with a loss tolerance for `send`/`recv` (Gong, Parulkar), and seals every datagram
 /// (Noise handshake, ChaCha20-Poly1305) by default. Docs: README.md and docs/.
 #[derive(Parser, Debug)]
-#[command(name = "braid", version, propagate_version = true)]
+#[command(
+    name = "braid",
+    version = env!("BRAID_LONG_VERSION"),
+    propagate_version = true,
+    after_long_help = EXIT_STATUS
+)]
 struct Cli {
+    #[command(flatten)]
+    log: logging::LogArgs,
     #[command(subcommand)]
     command: Command,
+}
+
+/// The command tree, for the man pages and completions.
+pub(crate) fn cli_command() -> clap::Command {
+    Cli::command()
+}
+
+/// The text of the man page's EXIT STATUS section (also in `braid --help`).
+pub(crate) fn exit_status_text() -> &'static str {
+    EXIT_STATUS
 }
 
 #[derive(Subcommand, Debug)]
@@ -30,6 +60,7 @@ enum Command {
     Sim(cmd::sim::Args),
     /// Run the strIPe virtual interface: a TUN device whose IP packets are striped over
     /// the configured UDP channels and resequenced at the peer (needs CAP_NET_ADMIN).
+    /// Under systemd (braid@NAME.service) it reports readiness once the peer answers.
     Tunnel(cmd::tunnel::Args),
     /// Traffic generator and sink over braid channels (no TUN, no privileges), and a raw
     /// UDP baseline: goodput, loss, out-of-order, latency.
@@ -57,10 +88,17 @@ enum Command {
     /// provision through it; with a `[flow]` section, stripe a flow to `flow.to` over
     /// the chosen paths (a TUN device at each end) and move it when a relay dies.
     Node(cmd::node::Args),
+    /// Print a shell completion script to standard output (bash, zsh, fish, elvish,
+    /// powershell), generated from the same definitions as --help.
+    Completions(cmd::docs::CompletionArgs),
+    /// Write the man pages (braid.1 and one per subcommand, e.g. braid-tunnel.1) into a
+    /// directory, generated from the same definitions as --help.
+    Man(cmd::docs::ManArgs),
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    logging::set_cli(cli.log.clone());
     let result = match cli.command {
         Command::Schedule(a) => cmd::schedule::run(a),
         Command::Sim(a) => cmd::sim::run(a),
@@ -73,9 +111,20 @@ fn main() -> std::process::ExitCode {
         Command::Pubkey(a) => cmd::keys::pubkey(a),
         Command::Lab(a) => cmd::lab::run(a),
         Command::Node(a) => cmd::node::run(a),
+        Command::Completions(a) => cmd::docs::completions(a),
+        Command::Man(a) => cmd::docs::man(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
+        // A reader that went away (`braid status --watch | head`) is not a failure.
+        Err(e)
+            if e.chain().any(|c| {
+                c.downcast_ref::<std::io::Error>()
+                    .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+            }) =>
+        {
+            std::process::ExitCode::SUCCESS
+        }
         Err(e) => {
             eprintln!("braid: error: {e:#}");
             std::process::ExitCode::FAILURE

@@ -1,16 +1,19 @@
 //! Issue 27 on real sockets: handshakes that no one can abuse. Two `braid tunnel`s in
-//! two network namespaces joined by two veth pairs (two channels); an attacker in the
-//! sender's namespace spoofs the sender's channel addresses with a raw socket:
+//! two network namespaces joined by two veth pairs (two channels), or through a router
+//! namespace that delays them; an attacker spoofs the ends' channel addresses with a
+//! raw socket (from the sender's namespace, or from the router on the path):
 //!
 //! * a full-speed flood of random initiations (both handshake versions, the right
 //!   lengths) on one channel must not stop a TCP flow through the tunnel (before: the
 //!   responder did the Diffie-Hellman work of every one on the data task, and TCP fell
 //!   from hundreds of Mbit/s to a few);
-//! * genuine initiations recorded on the wire and replayed at 3000/s must cost no ping
-//!   across rekeys every second (the issue saw each replay add an unconfirmed handshake
-//!   that pushed the genuine one out, and one direction dead until the next rekey; on
-//!   these namespaces the build before the change also lost no ping, the confirmation
-//!   being faster than the eviction, so this one guards rather than reproduces).
+//! * genuine initiations of both ends, recorded on the path (a router that delays
+//!   each packet 20 ms each way) and replayed at 1000/s, must cost no ping across
+//!   rekeys every second. Before, each replay added an unconfirmed handshake to a list
+//!   of 8 that pushed the genuine one out during the round trip before its
+//!   confirmation, and one direction was dead until the next rekey: the build before
+//!   issue 27 loses pings here (16 and 34 of 600). With the router's delay at 0 ms it
+//!   lost none (the confirmation came before 8 replays did), hence the delay.
 //!
 //! Needs root, /dev/net/tun, `ip`, `ping` and python3; without them each test says why
 //! it is skipped. Namespaces are removed on every exit path.
@@ -53,6 +56,8 @@ fn skip_reason() -> Option<String> {
 struct Lab {
     na: String,
     nb: String,
+    /// The router between them, if the paths have delay ([`Lab::with_delay`]).
+    nr: Option<String>,
     children: Vec<Child>,
     dir: PathBuf,
 }
@@ -63,7 +68,10 @@ impl Drop for Lab {
             let _ = c.kill();
             let _ = c.wait();
         }
-        for n in [&self.na, &self.nb] {
+        for n in [Some(&self.na), Some(&self.nb), self.nr.as_ref()]
+            .into_iter()
+            .flatten()
+        {
             let _ = Command::new("ip").args(["netns", "del", n]).output();
         }
         let _ = std::fs::remove_dir_all(&self.dir);
@@ -92,6 +100,7 @@ impl Lab {
         let lab = Lab {
             na: na.clone(),
             nb: nb.clone(),
+            nr: None,
             children: vec![],
             dir,
         };
@@ -130,6 +139,128 @@ impl Lab {
             sh(&["ip", "-n", &nb, "link", "set", "dev", &vb, "up"]);
         }
         lab
+    }
+
+    /// Like [`Lab::new`], but channel c runs through a router namespace `hsr<id><tag>`
+    /// whose link emulator (`braid lab emulate`, this build's) holds every packet for
+    /// `one_way` in each direction: A is 10.212.<net+c>.1, B 10.213.<net+c>.2, the router
+    /// .254 on both. The replay test needs the round trip: the window between a
+    /// responder's answer and the initiator's first datagram under the new keys is what
+    /// replays used to fill.
+    fn with_delay(tag: &str, net: u8, one_way: &str) -> Lab {
+        let id = std::process::id() % 100_000;
+        let (na, nb, nr) = (
+            format!("hsa{id}{tag}"),
+            format!("hsb{id}{tag}"),
+            format!("hsr{id}{tag}"),
+        );
+        let dir = std::env::temp_dir().join(format!("braid-hsabuse-{id}-{tag}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut lab = Lab {
+            na: na.clone(),
+            nb: nb.clone(),
+            nr: Some(nr.clone()),
+            children: vec![],
+            dir,
+        };
+        for n in [&na, &nb, &nr] {
+            sh(&["ip", "netns", "add", n]);
+            sh(&["ip", "-n", n, "link", "set", "dev", "lo", "up"]);
+        }
+        for v in [
+            "net.ipv4.ip_forward=1",
+            "net.ipv4.conf.all.rp_filter=0",
+            "net.ipv4.conf.default.rp_filter=0",
+        ] {
+            sh(&["ip", "netns", "exec", &nr, "sysctl", "-qw", v]);
+        }
+        let mut links = vec![];
+        for c in 0..2u8 {
+            let sub = net + c;
+            let (va, ra) = (format!("hva{id}{tag}{c}"), format!("hra{id}{tag}{c}"));
+            let (rb, vb) = (format!("hrb{id}{tag}{c}"), format!("hvb{id}{tag}{c}"));
+            for (x, nx, y, ny) in [(&va, &na, &ra, &nr), (&rb, &nr, &vb, &nb)] {
+                sh(&[
+                    "ip", "link", "add", x, "netns", nx, "type", "veth", "peer", "name", y,
+                    "netns", ny,
+                ]);
+            }
+            for (ns, dev, a) in [
+                (&na, &va, format!("10.212.{sub}.1/24")),
+                (&nr, &ra, format!("10.212.{sub}.254/24")),
+                (&nr, &rb, format!("10.213.{sub}.254/24")),
+                (&nb, &vb, format!("10.213.{sub}.2/24")),
+            ] {
+                sh(&["ip", "-n", ns, "addr", "add", &a, "dev", dev]);
+                sh(&["ip", "-n", ns, "link", "set", "dev", dev, "up"]);
+            }
+            let (to_b, to_a) = (format!("10.213.{sub}.0/24"), format!("10.212.{sub}.0/24"));
+            let (via_a, via_b) = (format!("10.212.{sub}.254"), format!("10.213.{sub}.254"));
+            sh(&["ip", "-n", &na, "route", "add", &to_b, "via", &via_a]);
+            sh(&["ip", "-n", &nb, "route", "add", &to_a, "via", &via_b]);
+            links.push(format!("10gbit/{one_way}"));
+        }
+        // The emulator opens t0 and t1 in the router; every packet entering the router
+        // on channel c's veths is routed into t<c>, held, written back and forwarded.
+        lab.children.push(
+            Command::new("ip")
+                .args(["netns", "exec", &nr, BIN, "lab", "emulate", "--links"])
+                .arg(links.join(","))
+                .arg("--state-dir")
+                .arg(&lab.dir)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        let t0 = Instant::now();
+        loop {
+            let devs = Command::new("ip")
+                .args(["-n", &nr, "-o", "link", "show"])
+                .output()
+                .unwrap();
+            let devs = String::from_utf8_lossy(&devs.stdout);
+            if devs.contains(": t0:") && devs.contains(": t1:") {
+                break;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(5),
+                "the link emulator's devices did not appear"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        for c in 0..2u8 {
+            let (t, table) = (format!("t{c}"), (100 + c).to_string());
+            sh(&["ip", "-n", &nr, "link", "set", "dev", &t, "up"]);
+            sh(&[
+                "ip", "-n", &nr, "route", "add", "default", "dev", &t, "table", &table,
+            ]);
+            for side in ["hra", "hrb"] {
+                let dev = format!("{side}{id}{tag}{c}");
+                sh(&[
+                    "ip", "-n", &nr, "rule", "add", "iif", &dev, "lookup", &table,
+                ]);
+            }
+            sh(&[
+                "ip",
+                "netns",
+                "exec",
+                &nr,
+                "sysctl",
+                "-qw",
+                &format!("net.ipv4.conf.{t}.rp_filter=0"),
+            ]);
+        }
+        lab
+    }
+
+    /// End `end`'s address on channel `c` (its subnet `sub`).
+    fn addr(&self, end: u8, sub: u8) -> String {
+        if self.nr.is_some() && end == 2 {
+            format!("10.213.{sub}.2")
+        } else {
+            format!("10.212.{sub}.{end}")
+        }
     }
 
     fn ctl(&self, end: u8) -> PathBuf {
@@ -187,7 +318,9 @@ impl Lab {
             for c in 0..2u8 {
                 let sub = net + c;
                 cfg += &format!(
-                    "\n[[channel]]\nname = \"c{c}\"\nlocal = \"10.212.{sub}.{end}:7000\"\nremote = \"10.212.{sub}.{other}:7000\"\n"
+                    "\n[[channel]]\nname = \"c{c}\"\nlocal = \"{}:7000\"\nremote = \"{}:7000\"\n",
+                    self.addr(end, sub),
+                    self.addr(other, sub)
                 );
             }
             let path = self.dir.join(format!("t{end}.toml"));
@@ -368,21 +501,27 @@ fn a_flood_of_spoofed_initiations_does_not_stop_traffic() {
     assert_eq!(sb["peer_seen"], true);
 }
 
-/// Records the initiations A sends on its two veths (the first `keep` distinct ones,
-/// from the start) and replays them to where they went, spoofed, at `rate` per second
-/// for `secs` seconds; prints how many it sent and how many it recorded.
+/// On the path (the router), records the initiations that cross `ifaces` from any of
+/// `srcs` (the first `keep` distinct ones, from the start, both directions) and
+/// replays them to where they went, spoofed, at `rate` per second in all from the
+/// first one recorded, for `secs` seconds; prints how many it sent and how many it
+/// recorded. It works on the UDP payload whatever the handshake's version (the build
+/// before issue 27 sent version 1 initiations, without mac1).
 const REPLAY: &str = r#"
 import socket, struct, sys, threading, time
 ifaces = sys.argv[1].split(","); srcs = sys.argv[2].split(","); rate = float(sys.argv[3])
-secs = float(sys.argv[4]); keep = 64
+secs = float(sys.argv[4]); keep = 200
 recorded = []; seen = set(); lock = threading.Lock()
 def capture(iface):
-    s = socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM, socket.htons(0x0800))
+    # ETH_P_ALL: a socket for one protocol is not shown the packets the host sends.
+    s = socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM, socket.htons(3))
     s.bind((iface, 0)); s.settimeout(0.2)
     while True:
         try:
-            p = s.recv(65536)
+            p, addr = s.recvfrom(65536)
         except socket.timeout:
+            continue
+        if addr[1] != 0x0800:
             continue
         if len(p) < 29 or p[9] != 17 or socket.inet_ntoa(p[12:16]) not in srcs:
             continue
@@ -399,12 +538,17 @@ for i in ifaces:
     threading.Thread(target=capture, args=(i,), daemon=True).start()
 print("ready", flush=True)
 r = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)
-n = 0; t0 = time.time(); i = 0
-while time.time() - t0 < secs:
+n = 0; i = 0; end = time.time() + secs; t0 = None
+while time.time() < end:
     with lock:
         recs = list(recorded)
+    if not recs:
+        time.sleep(0.002)
+        continue
+    if t0 is None:
+        t0 = time.time()
     due = int((time.time() - t0) * rate)
-    while recs and n < due:
+    while n < due:
         s4, d4, payload = recs[i % len(recs)]; i += 1
         udp = struct.pack("!HHHH", 7000, 7000, 8 + len(payload), 0) + payload
         ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), 0, 0, 64, 17, 0, s4, d4)
@@ -418,26 +562,42 @@ with lock:
     print(n, len(recorded), flush=True)
 "#;
 
+/// Issue 27 item 2 on real sockets, with the round trip that made it bite: two
+/// channels through a router that delays each packet 20 ms each way (40 ms round
+/// trip), rekeys every second, and an attacker on the path who records every
+/// initiation of both ends and replays them all, spoofed to their original source and
+/// destination, at 1000/s in all (most go to the end that answers rekeys: the record
+/// holds mostly the other's initiations) while A pings B every 50 ms for 30 s.
+///
+/// Before issue 27 the responder answered every replay and kept it as one of 8
+/// unconfirmed handshakes: tens of replays reach it between its answer to a genuine
+/// initiation and the first datagram under the new keys (a 40 ms round trip and up to
+/// a heartbeat), so once 9 distinct initiations of the rekeying end are recorded the
+/// genuine one is pushed out and its datagrams are dropped until the other end's
+/// rekey, half a period later. On that build (`BRAID_TEST_BIN` pointing at it, commit
+/// 4a2affc) this test lost 16 and 34 of 600 pings in two runs (outages of 300 ms to
+/// 1.35 s, the first about 9 s in; 10 at 3000 replays/s); on this one, 0, with the
+/// replays counted as refused.
+///
+/// Rekeys every second instead of the issue's 20 s over 70 s: what breaks is each
+/// rekey's answer-to-confirmation window, which the round trip and the replay rate set
+/// and the rekey period does not; a short period gives 20–30 rekeys in 30 s and the
+/// recorded set passes 8 distinct initiations per end within 10 s. The outage after a
+/// lost rekey scales with the period (half of it), not whether it happens.
 #[test]
 fn replayed_initiations_lose_no_pings_across_rekeys() {
+    let name = "replayed_initiations_lose_no_pings_across_rekeys";
     if let Some(why) = skip_reason() {
-        common::skip("replayed_initiations_lose_no_pings_across_rekeys", &why);
+        common::skip(name, &why);
         return;
     }
-    let mut lab = Lab::new("r", 20);
+    let mut lab = Lab::with_delay("r", 20, "20ms");
     let id = std::process::id() % 100_000;
-    let ifaces = format!("hva{id}r0,hva{id}r1");
+    let ifaces = format!("hra{id}r0,hra{id}r1");
+    let ends = ["10.212.20.1", "10.212.21.1", "10.213.20.2", "10.213.21.2"].join(",");
+    let nr = lab.nr.clone().unwrap();
     let mut replay = lab
-        .py(
-            &lab.na,
-            REPLAY,
-            &[
-                ifaces,
-                "10.212.20.1,10.212.21.1".into(),
-                "3000".into(),
-                "30".into(),
-            ],
-        )
+        .py(&nr, REPLAY, &[ifaces, ends, "1000".into(), "32".into()])
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -446,35 +606,73 @@ fn replayed_initiations_lose_no_pings_across_rekeys() {
     std::io::BufRead::read_line(&mut out, &mut line).unwrap();
     assert_eq!(line.trim(), "ready");
     lab.start_tunnels("r", 20, "rekey_after = \"1s\"\n", false);
-    // 25 s of pings every 50 ms: a rekey every second, so that more initiations are
-    // recorded than the 8 unconfirmed handshakes the responder used to keep.
+    let count = 600;
     let ping = Command::new("ip")
-        .args(["netns", "exec", &lab.na, "ping", "-n", "-q", "-i", "0.05"])
-        .args(["-W", "1", "-c", "500", "10.80.20.2"])
+        .args([
+            "netns", "exec", &lab.na, "ping", "-n", "-i", "0.05", "-W", "1",
+        ])
+        .args(["-c", &count.to_string(), "10.80.20.2"])
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&ping.stdout).into_owned();
     let sa = status(&lab.ctl(1)).expect("status of A");
     let sb = status(&lab.ctl(2)).expect("status of B");
-    let _ = replay.kill();
+    // The replayer stops 32 s after its first record, just after the pings.
+    line.clear();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
     let _ = replay.wait();
-    let received: u64 = text
-        .split(',')
-        .find_map(|p| p.trim().strip_suffix(" received")?.parse().ok())
-        .unwrap_or(0);
+    let (sent, recorded) = line
+        .split_once(' ')
+        .and_then(|(a, b)| Some((a.parse::<u64>().ok()?, b.trim().parse::<u64>().ok()?)))
+        .unwrap_or_else(|| panic!("the replayer's report: {line:?}"));
+    let answered: std::collections::BTreeSet<u64> = text
+        .lines()
+        .filter_map(|l| l.split("icmp_seq=").nth(1)?.split(' ').next()?.parse().ok())
+        .collect();
+    let lost: Vec<u64> = (1..=count).filter(|s| !answered.contains(s)).collect();
+    let mut longest = 0;
+    let mut run = 0;
+    for s in 1..=count {
+        run = if answered.contains(&s) { 0 } else { run + 1 };
+        longest = longest.max(run);
+    }
     eprintln!(
-        "{received} of 500 pings; handshakes A {} B {}; {}",
+        "{sent} replays of {recorded} recorded initiations; {} of {count} pings lost \
+         ({:.1} %), longest gap {} ms; handshakes A {} B {}; replays refused: A {} B {}; {}",
+        lost.len(),
+        100.0 * lost.len() as f64 / count as f64,
+        longest * 50,
         sa["handshakes"],
         sb["handshakes"],
+        sa["handshake_replays"],
+        sb["handshake_replays"],
         text.lines().last().unwrap_or("")
     );
     let handshakes = sa["handshakes"].as_u64().unwrap() + sb["handshakes"].as_u64().unwrap();
     assert!(
-        handshakes >= 30,
+        handshakes >= 20,
         "too few rekeys to mean anything: A {sa} B {sb}"
     );
-    assert_eq!(
-        received, 500,
-        "pings lost while recorded initiations were replayed across rekeys: {text}; A {sa}; B {sb}"
+    assert!(
+        sent >= 25_000 && recorded >= 18,
+        "the replays were too few to mean anything: {sent} sent of {recorded} recorded"
+    );
+    // This build counts the initiations it did not answer (the build before issue 27
+    // had no such counter): most replays must have reached the two ends.
+    if let (Some(a), Some(b)) = (
+        sa["handshake_replays"].as_u64(),
+        sb["handshake_replays"].as_u64(),
+    ) {
+        assert!(
+            a + b >= sent / 2,
+            "only {} of {sent} replays were refused: did they reach the tunnels?",
+            a + b
+        );
+    }
+    assert!(
+        lost.is_empty(),
+        "{} pings lost while recorded initiations were replayed across rekeys (seq {lost:?}): \
+         {text}; A {sa}; B {sb}",
+        lost.len()
     );
 }

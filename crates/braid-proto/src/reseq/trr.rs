@@ -157,6 +157,10 @@ impl Trr {
         ch.digest = t.digest;
         ch.frontier = Some(key(channel, t.position));
         self.srr.set_position(channel, t.position);
+        // The sender's quantum for this channel from this trigger on (adaptive weights).
+        if let Some(q) = t.quantum {
+            self.srr.set_quantum(channel, q);
+        }
         self.release(sink);
         // Memory bound: a channel that holds back too much verified data is left out.
         while self.ready.len() > self.ready_limit

@@ -46,8 +46,10 @@
 //! it), so the simulator stays reproducible and the core reads no entropy on its own.
 
 use blake2::digest::consts::U16;
+use blake2::digest::core_api::{Block, Buffer, UpdateCore, VariableOutputCore};
+use blake2::digest::Output;
 use blake2::digest::{Digest, Mac};
-use blake2::{Blake2s256, Blake2sMac};
+use blake2::{Blake2s256, Blake2sMac, Blake2sVarCore};
 use bytes::Bytes;
 use chacha20poly1305::aead::{Aead as _, KeyInit, Payload};
 use chacha20poly1305::{XChaCha20Poly1305, XNonce};
@@ -295,17 +297,65 @@ fn mac16(key: &[u8], data: &[u8]) -> [u8; MAC_LEN] {
 }
 
 /// Does `tag` verify as [`mac16`] of `data` (in constant time)?
+#[cfg(test)]
 fn mac16_ok(key: &[u8], data: &[u8], tag: &[u8]) -> bool {
-    let m = <Blake2sMac<U16> as KeyInit>::new_from_slice(key).expect("keys of 16 to 32 bytes");
-    mac16_ok_with(&m, data, tag)
+    KeyedMac::new(key).verify(data, tag)
 }
 
-/// [`mac16_ok`] from a state already keyed (the key's block is compressed once, not
-/// for every message: a third of the work on an initiation).
-fn mac16_ok_with(keyed: &Blake2sMac<U16>, data: &[u8], tag: &[u8]) -> bool {
-    let mut m = keyed.clone();
-    Mac::update(&mut m, data);
-    m.verify_slice(tag).is_ok()
+/// [`mac16`] under one key, its key block compressed once: a message then costs only
+/// its own blocks (an initiation's mac1 three compressions instead of four, its mac2
+/// likewise). A keyed `Blake2sMac` cannot be reused that way: it keeps the key block
+/// in its buffer until data follows, so every clone of it compresses the key again.
+#[derive(Clone)]
+struct KeyedMac {
+    /// BLAKE2s for a 16-byte MAC with this key length, after the key block.
+    core: Blake2sVarCore,
+    /// The key, for an empty message (the key block is then the last one).
+    key: [u8; 32],
+    key_len: usize,
+}
+
+impl KeyedMac {
+    /// For a key of 1 to 32 bytes.
+    fn new(key: &[u8]) -> KeyedMac {
+        assert!(
+            (1..=32).contains(&key.len()),
+            "BLAKE2s keys are 1 to 32 bytes"
+        );
+        let mut core = Blake2sVarCore::new_with_params(&[], &[], key.len(), MAC_LEN);
+        let mut block = Block::<Blake2sVarCore>::default();
+        block[..key.len()].copy_from_slice(key);
+        core.update_blocks(std::slice::from_ref(&block));
+        let mut k = [0u8; 32];
+        k[..key.len()].copy_from_slice(key);
+        KeyedMac {
+            core,
+            key: k,
+            key_len: key.len(),
+        }
+    }
+
+    /// The MAC of `data`: [`mac16`] with this key.
+    fn mac(&self, data: &[u8]) -> [u8; MAC_LEN] {
+        if data.is_empty() {
+            return mac16(&self.key[..self.key_len], data);
+        }
+        let mut core = self.core.clone();
+        let mut buffer = Buffer::<Blake2sVarCore>::default();
+        buffer.digest_blocks(data, |blocks| core.update_blocks(blocks));
+        let mut full = Output::<Blake2sVarCore>::default();
+        core.finalize_variable_core(&mut buffer, &mut full);
+        let mut m = [0u8; MAC_LEN];
+        m.copy_from_slice(&full[..MAC_LEN]);
+        m
+    }
+
+    /// Does `tag` verify as the MAC of `data` (compared in constant time)?
+    fn verify(&self, data: &[u8], tag: &[u8]) -> bool {
+        let m = self.mac(data);
+        let diff = m.iter().zip(tag).fold(0u8, |acc, (a, b)| acc | (a ^ b));
+        std::hint::black_box(diff) == 0 && tag.len() == MAC_LEN
+    }
 }
 
 /// The keys of the cheap checks, from the static public keys (or the pre-shared key
@@ -313,16 +363,14 @@ fn mac16_ok_with(keyed: &Blake2sMac<U16>, data: &[u8], tag: &[u8]) -> bool {
 /// a cookie reply is sealed with its sender's.
 #[derive(Clone)]
 struct MacKeys {
-    /// mac1 of messages to us.
-    mac1_in: [u8; 32],
     /// mac1 of messages to the peer.
     mac1_out: [u8; 32],
     /// Seals the cookie replies we send.
     cookie_in: [u8; 32],
     /// Opens the cookie replies the peer sends.
     cookie_out: [u8; 32],
-    /// The MAC keyed with `mac1_in`, ready to clone.
-    mac1_in_keyed: Blake2sMac<U16>,
+    /// mac1 of messages to us: the MAC with its key block compressed.
+    mac1_in_keyed: KeyedMac,
 }
 
 impl MacKeys {
@@ -332,11 +380,8 @@ impl MacKeys {
             (_, _, Some(psk)) => (*psk, *psk),
             _ => ([0; 32], [0; 32]),
         };
-        let mac1_in = derive(LABEL_MAC1, &ours);
         MacKeys {
-            mac1_in_keyed: <Blake2sMac<U16> as KeyInit>::new_from_slice(&mac1_in)
-                .expect("32-byte key"),
-            mac1_in,
+            mac1_in_keyed: KeyedMac::new(&derive(LABEL_MAC1, &ours)),
             mac1_out: derive(LABEL_MAC1, &theirs),
             cookie_in: derive(LABEL_COOKIE, &ours),
             cookie_out: derive(LABEL_COOKIE, &theirs),
@@ -543,6 +588,18 @@ struct Source {
     cookie_tat: Option<Instant>,
     /// The peer's cookie for us on this channel, and when it came.
     cookie: Option<([u8; MAC_LEN], Instant)>,
+    /// Our cookie for this source ([`Crypto::cookie`]), made once per secret and
+    /// address: a flood under load checks mac2 without deriving it again each time.
+    ours: Option<OurCookie>,
+}
+
+/// Our cookie for one source, for the secret made at `secret_made`.
+#[derive(Clone)]
+struct OurCookie {
+    secret_made: Instant,
+    cookie: [u8; MAC_LEN],
+    /// mac2's key (the cookie), its block compressed.
+    keyed: KeyedMac,
 }
 
 /// A GCRA rate limit: `rate` per second after a burst of `burst`; true if one more is
@@ -1107,7 +1164,10 @@ impl Crypto {
     /// to it.
     pub fn set_channel_address(&mut self, c: usize, addr: &[u8]) {
         if let Some(s) = self.sources.get_mut(c) {
-            s.addr = addr.to_vec();
+            if s.addr != addr {
+                s.addr = addr.to_vec();
+                s.ours = None;
+            }
         }
     }
 
@@ -1411,24 +1471,33 @@ impl Crypto {
     }
 
     /// Our cookie for the peer's address on channel `c` (a new secret when the one we
-    /// have is [`COOKIE_ROTATE`] old).
-    fn cookie(&mut self, now: Instant, c: usize) -> [u8; MAC_LEN] {
-        let secret = match self.cookie_secret {
-            Some((s, t)) if now - t < COOKIE_ROTATE => s,
+    /// have is [`COOKIE_ROTATE`] old), derived once per secret and address.
+    fn cookie(&mut self, now: Instant, c: usize) -> &OurCookie {
+        let (secret, made) = match self.cookie_secret {
+            Some((s, t)) if now - t < COOKIE_ROTATE => (s, t),
             _ => {
                 let s = self.drbg.seed();
                 self.cookie_secret = Some((s, now));
-                s
+                (s, now)
             }
         };
-        let mut id = vec![c as u8];
-        id.extend_from_slice(&self.sources[c].addr);
-        mac16(&secret, &id)
+        let src = &mut self.sources[c];
+        if src.ours.as_ref().is_none_or(|o| o.secret_made != made) {
+            let mut id = vec![c as u8];
+            id.extend_from_slice(&src.addr);
+            let cookie = mac16(&secret, &id);
+            src.ours = Some(OurCookie {
+                secret_made: made,
+                cookie,
+                keyed: KeyedMac::new(&cookie),
+            });
+        }
+        src.ours.as_ref().expect("made above")
     }
 
     /// The cookie reply to an initiation from key index `sender` with this mac1.
     fn cookie_reply(&mut self, now: Instant, c: usize, sender: u32, mac1: &[u8]) -> Bytes {
-        let cookie = self.cookie(now, c);
+        let cookie = self.cookie(now, c).cookie;
         let mut nonce = [0u8; COOKIE_NONCE_LEN];
         self.drbg.fill(&mut nonce);
         let aead = XChaCha20Poly1305::new(&self.macs.cookie_in.into());
@@ -1483,7 +1552,7 @@ impl Crypto {
             return;
         }
         let at = datagram.len() - 2 * MAC_LEN;
-        if !mac16_ok_with(&self.macs.mac1_in_keyed, &datagram[..at], &mac1) {
+        if !self.macs.mac1_in_keyed.verify(&datagram[..at], &mac1) {
             // Not made with our key (or junk): no public-key work. Rejected (rate-limited,
             // smaller than the message) so that a peer with other keys is told.
             self.stats.mac1_failures += 1;
@@ -1512,8 +1581,8 @@ impl Crypto {
         }
         self.count_work(now);
         if self.under_load(now) {
-            let cookie = self.cookie(now, c);
-            if !mac16_ok(&cookie, &datagram[..datagram.len() - MAC_LEN], &mac2) {
+            let at = datagram.len() - MAC_LEN;
+            if !self.cookie(now, c).keyed.verify(&datagram[..at], &mac2) {
                 if self.sources[c].take_cookie_reply(now) {
                     out.reply = Some(self.cookie_reply(now, c, sender, &mac1));
                 } else {
@@ -1630,13 +1699,13 @@ impl Crypto {
             .init
             .as_mut()
             .filter(|i| i.index == receiver && !i.refused)
-            .filter(|_| mac16_ok(&self.macs.mac1_in, &datagram[..at], &mac1))
+            .filter(|_| self.macs.mac1_in_keyed.verify(&datagram[..at], &mac1))
         else {
             // A copy of the response we already used (the initiation went out on every
             // channel), or of one we refused, is no failure; anything else is.
             let ours = self.current.as_ref().is_some_and(|k| k.local == receiver)
                 || self.init.as_ref().is_some_and(|i| i.index == receiver);
-            if !ours || !mac16_ok(&self.macs.mac1_in, &datagram[..at], &mac1) {
+            if !ours || !self.macs.mac1_in_keyed.verify(&datagram[..at], &mac1) {
                 self.stats.failed += 1;
                 if ours {
                     self.stats.mac1_failures += 1;
@@ -2206,6 +2275,72 @@ mod tests {
             b.on_handshake(now, c, &init);
         }
         assert!(b.under_load(now));
+    }
+
+    #[test]
+    fn keyed_mac_is_keyed_blake2s_128() {
+        // The key block compressed once, then any message: the same MAC as BLAKE2s-128
+        // keyed the usual way, for every key length and message length around the
+        // block boundaries (an empty message too, whose last block is the key's).
+        let data: Vec<u8> = (0..300u32).map(|i| (i * 131 + 7) as u8).collect();
+        for key_len in [1, 16, 31, 32] {
+            let key: Vec<u8> = (0..key_len as u8).map(|i| i ^ 0x5a).collect();
+            let k = KeyedMac::new(&key);
+            for n in 0..=data.len() {
+                let want = mac16(&key, &data[..n]);
+                assert_eq!(k.mac(&data[..n]), want, "key {key_len} bytes, message {n}");
+                assert!(k.verify(&data[..n], &want));
+                let mut bad = want;
+                bad[n % MAC_LEN] ^= 1;
+                assert!(!k.verify(&data[..n], &bad));
+                assert!(!k.verify(&data[..n], &want[..MAC_LEN - 1]));
+            }
+        }
+    }
+
+    #[test]
+    fn a_cookie_holds_only_for_the_address_it_was_made_for() {
+        // The responder derives its cookie once per secret and address: when the
+        // peer's address on a channel changes (a NAT rebinding), mac2 made with the
+        // cookie for the old one must no longer hold.
+        let (mut a, mut b) = pair(psk_keys(), psk_keys());
+        b.set_channel_address(0, b"10.0.0.1:7000");
+        b.offload();
+        let t = at(10_000);
+        load(&mut b, t);
+        while b.poll_job().is_some() {}
+        let init = fresh_init(&mut a, t);
+        let cookie = b.on_handshake(t, 0, &init).reply.unwrap();
+        assert_eq!(cookie.len(), secure::COOKIE_REPLY_LEN);
+        assert!(a.on_handshake(t, 0, &cookie).reply.is_some());
+        let with_mac2 = |a: &mut Crypto, ms| {
+            let i = fresh_init(a, at(ms));
+            a.for_channel(t, 0, &i)
+        };
+        // With mac2 for this address: public-key work.
+        let i = with_mac2(&mut a, 10_001);
+        assert!(b.on_handshake(t, 0, &i).reply.is_none());
+        assert!(b.poll_job().is_some());
+        // The same address set again changes nothing.
+        b.set_channel_address(0, b"10.0.0.1:7000");
+        let i = with_mac2(&mut a, 10_002);
+        b.on_handshake(t, 0, &i);
+        assert!(b.poll_job().is_some());
+        // The peer now comes from another address: the old cookie gets a cookie reply.
+        b.set_channel_address(0, b"10.0.0.9:7000");
+        let i = with_mac2(&mut a, 10_003);
+        let o = b.on_handshake(t, 0, &i);
+        assert!(
+            b.poll_job().is_none(),
+            "no public-key work with a stale cookie"
+        );
+        let reply = o.reply.expect("a cookie reply for the new address");
+        assert_eq!(reply.len(), secure::COOKIE_REPLY_LEN);
+        // That new cookie holds.
+        assert!(a.on_handshake(t, 0, &reply).reply.is_some());
+        let i = with_mac2(&mut a, 10_004);
+        b.on_handshake(t, 0, &i);
+        assert!(b.poll_job().is_some());
     }
 
     #[test]

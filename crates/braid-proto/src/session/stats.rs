@@ -60,7 +60,7 @@ pub struct ChannelInfo {
     pub rx_feedback: u64,
     /// What the peer's feedback says of the channel: round trip, delivery rate, loss.
     pub estimate: super::feedback::Estimate,
-    /// Its SRR quantum in bytes (adapted, or as configured).
+    /// Its SRR quantum in bytes (adapted, else set by `set_weights`, else as configured).
     pub quantum: u32,
     /// Its weight in the stripe now: its quantum while it is in our transmit set, 0
     /// while it is out (down, demoted or probing).
@@ -204,9 +204,11 @@ impl Session {
                     r += &rs.channels[k];
                 }
                 let c = &self.chans[i];
-                let quantum = match &self.adapt {
-                    Some(a) => a.quanta[i],
-                    None => self.cfg.stripe_config(&[i]).weights[0],
+                // Adapted, else set by `set_weights`, else as configured.
+                let quantum = match (&self.adapt, &self.set_quanta) {
+                    (Some(a), _) => a.quanta[i],
+                    (None, Some(q)) => q[i],
+                    (None, None) => self.cfg.stripe_config(&[i]).weights[0],
                 };
                 let in_tx_set = self.tx.set & bit(i) != 0;
                 ChannelInfo {

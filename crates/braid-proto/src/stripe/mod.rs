@@ -165,24 +165,18 @@ impl Striper {
     }
 
     /// Change the SRR quanta (adaptive weights), one per channel, each at least
-    /// `max_packet`. The change takes effect at the next marker batch: every channel's
-    /// marker then carries its new quantum (and so does every later marker, so a lost
-    /// one is made good by the next), and each channel's quantum is added with the new
-    /// value from the first end of a visit after its marker. The receiver reads the
-    /// marker before any data sent after it (channels are FIFO), so its simulation of
-    /// the sender stays exact. In mode `none` nobody simulates the sender and the change
-    /// is immediate.
+    /// `max_packet`. The change takes effect at the next marker batch (trigger batch
+    /// in TRR mode): every channel's marker or trigger then carries its new quantum
+    /// (and so does every later one, so a lost one is made good by the next), and each
+    /// channel's quantum is added with the new value from the first end of a visit
+    /// after it. The receiver reads the marker or trigger before any data sent after it
+    /// (channels are FIFO), so its simulation of the sender stays exact. In mode `none`
+    /// nobody simulates the sender and the change is immediate.
     ///
-    /// Only SRR with `logical`, `seq` or `none`: TRR triggers carry no quantum, and
-    /// RR, GRR and random do not weigh by bytes.
+    /// Only SRR: RR, GRR and random do not weigh by bytes.
     pub fn set_quanta(&mut self, quanta: &[u32]) -> Result<(), ConfigError> {
         if self.cfg.policy != Policy::Causal(crate::sched::SchedulerKind::Srr) {
             return Err(ConfigError::Quanta("they need the srr scheduler".into()));
-        }
-        if self.cfg.mode == Mode::Trr {
-            return Err(ConfigError::Quanta(
-                "not available in trr mode (triggers carry no quantum)".into(),
-            ));
         }
         if quanta.len() != self.cfg.channels() {
             return Err(ConfigError::Quanta(format!(
@@ -202,7 +196,7 @@ impl Striper {
             )));
         }
         self.pending_quanta = Some(quanta.to_vec());
-        if !self.markers_on() {
+        if !self.markers_on() && self.cfg.mode != Mode::Trr {
             self.apply_quanta();
         }
         Ok(())
@@ -571,6 +565,7 @@ impl Striper {
     }
 
     fn emit_triggers(&mut self) {
+        self.apply_quanta();
         let Chooser::Causal(s) = &self.chooser else {
             return;
         };
@@ -589,6 +584,10 @@ impl Striper {
                 batch: self.batch,
                 stamp: (self.cfg.markers.timestamps && self.clock > Instant::ZERO)
                     .then(|| self.clock.as_micros()),
+                quantum: match s {
+                    Sched::Srr(srr) if self.announce_quanta => Some(srr.quantum(c) as u32),
+                    _ => None,
+                },
             };
             self.stats.channels[c].triggers_sent += 1;
             self.out.push_back(Transmit {

@@ -29,9 +29,19 @@
 //! |          send time (u64)          | 52..60   optional: the sender's clock, µs (any
 //! |                                   |          origin), as in markers (AQM)
 //! +--------+--------+--------+--------+
+//! |           quantum (u32)           | last 4   optional: the channel's SRR quantum
+//! +--------+--------+--------+--------+          from this trigger on (adaptive weights)
 //! ```
 //!
-//! A trigger is 52 bytes, or 60 with the send time.
+//! A trigger is 52 bytes; 60 with the send time; 56 with the quantum; 64 with both (the
+//! send time at 52..60, the quantum at 60..64). Its length says which fields follow.
+//!
+//! The quantum is there once the sender has changed its quanta (adaptive weights), on
+//! every trigger from then on, so a lost one is made good by the next. The sender
+//! changes a channel's quantum only when it sends a trigger batch; the quantum is added
+//! with its new value from the first end of a visit after the trigger, at both ends:
+//! the receiver reads the trigger before any data sent after it (channels are FIFO), so
+//! its numbering of the channel's packets stays the sender's.
 //!
 //! The digest lets the receiver tell a segment that lost one packet and had another
 //! duplicated (same count, same byte total) from an intact one. It is folded over the
@@ -46,6 +56,8 @@ use crate::sched::Position;
 pub const LEN: usize = 52;
 /// Length of a trigger with the send time.
 pub const LEN_STAMPED: usize = LEN + 8;
+/// Bytes of the optional quantum, at the end.
+const QUANTUM_LEN: usize = 4;
 
 /// The fingerprint of one data packet: its wire length and its first sixteen and last
 /// eight payload bytes, mixed. (For IP packets the first sixteen bytes hold the length,
@@ -88,14 +100,21 @@ impl<T: AsRef<[u8]>> Packet<T> {
         p.check_len()?;
         Ok(p)
     }
-    /// Check the length (52, or 60 with the send time).
+    /// Check the length (52; 60 with the send time; 56 and 64 with the quantum too).
     pub fn check_len(&self) -> Result<(), WireError> {
+        const WITH_QUANTUM: usize = LEN + QUANTUM_LEN;
+        const ALL: usize = LEN_STAMPED + QUANTUM_LEN;
         match self.buffer.as_ref().len() {
-            LEN | LEN_STAMPED => Ok(()),
-            n if n < LEN => Err(WireError::Truncated),
-            n if n < LEN_STAMPED => Err(WireError::Truncated),
+            LEN | WITH_QUANTUM | LEN_STAMPED | ALL => Ok(()),
+            n if n < ALL => Err(WireError::Truncated),
             _ => Err(WireError::Trailing),
         }
+    }
+    fn has_stamp(&self) -> bool {
+        self.buffer.as_ref().len() >= LEN_STAMPED
+    }
+    fn has_quantum(&self) -> bool {
+        (self.buffer.as_ref().len() - LEN) % 8 == QUANTUM_LEN
     }
     /// First byte (0xB2).
     pub fn packet_type(&self) -> u8 {
@@ -143,7 +162,14 @@ impl<T: AsRef<[u8]>> Packet<T> {
     }
     /// The sender's clock when it made the trigger, if present.
     pub fn stamp(&self) -> Option<u64> {
-        (self.buffer.as_ref().len() == LEN_STAMPED).then(|| read_u64(self.buffer.as_ref(), LEN))
+        self.has_stamp()
+            .then(|| read_u64(self.buffer.as_ref(), LEN))
+    }
+    /// The channel's quantum from this trigger on, if present.
+    pub fn quantum(&self) -> Option<u32> {
+        let b = self.buffer.as_ref();
+        self.has_quantum()
+            .then(|| read_u32(b, b.len() - QUANTUM_LEN))
     }
 }
 
@@ -168,6 +194,9 @@ pub struct Repr {
     pub batch: u32,
     /// The sender's clock (µs, any origin) when it made the trigger.
     pub stamp: Option<u64>,
+    /// The channel's SRR quantum from this trigger on (present once the sender has
+    /// changed its quanta).
+    pub quantum: Option<u32>,
 }
 
 impl Repr {
@@ -180,7 +209,7 @@ impl Repr {
         if p.version() != VERSION {
             return Err(WireError::Version(p.version()));
         }
-        if p.dc() <= 0 {
+        if p.dc() <= 0 || p.quantum() == Some(0) {
             return Err(WireError::Invalid);
         }
         Ok(Repr {
@@ -196,16 +225,19 @@ impl Repr {
             digest: p.digest(),
             batch: p.batch(),
             stamp: p.stamp(),
+            quantum: p.quantum(),
         })
     }
 
     /// Bytes needed by [`Repr::emit`].
     pub fn buffer_len(&self) -> usize {
-        if self.stamp.is_some() {
-            LEN_STAMPED
+        let stamp = if self.stamp.is_some() { 8 } else { 0 };
+        let quantum = if self.quantum.is_some() {
+            QUANTUM_LEN
         } else {
-            LEN
-        }
+            0
+        };
+        LEN + stamp + quantum
     }
 
     /// Write into `buf` (exactly [`Repr::buffer_len`] bytes).
@@ -223,6 +255,10 @@ impl Repr {
         buf[48..52].copy_from_slice(&self.batch.to_be_bytes());
         if let Some(t) = self.stamp {
             buf[LEN..LEN_STAMPED].copy_from_slice(&t.to_be_bytes());
+        }
+        if let Some(q) = self.quantum {
+            let end = buf.len();
+            buf[end - QUANTUM_LEN..].copy_from_slice(&q.to_be_bytes());
         }
     }
 
@@ -250,6 +286,7 @@ mod tests {
             digest: 0x0102_0304_0506_0708,
             batch: 5,
             stamp: None,
+            quantum: None,
         };
         let v = r.to_vec();
         let want: [u8; 52] = [
@@ -273,6 +310,18 @@ mod tests {
         assert_eq!(&w[..52], &want[..]);
         assert_eq!(&w[52..], &0x1122_3344_5566_7788u64.to_be_bytes());
         assert_eq!(Repr::parse(&Packet::new_checked(&w[..]).unwrap()), Ok(s));
+        // With the quantum: 4 more bytes at the very end.
+        for base in [r, s] {
+            let q = Repr {
+                quantum: Some(3000),
+                ..base
+            };
+            let x = q.to_vec();
+            assert_eq!(x.len(), base.to_vec().len() + 4);
+            assert_eq!(&x[..x.len() - 4], &base.to_vec()[..]);
+            assert_eq!(&x[x.len() - 4..], &3000u32.to_be_bytes());
+            assert_eq!(Repr::parse(&Packet::new_checked(&x[..]).unwrap()), Ok(q));
+        }
     }
 
     #[test]
@@ -287,7 +336,20 @@ mod tests {
         );
         assert_eq!(
             Packet::new_checked(&[0xB2u8; 61][..]).unwrap_err(),
+            WireError::Truncated
+        );
+        assert_eq!(
+            Packet::new_checked(&[0xB2u8; 65][..]).unwrap_err(),
             WireError::Trailing
+        );
+        // A quantum of 0 is impossible.
+        let mut q = [0u8; 56];
+        q[0] = 0xB2;
+        q[1] = 1;
+        q[23] = 1;
+        assert_eq!(
+            Repr::parse(&Packet::new_unchecked(&q[..])),
+            Err(WireError::Invalid)
         );
         let mut v = [0u8; 52];
         v[0] = 0xB2;

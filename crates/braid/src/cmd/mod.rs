@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod bench;
+pub mod docs;
 pub mod keys;
 pub mod lab;
 pub mod node;

@@ -4,16 +4,24 @@
 //! TUN device. See docs/tunnel.md.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use braid_io::args::parse_timeout;
-use braid_io::{tunnel, FileConfig};
+use braid_io::{tunnel, FileConfig, StatsHandle};
+use sd_notify::NotifyState;
+use tokio::signal::unix::{signal, Signal, SignalKind};
+use tokio::sync::oneshot;
+use tracing::{error, info, warn};
 
 /// Arguments of `braid tunnel`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Configuration file (TOML): [tunnel], [session] and one [[channel]] per path.
+    /// SIGHUP (systemctl reload) re-reads it: new channel weights and tunnel.log_level
+    /// apply at once, the log names the changes that need a restart.
     #[arg(long)]
     config: PathBuf,
     /// Serve Prometheus metrics at http://ADDR/metrics (overrides tunnel.metrics).
@@ -27,15 +35,10 @@ pub struct Args {
     peer_timeout: String,
 }
 
-/// Log to stderr; RUST_LOG overrides the default level `info`.
+/// Log to stderr at the level of the command line, else RUST_LOG, else `info`
+/// (`crate::logging`).
 pub(crate) fn init_tracing() {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .try_init();
+    let _ = crate::logging::init(None);
 }
 
 /// A tokio runtime with two workers (the sockets' readers and the driver).
@@ -65,7 +68,6 @@ pub(crate) async fn shutdown_signal() -> &'static str {
 
 /// Run `braid tunnel`.
 pub fn run(a: Args) -> Result<()> {
-    init_tracing();
     let fc = FileConfig::load(&a.config)?;
     let Some(t) = fc.tunnel.clone() else {
         bail!(
@@ -73,18 +75,150 @@ pub fn run(a: Args) -> Result<()> {
             a.config.display()
         );
     };
+    let logger = crate::logging::init(t.log_level.as_deref());
     let peer_timeout = parse_timeout(&a.peer_timeout, "--peer-timeout")?;
     let observers = tunnel::Observers {
         control: Some(tunnel::control_path(a.control.as_deref(), &t)),
         metrics: a.metrics.or(t.metrics),
         log_interval: t.log_interval,
     };
-    runtime()?.block_on(tunnel::run(
-        &t,
-        fc.session,
-        observers,
-        peer_timeout,
-        shutdown_signal(),
-    ))?;
-    Ok(())
+    runtime()?.block_on(async {
+        // Registered first: SIGHUP's default action would end the tunnel.
+        let hup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
+        let up = Arc::new(AtomicBool::new(false));
+        let (handle_tx, handle_rx) = oneshot::channel();
+        let hooks = tunnel::Hooks {
+            started: Some(Box::new(move |h| {
+                let _ = handle_tx.send(h);
+            })),
+            up: Some(Box::new({
+                let up = up.clone();
+                let n = fc.session.channels.len();
+                move || {
+                    up.store(true, Ordering::SeqCst);
+                    notify(&[
+                        NotifyState::Ready,
+                        NotifyState::Status(&format!("forwarding over {n} channels")),
+                    ]);
+                }
+            })),
+        };
+        notify(&[NotifyState::Status("waiting for the peer")]);
+        let reloader = tokio::spawn(reload_on_hangup(
+            hup,
+            handle_rx,
+            a.config.clone(),
+            fc.clone(),
+            logger,
+            up,
+        ));
+        let r = tunnel::run_with_hooks(
+            &t,
+            fc.session,
+            observers,
+            peer_timeout,
+            shutdown_signal(),
+            hooks,
+        )
+        .await;
+        notify(&[NotifyState::Stopping]);
+        reloader.abort();
+        r.map_err(anyhow::Error::from)
+    })
+}
+
+/// Tell systemd (when it started us with a notification socket; nothing otherwise).
+fn notify(state: &[NotifyState]) {
+    if let Err(e) = sd_notify::notify(state) {
+        warn!("cannot notify systemd ({e})");
+    }
+}
+
+/// On each SIGHUP: re-read the configuration file, apply what the running tunnel can
+/// take (channel weights, the log level) and log what needs a restart.
+async fn reload_on_hangup(
+    mut hup: Signal,
+    handle: oneshot::Receiver<StatsHandle>,
+    path: PathBuf,
+    mut running: FileConfig,
+    mut logger: Option<crate::logging::Logger>,
+    up: Arc<AtomicBool>,
+) {
+    let Ok(stats) = handle.await else { return };
+    while hup.recv().await.is_some() {
+        let is_up = up.load(Ordering::SeqCst);
+        if is_up {
+            let mut v = vec![NotifyState::Reloading];
+            v.extend(NotifyState::monotonic_usec_now());
+            notify(&v);
+        }
+        reload(&path, &mut running, &stats, logger.as_mut());
+        if is_up {
+            notify(&[NotifyState::Ready]);
+        }
+    }
+}
+
+/// One reload: see [`reload_on_hangup`]. `running` keeps what is in force.
+fn reload(
+    path: &Path,
+    running: &mut FileConfig,
+    stats: &StatsHandle,
+    logger: Option<&mut crate::logging::Logger>,
+) {
+    info!("reload: reading {}", path.display());
+    let new = match FileConfig::load(path) {
+        Ok(c) => c,
+        Err(e) => {
+            error!("reload: {e}; the tunnel keeps running with the settings it has");
+            return;
+        }
+    };
+    let plan = crate::reload::plan(running, &new);
+    if plan.is_empty() {
+        info!("reload: nothing changed");
+        return;
+    }
+    if let Some(w) = plan.weights {
+        let old: Vec<u32> = running.session.channels.iter().map(|c| c.weight).collect();
+        match stats.set_weights(w.clone()) {
+            Ok(true) => {
+                info!("reload: channel weights {old:?} -> {w:?}");
+                for (c, w) in running.session.channels.iter_mut().zip(&w) {
+                    c.weight = *w;
+                }
+            }
+            Ok(false) => {
+                warn!("reload: the session is busy; channel weights not changed, reload again")
+            }
+            Err(e) => warn!("reload: channel weights not changed: {e}"),
+        }
+    }
+    if let Some(level) = plan.log_level {
+        match logger {
+            Some(l) => {
+                // Before and after the switch: one of the two shows at either level.
+                info!(
+                    "reload: changing the log level to {}",
+                    level.as_deref().unwrap_or("info (the default)")
+                );
+                match l.set_config_level(level.as_deref()) {
+                    Ok(m) => info!("reload: {m}"),
+                    Err(m) => warn!("reload: {m}"),
+                }
+            }
+            None => {
+                warn!("reload: tunnel.log_level not applied: the logger was not set up by braid")
+            }
+        }
+        if let Some(t) = &mut running.tunnel {
+            t.log_level = level;
+        }
+    }
+    if !plan.restart.is_empty() {
+        warn!(
+            "reload: {} changed; the running tunnel keeps the old value until it restarts (systemctl restart braid@NAME)",
+            plan.restart.join(", ")
+        );
+    }
 }

@@ -1,0 +1,227 @@
+//! Reloading a running tunnel's configuration (SIGHUP, `systemctl reload braid@NAME`):
+//! what changed between the file the tunnel runs with and the file now, which of the
+//! changes apply at once (channel weights, the log level) and which need a restart.
+
+use braid_io::config::{SessionConfig, TunnelConfig};
+use braid_io::FileConfig;
+use braid_proto::{Mode, SchedulerKind};
+
+/// What a reload does.
+#[derive(Debug, Default, PartialEq)]
+pub struct Plan {
+    /// New channel weights, applied to the running session.
+    pub weights: Option<Vec<u32>>,
+    /// A new `tunnel.log_level` (`Some(None)`: the key was removed).
+    pub log_level: Option<Option<String>>,
+    /// The changed settings that only a restart applies, by name as in the file.
+    pub restart: Vec<String>,
+}
+
+impl Plan {
+    /// Nothing changed.
+    pub fn is_empty(&self) -> bool {
+        self.weights.is_none() && self.log_level.is_none() && self.restart.is_empty()
+    }
+}
+
+/// Compare the running configuration with the file's.
+pub fn plan(old: &FileConfig, new: &FileConfig) -> Plan {
+    let mut p = Plan::default();
+    match (&old.tunnel, &new.tunnel) {
+        (Some(a), Some(b)) => tunnel_changes(a, b, &mut p),
+        (Some(_), None) => p.restart.push("[tunnel] (removed)".into()),
+        _ => {}
+    }
+    session_changes(&old.session, &new.session, &mut p);
+    p
+}
+
+fn tunnel_changes(a: &TunnelConfig, b: &TunnelConfig, p: &mut Plan) {
+    if a.log_level != b.log_level {
+        p.log_level = Some(b.log_level.clone());
+    }
+    let mut differ = |name: &str, changed: bool| {
+        if changed {
+            p.restart.push(format!("tunnel.{name}"));
+        }
+    };
+    differ("name", a.name != b.name);
+    differ("address", a.address != b.address);
+    differ("mtu", a.mtu != b.mtu);
+    differ("control", a.control != b.control);
+    differ("metrics", a.metrics != b.metrics);
+    differ("log_interval", a.log_interval != b.log_interval);
+    // A key added to [tunnel] later and not named above still shows.
+    let mut rest = b.clone();
+    rest.log_level = a.log_level.clone();
+    if p.restart.is_empty() && rest != *a {
+        p.restart.push("[tunnel] settings".into());
+    }
+}
+
+fn session_changes(a: &SessionConfig, b: &SessionConfig, p: &mut Plan) {
+    let before = p.restart.len();
+    if a.channels.len() != b.channels.len() {
+        p.restart.push(format!(
+            "the number of channels ({} -> {})",
+            a.channels.len(),
+            b.channels.len()
+        ));
+    } else {
+        for (i, (x, y)) in a.channels.iter().zip(&b.channels).enumerate() {
+            let mut differ = |name: &str, changed: bool| {
+                if changed {
+                    p.restart.push(format!("channel[{i}].{name}"));
+                }
+            };
+            differ("name", x.name != y.name);
+            differ("local", x.local != y.local);
+            differ("remote", x.remote != y.remote);
+            differ("device", x.device != y.device);
+            differ("mtu", x.mtu != y.mtu);
+            differ(
+                "pace",
+                x.pace_bps != y.pace_bps || x.pace_auto != y.pace_auto,
+            );
+        }
+    }
+    let mut differ = |name: &str, changed: bool| {
+        if changed {
+            p.restart.push(format!("session.{name}"));
+        }
+    };
+    differ("mode", a.mode != b.mode);
+    differ("scheduler", a.scheduler != b.scheduler);
+    differ("key (key_file)", a.key != b.key);
+    differ("security", a.security != b.security);
+    differ("private_key_file", a.private_key != b.private_key);
+    differ("peer_public_key", a.peer_public_key != b.peer_public_key);
+    differ("rekey_after", a.rekey_after != b.rekey_after);
+    differ("marker settings", a.markers != b.markers);
+    differ("trigger_every", a.trigger_every != b.trigger_every);
+    differ("receiver settings", a.receiver != b.receiver);
+    differ("heartbeat", a.heartbeat != b.heartbeat);
+    differ("dead_after", a.dead_after != b.dead_after);
+    differ("rejoin_after", a.rejoin_after != b.rejoin_after);
+    differ("queue_packets", a.queue_packets != b.queue_packets);
+    differ("socket_buffer", a.socket_buffer != b.socket_buffer);
+    differ("adaptive", a.adaptive != b.adaptive);
+    differ("aqm", a.aqm != b.aqm);
+    differ("arq", a.arq != b.arq);
+    differ("credits", a.credits != b.credits);
+    differ("demote", a.demote != b.demote);
+    differ("return_path", a.return_path != b.return_path);
+    differ("pace_burst", a.pace_burst != b.pace_burst);
+    differ("pace_codel", a.pace_codel != b.pace_codel);
+    let old_w: Vec<u32> = a.channels.iter().map(|c| c.weight).collect();
+    let new_w: Vec<u32> = b.channels.iter().map(|c| c.weight).collect();
+    let same_channels = a.channels.len() == b.channels.len();
+    // A setting added to the session later and not named above still shows.
+    let mut rest = b.clone();
+    if same_channels {
+        for (r, x) in rest.channels.iter_mut().zip(&a.channels) {
+            r.weight = x.weight;
+        }
+    }
+    if p.restart.len() == before && rest != *a {
+        p.restart.push("[session] settings".into());
+    }
+    if same_channels && old_w != new_w {
+        // The running session takes new weights only with the srr scheduler outside
+        // trr mode (as adaptive weights); otherwise they wait for a restart.
+        if a.scheduler == SchedulerKind::Srr && a.mode != Mode::Trr {
+            p.weights = Some(new_w);
+        } else {
+            p.restart.push("channel weights".into());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = r#"
+[tunnel]
+name = "braid0"
+address = "10.77.0.1/24"
+
+[session]
+key = "0X9vg6gGoIsuUnuVh9Q41C0d5zENqadrCWYNpq6589U="
+
+[[channel]]
+local = "127.0.0.1:7001"
+remote = "127.0.0.1:7101"
+weight = 2
+
+[[channel]]
+local = "127.0.0.1:7002"
+remote = "127.0.0.1:7102"
+weight = 1
+"#;
+
+    fn cfg(text: &str) -> FileConfig {
+        FileConfig::parse("t.toml", text, None).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn no_change_is_an_empty_plan() {
+        assert!(plan(&cfg(BASE), &cfg(BASE)).is_empty());
+    }
+
+    #[test]
+    fn weights_and_log_level_apply_at_once() {
+        let new = BASE
+            .replace("weight = 2", "weight = 5")
+            .replace("[session]", "log_level = \"debug\"\n\n[session]");
+        let p = plan(&cfg(BASE), &cfg(&new));
+        assert_eq!(p.weights, Some(vec![5, 1]));
+        assert_eq!(p.log_level, Some(Some("debug".to_string())));
+        assert!(p.restart.is_empty(), "{:?}", p.restart);
+    }
+
+    #[test]
+    fn other_changes_are_named_as_needing_a_restart() {
+        let new = BASE
+            .replace("127.0.0.1:7102", "127.0.0.1:7202")
+            .replace("10.77.0.1/24", "10.78.0.1/24")
+            .replace(
+                "[session]\n",
+                "[session]\nheartbeat = \"20ms\"\ndead_after = \"100ms\"\n",
+            );
+        let p = plan(&cfg(BASE), &cfg(&new));
+        assert_eq!(
+            p.restart,
+            vec![
+                "tunnel.address",
+                "channel[1].remote",
+                "session.heartbeat",
+                "session.dead_after"
+            ]
+        );
+        assert_eq!(p.weights, None);
+    }
+
+    #[test]
+    fn weights_wait_for_a_restart_when_the_running_scheduler_cannot_take_them() {
+        let grr = |t: &str| t.replace("[session]\n", "[session]\nscheduler = \"grr\"\n");
+        let new = grr(&BASE.replace("weight = 2", "weight = 5"));
+        let p = plan(&cfg(&grr(BASE)), &cfg(&new));
+        assert_eq!(p.weights, None);
+        assert_eq!(p.restart, vec!["channel weights"]);
+        // The running session (srr) takes them; the scheduler waits for the restart.
+        let p = plan(&cfg(BASE), &cfg(&new));
+        assert_eq!(p.weights, Some(vec![5, 1]));
+        assert_eq!(p.restart, vec!["session.scheduler"]);
+    }
+
+    #[test]
+    fn a_different_channel_count_needs_a_restart() {
+        let new = format!(
+            "{BASE}\n[[channel]]\nlocal = \"127.0.0.1:7003\"\nremote = \"127.0.0.1:7103\"\n"
+        );
+        let p = plan(&cfg(BASE), &cfg(&new));
+        assert_eq!(p.restart, vec!["the number of channels (2 -> 3)"]);
+        assert_eq!(p.weights, None);
+    }
+}
