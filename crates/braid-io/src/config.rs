@@ -2,7 +2,7 @@
 //! shared by `braid tunnel` and `braid bench` ([`FileConfig`]). The `[session]` keys are
 //! the settings schema's (`braid_proto::session::schema`, `docs/settings.md`).
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -17,15 +17,21 @@ use braid_proto::config::MAX_CHANNELS;
 
 use crate::keys;
 
-/// One channel: a UDP socket bound to `local`, aimed at the peer's `remote`.
+/// One channel: a UDP socket bound to `local`, aimed at the peer's `remote` (or, on
+/// the end that waits to be reached, at the address the peer's first authenticated
+/// datagram on it comes from). Either way the peer's address follows what
+/// authenticates: a client behind a NAT whose mapping changes is followed.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ChannelConfig {
     /// A name for logs and stats.
     pub name: String,
-    /// Local address to bind.
+    /// Local address to bind (port 0: any free port; `0.0.0.0:0` for a client behind
+    /// NAT).
     pub local: SocketAddr,
-    /// The peer's address for this channel.
-    pub remote: SocketAddr,
+    /// The peer's address for this channel to start with; `None`: learnt from the
+    /// peer's first authenticated datagram (the end that waits; its `local` needs a
+    /// fixed port).
+    pub remote: Option<SocketAddr>,
     /// Bind the socket to this interface (SO_BINDTODEVICE; needs CAP_NET_RAW).
     pub device: Option<String>,
     /// Relative capacity (any unit); SRR quanta and GRR counts are proportional to it.
@@ -48,7 +54,7 @@ impl ChannelConfig {
         ChannelConfig {
             name: name.into(),
             local,
-            remote,
+            remote: Some(remote),
             device: None,
             weight: 1,
             mtu: 1500,
@@ -57,9 +63,18 @@ impl ChannelConfig {
         }
     }
 
+    /// A channel that waits on `local` (a fixed port) for the peer, whose address it
+    /// learns from the peer's first authenticated datagram.
+    pub fn waiting(name: impl Into<String>, local: SocketAddr) -> Self {
+        ChannelConfig {
+            remote: None,
+            ..ChannelConfig::new(name, local, local)
+        }
+    }
+
     /// IP + UDP header bytes for this channel's address family.
     pub fn udp_overhead(&self) -> u32 {
-        if self.remote.is_ipv4() {
+        if self.local.is_ipv4() {
             28
         } else {
             48
@@ -290,11 +305,26 @@ impl SessionConfig {
                     c.name, c.mtu
                 ));
             }
-            if c.local.is_ipv4() != c.remote.is_ipv4() {
-                return Err(format!(
-                    "channel {i} ({}): local {} and remote {} are of different address families",
-                    c.name, c.local, c.remote
-                ));
+            match c.remote {
+                Some(r) if c.local.is_ipv4() != r.is_ipv4() => {
+                    return Err(format!(
+                        "channel {i} ({}): local {} and remote {r} are of different address families",
+                        c.name, c.local
+                    ));
+                }
+                Some(r) if r.port() == 0 => {
+                    return Err(format!(
+                        "channel {i} ({}): remote {r}: port 0 cannot be a destination",
+                        c.name
+                    ));
+                }
+                None if c.local.port() == 0 => {
+                    return Err(format!(
+                        "channel {i} ({}): no remote and local port 0: the peer could not reach this channel; give a remote, or a fixed local port to wait on",
+                        c.name
+                    ));
+                }
+                _ => {}
             }
             for (j, d) in self.channels.iter().enumerate().take(i) {
                 if d.local == c.local && c.local.port() != 0 {
@@ -380,6 +410,9 @@ pub struct TunnelConfig {
     pub name: String,
     /// IPv4 address and prefix length for the device.
     pub address: Option<(Ipv4Addr, u8)>,
+    /// IPv6 address and prefix length for the device (the tunnel carries IPv4 and
+    /// IPv6 packets either way; this is the device's own address).
+    pub address6: Option<(Ipv6Addr, u8)>,
     /// MTU of the device; `None`: the largest that fits every channel.
     pub mtu: Option<u32>,
     /// Unix socket for `braid status`. From a file: `tunnel.control`, else
@@ -416,7 +449,7 @@ struct RawFile {
 #[serde(deny_unknown_fields)]
 struct RawTunnel {
     name: Option<String>,
-    address: Option<String>,
+    address: Option<Addresses>,
     mtu: Option<u32>,
     control: Option<String>,
     metrics: Option<String>,
@@ -428,12 +461,62 @@ struct RawTunnel {
 #[serde(deny_unknown_fields)]
 struct RawChannel {
     name: Option<String>,
-    local: String,
-    remote: String,
+    local: Option<String>,
+    remote: Option<String>,
     device: Option<String>,
     weight: Option<u32>,
     mtu: Option<u32>,
     pace: Option<String>,
+}
+
+/// `tunnel.address`: one `ADDRESS/PREFIX`, or a list of them (at most one IPv4 and
+/// one IPv6).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Addresses {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// Parse `X:Y::Z/len` (IPv6).
+pub fn parse_cidr6(s: &str) -> Result<(Ipv6Addr, u8), String> {
+    let (a, l) = s
+        .split_once('/')
+        .ok_or_else(|| format!("'{s}' is not ADDRESS/PREFIX (e.g. fd77::1/64)"))?;
+    let addr: Ipv6Addr = a
+        .parse()
+        .map_err(|_| format!("'{a}' is not an IPv6 address"))?;
+    let len: u8 = l
+        .parse()
+        .ok()
+        .filter(|&n| n <= 128)
+        .ok_or_else(|| format!("'{l}' is not a prefix length 0..=128"))?;
+    Ok((addr, len))
+}
+
+/// The device's addresses from `tunnel.address`: at most one of each family.
+type TunAddresses = (Option<(Ipv4Addr, u8)>, Option<(Ipv6Addr, u8)>);
+
+fn parse_addresses(a: &Addresses) -> Result<TunAddresses, String> {
+    let list = match a {
+        Addresses::One(s) => std::slice::from_ref(s),
+        Addresses::Many(v) => &v[..],
+    };
+    let (mut v4, mut v6) = (None, None);
+    for s in list {
+        if s.split_once('/').is_some_and(|(a, _)| a.contains(':')) {
+            if v6.replace(parse_cidr6(s)?).is_some() {
+                return Err(format!(
+                    "'{s}': two IPv6 addresses; give at most one of each family"
+                ));
+            }
+        } else if v4.replace(parse_cidr(s)?).is_some() {
+            return Err(format!(
+                "'{s}': two IPv4 addresses; give at most one of each family"
+            ));
+        }
+    }
+    Ok((v4, v6))
 }
 
 /// Parse `A.B.C.D/len`.
@@ -576,10 +659,30 @@ fn parse_channel(i: usize, c: &RawChannel) -> Result<ChannelConfig, Fault> {
         v.parse()
             .map_err(|_| (k(f), format!("'{v}' is not an IP:PORT address")))
     };
-    let local = addr("local", &c.local)?;
-    let remote = addr("remote", &c.remote)?;
-    if remote.port() == 0 {
+    let remote = match &c.remote {
+        Some(r) => Some(addr("remote", r)?),
+        None => None,
+    };
+    if remote.is_some_and(|r| r.port() == 0) {
         return Err((k("remote"), "port 0 cannot be a destination".into()));
+    }
+    let local = match (&c.local, remote) {
+        (Some(l), _) => addr("local", l)?,
+        // A client: any free port, on the remote's address family.
+        (None, Some(r)) if r.is_ipv4() => SocketAddr::from((std::net::Ipv4Addr::UNSPECIFIED, 0)),
+        (None, Some(_)) => SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, 0)),
+        (None, None) => {
+            return Err((
+                k("local"),
+                "neither local nor remote: give remote (the peer's address; local may then be left out), or local with a fixed port to wait for the peer on".into(),
+            ))
+        }
+    };
+    if remote.is_none() && local.port() == 0 {
+        return Err((
+            k("remote"),
+            format!("missing, and local {local} has no fixed port: the peer could not reach this channel; give remote, or a fixed local port to wait on"),
+        ));
     }
     let weight = c.weight.unwrap_or(1);
     if weight == 0 {
@@ -666,9 +769,9 @@ fn parse_tunnel(t: RawTunnel, cfg: &SessionConfig) -> Result<TunnelConfig, Fault
             format!("'{name}' must be 1 to 15 bytes long"),
         ));
     }
-    let address = match &t.address {
-        None => None,
-        Some(a) => Some(parse_cidr(a).map_err(|r| fault("tunnel.address", r))?),
+    let (address, address6) = match &t.address {
+        None => (None, None),
+        Some(a) => parse_addresses(a).map_err(|r| fault("tunnel.address", r))?,
     };
     let auto = cfg.max_inner() - cfg.data_overhead();
     if let Some(m) = t.mtu {
@@ -719,6 +822,7 @@ fn parse_tunnel(t: RawTunnel, cfg: &SessionConfig) -> Result<TunnelConfig, Fault
     Ok(TunnelConfig {
         name,
         address,
+        address6,
         mtu: t.mtu,
         control,
         metrics,
@@ -799,6 +903,75 @@ weight = 2
 local = "127.0.0.1:7002"
 remote = "127.0.0.1:7102"
 "#;
+
+    #[test]
+    fn a_server_channel_may_leave_out_remote_and_a_client_channel_local() {
+        // The end that waits: a fixed local port, the peer's address learnt.
+        let server = GOOD.replace("remote = \"127.0.0.1:7101\"\n", "");
+        let c = FileConfig::parse("t.toml", &server, None).unwrap();
+        assert_eq!(c.session.channels[0].remote, None);
+        assert_eq!(
+            c.session.channels[0].local,
+            "127.0.0.1:7001".parse().unwrap()
+        );
+        // A client behind NAT: no local (any port, the remote's family).
+        let client = GOOD
+            .replace("local = \"127.0.0.1:7001\"\n", "")
+            .replace("local = \"127.0.0.1:7002\"", "local = \"0.0.0.0:0\"")
+            .replace("127.0.0.1:7102", "[2001:db8::1]:7102");
+        let e = FileConfig::parse("t.toml", &client, None).unwrap_err();
+        assert!(e.to_string().contains("different address families"), "{e}");
+        let client = client.replace("local = \"0.0.0.0:0\"", "local = \"[::]:0\"");
+        let c = FileConfig::parse("t.toml", &client, None).unwrap();
+        assert_eq!(c.session.channels[0].local, "0.0.0.0:0".parse().unwrap());
+        assert_eq!(c.session.channels[1].local, "[::]:0".parse().unwrap());
+        assert_eq!(
+            c.session.channels[1].remote,
+            Some("[2001:db8::1]:7102".parse().unwrap())
+        );
+        assert_eq!(c.session.channels[1].udp_overhead(), 48);
+        // Neither, or no remote and no fixed port to wait on: nobody could reach it.
+        let neither = server.replace("local = \"127.0.0.1:7001\"\n", "");
+        let e = FileConfig::parse("t.toml", &neither, None).unwrap_err();
+        assert_eq!(e.key, "channel[0].local");
+        assert!(e.reason.contains("neither local nor remote"), "{e}");
+        let no_port = server.replace("127.0.0.1:7001", "0.0.0.0:0");
+        let e = FileConfig::parse("t.toml", &no_port, None).unwrap_err();
+        assert_eq!(e.key, "channel[0].remote");
+        assert!(e.reason.contains("no fixed port"), "{e}");
+    }
+
+    #[test]
+    fn the_tunnel_takes_an_ipv4_and_an_ipv6_address_and_channels_of_either_family() {
+        let both = GOOD
+            .replace(
+                "address = \"10.77.0.1/24\"",
+                "address = [\"10.77.0.1/24\", \"fd77::1/64\"]",
+            )
+            .replace("127.0.0.1:7002", "[::1]:7002")
+            .replace("127.0.0.1:7102", "[::1]:7102");
+        let c = FileConfig::parse("t.toml", &both, None).unwrap();
+        let t = c.tunnel.unwrap();
+        assert_eq!(t.address, Some((Ipv4Addr::new(10, 77, 0, 1), 24)));
+        assert_eq!(t.address6, Some(("fd77::1".parse().unwrap(), 64)));
+        // A bond of an IPv4 and an IPv6 channel: the IPv6 one's headers are larger.
+        let ch = &c.session.channels;
+        assert_eq!((ch[0].udp_overhead(), ch[1].udp_overhead()), (28, 48));
+        let v6 = GOOD.replace("10.77.0.1/24", "fd77::1/64");
+        let t = FileConfig::parse("t.toml", &v6, None)
+            .unwrap()
+            .tunnel
+            .unwrap();
+        assert_eq!((t.address, t.address6.map(|a| a.1)), (None, Some(64)));
+        let e = |text: &str| FileConfig::parse("t.toml", text, None).unwrap_err();
+        let x = e(&GOOD.replace("\"10.77.0.1/24\"", "[\"10.77.0.1/24\", \"10.78.0.1/24\"]"));
+        assert_eq!(x.key, "tunnel.address");
+        assert!(x.reason.contains("two IPv4 addresses"), "{x}");
+        let x = e(&GOOD.replace("10.77.0.1/24", "fd77::1/129"));
+        assert!(x.reason.contains("0..=128"), "{x}");
+        let x = e(&GOOD.replace("10.77.0.1/24", "fd77::g/64"));
+        assert!(x.reason.contains("not an IPv6 address"), "{x}");
+    }
 
     #[test]
     fn good_file_parses() {

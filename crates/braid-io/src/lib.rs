@@ -27,6 +27,7 @@
 pub mod args;
 pub mod config;
 pub mod keys;
+pub mod mss;
 pub mod node;
 pub mod node_flow;
 pub mod node_report;

@@ -663,6 +663,7 @@ impl Node {
                 AppSide::Tun(TunnelConfig {
                     name: name.clone(),
                     address: f.address,
+                    address6: None,
                     mtu: None,
                     control: None,
                     metrics: None,

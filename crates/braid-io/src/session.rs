@@ -88,7 +88,7 @@ pub enum SessionError {
         /// Channel name.
         name: String,
         /// The peer's address on it.
-        remote: SocketAddr,
+        remote: String,
         /// Why (boxed: it may hold two keys).
         failure: Box<HandshakeFailure>,
     },
@@ -148,8 +148,8 @@ pub struct Session {
     task: Option<JoinHandle<()>>,
     locals: Vec<SocketAddr>,
     describe: String,
-    /// (name, remote) of each channel.
-    channels: Vec<(String, SocketAddr)>,
+    /// The name of each channel.
+    channels: Vec<String>,
     /// See [`Refusal`].
     grace: StdDuration,
 }
@@ -163,16 +163,16 @@ struct Link {
     handshakes: HandshakeStats,
     /// The peer's settings differ (authenticated, in answer to our initiation).
     mismatch: Option<Mismatch>,
-    /// The first refusal of our handshake by the peer before it was heard: channel
-    /// and why.
-    rejected: Option<(usize, HandshakeFailure)>,
+    /// The first refusal of our handshake by the peer before it was heard: channel,
+    /// why, and the peer's address on the channel.
+    rejected: Option<(usize, HandshakeFailure, String)>,
 }
 
 /// Resolves when the session cannot reach its peer ([`Session::refusal`]).
 pub struct Refusal {
     link: watch::Receiver<Link>,
     rejection_fatal: bool,
-    channels: Vec<(String, SocketAddr)>,
+    channels: Vec<String>,
     /// How long to go on after the refusal, so that the peer's own initiations meet
     /// our rejection or our settings and the other end learns it too.
     grace: StdDuration,
@@ -195,8 +195,8 @@ impl Refusal {
         if let Some(mismatch) = l.mismatch {
             return SessionError::SettingsMismatch { mismatch };
         }
-        let (index, failure) = l.rejected.expect("waited for it");
-        let (name, remote) = self.channels[index].clone();
+        let (index, failure, remote) = l.rejected.expect("waited for it");
+        let name = self.channels[index].clone();
         SessionError::HandshakeRefused {
             index,
             name,
@@ -212,7 +212,7 @@ fn diagnose(l: &Link) -> String {
     if let Some(m) = &l.mismatch {
         return format!("{m}");
     }
-    if let Some((_, f)) = &l.rejected {
+    if let Some((_, f, _)) = &l.rejected {
         return format!("{f}");
     }
     if h.initiated > 0 && h.responses == 0 {
@@ -319,16 +319,16 @@ fn bind(
         let _ = sock.set_recv_buffer_size(bufsize);
         let _ = sock.set_send_buffer_size(bufsize);
     }
+    if c.local.is_ipv6() {
+        // An IPv6 channel carries IPv6 only ([::] would take IPv4 too, as mapped
+        // addresses, and clash with an IPv4 channel on the same port).
+        sock.set_only_v6(true).map_err(be)?;
+    }
     sock.set_nonblocking(true).map_err(be)?;
     sock.bind(&c.local.into()).map_err(be)?;
-    sock.connect(&c.remote.into())
-        .map_err(|error| SessionError::Bind {
-            index,
-            name: c.name.clone(),
-            addr: c.remote,
-            hint: " (cannot aim the socket at the remote address)",
-            error,
-        })?;
+    // Not connected: the peer's address may change (a NAT's new mapping, roaming) and
+    // is followed from its authenticated datagrams (the session machine decides);
+    // each send names the destination.
     UdpSocket::from_std(sock.into()).map_err(be)
 }
 
@@ -364,7 +364,10 @@ impl Session {
             .channels
             .iter()
             .zip(&locals)
-            .map(|(c, l)| format!("{l} -> {}", c.remote))
+            .map(|(c, l)| match c.remote {
+                Some(r) => format!("{l} -> {r}"),
+                None => format!("{l} (waiting for the peer)"),
+            })
             .collect::<Vec<_>>()
             .join(", ");
         // Two heartbeats (the peer initiates every heartbeat), and at least 300 ms.
@@ -372,11 +375,7 @@ impl Session {
             .heartbeat
             .saturating_mul(2)
             .max(StdDuration::from_millis(300));
-        let channel_names = cfg
-            .channels
-            .iter()
-            .map(|c| (c.name.clone(), c.remote))
-            .collect();
+        let channel_names = cfg.channels.iter().map(|c| c.name.clone()).collect();
         // One queue from the readers to the driver, but each channel may hold only its
         // share of it, in packets and in bytes: flooding one port cannot starve the
         // others, and memory stays bounded whatever arrives.
@@ -640,8 +639,8 @@ impl Budget {
 }
 
 /// What a reader hands the driver: its channel and each datagram with the time it
-/// arrived.
-type Received = (usize, Vec<(std::time::Instant, Bytes)>);
+/// arrived and its source address.
+type Received = (usize, Vec<(std::time::Instant, SocketAddr, Bytes)>);
 
 /// When a datagram arrived on the reader's clock: `read_at` (read at wall-clock `wall`)
 /// less the age of its kernel receive timestamp `stamp` (wall clock, since the Unix
@@ -706,7 +705,7 @@ async fn reader(
         let wall = std::time::SystemTime::now();
         let n = match r {
             Ok(n) => n,
-            // ICMP errors from a connected UDP socket (peer not running yet): ignore.
+            // A receive error (an ICMP error queued on the socket): ignore.
             Err(e) => {
                 debug!(channel, "recv error: {e}");
                 tokio::time::sleep(StdDuration::from_millis(1)).await;
@@ -731,7 +730,7 @@ async fn reader(
                 }
                 budget.packets.fetch_add(1, Ordering::Relaxed);
                 budget.bytes.fetch_add(d.len(), Ordering::Relaxed);
-                batch.push((at, Bytes::copy_from_slice(d)));
+                batch.push((at, m.addr, Bytes::copy_from_slice(d)));
             }
         }
         if !batch.is_empty() && out.send((channel, batch)).await.is_err() {
@@ -796,6 +795,10 @@ struct Driver {
     locals: Vec<SocketAddr>,
     /// Per channel: the datagrams of one round of transmits, in order.
     outq: Vec<Vec<Bytes>>,
+    /// Per channel, for each datagram of `outq`: where it goes.
+    dests: Vec<Vec<SocketAddr>>,
+    /// Per channel: the source of the last handshake message (for the log).
+    hs_source: Vec<Option<SocketAddr>>,
     /// Per channel, for each datagram of `outq`: it goes alone (no GSO train).
     alone: Vec<Vec<bool>>,
     /// One GSO train, reused.
@@ -864,8 +867,10 @@ impl Driver {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos());
         machine.set_wall_clock(Instant::ZERO, unix);
+        // Each channel's peer address: configured, or learnt (and followed) from the
+        // peer's authenticated datagrams; cookies are bound to a datagram's source.
         for (i, c) in cfg.channels.iter().enumerate() {
-            machine.set_channel_address(i, c.remote.to_string().as_bytes());
+            machine.set_endpoint(i, c.remote);
         }
         let (hs_jobs, hs_done) = handshake_thread()
             .map_err(|e| SessionError::Config(format!("cannot start the handshake thread: {e}")))?;
@@ -876,6 +881,8 @@ impl Driver {
             origin: std::time::Instant::now(),
             tx_errors: vec![0; socks.len()],
             outq: vec![Vec::new(); socks.len()],
+            dests: vec![Vec::new(); socks.len()],
+            hs_source: vec![None; socks.len()],
             alone: vec![Vec::new(); socks.len()],
             train: Vec::with_capacity(GSO_MAX_BYTES),
             socks,
@@ -1007,10 +1014,13 @@ impl Driver {
         }
     }
 
-    fn take_datagrams(&mut self, c: usize, batch: Vec<(std::time::Instant, Bytes)>) {
-        for (at, d) in batch {
+    fn take_datagrams(&mut self, c: usize, batch: Vec<(std::time::Instant, SocketAddr, Bytes)>) {
+        for (at, from, d) in batch {
             self.budgets[c].release(d.len());
-            self.machine.handle_datagram(self.at(at), c, d);
+            if matches!(d.first(), Some(&wire::TYPE_HS_INIT | &wire::TYPE_HS_RESP)) {
+                self.hs_source[c] = Some(from);
+            }
+            self.machine.handle_datagram_from(self.at(at), c, from, d);
         }
     }
 
@@ -1021,7 +1031,10 @@ impl Driver {
     /// them (`braid_proto::session::probe`).
     async fn send_out(&mut self) {
         while let Some(t) = self.machine.poll_transmit() {
+            // The machine gives each a destination once it has set endpoints.
+            let Some(to) = t.destination else { continue };
             self.outq[t.channel].push(t.bytes);
+            self.dests[t.channel].push(to);
             self.alone[t.channel].push(t.kind == machine::DatagramKind::Probe);
         }
         for c in 0..self.outq.len() {
@@ -1030,18 +1043,22 @@ impl Driver {
             }
             let q = std::mem::take(&mut self.outq[c]);
             let alone = std::mem::take(&mut self.alone[c]);
+            let dests = std::mem::take(&mut self.dests[c]);
             let max_segments = self.states[c].max_gso_segments().max(1);
             let mut i = 0;
             while i < q.len() {
-                // Up to the next datagram that goes alone.
-                let batchable = alone[i..].iter().position(|&a| a).unwrap_or(q.len() - i);
+                // Up to the next datagram that goes alone, or elsewhere.
+                let batchable = (i..q.len())
+                    .position(|j| alone[j] || dests[j] != dests[i])
+                    .unwrap_or(q.len() - i);
                 let n = if alone[i] {
                     1
                 } else {
                     gso_run(&q[i..i + batchable], max_segments)
                 };
+                let to = dests[i];
                 if n == 1 {
-                    self.send_train(c, &q[i], q[i].len(), 1).await;
+                    self.send_train(c, to, &q[i], q[i].len(), 1).await;
                 } else {
                     let mut train = std::mem::take(&mut self.train);
                     train.clear();
@@ -1049,25 +1066,27 @@ impl Driver {
                         train.extend_from_slice(d);
                     }
                     let seg = q[i].len();
-                    self.send_train(c, &train, seg, n).await;
+                    self.send_train(c, to, &train, seg, n).await;
                     self.train = train;
                 }
                 i += n;
             }
-            let (mut q, mut alone) = (q, alone);
+            let (mut q, mut alone, mut dests) = (q, alone, dests);
             q.clear();
             alone.clear();
+            dests.clear();
             self.outq[c] = q;
             self.alone[c] = alone;
+            self.dests[c] = dests;
         }
     }
 
     /// Send `n` datagrams of `seg` bytes (the last may be shorter) in one call.
-    async fn send_train(&mut self, c: usize, bytes: &[u8], seg: usize, n: usize) {
+    async fn send_train(&mut self, c: usize, to: SocketAddr, bytes: &[u8], seg: usize, n: usize) {
         let sock = &self.socks[c];
         let state = &self.states[c];
         let t = quinn_udp::Transmit {
-            destination: self.cfg.channels[c].remote,
+            destination: to,
             ecn: None,
             contents: bytes,
             segment_size: (n > 1).then_some(seg),
@@ -1107,26 +1126,29 @@ impl Driver {
                         1 => String::new(),
                         n => format!(" ({n} times since the last report)"),
                     };
+                    // Where the handshake message came from (not the endpoint: only
+                    // what authenticates moves that).
+                    let from = self.hs_source[channel]
+                        .or(self.machine.endpoint(channel))
+                        .map_or_else(|| "an unknown address".to_string(), |a| a.to_string());
                     if failure.is_answer() {
                         error!(
                             channel,
-                            "channel {channel} ({}, peer {}){times}: {failure}",
+                            "channel {channel} ({}, peer {from}){times}: {failure}",
                             c.name,
-                            c.remote
                         );
                         if !self.machine.peer_seen() {
                             self.peer_seen.send_if_modified(|l| {
                                 let first = l.rejected.is_none();
-                                l.rejected.get_or_insert((channel, failure));
+                                l.rejected.get_or_insert((channel, failure, from));
                                 first
                             });
                         }
                     } else {
                         error!(
                             channel,
-                            "channel {channel} ({}): handshake from {} refused{times}: {failure}",
+                            "channel {channel} ({}): handshake from {from} refused{times}: {failure}",
                             c.name,
-                            c.remote
                         );
                     }
                 }
@@ -1159,6 +1181,24 @@ impl Driver {
                     "channel {channel} ({}) down: nothing heard for {} ms",
                     name(channel),
                     silent.as_micros() / 1000
+                ),
+                Event::EndpointChanged {
+                    channel,
+                    from: Some(from),
+                    to,
+                } => info!(
+                    channel,
+                    "channel {channel} ({}): peer moved {from} -> {to}",
+                    name(channel)
+                ),
+                Event::EndpointChanged {
+                    channel,
+                    from: None,
+                    to,
+                } => info!(
+                    channel,
+                    "channel {channel} ({}): peer at {to}",
+                    name(channel)
                 ),
                 Event::ChannelUp { channel } => {
                     info!(channel, "channel {channel} ({}) up again", name(channel))
@@ -1249,7 +1289,10 @@ impl Driver {
                 index: i,
                 name: self.cfg.channels[i].name.clone(),
                 local: self.locals[i].to_string(),
-                remote: self.cfg.channels[i].remote.to_string(),
+                remote: c
+                    .endpoint
+                    .map_or_else(|| "-".to_string(), |a| a.to_string()),
+                endpoint_changes: c.endpoint_changes,
                 state: c.state.name().into(),
                 state_since_s: c.state_since.as_secs_f64(),
                 state_changes: c.state_changes,
@@ -1438,8 +1481,8 @@ mod reader_tests {
             stamps.extend(
                 batch
                     .into_iter()
-                    .filter(|(_, d)| d[0] != 255)
-                    .map(|(at, d)| (d[0], at)),
+                    .filter(|(_, _, d)| d[0] != 255)
+                    .map(|(at, _, d)| (d[0], at)),
             );
         }
         task.abort();

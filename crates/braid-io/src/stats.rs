@@ -14,8 +14,13 @@ pub struct ChannelSnapshot {
     pub name: String,
     /// Local address.
     pub local: String,
-    /// Peer address.
+    /// The peer's address on the channel: configured, or learnt from its
+    /// authenticated datagrams (`-`: not known yet).
     pub remote: String,
+    /// Times the peer's address on the channel moved (an authenticated datagram from
+    /// a new address: a NAT's new mapping, roaming).
+    #[serde(default)]
+    pub endpoint_changes: u64,
     /// Do we hear the peer on this channel (`up`/`down`)?
     pub state: String,
     /// Seconds since `state` last changed.
@@ -497,6 +502,16 @@ impl SessionStats {
                 self.channels.iter().map(|c| c.arq_rejected).sum::<u64>(),
             );
         }
+        // Where the peer is on each channel, once one moved (a NAT's new mapping,
+        // roaming).
+        if self.channels.iter().any(|c| c.endpoint_changes > 0) {
+            let per: Vec<String> = self
+                .channels
+                .iter()
+                .map(|c| format!("{}={} (moved {})", c.name, c.remote, c.endpoint_changes))
+                .collect();
+            let _ = writeln!(s, "peer endpoints: {}", per.join("  "));
+        }
         let defence = [
             self.handshake_mac1_failures,
             self.cookie_replies_sent,
@@ -770,6 +785,7 @@ const COUNTERS: &[(bool, &str, &str)] = &[
     (false, "credits_sent", "Credits: credits sent to the peer"),
     (false, "credit_refused", "Credits: data refused because the peer was past its credit"),
     (true, "state_changes", "Times the channel's state (wait, up, down) changed"),
+    (true, "endpoint_changes", "Times the peer's address on the channel moved (an authenticated datagram from a new address: a NAT's new mapping, roaming)"),
     (true, "handshake_failures", "Handshake messages that failed on the channel: the peer's initiations we refused, rejections of ours, unauthenticated or stale responses"),
     (true, "tx_datagrams", "Datagrams sent on the channel (data and control)"),
     (true, "tx_bytes", "Bytes sent on the channel (UDP payload)"),
@@ -1105,6 +1121,39 @@ mod tests {
         assert!(
             t.contains("repair: missing/repaired/given up lte=7/6/1  resent 3  premature 2  expired 0  rejected 4"),
             "{t}"
+        );
+    }
+
+    #[test]
+    fn a_moved_peer_endpoint_shows_in_the_table_the_json_and_the_metrics() {
+        let mut s = SessionStats::default();
+        let c = |name: &str, remote: &str, n| ChannelSnapshot {
+            name: name.into(),
+            remote: remote.into(),
+            state: "up".into(),
+            endpoint_changes: n,
+            ..Default::default()
+        };
+        s.channels = vec![
+            c("lte", "10.0.0.2:4000", 0),
+            c("dsl", "[2001:db8::9]:7000", 0),
+        ];
+        assert!(!s.table().contains("peer endpoints"), "{}", s.table());
+        s.channels[0] = c("lte", "10.0.0.9:5123", 2);
+        let t = s.table();
+        assert!(
+            t.contains(
+                "peer endpoints: lte=10.0.0.9:5123 (moved 2)  dsl=[2001:db8::9]:7000 (moved 0)"
+            ),
+            "{t}"
+        );
+        let j = serde_json::to_value(&s).unwrap();
+        assert_eq!(j["channels"][0]["endpoint_changes"], 2);
+        assert_eq!(j["channels"][0]["remote"], "10.0.0.9:5123");
+        let p = s.prometheus();
+        assert!(
+            p.contains("braid_channel_endpoint_changes_total{channel=\"0\",name=\"lte\"} 2"),
+            "{p}"
         );
     }
 

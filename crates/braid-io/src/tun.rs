@@ -7,7 +7,7 @@
 //! needs CAP_NET_ADMIN; the errors say so.
 
 use std::io;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 use tokio::io::unix::AsyncFd;
@@ -315,6 +315,49 @@ impl Tun {
         let mut r = ifreq(&self.name);
         r.ifr_ifru.ifru_netmask = sockaddr_in(Ipv4Addr::from(mask));
         self.ctl("setting the netmask", libc::SIOCSIFNETMASK, &mut r)
+    }
+
+    /// Give the device an IPv6 address and prefix (the prefix's route comes with it).
+    pub fn set_ipv6(&self, addr: Ipv6Addr, prefix: u8) -> Result<(), TunError> {
+        let what =
+            "setting the IPv6 address (is IPv6 disabled? sysctl net.ipv6.conf.all.disable_ipv6)";
+        let setup = |what: &'static str, error: io::Error| match error.raw_os_error() {
+            Some(libc::EPERM) | Some(libc::EACCES) => TunError::Permission {
+                name: self.name.clone(),
+                error,
+            },
+            _ => TunError::Setup {
+                name: self.name.clone(),
+                what,
+                error,
+            },
+        };
+        let mut r = ifreq(&self.name);
+        self.ctl("reading the interface index", libc::SIOCGIFINDEX, &mut r)?;
+        // SAFETY: SIOCGIFINDEX filled ifru_ifindex.
+        let index = unsafe { r.ifr_ifru.ifru_ifindex };
+        let req = libc::in6_ifreq {
+            ifr6_addr: libc::in6_addr {
+                s6_addr: addr.octets(),
+            },
+            ifr6_prefixlen: u32::from(prefix),
+            ifr6_ifindex: index,
+        };
+        // SAFETY: SIOCSIFADDR on an AF_INET6 socket takes a pointer to an in6_ifreq,
+        // valid for the call; the socket is closed after it.
+        unsafe {
+            let s = libc::socket(libc::AF_INET6, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+            if s < 0 {
+                return Err(setup(what, io::Error::last_os_error()));
+            }
+            let rc = libc::ioctl(s, libc::SIOCSIFADDR, &req as *const libc::in6_ifreq);
+            let e = io::Error::last_os_error();
+            libc::close(s);
+            if rc < 0 {
+                return Err(setup(what, e));
+            }
+        }
+        Ok(())
     }
 
     /// Bring the device up.

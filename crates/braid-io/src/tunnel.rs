@@ -152,6 +152,10 @@ pub fn open_tun(t: &TunnelConfig, s: &SessionConfig) -> Result<Tun, TunnelError>
         tun.set_ipv4(addr, len)?;
     }
     tun.up()?;
+    // After up: the kernel adds the prefix's route to a running device.
+    if let Some((addr, len)) = t.address6 {
+        tun.set_ipv6(addr, len)?;
+    }
     info!(
         "TUN {} up, mtu {mtu}, mode {}, security {}, {} channels",
         tun.name(),
@@ -241,6 +245,9 @@ pub(crate) async fn forward(
     shutdown: std::pin::Pin<&mut impl std::future::Future<Output = &'static str>>,
 ) -> Result<(), TunnelError> {
     let sender = session.sender();
+    // The largest inner packet the bond carries: TCP SYNs entering the tunnel announce
+    // no larger a segment (crate::mss).
+    let bond_mtu = sender.max_message();
     let mut reader = {
         let tun = tun.clone();
         tokio::spawn(async move {
@@ -250,6 +257,7 @@ pub(crate) async fn forward(
                 if n == 0 {
                     continue;
                 }
+                crate::mss::clamp(&mut buf[..n], bond_mtu);
                 match sender.send(Bytes::copy_from_slice(&buf[..n])).await {
                     Ok(()) => {}
                     Err(SessionError::Closed) => return Ok(()),

@@ -58,6 +58,8 @@ use snow::params::{CipherChoice, DHChoice, HashChoice};
 use snow::resolvers::{CryptoResolver, DefaultResolver};
 use snow::types::{Cipher, Dh, Hash, Random};
 
+use std::net::SocketAddr;
+
 use super::settings::{Mismatch, Settings};
 use crate::time::{Duration, Instant};
 use crate::wire::secure::{
@@ -635,6 +637,8 @@ impl Source {
 /// (`Session::handle_handshake_done`).
 pub struct HandshakeJob {
     channel: usize,
+    /// Where the initiation came from (the driver's address, if it gives one).
+    source: Option<SocketAddr>,
     /// The initiation.
     init: Bytes,
     mac1: [u8; MAC_LEN],
@@ -652,6 +656,7 @@ pub struct HandshakeJob {
 /// A [`HandshakeJob`] done.
 pub struct HandshakeDone {
     channel: usize,
+    source: Option<SocketAddr>,
     init: Bytes,
     mac1: [u8; MAC_LEN],
     sender: u32,
@@ -680,6 +685,12 @@ impl HandshakeDone {
     pub fn channel(&self) -> usize {
         self.channel
     }
+
+    /// The address the initiation came from, if the driver gave one: the answer goes
+    /// back there, and an accepted initiation makes it the channel's endpoint.
+    pub fn source(&self) -> Option<SocketAddr> {
+        self.source
+    }
 }
 
 /// An initiation read and answered (the session then checks its timestamp).
@@ -704,6 +715,7 @@ impl HandshakeJob {
         let result = self.work();
         HandshakeDone {
             channel: self.channel,
+            source: self.source,
             init: self.init,
             mac1: self.mac1,
             sender: self.sender,
@@ -766,6 +778,17 @@ impl HandshakeJob {
             theirs,
         })
     }
+}
+
+/// An address as the bytes a cookie is bound to: the IP address's octets, then the
+/// port.
+pub fn address_bytes(a: SocketAddr) -> Vec<u8> {
+    let mut v = match a.ip() {
+        std::net::IpAddr::V4(ip) => ip.octets().to_vec(),
+        std::net::IpAddr::V6(ip) => ip.octets().to_vec(),
+    };
+    v.extend_from_slice(&a.port().to_be_bytes());
+    v
 }
 
 /// Why a datagram was rejected.
@@ -974,8 +997,12 @@ impl std::fmt::Display for HandshakeFailure {
 /// What a handshake message led to.
 #[derive(Debug, Default)]
 pub(crate) struct Outcome {
-    /// To send back on the channel it came on.
+    /// To send back on the channel it came on (to the address it came from).
     pub reply: Option<Bytes>,
+    /// It authenticated as the peer's and is fresh: an initiation accepted (its
+    /// timestamp newer than any before), or the response to our outstanding
+    /// initiation. Its source may become the channel's endpoint.
+    pub authenticated: bool,
     /// A handshake completed.
     pub established: Option<Established>,
     /// It failed: why, and the failures of this kind since the last report, when one
@@ -1068,6 +1095,11 @@ pub(crate) struct Crypto {
     jobs: std::collections::VecDeque<HandshakeJob>,
     /// When an authenticated datagram last came from the peer.
     last_heard: Option<Instant>,
+    /// The source of the handshake message being handled, if the driver gave one.
+    source: Option<SocketAddr>,
+    /// The last datagram [`Crypto::open`] accepted was the newest yet on its channel
+    /// under the current (or pending) keys: not a late one, not under older keys.
+    pub newest: bool,
 }
 
 impl Crypto {
@@ -1116,6 +1148,8 @@ impl Crypto {
             offload: false,
             jobs: std::collections::VecDeque::new(),
             last_heard: None,
+            source: None,
+            newest: false,
         })
     }
 
@@ -1352,7 +1386,24 @@ impl Crypto {
 
     /// A handshake message arrived on channel `c`: what to send back, whether a
     /// handshake completed, and what went wrong.
+    #[cfg(test)]
     pub fn on_handshake(&mut self, now: Instant, c: usize, datagram: &Bytes) -> Outcome {
+        self.on_handshake_from(now, c, None, datagram)
+    }
+
+    /// [`Crypto::on_handshake`] for a message from `source` (the driver's address of
+    /// its sender): a cookie we give is bound to that address, and a job carries it.
+    pub fn on_handshake_from(
+        &mut self,
+        now: Instant,
+        c: usize,
+        source: Option<SocketAddr>,
+        datagram: &Bytes,
+    ) -> Outcome {
+        self.source = source;
+        if let (Some(a), Some(s)) = (source, self.sources.get_mut(c)) {
+            s.addr = address_bytes(a);
+        }
         let mut out = Outcome::default();
         match Handshake::parse(datagram) {
             Ok(Handshake::Init {
@@ -1555,6 +1606,7 @@ impl Crypto {
         self.inflight.push(mac1);
         let job = HandshakeJob {
             channel: c,
+            source: self.source,
             init: datagram.clone(),
             mac1,
             sender,
@@ -1596,6 +1648,7 @@ impl Crypto {
         self.newest_ts = Some(a.timestamp);
         self.stats.answered += 1;
         out.reply = Some(a.response.clone());
+        out.authenticated = true;
         if let Some(m) = self.settings.mismatch(&a.theirs) {
             // Answered (our settings in it tell the initiator what differs), but no
             // keys are kept: the initiator cannot confirm this handshake.
@@ -1697,6 +1750,7 @@ impl Crypto {
             true,
         );
         self.init = None;
+        out.authenticated = true;
         out.established = Some(self.install(keys));
     }
 
@@ -1852,6 +1906,7 @@ impl Crypto {
             d.slice(HEADER_LEN..body_end)
         };
         let gap = k.windows[c].mark(h.counter);
+        self.newest = gap >= 0 && !matches!(slot, Slot::Older);
         self.missing[c] = self.missing[c].saturating_add(gap.max(0) as u64);
         self.last_heard = Some(now);
         let established = match slot {

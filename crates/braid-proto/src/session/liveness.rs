@@ -46,6 +46,7 @@ pub(super) struct ChanCounters {
     pub replays: u64,
     pub unauthenticated: u64,
     pub malformed: u64,
+    pub endpoint_changes: u64,
     pub last_tx_bytes: u64,
     pub last_rx_bytes: u64,
     pub tx_bps: f64,
@@ -138,6 +139,7 @@ impl Session {
                     channel: c,
                     kind: super::DatagramKind::Control,
                     bytes: self.crypto.for_channel(now, c, &init),
+                    destination: None,
                 });
             }
         }

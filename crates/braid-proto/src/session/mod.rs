@@ -34,7 +34,14 @@
 //!   it back with [`Session::handshake_shed`] when the queue is full. Without the call
 //!   the public-key work is done inside [`Session::handle_datagram`] (the simulator).
 //!   A driver on real sockets also sets [`Session::set_wall_clock`] (initiation
-//!   timestamps) and [`Session::set_channel_address`] (cookies).
+//!   timestamps).
+//! * Addresses, on real sockets: [`Session::set_endpoint`] for every channel first (the
+//!   peer's configured address, or `None` to learn it), then
+//!   [`Session::handle_datagram_from`] with each datagram's source, and each
+//!   [`Transmit`] goes to its [`Transmit::destination`]. A channel's endpoint follows
+//!   the peer's authenticated datagrams only ([`Event::EndpointChanged`]); cookies are
+//!   bound to each handshake message's source. Without these calls (the simulator)
+//!   each channel is one fixed path and `destination` is `None`.
 //!
 //! Every input takes `now`, an [`Instant`] from the driver's origin.
 
@@ -53,6 +60,7 @@ pub mod settings;
 mod stats;
 
 use std::collections::VecDeque;
+use std::net::SocketAddr;
 
 use bytes::Bytes;
 
@@ -402,6 +410,11 @@ pub struct Transmit {
     pub kind: DatagramKind,
     /// The whole datagram.
     pub bytes: Bytes,
+    /// Where to send it: the channel's endpoint (configured, or learnt from the
+    /// peer's authenticated datagrams), or for an answer to a handshake message the
+    /// address that message came from. `None` while the driver gives no addresses
+    /// (the simulator: each channel is one fixed path).
+    pub destination: Option<SocketAddr>,
 }
 
 /// A state change worth telling a person about. Drivers log these; the simulator
@@ -456,6 +469,18 @@ pub enum Event {
         channel: usize,
         /// How long it had been silent.
         silent: Duration,
+    },
+    /// The peer's address on this channel changed (`from: None`: first learnt): a
+    /// datagram that authenticated as the peer's, and is the newest yet on the
+    /// channel, came from `to` (`Session::handle_datagram_from`). Only such a datagram
+    /// moves an endpoint; one that fails authentication or is a replay never does.
+    EndpointChanged {
+        /// Channel index.
+        channel: usize,
+        /// The address before (`None`: none was known).
+        from: Option<SocketAddr>,
+        /// The address from now on.
+        to: SocketAddr,
     },
     /// We hear the peer on this channel again.
     ChannelUp {
@@ -608,6 +633,11 @@ pub struct Session {
     credit_rx: Option<credits::Rx>,
     /// Credit counters of past epochs, and the session's own.
     credit_n: CreditCounters,
+    /// Per channel: the peer's address (`Session::set_endpoint`, then learnt).
+    endpoints: Vec<Option<SocketAddr>>,
+    /// The driver gives addresses: a datagram for a channel whose endpoint is not
+    /// known yet is not sent. Off in the simulator.
+    addressed: bool,
     /// The latest `now` we were given.
     clock: Instant,
     next_hello: Instant,
@@ -671,6 +701,8 @@ impl Session {
             probes: probe::Probes::new(n, cfg.pacing.as_ref().is_some_and(|p| p.probe)),
             credit_rx,
             credit_n: CreditCounters::default(),
+            endpoints: vec![None; n],
+            addressed: false,
             clock: now,
             next_hello: now,
             next_rate: now + Duration::from_secs(1),
@@ -803,8 +835,64 @@ impl Session {
         self.take_transmits();
     }
 
-    /// A datagram received on channel `c`.
+    /// A datagram received on channel `c` (from the channel's one fixed path: the
+    /// simulator; a driver with sockets uses [`Session::handle_datagram_from`]).
     pub fn handle_datagram(&mut self, now: Instant, c: usize, d: Bytes) {
+        self.datagram(now, c, None, d);
+    }
+
+    /// A datagram received on channel `c` from `source`. If it authenticates as the
+    /// peer's (an accepted handshake initiation or response, or a sealed datagram whose
+    /// tag verifies, not a replay, the newest yet on the channel) and `source` is not
+    /// the channel's endpoint, the endpoint moves there at once
+    /// ([`Event::EndpointChanged`]): the peer roamed, or a NAT on the path mapped it
+    /// anew. Anything else leaves the endpoint alone; answers to handshake messages
+    /// go back to their source.
+    pub fn handle_datagram_from(&mut self, now: Instant, c: usize, source: SocketAddr, d: Bytes) {
+        self.datagram(now, c, Some(source), d);
+    }
+
+    /// The peer's address on channel `c` to start with (`None`: not known; it is
+    /// learnt from the first authenticated datagram that comes on the channel, and
+    /// nothing is sent on it before). Calling it says the driver gives addresses:
+    /// call it for every channel before anything else, and use
+    /// [`Session::handle_datagram_from`] and [`Transmit::destination`].
+    pub fn set_endpoint(&mut self, c: usize, addr: Option<SocketAddr>) {
+        if c >= self.n {
+            return;
+        }
+        self.addressed = true;
+        self.endpoints[c] = addr;
+        if let Some(a) = addr {
+            self.crypto
+                .set_channel_address(c, &crypto::address_bytes(a));
+        }
+    }
+
+    /// The peer's address on channel `c`, if known.
+    pub fn endpoint(&self, c: usize) -> Option<SocketAddr> {
+        self.endpoints.get(c).copied().flatten()
+    }
+
+    /// An authenticated, fresh datagram came on channel `c` from `source`.
+    fn learn(&mut self, c: usize, source: Option<SocketAddr>) {
+        let Some(to) = source else { return };
+        let from = self.endpoints[c];
+        if from == Some(to) {
+            return;
+        }
+        self.endpoints[c] = Some(to);
+        if from.is_some() {
+            self.chans[c].n.endpoint_changes += 1;
+        }
+        self.events.push_back(Event::EndpointChanged {
+            channel: c,
+            from,
+            to,
+        });
+    }
+
+    fn datagram(&mut self, now: Instant, c: usize, source: Option<SocketAddr>, d: Bytes) {
         self.clock = self.clock.max(now);
         if c >= self.n {
             return;
@@ -817,9 +905,14 @@ impl Session {
             return;
         };
         match first {
-            wire::TYPE_HS_INIT | wire::TYPE_HS_RESP => self.on_handshake(now, c, &d),
+            wire::TYPE_HS_INIT | wire::TYPE_HS_RESP => self.on_handshake(now, c, source, &d),
             wire::TYPE_SEALED | wire::TYPE_SIGNED => match self.open(c, &d) {
                 Ok((sealed_for, inner, established)) => {
+                    // Not a repair sealed for another channel, not a late one: where
+                    // the peer is now.
+                    if sealed_for == c && self.crypto.newest {
+                        self.learn(c, source);
+                    }
                     if let Some(e) = established {
                         self.on_established(now, e);
                     }
@@ -909,19 +1002,23 @@ impl Session {
         }
     }
 
-    /// A handshake message: answer it on the channel it came on.
-    fn on_handshake(&mut self, now: Instant, c: usize, d: &Bytes) {
-        let o = self.crypto.on_handshake(now, c, d);
-        self.apply(now, c, o);
+    /// A handshake message: answer it on the channel it came on, to its source.
+    fn on_handshake(&mut self, now: Instant, c: usize, source: Option<SocketAddr>, d: &Bytes) {
+        let o = self.crypto.on_handshake_from(now, c, source, d);
+        self.apply(now, c, source, o);
     }
 
-    /// What a handshake message (or its public-key work) led to.
-    fn apply(&mut self, now: Instant, c: usize, o: crypto::Outcome) {
+    /// What a handshake message (or its public-key work) from `source` led to.
+    fn apply(&mut self, now: Instant, c: usize, source: Option<SocketAddr>, o: crypto::Outcome) {
+        if o.authenticated {
+            self.learn(c, source);
+        }
         if let Some(r) = o.reply {
             self.out.push_back(Transmit {
                 channel: c,
                 kind: DatagramKind::Control,
                 bytes: r,
+                destination: source,
             });
         }
         if let Some((failure, count)) = o.failure {
@@ -963,10 +1060,10 @@ impl Session {
     /// The result of a [`HandshakeJob`].
     pub fn handle_handshake_done(&mut self, now: Instant, done: HandshakeDone) {
         self.clock = self.clock.max(now);
-        let c = done.channel();
+        let (c, source) = (done.channel(), done.source());
         let mut o = crypto::Outcome::default();
         self.crypto.on_done(now, done, &mut o);
-        self.apply(now, c, o);
+        self.apply(now, c, source, o);
     }
 
     /// A [`HandshakeJob`] the driver could not run: forgotten (counted as shed).
@@ -1221,6 +1318,7 @@ impl Session {
                     channel: via,
                     kind: DatagramKind::Repair,
                     bytes: b,
+                    destination: None,
                 });
             }
         }
@@ -1399,9 +1497,18 @@ impl Session {
             .seal(self.clock, c.min(self.n - 1), inner, encrypt)
     }
 
-    /// The next datagram to send.
+    /// The next datagram to send. With addresses ([`Session::set_endpoint`]), what
+    /// is for a channel whose endpoint is not known yet is dropped (a server waits to
+    /// be reached).
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
-        let t = self.out.pop_front()?;
+        let mut t = self.out.pop_front()?;
+        while self.addressed {
+            t.destination = t.destination.or(self.endpoints[t.channel]);
+            if t.destination.is_some() {
+                break;
+            }
+            t = self.out.pop_front()?;
+        }
         let n = &mut self.chans[t.channel].n;
         n.tx_datagrams += 1;
         n.tx_bytes += t.bytes.len() as u64;
@@ -1446,6 +1553,7 @@ impl Session {
             channel: c,
             kind,
             bytes,
+            destination: None,
         });
     }
 

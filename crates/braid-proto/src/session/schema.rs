@@ -28,6 +28,9 @@ use crate::units;
 /// on a bond of common links, plus a margin (chosen by measurement, issue 28: with
 /// AQM it holds a bond with a lossy link near its ceiling).
 pub const ARQ_WAIT: Duration = Duration::from_millis(200);
+/// The longest heartbeat: the hellos are each channel's keepalive, and NATs commonly
+/// forget an idle UDP mapping after 30 s.
+pub const MAX_HEARTBEAT: Duration = Duration::from_secs(25);
 
 /// A duration as a settings file spells it (`50ms`, `2m`; `docs/units.md`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -353,6 +356,16 @@ impl SessionSettings {
         if self.heartbeat.0 < Duration::from_millis(1) {
             return Err(bad("heartbeat", "must be at least 1ms"));
         }
+        if self.heartbeat.0 > MAX_HEARTBEAT {
+            return Err(bad(
+                "heartbeat",
+                format!(
+                    "{} is more than {}: the hellos are each channel's keepalive, and a NAT forgets an idle UDP mapping after 30 s or so",
+                    self.heartbeat,
+                    Dur(MAX_HEARTBEAT)
+                ),
+            ));
+        }
         if self.dead_after.0 < self.heartbeat.0 + self.heartbeat.0 {
             return Err(bad(
                 "dead_after",
@@ -608,7 +621,7 @@ pub const REFERENCE: &[KeyDoc] = &[
     },
     KeyDoc {
         key: "heartbeat",
-        doc: "hellos on every channel, and markers (triggers in `trr`) on every channel of the transmit set",
+        doc: "hellos on every channel, and markers (triggers in `trr`) on every channel of the transmit set; the hellos are also the keepalives that hold each channel's NAT mapping open (at most 25s)",
     },
     KeyDoc {
         key: "dead_after",
@@ -794,5 +807,14 @@ mod tests {
         let e = s.apply(&mut c).unwrap_err();
         assert_eq!(e.key, "dead_after");
         assert!(e.reason.contains("twice the heartbeat (50ms)"), "{e}");
+        // The hellos keep NAT mappings open: a heartbeat slower than NATs forget.
+        let s = SessionSettings {
+            heartbeat: Dur::ms(26_000),
+            dead_after: Dur::ms(60_000),
+            ..SessionSettings::default()
+        };
+        let e = s.apply(&mut c).unwrap_err();
+        assert_eq!(e.key, "heartbeat");
+        assert!(e.reason.contains("keepalive"), "{e}");
     }
 }

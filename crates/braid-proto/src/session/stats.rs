@@ -93,6 +93,13 @@ pub struct ChannelInfo {
     pub replays: u64,
     /// Datagrams that could not be parsed (session and resequencer).
     pub malformed: u64,
+    /// The peer's address on this channel (configured or learnt), when the driver
+    /// gives addresses.
+    pub endpoint: Option<std::net::SocketAddr>,
+    /// Times the peer's address on this channel moved (an authenticated datagram from
+    /// a new address: roaming, a NAT's new mapping); learning the first one is not
+    /// counted.
+    pub endpoint_changes: u64,
     /// Handshake messages that failed on this channel (from the peer's address): its
     /// initiations we refused, rejections and unauthenticated responses of ours, and
     /// unparseable or stale handshake messages. Keys that differ show here.
@@ -243,6 +250,8 @@ impl Session {
                     unauthenticated: c.n.unauthenticated,
                     replays: c.n.replays,
                     malformed: c.n.malformed + r.malformed,
+                    endpoint: self.endpoints[i],
+                    endpoint_changes: c.n.endpoint_changes,
                     handshake_failures: self.crypto.failed_on(i),
                     tx_bps: c.n.tx_bps,
                     rx_bps: c.n.rx_bps,

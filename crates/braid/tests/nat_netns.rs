@@ -1,0 +1,333 @@
+//! Issue 30: a client behind a NAT (iptables MASQUERADE in a namespace between it and
+//! the server) reaches a server that knows no client address; the NAT's outside
+//! address changes (as a modem's public address does) and traffic flows again within
+//! a second; an attacker's forged and replayed datagrams from another address never
+//! move the server's endpoint. Needs root, /dev/net/tun, `ip`, `iptables`, `ping`
+//! and python3; without them the test says why it is skipped. Namespaces are removed
+//! on every exit path.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_braid");
+
+mod common;
+use common::sh;
+
+fn skip_reason() -> Option<String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("needs root (network namespaces, a TUN device, iptables)".into());
+    }
+    if !Path::new("/dev/net/tun").exists() {
+        return Some("/dev/net/tun does not exist".into());
+    }
+    if let Some(why) = common::missing_tool(&[
+        ("ip", "iproute2"),
+        ("iptables", "iptables"),
+        ("ping", "iputils-ping"),
+    ]) {
+        return Some(why);
+    }
+    if let Some(why) = common::missing_python("captures and replays a datagram") {
+        return Some(why);
+    }
+    None
+}
+
+/// Namespaces, processes and files of one test; removed on drop.
+struct Lab {
+    ns: Vec<String>,
+    children: Vec<Child>,
+    dir: PathBuf,
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        for n in &self.ns {
+            let _ = Command::new("ip").args(["netns", "del", n]).output();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+const KEY: &str = "AyHDMTOweHmwGSs7vubt5lmmRKjx62UXkWxeQzJRXms=";
+
+fn config(tun_addr: &str, ctl: &Path, chans: &str) -> String {
+    format!(
+        "[tunnel]\nname = \"braidn\"\naddress = \"{tun_addr}\"\ncontrol = \"{}\"\n\n[session]\nkey = \"{KEY}\"\nheartbeat = \"20ms\"\ndead_after = \"200ms\"\n{chans}",
+        ctl.display()
+    )
+}
+
+fn status(ctl: &Path) -> Option<Value> {
+    let out = Command::new(BIN)
+        .args(["status", "--json", "--control", ctl.to_str().unwrap()])
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    serde_json::from_slice(&out.stdout).ok()
+}
+
+/// One ping from namespace `ns` to `to`, answered within `wait_ms`?
+fn ping(ns: &str, to: &str, wait_ms: u32) -> bool {
+    Command::new("ip")
+        .args(["netns", "exec", ns, "ping", "-c", "1", "-n", "-q"])
+        .args(["-W", &format!("{:.3}", f64::from(wait_ms) / 1000.0), to])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// Ping until answered; how long that took (panics after `limit`).
+fn ping_until(ns: &str, to: &str, limit: Duration) -> Duration {
+    let t0 = Instant::now();
+    loop {
+        if ping(ns, to, 100) {
+            return t0.elapsed();
+        }
+        assert!(
+            t0.elapsed() < limit,
+            "no answer from {to} (in {ns}) within {limit:?}"
+        );
+    }
+}
+
+/// In the NAT's namespace: capture one sealed datagram the client sends to the
+/// server's channel port (after the NAT), then, from another port of the NAT's
+/// address, replay it 20 times and send a forged sealed datagram and a forged
+/// handshake initiation.
+const ATTACK: &str = r#"
+import os, socket, struct, sys, time
+dev, server, port, src = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+# ETH_P_ALL: a socket for one protocol does not see what the NAT sends out.
+cap = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.ntohs(0x0003))
+cap.bind((dev, 0)); cap.settimeout(5)
+end = time.time() + 5
+while True:
+    if time.time() > end: sys.exit("no sealed datagram to the server seen")
+    fr = cap.recv(65535)
+    f = fr[14:]
+    if fr[12:14] != b"\x08\x00" or f[9] != 17: continue
+    u = f[(f[0] & 15) * 4:]
+    if struct.unpack("!H", u[2:4])[0] == port and u[8] == 0xB8:
+        payload = bytes(u[8:]); break
+time.sleep(0.05)  # the genuine one is taken first
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind((src, 0))
+for _ in range(20):
+    s.sendto(payload, (server, port))
+# A counter far ahead (not a replay), the tag no longer matching.
+forged = bytearray(payload); forged[8:16] = (1 << 40).to_bytes(8, "big"); forged[-1] ^= 1
+s.sendto(bytes(forged), (server, port))
+s.sendto(bytes([0xBA]) + os.urandom(191), (server, port))
+print(s.getsockname()[1])
+"#;
+
+#[test]
+fn a_client_behind_nat_is_followed_when_its_mapping_changes_and_spoofs_do_not_move_it() {
+    let test = "a_client_behind_nat_is_followed_when_its_mapping_changes_and_spoofs_do_not_move_it";
+    if let Some(why) = skip_reason() {
+        common::skip(test, &why);
+        return;
+    }
+    let id = std::process::id() % 100_000;
+    let (nc, nn, ns) = (
+        format!("bfc{id}field"),
+        format!("bfn{id}field"),
+        format!("bfs{id}field"),
+    );
+    let dir = std::env::temp_dir().join(format!("braid-nat-field-{id}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut lab = Lab {
+        ns: vec![],
+        children: vec![],
+        dir: dir.clone(),
+    };
+    for n in [&nc, &nn, &ns] {
+        sh(&["ip", "netns", "add", n]);
+        lab.ns.push(n.clone());
+        sh(&["ip", "-n", n, "link", "set", "dev", "lo", "up"]);
+    }
+    // client 10.210.0.2 -- 10.210.0.1 NAT 10.220.0.1 -- 10.220.0.2 server. The
+    // server has no route to the client's network: only the NAT's address reaches it.
+    let (ci, ni) = (format!("bfc{id}i"), format!("bfn{id}i"));
+    let (no, so) = (format!("bfn{id}o"), format!("bfs{id}o"));
+    sh(&[
+        "ip", "link", "add", &ci, "netns", &nc, "type", "veth", "peer", "name", &ni, "netns", &nn,
+    ]);
+    sh(&[
+        "ip", "link", "add", &no, "netns", &nn, "type", "veth", "peer", "name", &so, "netns", &ns,
+    ]);
+    for (n, dev, a) in [
+        (&nc, &ci, "10.210.0.2/24"),
+        (&nn, &ni, "10.210.0.1/24"),
+        (&nn, &no, "10.220.0.1/24"),
+        (&ns, &so, "10.220.0.2/24"),
+    ] {
+        sh(&["ip", "-n", n, "addr", "add", a, "dev", dev]);
+        sh(&["ip", "-n", n, "link", "set", "dev", dev, "up"]);
+    }
+    sh(&[
+        "ip",
+        "-n",
+        &nc,
+        "route",
+        "add",
+        "default",
+        "via",
+        "10.210.0.1",
+    ]);
+    sh(&[
+        "ip",
+        "netns",
+        "exec",
+        &nn,
+        "sysctl",
+        "-qw",
+        "net.ipv4.ip_forward=1",
+    ]);
+    sh(&[
+        "ip",
+        "netns",
+        "exec",
+        &nn,
+        "iptables",
+        "-t",
+        "nat",
+        "-A",
+        "POSTROUTING",
+        "-o",
+        &no,
+        "-j",
+        "MASQUERADE",
+    ]);
+
+    // The server waits on fixed ports and knows no client address; the client
+    // names the server and no local address (one channel leaves it out, the other
+    // gives 0.0.0.0:0).
+    let (cc, cs) = (dir.join("c.sock"), dir.join("s.sock"));
+    let server_chans = "\n[[channel]]\nname = \"lte\"\nlocal = \"10.220.0.2:7000\"\n\n[[channel]]\nname = \"dsl\"\nlocal = \"10.220.0.2:7001\"\n";
+    let client_chans = "\n[[channel]]\nname = \"lte\"\nremote = \"10.220.0.2:7000\"\n\n[[channel]]\nname = \"dsl\"\nlocal = \"0.0.0.0:0\"\nremote = \"10.220.0.2:7001\"\n";
+    std::fs::write(
+        dir.join("c.toml"),
+        config("10.78.0.1/24", &cc, client_chans),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("s.toml"),
+        config("10.78.0.2/24", &cs, server_chans),
+    )
+    .unwrap();
+    for f in ["c.toml", "s.toml"] {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir.join(f), std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let tunnel = |n: &str, cfg: &str| {
+        Command::new("ip")
+            .args(["netns", "exec", n, BIN, "tunnel", "--config"])
+            .arg(dir.join(cfg))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    lab.children.push(tunnel(&ns, "s.toml"));
+    lab.children.push(tunnel(&nc, "c.toml"));
+
+    let t0 = Instant::now();
+    while ![&cc, &cs]
+        .iter()
+        .all(|c| status(c).is_some_and(|s| s["peer_seen"] == true))
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the tunnels did not come up: server {:?}",
+            status(&cs)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The server learnt each channel's NAT mapping.
+    let remotes = |s: &Value| -> Vec<String> {
+        s["channels"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["remote"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let s = status(&cs).unwrap();
+    let before = remotes(&s);
+    for r in &before {
+        assert!(r.starts_with("10.220.0.1:"), "{before:?}");
+    }
+    // Both ways through the tunnel, the server's way only through the mapping.
+    ping_until(&nc, "10.78.0.2", Duration::from_secs(3));
+    ping_until(&ns, "10.78.0.1", Duration::from_secs(3));
+
+    // The NAT's outside address changes: its old mappings go (MASQUERADE forgets
+    // them with the address) and the client's next datagrams leave from the new one.
+    sh(&["ip", "-n", &nn, "addr", "del", "10.220.0.1/24", "dev", &no]);
+    sh(&["ip", "-n", &nn, "addr", "add", "10.220.0.3/24", "dev", &no]);
+    let back = ping_until(&ns, "10.78.0.1", Duration::from_secs(5));
+    assert!(
+        back < Duration::from_secs(1),
+        "traffic from the server flowed again only {back:?} after the NAT's address changed"
+    );
+    ping_until(&nc, "10.78.0.2", Duration::from_secs(1));
+    let s = status(&cs).unwrap();
+    let after = remotes(&s);
+    for (i, c) in s["channels"].as_array().unwrap().iter().enumerate() {
+        assert!(after[i].starts_with("10.220.0.3:"), "{after:?}");
+        assert_eq!(c["endpoint_changes"], 1, "{c}");
+        assert_eq!(c["state"], "up", "{c}");
+    }
+
+    // An attacker at the NAT's address (another port) replays a captured datagram,
+    // forges one and forges a handshake initiation: the endpoint stays.
+    let replays0 = s["channels"][0]["replays"].as_u64().unwrap();
+    let auth0 = s["channels"][0]["auth_failures"].as_u64().unwrap();
+    let attack = Command::new("ip")
+        .args(["netns", "exec", &nn, "python3", "-c", ATTACK, &no])
+        .args(["10.220.0.2", "7000", "10.220.0.3"])
+        .output()
+        .unwrap();
+    assert!(
+        attack.status.success(),
+        "attacker: {}",
+        String::from_utf8_lossy(&attack.stderr)
+    );
+    let port = String::from_utf8_lossy(&attack.stdout).trim().to_string();
+    std::thread::sleep(Duration::from_millis(200));
+    let s = status(&cs).unwrap();
+    let c0 = &s["channels"][0];
+    assert_eq!(
+        remotes(&s),
+        after,
+        "an unauthenticated datagram moved the endpoint"
+    );
+    assert!(!after[0].ends_with(&format!(":{port}")));
+    assert_eq!(c0["endpoint_changes"], 1, "{c0}");
+    assert!(c0["replays"].as_u64().unwrap() >= replays0 + 20, "{c0}");
+    assert!(c0["auth_failures"].as_u64().unwrap() > auth0, "{c0}");
+    ping_until(&ns, "10.78.0.1", Duration::from_secs(1));
+
+    // The move is in the server's log.
+    let server = lab.children.remove(0);
+    sh(&["kill", "-TERM", &server.id().to_string()]);
+    let log = String::from_utf8_lossy(&server.wait_with_output().unwrap().stderr).to_string();
+    assert!(
+        log.contains(&format!(
+            "channel 0 (lte): peer moved {} -> {}",
+            before[0], after[0]
+        )),
+        "{log}"
+    );
+}
