@@ -68,6 +68,10 @@ const PACE_DRAIN: f64 = 0.95;
 /// delivery rate measured across a stall of the machine is not a capacity; a link
 /// that falls to a third is followed in one step).
 const PACE_MAX_CUT: f64 = 0.25;
+/// The same for a cut on a standing queue alone, without loss: a delay may be the
+/// link's jitter (which a cut cannot drain; see [`Trial`]), and a link whose rate fell
+/// further soon shows its loss.
+const PACE_MAX_DELAY_CUT: f64 = 0.5;
 /// A paced channel probes upwards only while it carries at least this share of its
 /// rate (the pace is what holds it back).
 const PACE_BUSY: f64 = 0.8;
@@ -103,6 +107,30 @@ struct Pace {
     overhead: f64,
     /// The smallest quantum to scale the others from.
     least: u32,
+    /// Per channel, the one-way delay above its minimum that stood through a pace cut
+    /// without draining (µs): the link's FIFO jitter under load, not a queue of ours.
+    /// A standing queue is judged above it; it follows the measured queue down.
+    floor: Vec<u64>,
+    /// Per channel, a pace cut whose effect the next step judges.
+    trial: Vec<Option<Trial>>,
+}
+
+/// A pace cut made on a standing queue (and no loss), to be judged at the next step: a
+/// queue of ours drains once the channel is paced below what its link delivers; a
+/// link's FIFO jitter under load stays whatever the pace (a queue that neither drains
+/// nor grows is not ours).
+#[derive(Clone, Copy, Debug)]
+struct Trial {
+    /// When the cut was made.
+    at: Instant,
+    /// The standing queue then (µs).
+    queue: u64,
+    /// The rate before the cut (before the first of a run of cuts none of which was
+    /// judged yet to drain a queue).
+    before: f64,
+    /// The share of what the link delivered that the cut left: the queue drains at
+    /// the rest.
+    share: f64,
 }
 
 impl Adapt {
@@ -126,6 +154,8 @@ impl Adapt {
                 calm: vec![0; rates_bps.len()],
                 overhead: f64::from(overhead),
                 least,
+                floor: vec![0; rates_bps.len()],
+                trial: vec![None; rates_bps.len()],
             };
             if rates_bps.iter().all(|r| *r > 0.0) {
                 let all: Vec<usize> = (0..quanta.len()).collect();
@@ -238,7 +268,7 @@ impl Adapt {
         let rate = |c: usize| est[c].delivery_bps;
         let load: f64 = members.iter().filter_map(|&c| rate(c)).sum();
         if self.pace.is_some() {
-            return self.step_paced(members, est, load);
+            return self.step_paced(now, members, est, load);
         }
         let cong: Vec<bool> = members
             .iter()
@@ -295,7 +325,13 @@ impl Adapt {
     /// calm step (at most half again), back to its configured rate. The quanta are
     /// proportional to the rates, so the stripe gives each channel what its pacer lets
     /// through, and what the channels cannot take waits at home, where CoDel sees it.
-    fn step_paced(&mut self, members: &[usize], est: &[Estimate], load: f64) -> Option<Vec<u32>> {
+    fn step_paced(
+        &mut self,
+        now: Instant,
+        members: &[usize],
+        est: &[Estimate],
+        load: f64,
+    ) -> Option<Vec<u32>> {
         let p = self.pace.as_mut()?;
         if load < MIN_LOAD_BPS {
             return None;
@@ -310,12 +346,39 @@ impl Adapt {
                     .filter(|b| *b > 0.0)
                     .map_or(carried, |b| carried * (b + p.overhead) / b)
             });
-            if congested(&est[c]) {
+            let queue = est[c].queue.map(|q| q.as_micros());
+            if let Some(q) = queue {
+                p.floor[c] = p.floor[c].min(q);
+            }
+            let lossy = shortfall(&est[c]);
+            if !lossy {
+                match p.judge_trial(c, now, queue, &est[c]) {
+                    Verdict::Jitter => {
+                        moved = true;
+                        continue;
+                    }
+                    Verdict::Watching => continue,
+                    Verdict::Ours => {}
+                }
+            }
+            let above_floor = Estimate {
+                queue: queue.map(|q| Duration::from_micros(q.saturating_sub(p.floor[c]))),
+                ..est[c]
+            };
+            if lossy || standing_queue(&above_floor) {
                 p.calm[c] = 0;
                 let Some(wire) = wire else {
                     continue;
                 };
-                p.rates[c] = (wire * PACE_DRAIN).max(old * PACE_MAX_CUT).min(old);
+                let most = if lossy {
+                    PACE_MAX_CUT
+                } else {
+                    PACE_MAX_DELAY_CUT
+                };
+                p.rates[c] = (wire * PACE_DRAIN).max(old * most).min(old);
+                if !lossy && p.rates[c] < old {
+                    p.start_trial(c, now, queue, old, p.rates[c] / wire);
+                }
             } else {
                 // Probe only a channel that uses its pace: one that carries less is
                 // held back by something else (the flow, another channel), and its
@@ -350,6 +413,95 @@ impl Adapt {
         members.iter().map(|&c| self.quanta[c]).collect()
     }
 }
+
+impl Pace {
+    /// A cut of channel `c` from `before` to `share` of what its link delivered, on a
+    /// standing `queue`: the next steps judge it. A cut made on a queue that grew
+    /// through an earlier one, unjudged, keeps the rate before the earlier one.
+    fn start_trial(&mut self, c: usize, now: Instant, queue: Option<u64>, before: f64, share: f64) {
+        let Some(queue) = queue else {
+            return;
+        };
+        // A cut on a queue that grew through the last one: back to the rate before
+        // the first, should the queue turn out to be jitter.
+        let before = self.trial[c].map_or(before, |t| t.before.max(before));
+        self.trial[c] = Some(Trial {
+            at: now,
+            queue,
+            before,
+            share,
+        });
+    }
+
+    /// Judge channel `c`'s last cut by its queue now (its estimate `e`). After a cut to
+    /// a share `s` of what the link delivers, a queue of ours drains at `1 - s` of the
+    /// time gone by (seen [`TRIAL_LAG`] late), and is left to drain without another
+    /// cut; one that grows shows the link still takes less than the pace, and the
+    /// cutting goes on. A queue that did neither
+    /// for [`TRIAL_TIME`] (within a third of the drain expected) is the link's jitter:
+    /// it becomes the channel's floor and the rate goes back to what it was before
+    /// the cut. Until then the rate is held.
+    fn judge_trial(&mut self, c: usize, now: Instant, queue: Option<u64>, e: &Estimate) -> Verdict {
+        let (Some(t), Some(q)) = (self.trial[c], queue) else {
+            return Verdict::Ours;
+        };
+        let gone = now.saturating_since(t.at);
+        let seen = gone.as_micros().saturating_sub(TRIAL_LAG.as_micros());
+        let expected = (seen as f64 * (1.0 - t.share).max(0.0)) as u64;
+        let tolerance = (expected / 3).max(TRIAL_TOLERANCE_US);
+        let rtt_min = e.rtt_min.map_or(0, |m| m.as_micros());
+        let growth = (rtt_min / 10).max(STANDING_US);
+        if q + tolerance < t.queue {
+            // Drained: a queue of ours. The cut stands, with no other while the queue
+            // keeps draining; once it no longer stands, the channel is calm.
+            let above = Estimate {
+                queue: Some(Duration::from_micros(q.saturating_sub(self.floor[c]))),
+                ..*e
+            };
+            if !standing_queue(&above) {
+                self.trial[c] = None;
+                return Verdict::Ours;
+            }
+            self.trial[c] = Some(Trial {
+                at: now,
+                queue: q,
+                ..t
+            });
+            return Verdict::Watching;
+        }
+        if q > t.queue + growth {
+            // Grew: the link takes less than even the cut pace.
+            return Verdict::Ours;
+        }
+        let srtt = e.srtt.unwrap_or(Duration::ZERO);
+        if gone < TRIAL_TIME + srtt {
+            return Verdict::Watching;
+        }
+        self.trial[c] = None;
+        self.floor[c] = q;
+        self.rates[c] = t.before;
+        Verdict::Jitter
+    }
+}
+
+/// What a channel's last pace cut showed.
+enum Verdict {
+    /// Its queue is ours (it drained, or grew), or there was no cut to judge.
+    Ours,
+    /// Not yet known: the rate is held.
+    Watching,
+    /// The queue stood whatever the pace: the link's jitter.
+    Jitter,
+}
+
+/// A queue measure moves by this much (µs) between steps without meaning a change.
+const TRIAL_TOLERANCE_US: u64 = 2_000;
+/// How long a cut is watched, beyond a round trip, before a queue that neither
+/// drained nor grew is taken for the link's jitter.
+const TRIAL_TIME: Duration = Duration::from_millis(500);
+/// How late a queue's drain shows in its estimate (the one-way delay of the reports
+/// and the estimate's smoothing).
+const TRIAL_LAG: Duration = Duration::from_millis(200);
 
 /// Quanta for `members` proportional to their `rates` (indexed by physical channel):
 /// the slowest gets `least`, none more than [`MAX_RATIO`] times that.
@@ -406,8 +558,11 @@ pub(crate) fn standing_queue(e: &Estimate) -> bool {
         (None, Some(s)) => s.as_micros().saturating_sub(m.as_micros()),
         (None, None) => return false,
     };
-    standing > 5_000 && standing > m.as_micros() / 10
+    standing > STANDING_US && standing > m.as_micros() / 10
 }
+
+/// A standing queue is at least this long (µs), and a tenth of the minimum round trip.
+const STANDING_US: u64 = 5_000;
 
 /// A channel that loses more than this share of its datagrams is given more than it
 /// carries (a drop-tail queue overflowing); random loss of a few percent is not taken
@@ -505,43 +660,101 @@ mod tests {
 
     #[test]
     fn a_paced_channel_whose_link_queues_is_paced_below_what_it_delivers() {
-        // Paced at 100, 50 and 20 Mbit/s; link 0 now carries 33 Mbit/s of 1472-byte
-        // datagrams (34 on the wire with 42 bytes below each) and a queue stands on it.
+        // Paced at 100, 50 and 20 Mbit/s; link 0 now carries 63 Mbit/s of 1472-byte
+        // datagrams (65 on the wire with 42 bytes below each) and a queue stands on it.
         let mut a = Adapt::new(
             vec![1500, 1500, 1500],
             &[100e6, 50e6, 20e6],
             42,
             Instant::ZERO,
         );
-        let mut e = [est(33.0, 30, 10), est(49.0, 40, 40), est(19.0, 120, 120)];
+        let mut e = [est(63.0, 30, 10), est(49.0, 40, 40), est(19.0, 120, 120)];
         e[0].queue = Some(Duration::from_millis(15));
         e[0].datagram_bytes = Some(1472.0);
         let q = a
             .step(Instant::ZERO, &[0, 1, 2], &e, 1500, SECOND)
             .expect("a change");
-        let wire = 33e6 * (1472.0 + 42.0) / 1472.0;
+        let wire = 63e6 * (1472.0 + 42.0) / 1472.0;
         let r = a.pace_rates().unwrap().to_vec();
         assert!((r[0] - 0.95 * wire).abs() < 1.0, "{r:?}");
         assert_eq!(&r[1..], &[50e6, 20e6]);
         // The quanta follow the rates: the slowest keeps the smallest quantum.
         assert_eq!(q, vec![(1500.0 * r[0] / 20e6).round() as u32, 3750, 1500]);
-        // A delivery rate measured across a stall is no capacity: cut to a quarter at
-        // most.
+        // A delivery rate measured across a stall is no capacity: on loss, cut to a
+        // quarter at most.
         e[0].recent_bps = Some(1e6);
         e[0].delivery_bps = Some(1e6);
+        e[0].loss = Some(0.5);
         a.step(Instant::ZERO, &[0, 1, 2], &e, 1500, SECOND);
         assert!((a.pace_rates().unwrap()[0] - 0.95 * wire / 4.0).abs() < 1.0);
+        // On a standing queue alone (which may be the link's jitter), to half at most.
+        let mut b = Adapt::new(vec![1500, 1500], &[100e6, 50e6], 42, Instant::ZERO);
+        let mut e = [est(1.0, 30, 10), est(49.0, 40, 40)];
+        e[0].queue = Some(Duration::from_millis(15));
+        b.step(Instant::ZERO, &[0, 1], &e, 1500, SECOND);
+        assert_eq!(b.pace_rates().unwrap()[0], 50e6);
+    }
+
+    /// Steps of a two-channel bond paced at 100 and 50 Mbit/s whose channel 0 delivers
+    /// `mbps` with these queues (ms), one step every 300 ms; the rates after each.
+    fn paced_steps(mbps: f64, queues: &[u64]) -> Vec<f64> {
+        let mut a = Adapt::new(vec![1500, 1500], &[100e6, 50e6], 0, Instant::ZERO);
+        let mut e = [est(mbps, 60, 10), est(49.0, 40, 40)];
+        let mut rates = vec![];
+        for (i, q) in queues.iter().enumerate() {
+            let now = Instant::ZERO + Duration::from_millis(300 * i as u64);
+            e[0].queue = Some(Duration::from_millis(*q));
+            e[0].delivery_bps = Some(mbps.min(a.pace_rates().unwrap()[0] / 1e6) * 1e6);
+            e[0].recent_bps = e[0].delivery_bps;
+            for x in &mut e {
+                x.reported_at = Some(now);
+            }
+            a.step(now, &[0, 1], &e, 1500, SECOND);
+            rates.push(a.pace_rates().unwrap()[0]);
+        }
+        rates
+    }
+
+    #[test]
+    fn a_delay_that_stands_through_a_cut_is_the_links_jitter() {
+        // The link delivers all of its 100 Mbit/s pace, but its reports stand 30 ms
+        // above their minimum (FIFO jitter under load): cut to 95, held while watched,
+        // then, as the delay neither drained nor grew, back to 100, and the 30 ms are
+        // the channel's floor: no more cuts.
+        let r = paced_steps(100.0, &[30; 8]);
+        assert_eq!(&r[..2], &[95e6, 95e6], "{r:?}");
+        assert_eq!(&r[2..], &[100e6; 6], "{r:?}");
+    }
+
+    #[test]
+    fn a_queue_that_drains_after_a_cut_was_ours() {
+        // The same cut, but the queue drains: the cut stands, with no other while the
+        // queue drains; once it is gone the channel is calm (and after two calm steps
+        // probes back up from its cut rate, by 10 %, to at most its configured 100).
+        let r = paced_steps(100.0, &[30, 22, 14, 6, 2, 2]);
+        assert_eq!(&r[..5], &[95e6; 5], "{r:?}");
+        assert_eq!(r[5], 100e6, "{r:?}");
+    }
+
+    #[test]
+    fn a_queue_that_grows_after_a_cut_is_cut_again() {
+        // The link now takes 40 Mbit/s: cut to half (a delay alone), the queue grows,
+        // cut to 0.95 of what it delivers.
+        let r = paced_steps(40.0, &[30, 60, 90, 90]);
+        assert_eq!(r[0], 50e6, "{r:?}");
+        assert_eq!(r[1], 38e6, "{r:?}");
+        assert!(r[2..].iter().all(|x| *x <= 38e6), "{r:?}");
     }
 
     #[test]
     fn a_paced_channel_probes_back_up_after_two_calm_steps() {
         let mut a = Adapt::new(vec![1500, 1500], &[100e6, 50e6], 42, Instant::ZERO);
-        let mut e = [est(40.0, 30, 10), est(49.0, 40, 40)];
+        let mut e = [est(60.0, 30, 10), est(49.0, 40, 40)];
         e[0].queue = Some(Duration::from_millis(15));
         a.step(Instant::ZERO, &[0, 1], &e, 1500, SECOND)
             .expect("cut");
         let cut = a.pace_rates().unwrap()[0];
-        assert!((cut - 38e6).abs() < 1.0, "{cut}");
+        assert!((cut - 57e6).abs() < 1.0, "{cut}");
         e[0].queue = Some(Duration::ZERO);
         // One calm step: nothing yet.
         assert_eq!(a.step(Instant::ZERO, &[0, 1], &e, 1500, SECOND), None);
