@@ -26,6 +26,7 @@
 
 pub mod args;
 pub mod config;
+pub mod icmp;
 pub mod keys;
 pub mod mss;
 pub mod node;

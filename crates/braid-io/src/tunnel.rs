@@ -11,9 +11,10 @@ use bytes::Bytes;
 use tracing::{debug, error, info, warn};
 
 use crate::config::{SessionConfig, TunnelConfig};
+use crate::icmp::TooBig;
 use crate::observe::{serve_control, serve_metrics, ControlServer};
 use crate::offload;
-use crate::session::{Session, SessionError, StatsHandle};
+use crate::session::{Session, SessionError, SessionSender, StatsHandle};
 use crate::tun::{Tun, TunError};
 
 /// Why a tunnel could not start or had to stop.
@@ -252,6 +253,7 @@ pub(crate) async fn forward(
         let tun = tun.clone();
         tokio::spawn(async move {
             let mut buf = vec![0u8; 65536];
+            let mut too_big = TooBigCounts::default();
             loop {
                 let n = tun.recv(&mut buf).await?;
                 if n == 0 {
@@ -261,6 +263,9 @@ pub(crate) async fn forward(
                 match sender.send(Bytes::copy_from_slice(&buf[..n])).await {
                     Ok(()) => {}
                     Err(SessionError::Closed) => return Ok(()),
+                    Err(SessionError::TooLarge { .. }) => {
+                        too_big.handle(&tun, &sender, &buf[..n], bond_mtu).await;
+                    }
                     Err(e) => debug!("packet not sent: {e}"),
                 }
             }
@@ -324,6 +329,51 @@ pub(crate) async fn forward(
     let why = outcome?;
     info!("{why}: shutting down");
     Ok(())
+}
+
+/// Inner packets larger than the bond carries (`crate::icmp`): answered, fragmented or
+/// dropped, counted, and logged at most every 10 s.
+#[derive(Default)]
+struct TooBigCounts {
+    answered: u64,
+    fragmented: u64,
+    dropped: u64,
+    logged: Option<Instant>,
+}
+
+impl TooBigCounts {
+    async fn handle(&mut self, tun: &Tun, sender: &SessionSender, pkt: &[u8], mtu: usize) {
+        match crate::icmp::too_big(pkt, mtu) {
+            TooBig::Answer(a) => {
+                self.answered += 1;
+                if let Err(e) = tun.send(&a).await {
+                    debug!("writing an ICMP answer to the TUN device: {e}");
+                }
+            }
+            TooBig::Fragments(fs) => {
+                self.fragmented += 1;
+                for f in fs {
+                    if let Err(e) = sender.send(Bytes::from(f)).await {
+                        debug!("fragment not sent: {e}");
+                    }
+                }
+            }
+            TooBig::Drop => self.dropped += 1,
+        }
+        if self
+            .logged
+            .is_none_or(|t| t.elapsed() >= Duration::from_secs(10))
+        {
+            self.logged = Some(Instant::now());
+            info!(
+                "inner packets larger than the bond's {mtu} bytes (of {} just now): {} answered with ICMP too big, {} fragmented, {} dropped (an ICMP error or no host to answer); lower the TUN device's MTU to the bond's to avoid them",
+                pkt.len(),
+                self.answered,
+                self.fragmented,
+                self.dropped
+            );
+        }
+    }
 }
 
 /// The control socket to use: the flag, else the configuration, else the default.
