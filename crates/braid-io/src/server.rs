@@ -216,12 +216,12 @@ impl Shared {
     /// A fresh slot (the high 16 bits of a peer's key indices): not in use, and not
     /// used again soon (counting on, so datagrams for a removed peer's old session
     /// find nobody).
-    fn slot(&self, table: &Table) -> Option<u16> {
+    fn slot(&self, in_use: impl Fn(u16) -> bool) -> Option<u16> {
         let mut next = self.next_slot.lock().ok()?;
         for _ in 0..=u16::MAX as usize {
             let s = *next;
             *next = next.wrapping_add(1);
-            if !table.by_slot.contains_key(&s) {
+            if !in_use(s) {
                 return Some(s);
             }
         }
@@ -242,16 +242,8 @@ fn build_table(shared: &Shared, old: &Table, peers: &[PeerConfig]) -> (Table, Ve
                 kept.clone()
             }
             None => {
-                let in_use = Table {
-                    by_slot: old
-                        .by_slot
-                        .iter()
-                        .chain(t.by_slot.iter())
-                        .map(|(k, v)| (*k, v.clone()))
-                        .collect(),
-                    ..Table::default()
-                };
-                let Some(slot) = shared.slot(&in_use) else {
+                let in_use = |s: u16| old.by_slot.contains_key(&s) || t.by_slot.contains_key(&s);
+                let Some(slot) = shared.slot(in_use) else {
                     error!("peer {}: no free slot (65536 peers): not served", p.name);
                     continue;
                 };
