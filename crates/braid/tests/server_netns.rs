@@ -300,9 +300,17 @@ fn a_server_serves_two_clients_routes_by_key_and_drops_what_is_not_theirs() {
             &format!("bsv{id}a"),
         ]);
     }
+    let to_tun = |s: &Value| n(&peer(s, "site-a")["to_tun"]);
+    let before = to_tun(&status(&ctl_s).unwrap());
     assert_eq!(pings(&ns_a, "10.90.0.1", Some("10.90.2.77"), 5, 56), 0);
     assert_eq!(pings(&ns_a, "10.90.0.1", Some("10.99.0.5"), 5, 56), 0);
     let s = status(&ctl_s).unwrap();
+    // Not one of them reached the server's TUN device.
+    assert_eq!(
+        to_tun(&s),
+        before,
+        "spoofed packets were written to the TUN"
+    );
     assert_eq!(n(&peer(&s, "site-a")["source_not_allowed"]), 10, "{s}");
     assert_eq!(n(&peer(&s, "site-b")["source_not_allowed"]), 0, "{s}");
     assert_eq!(n(&s["server"]["source_not_allowed"]), 10, "{s}");
