@@ -430,10 +430,36 @@ pub struct TunnelConfig {
 /// A parsed configuration file.
 #[derive(Clone, Debug, PartialEq)]
 pub struct FileConfig {
-    /// The session.
+    /// The session. On a server (with `peers`) its `peer_public_key` is `None`: each
+    /// peer's session takes the peer's key ([`PeerConfig::session`]).
     pub session: SessionConfig,
     /// The `[tunnel]` section, if present.
     pub tunnel: Option<TunnelConfig>,
+    /// The `[[peer]]` sections: empty for a point-to-point tunnel (one peer, named by
+    /// `session.peer_public_key`); a server serves each of these on its channels.
+    pub peers: Vec<PeerConfig>,
+}
+
+/// One `[[peer]]` of a server: who it is and which inner addresses are its
+/// (cryptokey routing: packets to them go to this peer, and only packets from them are
+/// accepted from it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerConfig {
+    /// A name for logs and status (default `peerN`, N its position).
+    pub name: String,
+    /// Its static public key.
+    pub public_key: [u8; 32],
+    /// Its inner address prefixes (IPv4 and IPv6).
+    pub allowed_ips: Vec<ipnet::IpNet>,
+}
+
+impl PeerConfig {
+    /// The session configuration for this peer on a server with `server`'s settings.
+    pub fn session(&self, server: &SessionConfig) -> SessionConfig {
+        let mut s = server.clone();
+        s.peer_public_key = Some(self.public_key);
+        s
+    }
 }
 
 #[derive(Deserialize)]
@@ -443,6 +469,17 @@ struct RawFile {
     session: Option<SessionSettings>,
     #[serde(default)]
     channel: Vec<RawChannel>,
+    #[serde(default)]
+    peer: Vec<RawPeer>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPeer {
+    name: Option<String>,
+    public_key: Option<String>,
+    #[serde(default)]
+    allowed_ips: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -613,14 +650,38 @@ impl FileConfig {
         let raw: RawFile = parse_toml(text).map_err(err)?;
         let s = raw.session.unwrap_or_default();
         let channels = parse_channels(&raw.channel).map_err(err)?;
-        let (key, private_key, peer_public_key) = read_keys(&s, dir).map_err(err)?;
+        let peers = parse_peers(&raw.peer).map_err(err)?;
+        let (key, private_key, peer_public_key) = if peers.is_empty() {
+            read_keys(&s, dir).map_err(err)?
+        } else {
+            server_keys(&s, dir, &channels).map_err(err)?
+        };
         let mut cfg = SessionConfig::new(channels, key);
         cfg.private_key = private_key;
         cfg.peer_public_key = peer_public_key;
         // Every other setting, through the session's one schema.
         cfg.apply(&s)
             .map_err(|e| err((format!("session.{}", e.key), e.reason)))?;
-        cfg.validate().map_err(|r| err(("session".into(), r)))?;
+        match peers.first() {
+            None => cfg.validate(),
+            // A server: what each peer's session will run with.
+            Some(p) => p.session(&cfg).validate(),
+        }
+        .map_err(|r| err(("session".into(), r)))?;
+        if !peers.is_empty() && cfg.security == SecurityMode::None {
+            return Err(err(fault(
+                "session.security",
+                "\"none\" cannot serve [[peer]] sections: a server finds each datagram's peer by its sealed envelope; use encrypt or auth",
+            )));
+        }
+        if let Some(me) = cfg.private_key.map(|k| keys::public_key(&k)) {
+            if let Some(i) = peers.iter().position(|p| p.public_key == me) {
+                return Err(err(fault(
+                    &format!("peer[{i}].public_key"),
+                    "is this server's own public key: each peer has its own key pair",
+                )));
+            }
+        }
         let tunnel = match raw.tunnel {
             None => None,
             Some(t) => Some(parse_tunnel(t, &cfg).map_err(err)?),
@@ -628,6 +689,7 @@ impl FileConfig {
         Ok(FileConfig {
             session: cfg,
             tunnel,
+            peers,
         })
     }
 }
@@ -723,6 +785,11 @@ fn parse_channel(i: usize, c: &RawChannel) -> Result<ChannelConfig, Fault> {
 type Keys = (Vec<u8>, Option<[u8; 32]>, Option<[u8; 32]>);
 
 fn read_keys(s: &SessionSettings, dir: Option<&Path>) -> Result<Keys, Fault> {
+    read_keys_for(s, dir, false)
+}
+
+/// [`read_keys`]; a `server`'s peers' public keys are in their `[[peer]]` sections.
+fn read_keys_for(s: &SessionSettings, dir: Option<&Path>, server: bool) -> Result<Keys, Fault> {
     let file_path = |f: &str| match dir {
         Some(d) if Path::new(f).is_relative() => d.join(f),
         _ => PathBuf::from(f),
@@ -754,10 +821,126 @@ fn read_keys(s: &SessionSettings, dir: Option<&Path>) -> Result<Keys, Fault> {
             "session.key",
             "missing: a pre-shared key (key_file = \"braid.key\", made with `braid genkey > braid.key`), or static keys (private_key_file and peer_public_key), authenticates the handshake",
         )),
+        (_, true, false) if server => Ok((key, private_key, None)),
         (_, true, false) => Err(fault("session.peer_public_key", "missing: private_key_file is set, so the peer's public key (`braid pubkey < its private key`) is needed too")),
         (_, false, true) => Err(fault("session.private_key_file", "missing: peer_public_key is set, so our own private key is needed too")),
         _ => Ok((key, private_key, peer_public_key)),
     }
+}
+
+/// The `[[peer]]` sections: each a public key and its allowed IPs; no key, name or
+/// prefix twice.
+fn parse_peers(raw: &[RawPeer]) -> Result<Vec<PeerConfig>, Fault> {
+    let mut peers: Vec<PeerConfig> = Vec::with_capacity(raw.len());
+    let mut owner: std::collections::HashMap<ipnet::IpNet, usize> = Default::default();
+    for (i, p) in raw.iter().enumerate() {
+        let k = |f: &str| format!("peer[{i}].{f}");
+        let name = p.name.clone().unwrap_or_else(|| format!("peer{i}"));
+        if name.is_empty() || name.len() > 64 || name.chars().any(|c| c.is_control()) {
+            return Err((
+                k("name"),
+                format!(
+                    "'{}' must be 1 to 64 printable characters",
+                    name.escape_default()
+                ),
+            ));
+        }
+        let text = p.public_key.as_deref().ok_or_else(|| {
+            (
+                k("public_key"),
+                "missing: the peer's static public key (`braid pubkey < its private key`)"
+                    .to_string(),
+            )
+        })?;
+        let public_key = keys::decode(text).map_err(|e| (k("public_key"), e.to_string()))?;
+        if let Some(j) = peers.iter().position(|q| q.name == name) {
+            return Err((k("name"), format!("'{name}' is also peer[{j}]'s name")));
+        }
+        if let Some(j) = peers.iter().position(|q| q.public_key == public_key) {
+            return Err((
+                k("public_key"),
+                format!(
+                    "also peer[{j}]'s ({}): each peer has its own key",
+                    peers[j].name
+                ),
+            ));
+        }
+        let mut allowed_ips = Vec::with_capacity(p.allowed_ips.len());
+        for a in &p.allowed_ips {
+            let net = parse_prefix(a).map_err(|r| (k("allowed_ips"), r))?;
+            if let Some(&j) = owner.get(&net) {
+                return Err((
+                    k("allowed_ips"),
+                    format!(
+                        "{net} is also in peer[{j}]'s ({}): a prefix belongs to one peer",
+                        peers.get(j).map_or(name.as_str(), |q| q.name.as_str())
+                    ),
+                ));
+            }
+            owner.insert(net, i);
+            allowed_ips.push(net);
+        }
+        peers.push(PeerConfig {
+            name,
+            public_key,
+            allowed_ips,
+        });
+    }
+    Ok(peers)
+}
+
+/// An allowed-IPs entry: `ADDRESS/PREFIX` of either family, or a bare address (one
+/// host); no bits set past the prefix.
+pub fn parse_prefix(s: &str) -> Result<ipnet::IpNet, String> {
+    let net: ipnet::IpNet = match s.parse() {
+        Ok(n) => n,
+        Err(_) => match s.parse::<std::net::IpAddr>() {
+            Ok(a) => ipnet::IpNet::from(a),
+            Err(_) => {
+                return Err(format!(
+                    "'{s}' is not ADDRESS/PREFIX (e.g. 10.77.1.0/24 or fd77:1::/64) or an address"
+                ))
+            }
+        },
+    };
+    if net.trunc() != net {
+        return Err(format!(
+            "'{s}' has bits set past its prefix length: did you mean {}?",
+            net.trunc()
+        ));
+    }
+    Ok(net)
+}
+
+/// A server's keys: our static private key (and the pre-shared key mixed into every
+/// handshake, if set); each peer's public key is in its `[[peer]]`. Its channels wait
+/// on fixed ports for the peers.
+fn server_keys(
+    s: &SessionSettings,
+    dir: Option<&Path>,
+    channels: &[ChannelConfig],
+) -> Result<Keys, Fault> {
+    if s.peer_public_key.is_some() {
+        return Err(fault(
+            "session.peer_public_key",
+            "a server ([[peer]] sections) takes each peer's key from its [[peer]] public_key; remove this one",
+        ));
+    }
+    if s.private_key_file.is_none() {
+        return Err(fault(
+            "session.private_key_file",
+            "missing: a server ([[peer]] sections) needs its static private key (`braid genkey > server.key`); each peer has the server's public key as its peer_public_key",
+        ));
+    }
+    for (i, c) in channels.iter().enumerate() {
+        if c.remote.is_some() {
+            return Err((
+                format!("channel[{i}].remote"),
+                "a server ([[peer]] sections) learns each peer's address on each channel from its authenticated datagrams: leave remote out and give local a fixed port".into(),
+            ));
+        }
+    }
+    read_keys_for(s, dir, true)
 }
 
 /// The `[tunnel]` section, checked against the session (the device MTU must fit).
@@ -903,6 +1086,117 @@ weight = 2
 local = "127.0.0.1:7002"
 remote = "127.0.0.1:7102"
 "#;
+
+    /// A server's file: its private key beside it, two peers.
+    fn server_file(peers: &str) -> (tempfile::TempDir, String) {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let key = dir.path().join("s.key");
+        std::fs::write(&key, keys::encode(&keys::generate().unwrap())).unwrap();
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let text = format!(
+            "[tunnel]\nname = \"srv\"\naddress = \"10.90.0.1/16\"\n\n[session]\nprivate_key_file = \"s.key\"\n\n[[channel]]\nlocal = \"0.0.0.0:7100\"\n\n[[channel]]\nlocal = \"0.0.0.0:7101\"\n{peers}"
+        );
+        (dir, text)
+    }
+
+    fn public(n: u8) -> String {
+        keys::encode(&keys::public_key(&[n; 32]))
+    }
+
+    fn peers2() -> String {
+        format!(
+            "\n[[peer]]\nname = \"a\"\npublic_key = \"{}\"\nallowed_ips = [\"10.90.1.0/24\", \"fd90:1::/64\", \"10.90.9.9\"]\n\n[[peer]]\npublic_key = \"{}\"\nallowed_ips = [\"10.90.2.0/24\"]\n",
+            public(1),
+            public(2)
+        )
+    }
+
+    #[test]
+    fn a_server_config_names_each_peer_its_key_and_allowed_ips() {
+        let (dir, text) = server_file(&peers2());
+        let c = FileConfig::parse("s.toml", &text, Some(dir.path())).unwrap();
+        assert_eq!(c.peers.len(), 2);
+        assert_eq!(c.peers[0].name, "a");
+        assert_eq!(c.peers[1].name, "peer1", "the default name is the position");
+        assert_eq!(
+            c.peers[0].allowed_ips,
+            vec![
+                "10.90.1.0/24".parse::<ipnet::IpNet>().unwrap(),
+                "fd90:1::/64".parse().unwrap(),
+                "10.90.9.9/32".parse().unwrap()
+            ]
+        );
+        assert_eq!(c.peers[1].public_key, keys::public_key(&[2; 32]));
+        assert!(c.session.private_key.is_some());
+        assert_eq!(c.session.peer_public_key, None);
+        // Each peer's session: the server's settings, the peer's key.
+        let s = c.peers[1].session(&c.session);
+        assert_eq!(s.peer_public_key, Some(keys::public_key(&[2; 32])));
+        assert_eq!(s.channels, c.session.channels);
+        s.validate().unwrap();
+        // Without [[peer]], the same file is a point-to-point end: it needs the peer.
+        let (dir, text) = server_file("");
+        let e = FileConfig::parse("s.toml", &text, Some(dir.path())).unwrap_err();
+        assert_eq!(e.key, "session.peer_public_key", "{e}");
+    }
+
+    #[test]
+    fn a_server_config_refuses_what_would_route_ambiguously_or_not_at_all() {
+        let bad = |peers: String, edit: &dyn Fn(String) -> String| {
+            let (dir, text) = server_file(&peers);
+            FileConfig::parse("s.toml", &edit(text), Some(dir.path())).unwrap_err()
+        };
+        let same = |t: String| t;
+        let e = bad(peers2().replace("10.90.2.0/24", "10.90.1.0/24"), &same);
+        assert_eq!(e.key, "peer[1].allowed_ips");
+        assert!(e.reason.contains("also in peer[0]'s (a)"), "{e}");
+        let e = bad(peers2().replace(&public(2), &public(1)), &same);
+        assert_eq!(e.key, "peer[1].public_key");
+        let e = bad(peers2().replace("10.90.2.0/24", "10.90.2.1/24"), &same);
+        assert!(e.reason.contains("did you mean 10.90.2.0/24"), "{e}");
+        let e = bad(peers2().replace("10.90.2.0/24", "banana"), &same);
+        assert_eq!(e.key, "peer[1].allowed_ips");
+        let e = bad(
+            peers2().replace(&format!("public_key = \"{}\"\n", public(2)), ""),
+            &same,
+        );
+        assert_eq!(e.key, "peer[1].public_key");
+        assert!(e.reason.contains("missing"), "{e}");
+        let e = bad(peers2().replace("name = \"a\"", "name = \"peer1\""), &same);
+        assert_eq!(e.key, "peer[1].name");
+        let e = bad(peers2().replace("allowed_ips", "allowed_ip"), &same);
+        assert!(e.key.contains("allowed_ip"), "{e}");
+        // The server's own keys and channels.
+        let e = bad(peers2(), &|t| {
+            t.replace(
+                "[session]\n",
+                &format!("[session]\npeer_public_key = \"{}\"\n", public(3)),
+            )
+        });
+        assert_eq!(e.key, "session.peer_public_key");
+        let e = bad(peers2(), &|t| {
+            t.replace(
+                "private_key_file = \"s.key\"",
+                "key = \"0X9vg6gGoIsuUnuVh9Q41C0d5zENqadrCWYNpq6589U=\"",
+            )
+        });
+        assert_eq!(e.key, "session.private_key_file");
+        let e = bad(peers2(), &|t| {
+            t.replace(
+                "local = \"0.0.0.0:7101\"",
+                "local = \"0.0.0.0:7101\"\nremote = \"10.0.0.1:7101\"",
+            )
+        });
+        assert_eq!(e.key, "channel[1].remote");
+        let e = bad(peers2(), &|t| {
+            t.replace(
+                "[session]\n",
+                "[session]\nsecurity = \"none\"\nallow_insecure = true\n",
+            )
+        });
+        assert_eq!(e.key, "session.security", "{e}");
+    }
 
     #[test]
     fn a_server_channel_may_leave_out_remote_and_a_client_channel_local() {
@@ -1401,6 +1695,38 @@ remote = "127.0.0.1:7102"
             assert_eq!(t.control.as_ref(), Some(&want));
         }
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_server_and_client_examples_load_and_match() {
+        use std::os::unix::fs::PermissionsExt;
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+        let dir = tempfile::tempdir().unwrap();
+        for k in ["server.key", "client.key"] {
+            let p = dir.path().join(k);
+            std::fs::write(&p, crate::keys::encode(&crate::keys::generate().unwrap())).unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        }
+        let load = |f: &str| {
+            std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
+            FileConfig::load(&dir.path().join(f)).unwrap_or_else(|e| panic!("{e}"))
+        };
+        let server = load("server.toml");
+        let client = load("client.toml");
+        assert_eq!(server.peers.len(), 2);
+        assert!(client.peers.is_empty());
+        assert_eq!(server.session.channels.len(), client.session.channels.len());
+        for (s, c) in server.session.channels.iter().zip(&client.session.channels) {
+            assert_eq!(s.name, c.name);
+            assert_eq!(s.remote, None);
+            assert_eq!(c.remote.map(|r| r.port()), Some(s.local.port()));
+        }
+        // The client's inner address is inside its [[peer]]'s allowed IPs.
+        let (addr, _) = client.tunnel.unwrap().address.unwrap();
+        assert!(server.peers[0]
+            .allowed_ips
+            .iter()
+            .any(|n| n.contains(&std::net::IpAddr::from(addr))));
     }
 
     #[test]

@@ -35,6 +35,8 @@ pub mod node_report;
 pub mod observe;
 pub mod offload;
 pub mod relay;
+pub mod reload;
+pub mod server;
 pub mod session;
 pub mod stats;
 pub mod traffic;
@@ -42,6 +44,8 @@ pub mod transfer;
 pub mod tun;
 pub mod tunnel;
 
-pub use config::{ChannelConfig, ConfigFileError, FileConfig, SessionConfig, TunnelConfig};
+pub use config::{
+    ChannelConfig, ConfigFileError, FileConfig, PeerConfig, SessionConfig, TunnelConfig,
+};
 pub use session::{Refusal, Session, SessionError, SessionSender, StatsHandle};
-pub use stats::{ChannelSnapshot, SessionStats};
+pub use stats::{ChannelSnapshot, PeerStats, ServerCounters, SessionStats};

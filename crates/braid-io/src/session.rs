@@ -332,10 +332,19 @@ fn bind(
     UdpSocket::from_std(sock.into()).map_err(be)
 }
 
-impl Session {
-    /// Bind every channel's socket and start the driver. Needs a tokio runtime.
-    pub async fn start(cfg: SessionConfig) -> Result<Session, SessionError> {
-        cfg.validate().map_err(SessionError::Config)?;
+/// A set of bound channel sockets: one session's own (a client), or a server's,
+/// shared by every peer's session (each sends on them; the server's readers hand each
+/// session what is its).
+#[derive(Clone)]
+pub(crate) struct Channels {
+    pub(crate) socks: Vec<Arc<UdpSocket>>,
+    pub(crate) states: Vec<Arc<UdpSocketState>>,
+    pub(crate) locals: Vec<SocketAddr>,
+}
+
+impl Channels {
+    /// Bind every channel of `cfg`.
+    pub(crate) fn bind(cfg: &SessionConfig) -> Result<Channels, SessionError> {
         let mut socks = Vec::new();
         let mut states = Vec::new();
         let mut locals = Vec::new();
@@ -360,6 +369,155 @@ impl Session {
             })?);
             socks.push(Arc::new(s));
         }
+        Ok(Channels {
+            socks,
+            states,
+            locals,
+        })
+    }
+
+    /// Each reader's share of a driver's input queue, for `cfg`.
+    pub(crate) fn limits(cfg: &SessionConfig) -> (usize, Limits) {
+        let n = cfg.channels.len().max(1);
+        let share = RX_QUEUE_PACKETS.div_ceil(n).max(64);
+        (
+            share * n,
+            Limits {
+                packets: share,
+                bytes: RX_QUEUE_BYTES / n,
+                datagram: cfg.max_datagram() as usize,
+            },
+        )
+    }
+}
+
+/// The way into a served session (a server's peer): its driver's input queue, which
+/// the server's readers fill with the datagrams that are this peer's.
+pub(crate) struct Inbox {
+    tx: mpsc::Sender<Received>,
+    budgets: Vec<Arc<Budget>>,
+    limits: Limits,
+}
+
+impl Inbox {
+    /// Queue datagrams that arrived on `channel` for the session, each within the
+    /// channel's share of the queue (what does not fit is dropped and counted, as on a
+    /// session's own readers); never waits, so a slow peer holds up no other.
+    pub(crate) fn offer(
+        &self,
+        channel: usize,
+        datagrams: Vec<(std::time::Instant, SocketAddr, Bytes)>,
+    ) {
+        let Some(budget) = self.budgets.get(channel) else {
+            return;
+        };
+        let mut batch = Vec::with_capacity(datagrams.len());
+        for (at, from, d) in datagrams {
+            if d.len() > self.limits.datagram {
+                budget.oversize.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            let full = budget.packets.load(Ordering::Relaxed) >= self.limits.packets
+                || budget.bytes.load(Ordering::Relaxed) + d.len() > self.limits.bytes;
+            if full {
+                budget.queue_drops.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            budget.packets.fetch_add(1, Ordering::Relaxed);
+            budget.bytes.fetch_add(d.len(), Ordering::Relaxed);
+            batch.push((at, from, d));
+        }
+        if batch.is_empty() {
+            return;
+        }
+        if let Err(e) = self.tx.try_send((channel, batch)) {
+            let (_, batch) = match e {
+                mpsc::error::TrySendError::Full(b) | mpsc::error::TrySendError::Closed(b) => b,
+            };
+            for (_, _, d) in &batch {
+                budget.release(d.len());
+                budget.queue_drops.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+impl Session {
+    /// Bind every channel's socket and start the driver. Needs a tokio runtime.
+    pub async fn start(cfg: SessionConfig) -> Result<Session, SessionError> {
+        cfg.validate().map_err(SessionError::Config)?;
+        let ch = Channels::bind(&cfg)?;
+        // One queue from the readers to the driver, but each channel may hold only its
+        // share of it, in packets and in bytes: flooding one port cannot starve the
+        // others, and memory stays bounded whatever arrives.
+        let (queue, limits) = Channels::limits(&cfg);
+        let (net_tx, net_rx) = mpsc::channel(queue);
+        let n = ch.socks.len();
+        let budgets: Vec<Arc<Budget>> = (0..n).map(|_| Arc::new(Budget::default())).collect();
+        let mut readers = Vec::new();
+        for (i, s) in ch.socks.iter().enumerate() {
+            readers.push(tokio::spawn(reader(
+                i,
+                s.clone(),
+                ch.states[i].clone(),
+                net_tx.clone(),
+                budgets[i].clone(),
+                limits,
+            )));
+        }
+        drop(net_tx);
+        let pool = HandshakePool::start(HS_QUEUE)
+            .map_err(|e| SessionError::Config(format!("cannot start the handshake thread: {e}")))?;
+        Session::launch(cfg, ch, net_rx, budgets, readers, pool, None, None)
+    }
+
+    /// A peer's session on a server's shared channels: its driver reads only what the
+    /// returned [`Inbox`] is given, its key indices start with `index_prefix`, and its
+    /// log lines carry `peer`. Needs a tokio runtime.
+    pub(crate) fn start_served(
+        cfg: SessionConfig,
+        ch: &Channels,
+        pool: HandshakePool,
+        index_prefix: u16,
+        peer: &str,
+    ) -> Result<(Session, Inbox), SessionError> {
+        cfg.validate().map_err(SessionError::Config)?;
+        let (queue, limits) = Channels::limits(&cfg);
+        let (net_tx, net_rx) = mpsc::channel(queue);
+        let budgets: Vec<Arc<Budget>> = (0..ch.socks.len())
+            .map(|_| Arc::new(Budget::default()))
+            .collect();
+        let inbox = Inbox {
+            tx: net_tx,
+            budgets: budgets.clone(),
+            limits,
+        };
+        let span = tracing::info_span!("peer", peer = %peer);
+        let s = Session::launch(
+            cfg,
+            ch.clone(),
+            net_rx,
+            budgets,
+            Vec::new(),
+            pool,
+            Some(index_prefix),
+            Some(span),
+        )?;
+        Ok((s, inbox))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn launch(
+        cfg: SessionConfig,
+        ch: Channels,
+        net_rx: mpsc::Receiver<Received>,
+        budgets: Vec<Arc<Budget>>,
+        readers: Vec<JoinHandle<()>>,
+        pool: HandshakePool,
+        index_prefix: Option<u16>,
+        span: Option<tracing::Span>,
+    ) -> Result<Session, SessionError> {
+        let locals = ch.locals.clone();
         let describe = cfg
             .channels
             .iter()
@@ -376,31 +534,6 @@ impl Session {
             .saturating_mul(2)
             .max(StdDuration::from_millis(300));
         let channel_names = cfg.channels.iter().map(|c| c.name.clone()).collect();
-        // One queue from the readers to the driver, but each channel may hold only its
-        // share of it, in packets and in bytes: flooding one port cannot starve the
-        // others, and memory stays bounded whatever arrives.
-        let n = socks.len();
-        let share = RX_QUEUE_PACKETS.div_ceil(n).max(64);
-        let (net_tx, net_rx) = mpsc::channel(share * n);
-        let max_datagram = cfg.max_datagram() as usize;
-        let budgets: Vec<Arc<Budget>> = (0..n).map(|_| Arc::new(Budget::default())).collect();
-        let mut readers = Vec::new();
-        for (i, s) in socks.iter().enumerate() {
-            let limits = Limits {
-                packets: share,
-                bytes: RX_QUEUE_BYTES / n,
-                datagram: max_datagram,
-            };
-            readers.push(tokio::spawn(reader(
-                i,
-                s.clone(),
-                states[i].clone(),
-                net_tx.clone(),
-                budgets[i].clone(),
-                limits,
-            )));
-        }
-        drop(net_tx);
         let (data_tx, data_rx) = mpsc::channel(1024);
         let (deliver_tx, deliver_rx) = mpsc::channel(8192);
         let (cmd_tx, cmd_rx) = mpsc::channel(64);
@@ -411,16 +544,12 @@ impl Session {
             max_datagram: cfg.max_inner() as usize,
             overhead: cfg.data_overhead() as usize,
         };
-        let driver = Driver::new(
-            cfg,
-            socks,
-            states,
-            locals.clone(),
-            deliver_tx,
-            peer_tx,
-            budgets,
-        )?;
-        let task = tokio::spawn(driver.run(net_rx, data_rx, cmd_rx, close_rx, readers));
+        let driver = Driver::new(cfg, ch, deliver_tx, peer_tx, budgets, pool, index_prefix)?;
+        let run = driver.run(net_rx, data_rx, cmd_rx, close_rx, readers);
+        let task = match span {
+            Some(span) => tokio::spawn(tracing::Instrument::instrument(run, span)),
+            None => tokio::spawn(run),
+        };
         Ok(Session {
             sender,
             cmd: cmd_tx,
@@ -528,7 +657,7 @@ impl Session {
 
     /// A handle that reads stats without borrowing the session.
     pub fn stats_handle(&self) -> StatsHandle {
-        StatsHandle(self.cmd.clone())
+        StatsHandle(Handle::Session(self.cmd.clone()))
     }
 
     /// End the session on purpose: tell the peer (a close message on every channel,
@@ -549,31 +678,65 @@ impl Drop for Session {
     }
 }
 
-/// Reads a session's stats from another task.
+/// Reads a session's (or a server's) stats from another task, and changes what a
+/// reload changes.
 #[derive(Clone)]
-pub struct StatsHandle(mpsc::Sender<Cmd>);
+pub struct StatsHandle(Handle);
+
+#[derive(Clone)]
+enum Handle {
+    Session(mpsc::Sender<Cmd>),
+    Server(crate::server::ServerHandle),
+}
 
 impl StatsHandle {
+    pub(crate) fn server(h: crate::server::ServerHandle) -> StatsHandle {
+        StatsHandle(Handle::Server(h))
+    }
+
     /// New relative channel weights (see `braid_proto::session::Session::set_weights`;
     /// one per channel, each > 0), without waiting: `Err(Closed)` if the session has
     /// stopped, `Ok(false)` if its command queue is full. Invalid weights are refused
-    /// by the session and logged.
+    /// by the session and logged. On a server: every running peer's session.
     pub fn set_weights(&self, weights: Vec<u32>) -> Result<bool, SessionError> {
-        match self.0.try_send(Cmd::Weights(weights)) {
-            Ok(()) => Ok(true),
-            Err(mpsc::error::TrySendError::Full(_)) => Ok(false),
-            Err(mpsc::error::TrySendError::Closed(_)) => Err(SessionError::Closed),
+        match &self.0 {
+            Handle::Session(cmd) => match cmd.try_send(Cmd::Weights(weights)) {
+                Ok(()) => Ok(true),
+                Err(mpsc::error::TrySendError::Full(_)) => Ok(false),
+                Err(mpsc::error::TrySendError::Closed(_)) => Err(SessionError::Closed),
+            },
+            Handle::Server(s) => s.set_weights(weights),
+        }
+    }
+
+    /// A server's reload: serve exactly `peers` from now on (added ones start being
+    /// served, removed ones are closed, the others keep their sessions); what changed,
+    /// in words. `Err(Config)` for a point-to-point tunnel.
+    pub async fn set_peers(
+        &self,
+        peers: Vec<crate::config::PeerConfig>,
+    ) -> Result<String, SessionError> {
+        match &self.0 {
+            Handle::Session(_) => Err(SessionError::Config(
+                "this tunnel has one peer ([[peer]] sections need a restart)".into(),
+            )),
+            Handle::Server(s) => s.set_peers(peers).await,
         }
     }
 
     /// A snapshot, or `Closed`.
     pub async fn get(&self) -> Result<SessionStats, SessionError> {
-        let (tx, rx) = oneshot::channel();
-        self.0
-            .send(Cmd::Stats(tx))
-            .await
-            .map_err(|_| SessionError::Closed)?;
-        rx.await.map_err(|_| SessionError::Closed)
+        match &self.0 {
+            Handle::Session(cmd) => {
+                let (tx, rx) = oneshot::channel();
+                cmd.send(Cmd::Stats(tx))
+                    .await
+                    .map_err(|_| SessionError::Closed)?;
+                rx.await.map_err(|_| SessionError::Closed)
+            }
+            // Boxed: a server's snapshot asks its peers' sessions (this, again).
+            Handle::Server(s) => Ok(Box::pin(s.get()).await),
+        }
     }
 }
 
@@ -613,7 +776,7 @@ fn gso_run(q: &[Bytes], max_segments: usize) -> usize {
 
 /// What one channel's reader may have queued for the driver.
 #[derive(Clone, Copy)]
-struct Limits {
+pub(crate) struct Limits {
     packets: usize,
     bytes: usize,
     /// Larger datagrams cannot be ours: dropped before they are copied.
@@ -646,7 +809,7 @@ type Received = (usize, Vec<(std::time::Instant, SocketAddr, Bytes)>);
 /// less the age of its kernel receive timestamp `stamp` (wall clock, since the Unix
 /// epoch). Without a stamp, or with one that makes no sense (in the future, or over a
 /// second old: the wall clock stepped), the read's own time.
-fn arrived_at(
+pub(crate) fn arrived_at(
     stamp: Option<StdDuration>,
     wall: std::time::SystemTime,
     read_at: std::time::Instant,
@@ -813,8 +976,9 @@ struct Driver {
     budgets: Vec<Arc<Budget>>,
     /// Public-key work of handshakes, to the handshake thread (bounded: what does not
     /// fit is shed).
-    hs_jobs: std::sync::mpsc::SyncSender<machine::HandshakeJob>,
-    /// Its results.
+    hs_pool: HandshakePool,
+    /// Where its results come back.
+    hs_done_tx: mpsc::UnboundedSender<machine::HandshakeDone>,
     hs_done: Option<mpsc::UnboundedReceiver<machine::HandshakeDone>>,
 }
 
@@ -823,35 +987,73 @@ struct Driver {
 /// nothing but those checks.
 const HS_QUEUE: usize = 16;
 
-/// The handshake thread: runs the public-key work of initiations, off the data task,
-/// until the driver goes away.
-fn handshake_thread() -> std::io::Result<(
-    std::sync::mpsc::SyncSender<machine::HandshakeJob>,
-    mpsc::UnboundedReceiver<machine::HandshakeDone>,
-)> {
-    let (job_tx, job_rx) = std::sync::mpsc::sync_channel::<machine::HandshakeJob>(HS_QUEUE);
-    let (done_tx, done_rx) = mpsc::unbounded_channel();
-    std::thread::Builder::new()
-        .name("braid-handshake".into())
-        .spawn(move || {
-            while let Ok(job) = job_rx.recv() {
-                if done_tx.send(job.run()).is_err() {
-                    return;
+/// Work for the handshake thread.
+enum HsWork {
+    /// A session's handshake job, and where its result goes.
+    Job(
+        Box<machine::HandshakeJob>,
+        mpsc::UnboundedSender<machine::HandshakeDone>,
+    ),
+    /// Other public-key work (a server reading whose an initiation is).
+    Run(Box<dyn FnOnce() + Send>),
+}
+
+/// The handshake thread: runs the public-key work of handshakes off the data tasks,
+/// for one session (a client) or every peer's session of a server, until the last
+/// handle goes. Its queue is bounded: what does not fit is shed and counted.
+#[derive(Clone)]
+pub(crate) struct HandshakePool(std::sync::mpsc::SyncSender<HsWork>);
+
+impl HandshakePool {
+    /// One thread, `queue` jobs waiting at most.
+    pub(crate) fn start(queue: usize) -> std::io::Result<HandshakePool> {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<HsWork>(queue);
+        std::thread::Builder::new()
+            .name("braid-handshake".into())
+            .spawn(move || {
+                while let Ok(w) = rx.recv() {
+                    match w {
+                        HsWork::Job(job, done) => {
+                            let _ = done.send(job.run());
+                        }
+                        HsWork::Run(f) => f(),
+                    }
                 }
-            }
-        })?;
-    Ok((job_tx, done_rx))
+            })?;
+        Ok(HandshakePool(tx))
+    }
+
+    /// Queue a session's job; given back if the queue is full (or the thread gone).
+    fn submit(
+        &self,
+        job: machine::HandshakeJob,
+        done: &mpsc::UnboundedSender<machine::HandshakeDone>,
+    ) -> Result<(), Box<machine::HandshakeJob>> {
+        match self.0.try_send(HsWork::Job(Box::new(job), done.clone())) {
+            Ok(()) => Ok(()),
+            Err(
+                std::sync::mpsc::TrySendError::Full(HsWork::Job(job, _))
+                | std::sync::mpsc::TrySendError::Disconnected(HsWork::Job(job, _)),
+            ) => Err(job),
+            Err(_) => unreachable!("a job comes back as a job"),
+        }
+    }
+
+    /// Run `f` on the thread; false (not run) if the queue is full.
+    pub(crate) fn try_run(&self, f: Box<dyn FnOnce() + Send>) -> bool {
+        self.0.try_send(HsWork::Run(f)).is_ok()
+    }
 }
 
 impl Driver {
     fn new(
         cfg: SessionConfig,
-        socks: Vec<Arc<UdpSocket>>,
-        states: Vec<Arc<UdpSocketState>>,
-        locals: Vec<SocketAddr>,
+        ch: Channels,
         deliver: mpsc::Sender<Bytes>,
         peer_seen: watch::Sender<Link>,
         budgets: Vec<Arc<Budget>>,
+        hs_pool: HandshakePool,
+        index_prefix: Option<u16>,
     ) -> Result<Driver, SessionError> {
         let mut seed = [0u8; 32];
         getrandom::fill(&mut seed).map_err(|e| {
@@ -863,6 +1065,9 @@ impl Driver {
         // wall clock (the peer accepts only newer ones); cookies bound to each
         // channel's peer address.
         machine.offload_handshakes();
+        if let Some(p) = index_prefix {
+            machine.set_key_index_prefix(p);
+        }
         let unix = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos());
@@ -872,10 +1077,15 @@ impl Driver {
         for (i, c) in cfg.channels.iter().enumerate() {
             machine.set_endpoint(i, c.remote);
         }
-        let (hs_jobs, hs_done) = handshake_thread()
-            .map_err(|e| SessionError::Config(format!("cannot start the handshake thread: {e}")))?;
+        let (hs_done_tx, hs_done) = mpsc::unbounded_channel();
+        let Channels {
+            socks,
+            states,
+            locals,
+        } = ch;
         Ok(Driver {
-            hs_jobs,
+            hs_pool,
+            hs_done_tx,
             hs_done: Some(hs_done),
             machine,
             origin: std::time::Instant::now(),
@@ -1004,12 +1214,8 @@ impl Driver {
     /// its queue is shed (the machine counts it; the initiator tries again).
     fn dispatch_handshakes(&mut self) {
         while let Some(job) = self.machine.poll_handshake() {
-            match self.hs_jobs.try_send(job) {
-                Ok(()) => {}
-                Err(
-                    std::sync::mpsc::TrySendError::Full(job)
-                    | std::sync::mpsc::TrySendError::Disconnected(job),
-                ) => self.machine.handshake_shed(job),
+            if let Err(job) = self.hs_pool.submit(job, &self.hs_done_tx) {
+                self.machine.handshake_shed(*job);
             }
         }
     }
@@ -1417,6 +1623,8 @@ impl Driver {
             credits_sent: s.credits.map_or(0, |c| c.credits_sent),
             credit_refused: s.credits.map_or(0, |c| c.refused),
             channels,
+            server: None,
+            peers: Vec::new(),
         }
     }
 }

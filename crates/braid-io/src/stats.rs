@@ -335,6 +335,70 @@ pub struct SessionStats {
     pub credit_refused: u64,
     /// Per channel.
     pub channels: Vec<ChannelSnapshot>,
+    /// A server's own counters (`None` for a point-to-point tunnel's session).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server: Option<ServerCounters>,
+    /// A server's peers, each with its session's snapshot once it connected.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub peers: Vec<PeerStats>,
+}
+
+/// A server's counters of what reached no peer (`docs/security.md`, "What a server
+/// checks").
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ServerCounters {
+    /// Peers configured.
+    pub peers: u64,
+    /// Peers whose session runs (they sent a handshake that read).
+    pub peers_connected: u64,
+    /// Initiations from a static key no `[[peer]]` has: dropped.
+    pub unknown_peer: u64,
+    /// Initiations that passed mac1 but did not read with our key: dropped.
+    pub unreadable_initiations: u64,
+    /// Initiations whose mac1 is not ours: dropped before any public-key work.
+    pub initiation_mac1_failures: u64,
+    /// Initiations not read because the handshake thread was busy (the initiator tries
+    /// again).
+    pub initiations_shed: u64,
+    /// Sealed datagrams (or handshake answers) whose key index is no running peer's.
+    pub unknown_index: u64,
+    /// Datagrams that are neither sealed nor a handshake message (or too large).
+    pub unroutable: u64,
+    /// Packets from the TUN whose destination is in no peer's allowed IPs.
+    pub no_route: u64,
+    /// Packets from a peer whose source is outside its allowed IPs (all peers).
+    pub source_not_allowed: u64,
+    /// Packets (either way) that are not IPv4 or IPv6.
+    pub not_ip: u64,
+    /// Peers added by reloads.
+    pub peers_added: u64,
+    /// Peers removed by reloads.
+    pub peers_removed: u64,
+    /// The channels' local addresses.
+    pub listen: Vec<String>,
+}
+
+/// One peer of a server.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PeerStats {
+    /// Its name (`[[peer]] name`).
+    pub name: String,
+    /// Its public key (base64).
+    pub public_key: String,
+    /// Its allowed IPs.
+    pub allowed_ips: Vec<String>,
+    /// Its session runs (it sent a handshake that read; until a reload removes it).
+    pub connected: bool,
+    /// Packets from it whose source is outside its allowed IPs: dropped.
+    pub source_not_allowed: u64,
+    /// Packets from the TUN for it before it connected: dropped.
+    pub not_connected: u64,
+    /// Packets from the TUN for it that its session's queue had no room for.
+    pub tx_queue_drops: u64,
+    /// Packets from it written to the TUN device.
+    pub to_tun: u64,
+    /// Its session (`None` until it connects).
+    pub session: Option<SessionStats>,
 }
 
 fn si(v: f64) -> String {
@@ -361,6 +425,9 @@ fn known(v: f64, scale: f64, prec: usize) -> String {
 impl SessionStats {
     /// A multi-line human-readable table.
     pub fn table(&self) -> String {
+        if let Some(srv) = &self.server {
+            return self.server_table(srv);
+        }
         let mut s = String::new();
         let _ = writeln!(
             s,
@@ -561,8 +628,88 @@ impl SessionStats {
         s
     }
 
+    /// A server's table: its counters, then each peer and its session's table.
+    fn server_table(&self, srv: &ServerCounters) -> String {
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "server up {:.1}s on {}: {} peers, {} connected",
+            self.uptime_s,
+            srv.listen.join(", "),
+            srv.peers,
+            srv.peers_connected
+        );
+        let _ = writeln!(
+            s,
+            "dropped: unknown peer {}  unreadable initiation {}  bad mac1 {}  shed {}  unknown key index {}  unroutable {}  no route {}  source not allowed {}  not IP {}",
+            srv.unknown_peer,
+            srv.unreadable_initiations,
+            srv.initiation_mac1_failures,
+            srv.initiations_shed,
+            srv.unknown_index,
+            srv.unroutable,
+            srv.no_route,
+            srv.source_not_allowed,
+            srv.not_ip
+        );
+        if srv.peers_added + srv.peers_removed > 0 {
+            let _ = writeln!(
+                s,
+                "reloads: {} peers added, {} removed",
+                srv.peers_added, srv.peers_removed
+            );
+        }
+        for p in &self.peers {
+            let _ = writeln!(
+                s,
+                "\npeer {}  key {}  allowed {}",
+                p.name,
+                p.public_key,
+                if p.allowed_ips.is_empty() {
+                    "(none)".to_string()
+                } else {
+                    p.allowed_ips.join(", ")
+                }
+            );
+            let _ = writeln!(
+                s,
+                "  {}  to TUN {}  source not allowed {}  before it connected {}  queue full {}",
+                if p.connected {
+                    "connected"
+                } else {
+                    "never connected"
+                },
+                p.to_tun,
+                p.source_not_allowed,
+                p.not_connected,
+                p.tx_queue_drops
+            );
+            if let Some(session) = &p.session {
+                for line in session.table().lines() {
+                    let _ = writeln!(s, "  {line}");
+                }
+            }
+        }
+        s
+    }
+
     /// One line for the periodic log.
     pub fn log_line(&self) -> String {
+        if let Some(srv) = &self.server {
+            let mut s = format!(
+                "{} peers, {} connected; dropped: unknown peer {}, source not allowed {}, no route {}",
+                srv.peers,
+                srv.peers_connected,
+                srv.unknown_peer,
+                srv.source_not_allowed,
+                srv.no_route
+            );
+            for p in self.peers.iter().filter(|p| p.session.is_some()) {
+                let d = p.session.as_ref().map_or(0.0, |x| x.delivered_bps);
+                let _ = write!(s, "; {}: {}bit/s to TUN", p.name, si(d));
+            }
+            return s;
+        }
         let mut s = format!(
             "epoch tx {} rx {}; delivered {} pkts ({}bit/s); lost {}; auth-fail {}; channels:",
             self.tx_epoch,
@@ -599,6 +746,9 @@ impl SessionStats {
     /// `braid_channel_probe_state{state=...}` (1 for the capacity probe's state) and
     /// `braid_build_info{version,git_commit,profile}` (always 1). See `docs/tunnel.md`.
     pub fn prometheus(&self) -> String {
+        if let Some(srv) = &self.server {
+            return self.server_prometheus(srv);
+        }
         use prometheus_client::encoding::text::encode;
         use prometheus_client::metrics::counter::Counter;
         use prometheus_client::metrics::family::Family;
@@ -712,6 +862,204 @@ impl SessionStats {
         render(&reg, encode)
     }
 }
+
+impl SessionStats {
+    /// A server's metrics: `braid_server_NAME` (its counters), `braid_peer_NAME{peer}`
+    /// (each peer's server-side counters, `braid_peer_connected`), and each connected
+    /// peer's session metrics under the point-to-point names with a `peer` label
+    /// (`braid_delivered_packets_total{peer="site-a"}`,
+    /// `braid_channel_up{peer,channel,name}`).
+    fn server_prometheus(&self, srv: &ServerCounters) -> String {
+        use prometheus_client::encoding::text::encode;
+        use prometheus_client::metrics::counter::Counter;
+        use prometheus_client::metrics::family::Family;
+        use prometheus_client::metrics::gauge::Gauge;
+        use prometheus_client::registry::Registry;
+        use std::sync::atomic::AtomicU64;
+        type Labels = Vec<(String, String)>;
+        let mut reg = Registry::with_prefix("braid");
+        let obj = |v: serde_json::Value| match v {
+            serde_json::Value::Object(m) => m,
+            _ => serde_json::Map::new(),
+        };
+        for (k, v) in obj(serde_json::to_value(srv).unwrap_or_default()) {
+            let Some(x) = metric_value(&v) else { continue };
+            let help = SERVER_HELP
+                .iter()
+                .find(|(f, _)| *f == k)
+                .map_or("server counter", |(_, h)| h);
+            if k == "peers" || k == "peers_connected" {
+                let g = Gauge::<f64, AtomicU64>::default();
+                g.set(x);
+                reg.register(format!("server_{k}"), help, g);
+            } else {
+                let c = Counter::<u64>::default();
+                c.inc_by(x as u64);
+                reg.register(format!("server_{k}"), help, c);
+            }
+        }
+        let peer = |p: &PeerStats| -> Labels { vec![("peer".into(), p.name.clone())] };
+        let connected = Family::<Labels, Gauge<f64, AtomicU64>>::default();
+        for p in &self.peers {
+            connected
+                .get_or_create(&peer(p))
+                .set(f64::from(u8::from(p.connected)));
+        }
+        reg.register(
+            "peer_connected",
+            "1 once the peer's session runs (it sent a handshake that read), else 0",
+            connected,
+        );
+        for (k, help) in PEER_HELP {
+            let fam = Family::<Labels, Counter<u64>>::default();
+            for p in &self.peers {
+                let v = obj(serde_json::to_value(p).unwrap_or_default());
+                fam.get_or_create(&peer(p))
+                    .inc_by(v.get(*k).and_then(metric_value).unwrap_or(0.0) as u64);
+            }
+            reg.register(format!("peer_{k}"), *help, fam);
+        }
+        // Each connected peer's session, as a point-to-point tunnel's, with its label.
+        let sessions: Vec<(&PeerStats, serde_json::Map<String, serde_json::Value>)> = self
+            .peers
+            .iter()
+            .filter_map(|p| Some((p, obj(serde_json::to_value(p.session.as_ref()?).ok()?))))
+            .collect();
+        if let Some((_, first)) = sessions.first() {
+            for (k, v) in first {
+                if metric_value(v).is_none() {
+                    continue;
+                }
+                let m = metric_of(k, false);
+                if m.gauge {
+                    let fam = Family::<Labels, Gauge<f64, AtomicU64>>::default();
+                    for (p, j) in &sessions {
+                        fam.get_or_create(&peer(p))
+                            .set(m.convert(j.get(k).and_then(metric_value).unwrap_or(0.0)));
+                    }
+                    reg.register(m.name, m.help, fam);
+                } else {
+                    let fam = Family::<Labels, Counter<u64>>::default();
+                    for (p, j) in &sessions {
+                        fam.get_or_create(&peer(p))
+                            .inc_by(j.get(k).and_then(metric_value).unwrap_or(0.0) as u64);
+                    }
+                    reg.register(m.name, m.help, fam);
+                }
+            }
+        }
+        let chans: Vec<(Labels, serde_json::Map<String, serde_json::Value>, bool)> = self
+            .peers
+            .iter()
+            .flat_map(|p| {
+                p.session.iter().flat_map(move |s| {
+                    s.channels.iter().map(move |c| {
+                        let mut l = peer(p);
+                        l.push(("channel".into(), c.index.to_string()));
+                        l.push(("name".into(), c.name.clone()));
+                        (
+                            l,
+                            obj(serde_json::to_value(c).unwrap_or_default()),
+                            c.state == "up",
+                        )
+                    })
+                })
+            })
+            .collect();
+        let up = Family::<Labels, Gauge<f64, AtomicU64>>::default();
+        for (l, _, is_up) in &chans {
+            up.get_or_create(l).set(f64::from(u8::from(*is_up)));
+        }
+        reg.register(
+            "channel_up",
+            "1 while the peer is heard on the channel (state up), else 0",
+            up,
+        );
+        if let Some((_, first, _)) = chans.first() {
+            for (k, v) in first {
+                if k == "index" || metric_value(v).is_none() {
+                    continue;
+                }
+                let m = metric_of(k, true);
+                let name = format!("channel_{}", m.name);
+                if m.gauge {
+                    let fam = Family::<Labels, Gauge<f64, AtomicU64>>::default();
+                    for (l, j, _) in &chans {
+                        fam.get_or_create(l)
+                            .set(m.convert(j.get(k).and_then(metric_value).unwrap_or(0.0)));
+                    }
+                    reg.register(name, m.help, fam);
+                } else {
+                    let fam = Family::<Labels, Counter<u64>>::default();
+                    for (l, j, _) in &chans {
+                        fam.get_or_create(l)
+                            .inc_by(j.get(k).and_then(metric_value).unwrap_or(0.0) as u64);
+                    }
+                    reg.register(name, m.help, fam);
+                }
+            }
+        }
+        render(&reg, encode)
+    }
+}
+
+/// What each server counter means (`braid_server_NAME`).
+const SERVER_HELP: &[(&str, &str)] = &[
+    ("peers", "Peers configured ([[peer]] sections)"),
+    ("peers_connected", "Peers whose session runs"),
+    (
+        "unknown_peer",
+        "Handshake initiations from a static key no [[peer]] has, dropped",
+    ),
+    (
+        "unreadable_initiations",
+        "Handshake initiations with our mac1 that did not read with our key, dropped",
+    ),
+    (
+        "initiation_mac1_failures",
+        "Handshake initiations whose mac1 is not ours, dropped before any public-key work",
+    ),
+    (
+        "initiations_shed",
+        "Handshake initiations not read because the handshake thread was busy",
+    ),
+    (
+        "unknown_index",
+        "Sealed datagrams or handshake answers whose key index is no running peer's, dropped",
+    ),
+    (
+        "unroutable",
+        "Datagrams neither sealed nor a handshake message, or too large, dropped",
+    ),
+    (
+        "no_route",
+        "Packets from the TUN device whose destination is in no peer's allowed IPs, dropped",
+    ),
+    (
+        "source_not_allowed",
+        "Packets from a peer whose source is outside its allowed IPs, dropped",
+    ),
+    ("not_ip", "Packets that are not IPv4 or IPv6, dropped"),
+    ("peers_added", "Peers added by reloads"),
+    ("peers_removed", "Peers removed by reloads"),
+];
+
+/// What each peer's server-side counter means (`braid_peer_NAME_total{peer}`).
+const PEER_HELP: &[(&str, &str)] = &[
+    (
+        "source_not_allowed",
+        "Packets from the peer whose source is outside its allowed IPs, dropped",
+    ),
+    (
+        "not_connected",
+        "Packets from the TUN device for the peer before it connected, dropped",
+    ),
+    (
+        "tx_queue_drops",
+        "Packets from the TUN device for the peer that its session's queue had no room for",
+    ),
+    ("to_tun", "Packets from the peer written to the TUN device"),
+];
 
 /// The values of `ChannelSnapshot::probe`, as `braid_channel_probe_state` labels.
 const PROBE_STATES: [&str; 5] = ["off", "measuring", "measured", "capped", "failed"];
@@ -934,6 +1282,86 @@ mod tests {
             }
         }
         serde_json::from_value(j).unwrap()
+    }
+
+    #[test]
+    fn a_servers_snapshot_shows_each_peer_and_what_was_dropped() {
+        let mut c = filled(&ChannelSnapshot::default(), 1000);
+        c.index = 0;
+        c.name = "one".into();
+        c.state = "up".into();
+        let mut session = filled(&SessionStats::default(), 100);
+        session.channels = vec![c];
+        let s = SessionStats {
+            uptime_s: 5.0,
+            server: Some(ServerCounters {
+                peers: 2,
+                peers_connected: 1,
+                unknown_peer: 3,
+                no_route: 4,
+                source_not_allowed: 2,
+                listen: vec!["0.0.0.0:7100".into()],
+                ..ServerCounters::default()
+            }),
+            peers: vec![
+                PeerStats {
+                    name: "site-a".into(),
+                    public_key: "KEY-A".into(),
+                    allowed_ips: vec!["10.90.1.0/24".into()],
+                    connected: true,
+                    source_not_allowed: 2,
+                    to_tun: 7,
+                    session: Some(session),
+                    ..PeerStats::default()
+                },
+                PeerStats {
+                    name: "site-b".into(),
+                    public_key: "KEY-B".into(),
+                    not_connected: 9,
+                    ..PeerStats::default()
+                },
+            ],
+            ..SessionStats::default()
+        };
+        let t = s.table();
+        for want in [
+            "2 peers, 1 connected",
+            "unknown peer 3",
+            "no route 4",
+            "source not allowed 2",
+            "peer site-a  key KEY-A  allowed 10.90.1.0/24",
+            "peer site-b  key KEY-B  allowed (none)",
+            "never connected",
+            "before it connected 9",
+        ] {
+            assert!(t.contains(want), "{want:?} not in:\n{t}");
+        }
+        // The peer's own session table, indented under it.
+        assert!(t.contains("\n  uptime "), "{t}");
+        let json = serde_json::to_string(&s).unwrap();
+        assert_eq!(serde_json::from_str::<SessionStats>(&json).unwrap(), s);
+        let m = s.prometheus();
+        for want in [
+            "braid_server_unknown_peer_total 3\n",
+            "braid_server_no_route_total 4\n",
+            "braid_server_peers_connected 1",
+            "braid_peer_connected{peer=\"site-b\"} 0",
+            "braid_peer_source_not_allowed_total{peer=\"site-a\"} 2\n",
+            "braid_peer_not_connected_total{peer=\"site-b\"} 9\n",
+            "braid_delivered_packets_total{peer=\"site-a\"} ",
+            "braid_channel_up{peer=\"site-a\",channel=\"0\",name=\"one\"} 1",
+            "braid_channel_rx_datagrams_total{peer=\"site-a\",channel=\"0\",name=\"one\"} ",
+        ] {
+            assert!(m.contains(want), "{want:?} not in:\n{m}");
+        }
+        for line in m.lines().filter(|l| l.starts_with("# HELP braid_server")) {
+            assert!(!line.ends_with("server counter."), "undescribed: {line}");
+        }
+        assert!(
+            s.log_line().contains("2 peers, 1 connected"),
+            "{}",
+            s.log_line()
+        );
     }
 
     #[test]

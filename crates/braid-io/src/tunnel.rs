@@ -109,14 +109,14 @@ fn spawn_summary(stats: StatsHandle, every: Duration) {
 }
 
 /// At most one warning per `every` for a repeated failure; counts the rest.
-struct Throttle {
+pub(crate) struct Throttle {
     every: Duration,
     last: Option<Instant>,
     suppressed: u64,
 }
 
 impl Throttle {
-    fn new(every: Duration) -> Throttle {
+    pub(crate) fn new(every: Duration) -> Throttle {
         Throttle {
             every,
             last: None,
@@ -125,7 +125,7 @@ impl Throttle {
     }
 
     /// `Some(n)`: warn now, `n` similar events were not logged since the last warning.
-    fn allow(&mut self) -> Option<u64> {
+    pub(crate) fn allow(&mut self) -> Option<u64> {
         let now = Instant::now();
         if self.last.is_some_and(|l| now - l < self.every) {
             self.suppressed += 1;
@@ -237,6 +237,60 @@ pub async fn run_with_hooks(
     result
 }
 
+/// Run the tunnel a configuration file describes: a point-to-point tunnel
+/// ([`run_with_hooks`]), or with `[[peer]]` sections a server ([`serve`];
+/// `peer_timeout` does not apply: a server waits for its peers).
+pub async fn run_file(
+    t: &TunnelConfig,
+    fc: crate::FileConfig,
+    observers: Observers,
+    peer_timeout: Option<Duration>,
+    shutdown: impl std::future::Future<Output = &'static str>,
+    hooks: Hooks,
+) -> Result<(), TunnelError> {
+    if fc.peers.is_empty() {
+        run_with_hooks(t, fc.session, observers, peer_timeout, shutdown, hooks).await
+    } else {
+        serve(t, fc.session, &fc.peers, observers, shutdown, hooks).await
+    }
+}
+
+/// Serve `peers` (`crate::server`) until `shutdown` resolves or the TUN device fails.
+/// The hooks' `up` is called once the channels listen.
+pub async fn serve(
+    t: &TunnelConfig,
+    s: SessionConfig,
+    peers: &[crate::PeerConfig],
+    observers: Observers,
+    shutdown: impl std::future::Future<Output = &'static str>,
+    mut hooks: Hooks,
+) -> Result<(), TunnelError> {
+    let tun = Arc::new(open_tun(t, &s)?);
+    let mut server = crate::server::Server::start(s, peers, tun.clone())?;
+    let handle = server.handle();
+    if let Some(f) = hooks.started.take() {
+        f(handle.clone());
+    }
+    let _ctl = start_observers(&observers, handle).await?;
+    if let Some(f) = hooks.up.take() {
+        f();
+    }
+    tokio::pin!(shutdown);
+    let result = tokio::select! {
+        r = server.wait() => {
+            let err = r.err().unwrap_or_else(|| std::io::Error::other("the TUN reader stopped"));
+            error!("reading the TUN device {}: {err}", tun.name());
+            Err(TunnelError::TunRead { device: tun.name().to_string(), err })
+        }
+        why = &mut shutdown => {
+            info!("{why}: shutting down");
+            Ok(())
+        }
+    };
+    server.close().await;
+    result
+}
+
 /// TUN → session and session → TUN until shutdown, the session's end, or a TUN read
 /// error (returned: a tunnel that cannot read its device would silently go
 /// receive-only).
@@ -290,24 +344,9 @@ pub(crate) async fn forward(
                             None => break,
                         }
                     }
-                    let mut i = 0;
-                    while i < batch.len() {
-                        let n = if tun.vnet() { offload::run_len(&batch[i..]) } else { 1 };
-                        let r = if tun.vnet() {
-                            offload::build(&batch[i..i + n], &mut frame);
-                            tun.send_frame(&frame).await
-                        } else {
-                            tun.send(&batch[i]).await
-                        };
-                        if let Err(e) = r {
-                            if let Some(more) = write_errors.allow() {
-                                warn!("writing {} packets to the TUN device: {e} ({more} more write errors not shown)", n);
-                            }
-                        }
-                        i += n;
-                        packets += n as u64;
-                        frames += 1;
-                    }
+                    let (p, f) = write_packets(&tun, &batch, &mut frame, &mut write_errors).await;
+                    packets += p;
+                    frames += f;
                     batch.clear();
                 }
                 None => break Ok("session end"),
@@ -374,6 +413,41 @@ impl TooBigCounts {
             );
         }
     }
+}
+
+/// Write packets to the TUN device, in order: with virtio-net headers, runs of
+/// in-order TCP segments of one flow as one frame. Write errors are logged at most once
+/// per `errors`' period. Returns (packets, writes).
+pub(crate) async fn write_packets(
+    tun: &Tun,
+    batch: &[Bytes],
+    frame: &mut Vec<u8>,
+    errors: &mut Throttle,
+) -> (u64, u64) {
+    let (mut packets, mut frames) = (0u64, 0u64);
+    let mut i = 0;
+    while i < batch.len() {
+        let n = if tun.vnet() {
+            offload::run_len(&batch[i..])
+        } else {
+            1
+        };
+        let r = if tun.vnet() {
+            offload::build(&batch[i..i + n], frame);
+            tun.send_frame(frame).await
+        } else {
+            tun.send(&batch[i]).await
+        };
+        if let Err(e) = r {
+            if let Some(more) = errors.allow() {
+                warn!("writing {n} packets to the TUN device: {e} ({more} more write errors not shown)");
+            }
+        }
+        i += n;
+        packets += n as u64;
+        frames += 1;
+    }
+    (packets, frames)
 }
 
 /// The control socket to use: the flag, else the configuration, else the default.

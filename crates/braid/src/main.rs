@@ -4,7 +4,6 @@
 
 mod cmd;
 mod logging;
-mod reload;
 
 use clap::{CommandFactory, Parser, Subcommand};
 

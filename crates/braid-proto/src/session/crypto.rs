@@ -256,7 +256,7 @@ impl Keys {
     /// handshake (no pre-shared key and not both static keys).
     fn pattern(&self) -> Option<&'static str> {
         match (&self.private, &self.peer_public, &self.psk) {
-            (Some(_), Some(_), _) => Some("Noise_IKpsk2_25519_ChaChaPoly_BLAKE2s"),
+            (Some(_), Some(_), _) => Some(PATTERN_IK),
             (_, _, Some(_)) => Some("Noise_NNpsk0_25519_ChaChaPoly_BLAKE2s"),
             _ => None,
         }
@@ -279,6 +279,9 @@ impl Keys {
         Ok(())
     }
 }
+
+/// The Noise pattern with static keys at both ends.
+const PATTERN_IK: &str = "Noise_IKpsk2_25519_ChaChaPoly_BLAKE2s";
 
 /// BLAKE2s-256 of a label and a key: the keys of mac1 and of the cookie reply.
 fn derive(label: &[u8], key: &[u8]) -> [u8; 32] {
@@ -780,6 +783,96 @@ impl HandshakeJob {
     }
 }
 
+/// The receiver's key index a datagram carries, if it carries one: a sealed datagram
+/// or a handshake message other than an initiation (a response, rejection or cookie
+/// reply). A server finds the session it is for by it (see
+/// [`Crypto::set_index_prefix`]); `None` for an initiation and anything else.
+pub fn receiver_index(datagram: &[u8]) -> Option<u32> {
+    match datagram.first()? {
+        &crate::wire::TYPE_SEALED | &crate::wire::TYPE_SIGNED => {
+            Header::parse(datagram).ok().map(|h| h.index)
+        }
+        &crate::wire::TYPE_HS_RESP => match Handshake::parse(datagram).ok()? {
+            Handshake::Resp { receiver, .. }
+            | Handshake::Reject { receiver, .. }
+            | Handshake::Cookie { receiver, .. } => Some(receiver),
+            Handshake::Init { .. } => None,
+        },
+        _ => None,
+    }
+}
+
+/// The high 16 bits of a key index: the session it belongs to on a server
+/// ([`Crypto::set_index_prefix`]).
+pub fn index_prefix(index: u32) -> u16 {
+    (index >> 16) as u16
+}
+
+/// Reads who sent an initiation, for a server with many peers: the static public key
+/// inside it tells which peer's session it is for. The cheap check first
+/// ([`InitiationReader::mac1_ok`], keyed by our public key, as every session of ours
+/// checks it), then [`InitiationReader::initiator`]: the public-key work of reading
+/// Noise message 1 (two X25519 operations); nothing is answered and no state is kept.
+pub struct InitiationReader {
+    keys: Keys,
+    mac1_in: KeyedMac,
+}
+
+impl InitiationReader {
+    /// For our static private key. (The pre-shared key, if any, is mixed in after
+    /// message 1: reading it needs none.)
+    pub fn new(private: [u8; KEY_LEN]) -> InitiationReader {
+        InitiationReader {
+            mac1_in: KeyedMac::new(&derive(LABEL_MAC1, &public_key(&private))),
+            keys: Keys {
+                psk: None,
+                private: Some(private),
+                peer_public: None,
+            },
+        }
+    }
+
+    /// Is `datagram` an initiation with static keys whose mac1 is ours? (One keyed
+    /// BLAKE2s over it: cheap.)
+    pub fn mac1_ok(&self, datagram: &[u8]) -> bool {
+        match Handshake::parse(datagram) {
+            Ok(Handshake::Init {
+                static_keys: true,
+                mac1,
+                ..
+            }) => {
+                let at = datagram.len() - 2 * MAC_LEN;
+                self.mac1_in.verify(&datagram[..at], &mac1)
+            }
+            _ => false,
+        }
+    }
+
+    /// The initiator's static public key, if `datagram` is an initiation to us that
+    /// reads (its sender proved it holds that key's private half only once the whole
+    /// handshake completes: the peer's session does that).
+    pub fn initiator(&self, datagram: &[u8]) -> Option<[u8; KEY_LEN]> {
+        let Ok(Handshake::Init {
+            static_keys: true,
+            noise,
+            ..
+        }) = Handshake::parse(datagram)
+        else {
+            return None;
+        };
+        // The peer's key is what we read: our keys alone are not a pattern.
+        let mut hs = build(PATTERN_IK, &self.keys, [0; 32], false).ok()?;
+        let mut payload = [0u8; MSG_MAX];
+        hs.read_message(noise, &mut payload).ok()?;
+        let k = hs.get_remote_static()?;
+        let mut key = [0u8; KEY_LEN];
+        (k.len() == KEY_LEN).then(|| {
+            key.copy_from_slice(k);
+            key
+        })
+    }
+}
+
 /// An address as the bytes a cookie is bound to: the IP address's octets, then the
 /// port.
 pub fn address_bytes(a: SocketAddr) -> Vec<u8> {
@@ -1055,6 +1148,8 @@ pub(crate) struct Crypto {
     drbg: Drbg,
     run: u64,
     next_index: u32,
+    /// The high 16 bits of every key index we choose ([`Crypto::set_index_prefix`]).
+    index_prefix: Option<u16>,
     init: Option<Initiation>,
     pending: Option<Pending>,
     current: Option<Keypair>,
@@ -1126,6 +1221,7 @@ impl Crypto {
             drbg,
             run,
             next_index,
+            index_prefix: None,
             init: None,
             pending: None,
             current: None,
@@ -1221,8 +1317,19 @@ impl Crypto {
     }
 
     fn fresh_index(&mut self) -> u32 {
-        self.next_index = self.next_index.wrapping_add(1);
+        self.next_index = match self.index_prefix {
+            // The prefix stays; the low half counts on (wrapping inside it).
+            Some(p) => (u32::from(p) << 16) | (self.next_index.wrapping_add(1) & 0xFFFF),
+            None => self.next_index.wrapping_add(1),
+        };
         self.next_index
+    }
+
+    /// Our key indices from now on all start with `prefix` (their high 16 bits): a
+    /// server that drives one session per peer over shared sockets finds a sealed
+    /// datagram's session by the index it carries ([`index_prefix`]).
+    pub fn set_index_prefix(&mut self, prefix: u16) {
+        self.index_prefix = Some(prefix);
     }
 
     /// Is a (new) handshake due: no keys, keys older than `rekey_after`, a counter
@@ -1984,6 +2091,59 @@ mod tests {
         let (inner, e) = b.open(Instant::ZERO, 0, &d).unwrap();
         assert_eq!(&inner[..], b"hello");
         assert!(e.is_some());
+    }
+
+    #[test]
+    fn a_server_reads_the_initiators_key_and_routes_by_its_index_prefix() {
+        let server = [9u8; 32];
+        let keys = |private: [u8; 32]| Keys {
+            psk: None,
+            private: Some(private),
+            peer_public: Some(public_key(&server)),
+        };
+        let ours = Keys {
+            psk: None,
+            private: Some(server),
+            peer_public: Some(public_key(&[3; 32])),
+        };
+        let reader = InitiationReader::new(server);
+        let (mut a, mut b) = pair(keys([3; 32]), ours);
+        b.set_index_prefix(0xBEEF);
+        let init = a.initiation(Instant::ZERO).unwrap();
+        assert!(reader.mac1_ok(&init));
+        assert_eq!(reader.initiator(&init), Some(public_key(&[3; 32])));
+        assert_eq!(
+            receiver_index(&init),
+            None,
+            "an initiation carries no receiver index"
+        );
+        // For another server (mac1 keyed by its key), or garbled: refused.
+        let other = InitiationReader::new([8; 32]);
+        assert!(!other.mac1_ok(&init));
+        assert_eq!(other.initiator(&init), None);
+        let mut bad = init.to_vec();
+        bad[20] ^= 1;
+        assert!(!reader.mac1_ok(&bad));
+        assert_eq!(reader.initiator(&bad), None);
+        // The response and everything sealed to B carry B's index: its prefix.
+        let resp = b.on_handshake(Instant::ZERO, 0, &init).reply.unwrap();
+        // The response goes to A: it carries A's index (the initiation's sender).
+        let a_index = u32::from_be_bytes([init[4], init[5], init[6], init[7]]);
+        assert_eq!(receiver_index(&resp), Some(a_index));
+        assert!(a
+            .on_handshake(Instant::ZERO, 0, &resp)
+            .established
+            .is_some());
+        let d = a.seal(Instant::ZERO, 0, b"hi", true).unwrap();
+        assert_eq!(receiver_index(&d).map(index_prefix), Some(0xBEEF));
+        b.open(Instant::ZERO, 0, &d).unwrap();
+        let back = b.seal(Instant::ZERO, 0, b"ho", true).unwrap();
+        assert_eq!(receiver_index(&back), Some(a_index));
+        // Many indices later the prefix still holds.
+        for _ in 0..70_000 {
+            b.fresh_index();
+        }
+        assert_eq!(index_prefix(b.fresh_index()), 0xBEEF);
     }
 
     #[test]

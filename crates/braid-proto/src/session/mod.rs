@@ -75,10 +75,11 @@ use crate::{Resequencer, StripeConfig, Striper};
 use crate::errctl::link as arq;
 pub use crate::errctl::link::{ArqChannelStats, ArqConfig};
 pub use credits::{CreditConfig, CreditCounters};
-use crypto::{Crypto, Established, Keys, Reject};
 pub use crypto::{
-    HandshakeDone, HandshakeFailure, HandshakeJob, HandshakeStats, SecurityMode, KEY_LEN,
+    index_prefix, receiver_index, HandshakeDone, HandshakeFailure, HandshakeJob, HandshakeStats,
+    InitiationReader, SecurityMode, KEY_LEN,
 };
+use crypto::{Crypto, Established, Keys, Reject};
 pub use demote::{DemoteConfig, Role};
 pub use liveness::LinkState;
 pub use pacing::{PacingConfig, PacingStats};
@@ -1048,6 +1049,14 @@ impl Session {
     /// this call it is done at once, inside [`Session::handle_datagram`].
     pub fn offload_handshakes(&mut self) {
         self.crypto.offload();
+    }
+
+    /// Every key index this session chooses from now on has `prefix` as its high 16
+    /// bits: a server running one session per peer on shared sockets routes a sealed
+    /// datagram (or a response) to its session by the index it carries
+    /// ([`receiver_index`], [`index_prefix`]).
+    pub fn set_key_index_prefix(&mut self, prefix: u16) {
+        self.crypto.set_index_prefix(prefix);
     }
 
     /// The next public-key work of a handshake to run: [`HandshakeJob::run`] (on any

@@ -4,7 +4,7 @@
 //! TUN device. See docs/tunnel.md.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -14,14 +14,15 @@ use braid_io::{tunnel, FileConfig, StatsHandle};
 use sd_notify::NotifyState;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::sync::oneshot;
-use tracing::{error, info, warn};
+use tracing::warn;
 
 /// Arguments of `braid tunnel`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Configuration file (TOML): [tunnel], [session] and one [[channel]] per path.
-    /// SIGHUP (systemctl reload) re-reads it: new channel weights and tunnel.log_level
-    /// apply at once, the log names the changes that need a restart.
+    /// Configuration file (TOML): [tunnel], [session] and one [[channel]] per path;
+    /// with [[peer]] sections, a server for those peers. SIGHUP (systemctl reload)
+    /// re-reads it: new channel weights, tunnel.log_level and a server's peers apply
+    /// at once, the log names the changes that need a restart.
     #[arg(long)]
     config: PathBuf,
     /// Serve Prometheus metrics at http://ADDR/metrics (overrides tunnel.metrics).
@@ -112,15 +113,7 @@ pub fn run(a: Args) -> Result<()> {
             logger,
             up,
         ));
-        let r = tunnel::run_with_hooks(
-            &t,
-            fc.session,
-            observers,
-            peer_timeout,
-            shutdown_signal(),
-            hooks,
-        )
-        .await;
+        let r = tunnel::run_file(&t, fc, observers, peer_timeout, shutdown_signal(), hooks).await;
         notify(&[NotifyState::Stopping]);
         reloader.abort();
         r.map_err(anyhow::Error::from)
@@ -135,7 +128,8 @@ fn notify(state: &[NotifyState]) {
 }
 
 /// On each SIGHUP: re-read the configuration file, apply what the running tunnel can
-/// take (channel weights, the log level) and log what needs a restart.
+/// take (channel weights, a server's peers, the log level) and log what needs a
+/// restart (`braid_io::reload`).
 async fn reload_on_hangup(
     mut hup: Signal,
     handle: oneshot::Receiver<StatsHandle>,
@@ -152,73 +146,13 @@ async fn reload_on_hangup(
             v.extend(NotifyState::monotonic_usec_now());
             notify(&v);
         }
-        reload(&path, &mut running, &stats, logger.as_mut());
+        let mut set_level = |l: Option<&str>| match logger.as_mut() {
+            Some(g) => g.set_config_level(l),
+            None => Err("tunnel.log_level not applied: the logger was not set up by braid".into()),
+        };
+        braid_io::reload::apply(&path, &mut running, &stats, Some(&mut set_level)).await;
         if is_up {
             notify(&[NotifyState::Ready]);
         }
-    }
-}
-
-/// One reload: see [`reload_on_hangup`]. `running` keeps what is in force.
-fn reload(
-    path: &Path,
-    running: &mut FileConfig,
-    stats: &StatsHandle,
-    logger: Option<&mut crate::logging::Logger>,
-) {
-    info!("reload: reading {}", path.display());
-    let new = match FileConfig::load(path) {
-        Ok(c) => c,
-        Err(e) => {
-            error!("reload: {e}; the tunnel keeps running with the settings it has");
-            return;
-        }
-    };
-    let plan = crate::reload::plan(running, &new);
-    if plan.is_empty() {
-        info!("reload: nothing changed");
-        return;
-    }
-    if let Some(w) = plan.weights {
-        let old: Vec<u32> = running.session.channels.iter().map(|c| c.weight).collect();
-        match stats.set_weights(w.clone()) {
-            Ok(true) => {
-                info!("reload: channel weights {old:?} -> {w:?}");
-                for (c, w) in running.session.channels.iter_mut().zip(&w) {
-                    c.weight = *w;
-                }
-            }
-            Ok(false) => {
-                warn!("reload: the session is busy; channel weights not changed, reload again")
-            }
-            Err(e) => warn!("reload: channel weights not changed: {e}"),
-        }
-    }
-    if let Some(level) = plan.log_level {
-        match logger {
-            Some(l) => {
-                // Before and after the switch: one of the two shows at either level.
-                info!(
-                    "reload: changing the log level to {}",
-                    level.as_deref().unwrap_or("info (the default)")
-                );
-                match l.set_config_level(level.as_deref()) {
-                    Ok(m) => info!("reload: {m}"),
-                    Err(m) => warn!("reload: {m}"),
-                }
-            }
-            None => {
-                warn!("reload: tunnel.log_level not applied: the logger was not set up by braid")
-            }
-        }
-        if let Some(t) = &mut running.tunnel {
-            t.log_level = level;
-        }
-    }
-    if !plan.restart.is_empty() {
-        warn!(
-            "reload: {} changed; the running tunnel keeps the old value until it restarts (systemctl restart braid@NAME)",
-            plan.restart.join(", ")
-        );
     }
 }

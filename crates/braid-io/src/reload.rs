@@ -1,10 +1,16 @@
 //! Reloading a running tunnel's configuration (SIGHUP, `systemctl reload braid@NAME`):
-//! what changed between the file the tunnel runs with and the file now, which of the
-//! changes apply at once (channel weights, the log level) and which need a restart.
+//! what changed between the file the tunnel runs with and the file now ([`plan`]),
+//! which of the changes apply at once (channel weights, the log level, a server's
+//! peers) and which need a restart, and applying them ([`apply`]).
 
-use braid_io::config::{SessionConfig, TunnelConfig};
-use braid_io::FileConfig;
+use std::path::Path;
+
 use braid_proto::{Mode, SchedulerKind};
+use tracing::{error, info, warn};
+
+use crate::config::{PeerConfig, SessionConfig, TunnelConfig};
+use crate::session::StatsHandle;
+use crate::FileConfig;
 
 /// What a reload does.
 #[derive(Debug, Default, PartialEq)]
@@ -13,6 +19,9 @@ pub struct Plan {
     pub weights: Option<Vec<u32>>,
     /// A new `tunnel.log_level` (`Some(None)`: the key was removed).
     pub log_level: Option<Option<String>>,
+    /// A server's new `[[peer]]` list, applied to the running server (peers added,
+    /// removed, their allowed IPs or names changed).
+    pub peers: Option<Vec<PeerConfig>>,
     /// The changed settings that only a restart applies, by name as in the file.
     pub restart: Vec<String>,
 }
@@ -20,7 +29,10 @@ pub struct Plan {
 impl Plan {
     /// Nothing changed.
     pub fn is_empty(&self) -> bool {
-        self.weights.is_none() && self.log_level.is_none() && self.restart.is_empty()
+        self.weights.is_none()
+            && self.log_level.is_none()
+            && self.peers.is_none()
+            && self.restart.is_empty()
     }
 }
 
@@ -33,7 +45,98 @@ pub fn plan(old: &FileConfig, new: &FileConfig) -> Plan {
         _ => {}
     }
     session_changes(&old.session, &new.session, &mut p);
+    match (old.peers.is_empty(), new.peers.is_empty()) {
+        (true, true) => {}
+        // A server stays a server: its peers change at once.
+        (false, false) if old.peers != new.peers => p.peers = Some(new.peers.clone()),
+        (false, false) => {}
+        (true, false) => p
+            .restart
+            .push("[[peer]] sections (a point-to-point tunnel becomes a server)".into()),
+        (false, true) => p
+            .restart
+            .push("[[peer]] sections (a server becomes a point-to-point tunnel)".into()),
+    }
     p
+}
+
+/// Changes the log level on a reload (`None`: the default); says what it did, or why
+/// not.
+pub type SetLogLevel<'a> = &'a mut (dyn FnMut(Option<&str>) -> Result<String, String> + Send);
+
+/// One reload: re-read `path`, apply what the running tunnel can take (channel
+/// weights, a server's peers, the log level through `set_log_level`, which answers
+/// what it did) and log what needs a restart. `running` keeps what is in force.
+pub async fn apply(
+    path: &Path,
+    running: &mut FileConfig,
+    stats: &StatsHandle,
+    set_log_level: Option<SetLogLevel<'_>>,
+) {
+    info!("reload: reading {}", path.display());
+    let new = match FileConfig::load(path) {
+        Ok(c) => c,
+        Err(e) => {
+            error!("reload: {e}; the tunnel keeps running with the settings it has");
+            return;
+        }
+    };
+    let plan = plan(running, &new);
+    if plan.is_empty() {
+        info!("reload: nothing changed");
+        return;
+    }
+    if let Some(w) = plan.weights {
+        let old: Vec<u32> = running.session.channels.iter().map(|c| c.weight).collect();
+        match stats.set_weights(w.clone()) {
+            Ok(true) => {
+                info!("reload: channel weights {old:?} -> {w:?}");
+                for (c, w) in running.session.channels.iter_mut().zip(&w) {
+                    c.weight = *w;
+                }
+            }
+            Ok(false) => {
+                warn!("reload: the session is busy; channel weights not changed, reload again")
+            }
+            Err(e) => warn!("reload: channel weights not changed: {e}"),
+        }
+    }
+    if let Some(peers) = plan.peers {
+        match stats.set_peers(peers.clone()).await {
+            Ok(what) => {
+                info!("reload: {what}");
+                running.peers = peers;
+            }
+            Err(e) => warn!("reload: peers not changed: {e}"),
+        }
+    }
+    if let Some(level) = plan.log_level {
+        match set_log_level {
+            Some(set) => {
+                // Before and after the switch: one of the two shows at either level.
+                info!(
+                    "reload: changing the log level to {}",
+                    level.as_deref().unwrap_or("info (the default)")
+                );
+                match set(level.as_deref()) {
+                    Ok(m) => info!("reload: {m}"),
+                    Err(m) => warn!("reload: {m}"),
+                }
+            }
+            None => {
+                warn!("reload: tunnel.log_level not applied: the logger was not set up by braid")
+            }
+        }
+        if let Some(t) = &mut running.tunnel {
+            t.log_level = level;
+        }
+    }
+    if !plan.restart.is_empty() {
+        warn!(
+            "reload: {} changed; the running tunnel keeps the old value until it restarts (systemctl restart braid@NAME)",
+            plan.restart.join(", ")
+        );
+    }
 }
 
 fn tunnel_changes(a: &TunnelConfig, b: &TunnelConfig, p: &mut Plan) {
@@ -213,6 +316,48 @@ weight = 1
         let p = plan(&cfg(BASE), &cfg(&new));
         assert_eq!(p.weights, Some(vec![5, 1]));
         assert_eq!(p.restart, vec!["session.scheduler"]);
+    }
+
+    #[test]
+    fn a_servers_peers_change_at_once_and_a_role_change_needs_a_restart() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let key = dir.path().join("s.key");
+        std::fs::write(&key, crate::keys::encode(&crate::keys::generate().unwrap())).unwrap();
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let public = |n: u8| crate::keys::encode(&crate::keys::public_key(&[n; 32]));
+        let peer = |n: u8, ips: &str| {
+            format!(
+                "\n[[peer]]\nname = \"p{n}\"\npublic_key = \"{}\"\nallowed_ips = [{ips}]\n",
+                public(n)
+            )
+        };
+        let server = |peers: &str| {
+            let text = format!(
+                "[tunnel]\nname = \"srv\"\n\n[session]\nprivate_key_file = \"s.key\"\n\n[[channel]]\nlocal = \"0.0.0.0:7100\"\n{peers}"
+            );
+            FileConfig::parse("s.toml", &text, Some(dir.path())).unwrap_or_else(|e| panic!("{e}"))
+        };
+        let two = server(&(peer(1, "\"10.1.0.0/16\"") + &peer(2, "\"10.2.0.0/16\"")));
+        assert!(plan(&two, &two).is_empty());
+        let one = server(&peer(1, "\"10.1.0.0/16\""));
+        let p = plan(&two, &one);
+        assert_eq!(p.peers.as_ref().map(|v| v.len()), Some(1));
+        assert!(p.restart.is_empty(), "{:?}", p.restart);
+        let p = plan(&one, &two);
+        assert_eq!(p.peers, Some(two.peers.clone()));
+        // New allowed IPs for a peer: applied too.
+        let moved =
+            server(&(peer(1, "\"10.1.0.0/16\", \"10.3.0.0/16\"") + &peer(2, "\"10.2.0.0/16\"")));
+        assert_eq!(plan(&two, &moved).peers, Some(moved.peers.clone()));
+        // A point-to-point tunnel does not become a server without a restart.
+        let p = plan(&cfg(BASE), &two);
+        assert_eq!(p.peers, None);
+        assert!(
+            p.restart.iter().any(|r| r.contains("[[peer]]")),
+            "{:?}",
+            p.restart
+        );
     }
 
     #[test]

@@ -1,0 +1,867 @@
+//! A tunnel that serves many peers (`[[peer]]` sections): one set of channel sockets,
+//! one TUN device, and one session machine per peer, each with its own striping,
+//! resequencing, keys and counters (`docs/tunnel.md`, "Server and clients").
+//!
+//! * **Demultiplexing.** A reader per channel socket hands each datagram to the peer it
+//!   is for: a sealed datagram (or a handshake response, rejection or cookie reply) by
+//!   the receiver's key index it carries, whose high 16 bits name the peer's session
+//!   (each session chooses its indices under its own prefix); an initiation by the
+//!   static public key inside it, read on the handshake thread after the cheap mac1
+//!   check. An initiation from a key no `[[peer]]` has is dropped and counted and
+//!   creates nothing.
+//! * **Lazily.** A peer's session (its machine, queues and driver task) starts with its
+//!   first initiation that reads; a peer that never connects is a table entry.
+//! * **Cryptokey routing** ([`Routes`]): a packet from the TUN goes to the peer whose
+//!   allowed IPs hold its destination (longest prefix match); a packet from a peer is
+//!   written to the TUN only if its source is in that peer's allowed IPs. Everything
+//!   else is dropped, counted and (at most once per period) logged.
+//! * **Isolation.** Nothing waits on a peer: the readers and the TUN reader queue
+//!   without waiting (a full queue drops, counted for that peer), each peer's driver
+//!   and its TUN writer are tasks of their own, and the shared table is only read
+//!   under a lock held for a lookup.
+//! * **Reload** ([`StatsHandle::set_peers`]): peers added start being served, removed
+//!   ones are closed and forgotten, and the others (same public key) keep their
+//!   sessions; their allowed IPs and names may change.
+
+use std::collections::HashMap;
+use std::io::IoSliceMut;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::time::Duration;
+
+use braid_proto::session::{index_prefix, receiver_index, InitiationReader};
+use braid_proto::wire;
+use bytes::Bytes;
+use ipnet::IpNet;
+use prefix_trie::joint::JointPrefixMap;
+use quinn_udp::{RecvMeta, UdpSocketState};
+use tokio::io::Interest;
+use tokio::net::UdpSocket;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
+use tracing::{debug, error, info, warn};
+
+use crate::config::{PeerConfig, SessionConfig};
+use crate::keys;
+use crate::session::{Channels, HandshakePool, Inbox, Session, SessionError, SessionSender};
+use crate::stats::{PeerStats, ServerCounters, SessionStats};
+use crate::tun::Tun;
+use crate::tunnel::{write_packets, Throttle};
+
+/// The peers' allowed IPs: which peer (its slot) owns the longest prefix holding an
+/// address. Both families in one table.
+#[derive(Clone, Default)]
+pub struct Routes {
+    map: JointPrefixMap<IpNet, u16>,
+}
+
+impl Routes {
+    /// The table of these peers' prefixes, each peer by its slot.
+    pub fn new<'a>(peers: impl IntoIterator<Item = (u16, &'a [IpNet])>) -> Routes {
+        let mut map = JointPrefixMap::new();
+        for (slot, nets) in peers {
+            for n in nets {
+                map.insert(*n, slot);
+            }
+        }
+        Routes { map }
+    }
+
+    /// The slot of the peer whose prefix holding `ip` is the longest.
+    pub fn lookup(&self, ip: IpAddr) -> Option<u16> {
+        self.map.get_lpm(&IpNet::from(ip)).map(|(_, &slot)| slot)
+    }
+}
+
+/// The source and destination of an IPv4 or IPv6 packet.
+pub fn addresses(pkt: &[u8]) -> Option<(IpAddr, IpAddr)> {
+    match pkt.first()? >> 4 {
+        4 if pkt.len() >= 20 => {
+            let a = |at: usize| -> Option<IpAddr> {
+                Some(IpAddr::from(<[u8; 4]>::try_from(&pkt[at..at + 4]).ok()?))
+            };
+            Some((a(12)?, a(16)?))
+        }
+        6 if pkt.len() >= 40 => {
+            let a = |at: usize| -> Option<IpAddr> {
+                Some(IpAddr::from(<[u8; 16]>::try_from(&pkt[at..at + 16]).ok()?))
+            };
+            Some((a(8)?, a(24)?))
+        }
+        _ => None,
+    }
+}
+
+/// A running peer's session, as the others reach it.
+struct Running {
+    inbox: Inbox,
+    sender: SessionSender,
+    stats: crate::session::StatsHandle,
+    /// Closes the session (its TUN writer owns it).
+    stop: watch::Sender<bool>,
+}
+
+/// Counters of one peer that are the server's, not its session's.
+#[derive(Default)]
+struct PeerCounters {
+    /// Packets from it whose source is outside its allowed IPs.
+    source_not_allowed: AtomicU64,
+    /// Packets from the TUN for it while its session was not running.
+    not_connected: AtomicU64,
+    /// Packets from the TUN for it its session's queue had no room for.
+    tx_queue_drops: AtomicU64,
+    /// Packets from it written to the TUN.
+    to_tun: AtomicU64,
+}
+
+/// One configured peer.
+struct Peer {
+    slot: u16,
+    cfg: Mutex<PeerConfig>,
+    running: OnceLock<Running>,
+    counters: PeerCounters,
+}
+
+impl Peer {
+    fn name(&self) -> String {
+        self.cfg.lock().map(|c| c.name.clone()).unwrap_or_default()
+    }
+}
+
+/// Who is served, as every task sees it (replaced whole on a reload).
+#[derive(Default)]
+struct Table {
+    by_slot: HashMap<u16, Arc<Peer>>,
+    by_key: HashMap<[u8; 32], Arc<Peer>>,
+    routes: Routes,
+}
+
+/// The server's own counters (`ServerCounters`).
+#[derive(Default)]
+struct Counters {
+    unknown_peer: AtomicU64,
+    unreadable_initiations: AtomicU64,
+    initiation_mac1_failures: AtomicU64,
+    initiations_shed: AtomicU64,
+    unknown_index: AtomicU64,
+    unroutable: AtomicU64,
+    no_route: AtomicU64,
+    source_not_allowed: AtomicU64,
+    not_ip: AtomicU64,
+    peers_added: AtomicU64,
+    peers_removed: AtomicU64,
+}
+
+/// An initiation whose sender's key was read: for the control task.
+struct Identified {
+    key: [u8; 32],
+    channel: usize,
+    at: std::time::Instant,
+    from: SocketAddr,
+    datagram: Bytes,
+}
+
+/// Rate-limited warnings shared by the tasks.
+struct Logs {
+    unknown_peer: Throttle,
+    spoofed: Throttle,
+    no_route: Throttle,
+}
+
+/// What every task of the server shares.
+pub(crate) struct Shared {
+    base: SessionConfig,
+    channels: Channels,
+    pool: HandshakePool,
+    initiations: InitiationReader,
+    table: RwLock<Arc<Table>>,
+    counters: Counters,
+    identified: mpsc::Sender<Identified>,
+    logs: Mutex<Logs>,
+    started: std::time::Instant,
+    tun: Arc<Tun>,
+    /// The largest inner packet the bond carries (TCP MSS clamping).
+    bond_mtu: usize,
+    next_slot: Mutex<u16>,
+}
+
+/// Initiations read and waiting for the control task, at most.
+const IDENTIFIED_QUEUE: usize = 256;
+/// The handshake thread's queue on a server: every peer's handshakes and the reading
+/// of initiations share it.
+const SERVER_HS_QUEUE: usize = 64;
+/// At most one warning per kind this often.
+const LOG_EVERY: Duration = Duration::from_secs(5);
+
+impl Shared {
+    fn table(&self) -> Arc<Table> {
+        self.table.read().map(|t| t.clone()).unwrap_or_default()
+    }
+
+    fn warn_unknown_peer(&self, key: &[u8; 32], from: SocketAddr) {
+        let allow = self
+            .logs
+            .lock()
+            .ok()
+            .and_then(|mut l| l.unknown_peer.allow());
+        if let Some(more) = allow {
+            warn!(
+                "handshake from {from} with public key {} dropped: no [[peer]] has that key ({more} more not shown)",
+                keys::encode(key)
+            );
+        }
+    }
+
+    /// A fresh slot (the high 16 bits of a peer's key indices): not in use, and not
+    /// used again soon (counting on, so datagrams for a removed peer's old session
+    /// find nobody).
+    fn slot(&self, in_use: impl Fn(u16) -> bool) -> Option<u16> {
+        let mut next = self.next_slot.lock().ok()?;
+        for _ in 0..=u16::MAX as usize {
+            let s = *next;
+            *next = next.wrapping_add(1);
+            if !in_use(s) {
+                return Some(s);
+            }
+        }
+        None
+    }
+}
+
+/// Build the table for `peers`, keeping the entries (and so the sessions) of the peers
+/// `old` already has by public key.
+fn build_table(shared: &Shared, old: &Table, peers: &[PeerConfig]) -> (Table, Vec<Arc<Peer>>) {
+    let mut t = Table::default();
+    for p in peers {
+        let peer = match old.by_key.get(&p.public_key) {
+            Some(kept) => {
+                if let Ok(mut c) = kept.cfg.lock() {
+                    *c = p.clone();
+                }
+                kept.clone()
+            }
+            None => {
+                let in_use = |s: u16| old.by_slot.contains_key(&s) || t.by_slot.contains_key(&s);
+                let Some(slot) = shared.slot(in_use) else {
+                    error!("peer {}: no free slot (65536 peers): not served", p.name);
+                    continue;
+                };
+                Arc::new(Peer {
+                    slot,
+                    cfg: Mutex::new(p.clone()),
+                    running: OnceLock::new(),
+                    counters: PeerCounters::default(),
+                })
+            }
+        };
+        t.by_key.insert(p.public_key, peer.clone());
+        t.by_slot.insert(peer.slot, peer);
+    }
+    t.routes = Routes::new(
+        peers
+            .iter()
+            .filter_map(|p| Some((t.by_key.get(&p.public_key)?.slot, &p.allowed_ips[..]))),
+    );
+    let removed = old
+        .by_key
+        .iter()
+        .filter(|(k, _)| !t.by_key.contains_key(*k))
+        .map(|(_, p)| p.clone())
+        .collect();
+    (t, removed)
+}
+
+/// Commands to the control task.
+enum Ctl {
+    SetPeers(Vec<PeerConfig>, oneshot::Sender<String>),
+}
+
+/// A running server: its tasks stop when this is dropped.
+pub(crate) struct Server {
+    shared: Arc<Shared>,
+    ctl: mpsc::Sender<Ctl>,
+    tasks: Vec<JoinHandle<()>>,
+    tun_reader: JoinHandle<std::io::Result<()>>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+        self.tun_reader.abort();
+    }
+}
+
+impl Server {
+    /// Bind the channels and start serving `peers` on them, reading packets from and
+    /// writing them to `tun`.
+    pub(crate) fn start(
+        base: SessionConfig,
+        peers: &[PeerConfig],
+        tun: Arc<Tun>,
+    ) -> Result<Server, SessionError> {
+        let Some(private) = base.private_key else {
+            return Err(SessionError::Config(
+                "a server needs its static private key (session.private_key_file)".into(),
+            ));
+        };
+        if let Some(p) = peers.first() {
+            p.session(&base).validate().map_err(SessionError::Config)?;
+        }
+        let channels = Channels::bind(&base)?;
+        let pool = HandshakePool::start(SERVER_HS_QUEUE)
+            .map_err(|e| SessionError::Config(format!("cannot start the handshake thread: {e}")))?;
+        let (identified, identified_rx) = mpsc::channel(IDENTIFIED_QUEUE);
+        let bond_mtu = (base.max_inner() - base.data_overhead()) as usize;
+        let shared = Arc::new(Shared {
+            initiations: InitiationReader::new(private),
+            channels,
+            pool,
+            table: RwLock::new(Arc::new(Table::default())),
+            counters: Counters::default(),
+            identified,
+            logs: Mutex::new(Logs {
+                unknown_peer: Throttle::new(LOG_EVERY),
+                spoofed: Throttle::new(LOG_EVERY),
+                no_route: Throttle::new(LOG_EVERY),
+            }),
+            started: std::time::Instant::now(),
+            tun,
+            bond_mtu,
+            next_slot: Mutex::new(random_slot()),
+            base,
+        });
+        let (table, _) = build_table(&shared, &Table::default(), peers);
+        *shared.table.write().expect("not poisoned") = Arc::new(table);
+        let mut tasks = Vec::new();
+        for c in 0..shared.channels.socks.len() {
+            tasks.push(tokio::spawn(demux(c, shared.clone())));
+        }
+        let (ctl, ctl_rx) = mpsc::channel(8);
+        tasks.push(tokio::spawn(control(shared.clone(), identified_rx, ctl_rx)));
+        let tun_reader = tokio::spawn(route_from_tun(shared.clone()));
+        info!(
+            "serving {} peers on {}",
+            peers.len(),
+            shared
+                .channels
+                .locals
+                .iter()
+                .map(|a| a.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        Ok(Server {
+            shared,
+            ctl,
+            tasks,
+            tun_reader,
+        })
+    }
+
+    /// A handle for stats and reloads.
+    pub(crate) fn handle(&self) -> crate::session::StatsHandle {
+        crate::session::StatsHandle::server(ServerHandle {
+            shared: self.shared.clone(),
+            ctl: self.ctl.clone(),
+        })
+    }
+
+    /// Until the TUN device cannot be read (the error) or the reader stops.
+    pub(crate) async fn wait(&mut self) -> std::io::Result<()> {
+        match (&mut self.tun_reader).await {
+            Ok(r) => r,
+            Err(e) => Err(std::io::Error::other(e.to_string())),
+        }
+    }
+
+    /// Close every peer's session (each peer is told).
+    pub(crate) async fn close(self) {
+        let table = self.shared.table();
+        for p in table.by_slot.values() {
+            if let Some(r) = p.running.get() {
+                r.stop.send_replace(true);
+            }
+        }
+        // The TUN writers close their sessions; give them a moment.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn random_slot() -> u16 {
+    let mut b = [0u8; 2];
+    let _ = getrandom::fill(&mut b);
+    u16::from_be_bytes(b)
+}
+
+/// Reads and stats of a running server (inside [`crate::session::StatsHandle`]).
+#[derive(Clone)]
+pub(crate) struct ServerHandle {
+    shared: Arc<Shared>,
+    ctl: mpsc::Sender<Ctl>,
+}
+
+impl ServerHandle {
+    /// The server's snapshot: its counters and each peer's session.
+    pub(crate) async fn get(&self) -> SessionStats {
+        let s = &self.shared;
+        let table = s.table();
+        let mut peers: Vec<&Arc<Peer>> = table.by_slot.values().collect();
+        peers.sort_by_key(|p| p.name());
+        let mut out = Vec::with_capacity(peers.len());
+        for p in peers {
+            let cfg = p.cfg.lock().map(|c| c.clone()).ok();
+            let session = match p.running.get() {
+                Some(r) => r.stats.get().await.ok(),
+                None => None,
+            };
+            let c = &p.counters;
+            out.push(PeerStats {
+                name: cfg.as_ref().map(|c| c.name.clone()).unwrap_or_default(),
+                public_key: cfg
+                    .as_ref()
+                    .map(|c| keys::encode(&c.public_key))
+                    .unwrap_or_default(),
+                allowed_ips: cfg
+                    .map(|c| c.allowed_ips.iter().map(|n| n.to_string()).collect())
+                    .unwrap_or_default(),
+                connected: p.running.get().is_some(),
+                source_not_allowed: c.source_not_allowed.load(Ordering::Relaxed),
+                not_connected: c.not_connected.load(Ordering::Relaxed),
+                tx_queue_drops: c.tx_queue_drops.load(Ordering::Relaxed),
+                to_tun: c.to_tun.load(Ordering::Relaxed),
+                session,
+            });
+        }
+        let k = &s.counters;
+        let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        SessionStats {
+            uptime_s: s.started.elapsed().as_secs_f64(),
+            security: s.base.security.name().into(),
+            server: Some(ServerCounters {
+                peers: out.len() as u64,
+                peers_connected: out.iter().filter(|p| p.connected).count() as u64,
+                unknown_peer: n(&k.unknown_peer),
+                unreadable_initiations: n(&k.unreadable_initiations),
+                initiation_mac1_failures: n(&k.initiation_mac1_failures),
+                initiations_shed: n(&k.initiations_shed),
+                unknown_index: n(&k.unknown_index),
+                unroutable: n(&k.unroutable),
+                no_route: n(&k.no_route),
+                source_not_allowed: n(&k.source_not_allowed),
+                not_ip: n(&k.not_ip),
+                peers_added: n(&k.peers_added),
+                peers_removed: n(&k.peers_removed),
+                listen: s.channels.locals.iter().map(|a| a.to_string()).collect(),
+            }),
+            peers: out,
+            ..SessionStats::default()
+        }
+    }
+
+    /// New weights for every running peer's session.
+    pub(crate) fn set_weights(&self, w: Vec<u32>) -> Result<bool, SessionError> {
+        let table = self.shared.table();
+        let mut all = true;
+        for p in table.by_slot.values() {
+            if let Some(r) = p.running.get() {
+                all &= r.stats.set_weights(w.clone()).unwrap_or(true);
+            }
+        }
+        Ok(all)
+    }
+
+    /// Serve exactly `peers` from now on (a reload): what changed, in words.
+    pub(crate) async fn set_peers(&self, peers: Vec<PeerConfig>) -> Result<String, SessionError> {
+        let (tx, rx) = oneshot::channel();
+        self.ctl
+            .send(Ctl::SetPeers(peers, tx))
+            .await
+            .map_err(|_| SessionError::Closed)?;
+        rx.await.map_err(|_| SessionError::Closed)
+    }
+}
+
+/// The control task: starts a peer's session at its first initiation that reads, and
+/// applies reloads. The only writer of the table.
+async fn control(
+    shared: Arc<Shared>,
+    mut identified: mpsc::Receiver<Identified>,
+    mut ctl: mpsc::Receiver<Ctl>,
+) {
+    loop {
+        tokio::select! {
+            i = identified.recv() => {
+                let Some(i) = i else { return };
+                let table = shared.table();
+                let Some(peer) = table.by_key.get(&i.key) else {
+                    shared.counters.unknown_peer.fetch_add(1, Ordering::Relaxed);
+                    shared.warn_unknown_peer(&i.key, i.from);
+                    continue;
+                };
+                if peer.running.get().is_none() {
+                    start_peer(&shared, peer);
+                }
+                if let Some(r) = peer.running.get() {
+                    r.inbox.offer(i.channel, vec![(i.at, i.from, i.datagram)]);
+                }
+            }
+            c = ctl.recv() => match c {
+                Some(Ctl::SetPeers(peers, reply)) => {
+                    let old = shared.table();
+                    let (table, removed) = build_table(&shared, &old, &peers);
+                    let added: Vec<String> = table
+                        .by_key
+                        .iter()
+                        .filter(|(k, _)| !old.by_key.contains_key(*k))
+                        .map(|(_, p)| p.name())
+                        .collect();
+                    *shared.table.write().expect("not poisoned") = Arc::new(table);
+                    for p in &removed {
+                        if let Some(r) = p.running.get() {
+                            r.stop.send_replace(true);
+                        }
+                    }
+                    let c = &shared.counters;
+                    c.peers_added.fetch_add(added.len() as u64, Ordering::Relaxed);
+                    c.peers_removed.fetch_add(removed.len() as u64, Ordering::Relaxed);
+                    let removed: Vec<String> = removed.iter().map(|p| p.name()).collect();
+                    let _ = reply.send(format!(
+                        "{} peers: added [{}], removed [{}], the others kept",
+                        peers.len(),
+                        added.join(", "),
+                        removed.join(", ")
+                    ));
+                }
+                None => return,
+            },
+        }
+    }
+}
+
+/// Start `peer`'s session and its TUN writer.
+fn start_peer(shared: &Arc<Shared>, peer: &Arc<Peer>) {
+    let Ok(cfg) = peer.cfg.lock().map(|c| c.clone()) else {
+        return;
+    };
+    let started = Session::start_served(
+        cfg.session(&shared.base),
+        &shared.channels,
+        shared.pool.clone(),
+        peer.slot,
+        &cfg.name,
+    );
+    let (mut session, inbox) = match started {
+        Ok(s) => s,
+        Err(e) => {
+            error!("peer {}: cannot start its session: {e}", cfg.name);
+            return;
+        }
+    };
+    session.keep_trying_when_rejected();
+    let (stop, stopped) = watch::channel(false);
+    let running = Running {
+        inbox,
+        sender: session.sender(),
+        stats: session.stats_handle(),
+        stop,
+    };
+    if peer.running.set(running).is_err() {
+        return;
+    }
+    info!("peer {}: handshake received, its session starts", cfg.name);
+    tokio::spawn(to_tun(shared.clone(), peer.clone(), session, stopped));
+}
+
+/// One peer's packets to the TUN device, each only if its source is in the peer's
+/// allowed IPs, until its session is closed (a reload removed it, or the server
+/// stops).
+async fn to_tun(
+    shared: Arc<Shared>,
+    peer: Arc<Peer>,
+    mut session: Session,
+    mut stop: watch::Receiver<bool>,
+) {
+    let tun = shared.tun.clone();
+    let mut batch: Vec<Bytes> = Vec::with_capacity(crate::offload::MAX_SEGMENTS);
+    let mut frame = Vec::with_capacity(1 << 16);
+    let mut write_errors = Throttle::new(LOG_EVERY);
+    loop {
+        tokio::select! {
+            m = session.recv() => {
+                let Some(p) = m else { break };
+                let table = shared.table();
+                if from_allowed(&shared, &table, &peer, &p) {
+                    batch.push(p);
+                }
+                for _ in 1..crate::offload::MAX_SEGMENTS {
+                    match session.try_recv() {
+                        Some(p) if from_allowed(&shared, &table, &peer, &p) => batch.push(p),
+                        Some(_) => {}
+                        None => break,
+                    }
+                }
+                peer.counters.to_tun.fetch_add(batch.len() as u64, Ordering::Relaxed);
+                write_packets(&tun, &batch, &mut frame, &mut write_errors).await;
+                batch.clear();
+            }
+            // It only ever turns true (or its sender goes with the table entry).
+            _ = stop.changed() => break,
+        }
+    }
+    info!("peer {}: session closed", peer.name());
+    session.close().await;
+}
+
+/// Is `pkt`'s source address inside `peer`'s allowed IPs? Counted and (rate-limited)
+/// logged when not.
+fn from_allowed(shared: &Shared, table: &Table, peer: &Peer, pkt: &[u8]) -> bool {
+    let Some((src, _)) = addresses(pkt) else {
+        shared.counters.not_ip.fetch_add(1, Ordering::Relaxed);
+        return false;
+    };
+    if table.routes.lookup(src) == Some(peer.slot) {
+        return true;
+    }
+    peer.counters
+        .source_not_allowed
+        .fetch_add(1, Ordering::Relaxed);
+    shared
+        .counters
+        .source_not_allowed
+        .fetch_add(1, Ordering::Relaxed);
+    let allow = shared.logs.lock().ok().and_then(|mut l| l.spoofed.allow());
+    if let Some(more) = allow {
+        warn!(
+            "peer {}: packet from {src} dropped: not in its allowed_ips ({more} more not shown)",
+            peer.name()
+        );
+    }
+    false
+}
+
+/// Packets from the TUN device to the peer that owns their destination.
+async fn route_from_tun(shared: Arc<Shared>) -> std::io::Result<()> {
+    let mut buf = vec![0u8; 65536];
+    loop {
+        let n = shared.tun.recv(&mut buf).await?;
+        if n == 0 {
+            continue;
+        }
+        let pkt = &mut buf[..n];
+        let Some((_, dst)) = addresses(pkt) else {
+            shared.counters.not_ip.fetch_add(1, Ordering::Relaxed);
+            continue;
+        };
+        let table = shared.table();
+        let Some(peer) = table
+            .routes
+            .lookup(dst)
+            .and_then(|slot| table.by_slot.get(&slot))
+        else {
+            shared.counters.no_route.fetch_add(1, Ordering::Relaxed);
+            let allow = shared.logs.lock().ok().and_then(|mut l| l.no_route.allow());
+            if let Some(more) = allow {
+                debug!("packet to {dst} dropped: no peer's allowed_ips hold it ({more} more not shown)");
+            }
+            continue;
+        };
+        let Some(r) = peer.running.get() else {
+            peer.counters.not_connected.fetch_add(1, Ordering::Relaxed);
+            continue;
+        };
+        crate::mss::clamp(pkt, shared.bond_mtu);
+        match r.sender.try_send(Bytes::copy_from_slice(pkt)) {
+            Ok(true) => {}
+            Ok(false) | Err(SessionError::Closed) => {
+                peer.counters.tx_queue_drops.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => debug!("packet to {dst} not sent: {e}"),
+        }
+    }
+}
+
+/// Datagrams per receive call without GRO (recvmmsg); with GRO, buffers per call.
+const RX_BATCH: usize = 32;
+const RX_GRO_BUFFERS: usize = 8;
+
+/// A channel socket's reader: each datagram to its peer's session.
+async fn demux(channel: usize, shared: Arc<Shared>) {
+    let sock: Arc<UdpSocket> = shared.channels.socks[channel].clone();
+    let state: Arc<UdpSocketState> = shared.channels.states[channel].clone();
+    let datagram = shared.base.max_datagram() as usize;
+    let (count, size) = if state.gro_segments() > 1 {
+        (RX_GRO_BUFFERS.min(quinn_udp::BATCH_SIZE), 1 << 16)
+    } else {
+        (RX_BATCH.min(quinn_udp::BATCH_SIZE), datagram + 1)
+    };
+    let mut bufs: Vec<Vec<u8>> = (0..count).map(|_| vec![0u8; size]).collect();
+    let mut metas = vec![RecvMeta::default(); count];
+    type Batch = Vec<(std::time::Instant, SocketAddr, Bytes)>;
+    let mut per_peer: Vec<(u16, Batch)> = Vec::new();
+    loop {
+        let r = {
+            let mut iovs: Vec<IoSliceMut<'_>> =
+                bufs.iter_mut().map(|b| IoSliceMut::new(b)).collect();
+            sock.async_io(Interest::READABLE, || {
+                state.recv((&*sock).into(), &mut iovs, &mut metas)
+            })
+            .await
+        };
+        let read_at = std::time::Instant::now();
+        let wall = std::time::SystemTime::now();
+        let n = match r {
+            Ok(n) => n,
+            Err(e) => {
+                debug!(channel, "recv error: {e}");
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                continue;
+            }
+        };
+        let table = shared.table();
+        for (m, buf) in metas.iter().zip(&bufs).take(n) {
+            let at = crate::session::arrived_at(m.timestamp, wall, read_at);
+            let len = m.len.min(buf.len());
+            let stride = if m.stride == 0 { len } else { m.stride };
+            for d in buf[..len].chunks(stride.max(1)) {
+                if d.len() > datagram {
+                    shared.counters.unroutable.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+                if d.first() == Some(&wire::TYPE_HS_INIT) {
+                    initiation(&shared, channel, at, m.addr, d);
+                    continue;
+                }
+                let Some(slot) = receiver_index(d).map(index_prefix) else {
+                    shared.counters.unroutable.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                };
+                if table
+                    .by_slot
+                    .get(&slot)
+                    .is_none_or(|p| p.running.get().is_none())
+                {
+                    shared
+                        .counters
+                        .unknown_index
+                        .fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+                let item = (at, m.addr, Bytes::copy_from_slice(d));
+                match per_peer.iter_mut().find(|(s, _)| *s == slot) {
+                    Some((_, b)) => b.push(item),
+                    None => per_peer.push((slot, vec![item])),
+                }
+            }
+        }
+        for (slot, batch) in per_peer.drain(..) {
+            if let Some(r) = table.by_slot.get(&slot).and_then(|p| p.running.get()) {
+                r.inbox.offer(channel, batch);
+            }
+        }
+    }
+}
+
+/// An initiation: the cheap check here, then whose it is on the handshake thread, then
+/// to the control task (which starts the peer's session if need be).
+fn initiation(
+    shared: &Arc<Shared>,
+    channel: usize,
+    at: std::time::Instant,
+    from: SocketAddr,
+    d: &[u8],
+) {
+    if !shared.initiations.mac1_ok(d) {
+        shared
+            .counters
+            .initiation_mac1_failures
+            .fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    let datagram = Bytes::copy_from_slice(d);
+    let s = shared.clone();
+    let queued = shared.pool.try_run(Box::new(move || {
+        let Some(key) = s.initiations.initiator(&datagram) else {
+            s.counters
+                .unreadable_initiations
+                .fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        if !s.table().by_key.contains_key(&key) {
+            s.counters.unknown_peer.fetch_add(1, Ordering::Relaxed);
+            s.warn_unknown_peer(&key, from);
+            return;
+        }
+        let i = Identified {
+            key,
+            channel,
+            at,
+            from,
+            datagram,
+        };
+        if s.identified.try_send(i).is_err() {
+            s.counters.initiations_shed.fetch_add(1, Ordering::Relaxed);
+        }
+    }));
+    if !queued {
+        shared
+            .counters
+            .initiations_shed
+            .fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nets(v: &[&str]) -> Vec<IpNet> {
+        v.iter().map(|s| s.parse().unwrap()).collect()
+    }
+
+    #[test]
+    fn routes_take_the_longest_prefix_of_either_family() {
+        let a = nets(&["10.77.1.0/24", "fd77:1::/64"]);
+        let b = nets(&["10.77.1.128/25", "10.0.0.0/8"]);
+        let c = nets(&["0.0.0.0/0"]);
+        let r = Routes::new([(1, &a[..]), (2, &b[..])]);
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert_eq!(r.lookup(ip("10.77.1.5")), Some(1));
+        assert_eq!(r.lookup(ip("10.77.1.200")), Some(2), "the /25 is longer");
+        assert_eq!(r.lookup(ip("10.9.9.9")), Some(2));
+        assert_eq!(r.lookup(ip("fd77:1::9")), Some(1));
+        assert_eq!(r.lookup(ip("fd77:2::9")), None);
+        assert_eq!(r.lookup(ip("192.168.1.1")), None);
+        // A default route catches the rest, and never beats a longer prefix.
+        let r = Routes::new([(1, &a[..]), (2, &b[..]), (3, &c[..])]);
+        assert_eq!(r.lookup(ip("192.168.1.1")), Some(3));
+        assert_eq!(r.lookup(ip("10.77.1.5")), Some(1));
+        assert_eq!(r.lookup(ip("fd77:1::9")), Some(1));
+        assert_eq!(r.lookup(ip("fd77:2::9")), None, "0.0.0.0/0 is IPv4 only");
+    }
+
+    #[test]
+    fn addresses_of_ipv4_and_ipv6_packets() {
+        let mut v4 = vec![0u8; 20];
+        v4[0] = 0x45;
+        v4[12..16].copy_from_slice(&[10, 0, 0, 1]);
+        v4[16..20].copy_from_slice(&[10, 0, 0, 2]);
+        assert_eq!(
+            addresses(&v4),
+            Some(("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap()))
+        );
+        let mut v6 = vec![0u8; 40];
+        v6[0] = 0x60;
+        v6[23] = 1;
+        v6[39] = 2;
+        assert_eq!(
+            addresses(&v6),
+            Some(("::1".parse().unwrap(), "::2".parse().unwrap()))
+        );
+        assert_eq!(addresses(&v4[..19]), None);
+        assert_eq!(addresses(&[0x20; 40]), None);
+        assert_eq!(addresses(&[]), None);
+    }
+}
