@@ -423,6 +423,26 @@ fn known(v: f64, scale: f64, prec: usize) -> String {
 }
 
 impl SessionStats {
+    /// Every packet not delivered, by cause, on one line: those this end did not send
+    /// (its transmit queue full, the pacer's CoDel) and those it did not deliver of
+    /// the peer's (its AQM's congestion signals, given up as lost, the application too
+    /// slow, the channels' receive queues and buffers full). The same counters are in
+    /// the JSON and the metrics under their own names (`queue_drops`, `pacing_drops`,
+    /// `aqm_drops`, `lost`, `deliver_drops`, `rx_queue_drops`, `overflow_drops`).
+    pub fn not_delivered_line(&self) -> String {
+        let per_channel = |f: fn(&ChannelSnapshot) -> u64| self.channels.iter().map(f).sum::<u64>();
+        format!(
+            "not sent: queue full {}  pacer {}    not delivered: aqm {}  given up {}  app too slow {}  receive queue {}  buffer {}",
+            self.queue_drops,
+            self.pacing_drops,
+            self.aqm_drops,
+            self.lost,
+            self.deliver_drops,
+            per_channel(|c| c.rx_queue_drops),
+            per_channel(|c| c.overflow_drops),
+        )
+    }
+
     /// A multi-line human-readable table.
     pub fn table(&self) -> String {
         if let Some(srv) = &self.server {
@@ -625,6 +645,7 @@ impl SessionStats {
                 self.return_path_cuts
             );
         }
+        let _ = writeln!(s, "{}", self.not_delivered_line());
         s
     }
 
@@ -1526,6 +1547,35 @@ mod tests {
         // Nothing paced or measured: no pacing lines.
         s.channels[0].probe = "off".into();
         assert!(!s.table().contains("pacing"), "{}", s.table());
+    }
+
+    #[test]
+    fn the_table_ends_with_every_packet_not_delivered_by_cause() {
+        let s = SessionStats {
+            queue_drops: 1,
+            pacing_drops: 2,
+            aqm_drops: 3,
+            lost: 4,
+            deliver_drops: 5,
+            channels: vec![
+                ChannelSnapshot {
+                    rx_queue_drops: 6,
+                    overflow_drops: 7,
+                    ..Default::default()
+                },
+                ChannelSnapshot {
+                    rx_queue_drops: 10,
+                    ..Default::default()
+                },
+            ],
+            ..Default::default()
+        };
+        let t = s.table();
+        assert_eq!(
+            t.lines().last().unwrap(),
+            "not sent: queue full 1  pacer 2    not delivered: aqm 3  given up 4  app too slow 5  receive queue 16  buffer 7",
+            "{t}"
+        );
     }
 
     #[test]
