@@ -2,10 +2,12 @@
 //! reads the guide, takes its commands out of it and runs them in network namespaces
 //! laid out as the guide's picture: a server with a public address behind a router
 //! ("the internet"), a site with two uplinks, each behind a modem that masquerades
-//! (iptables MASQUERADE), and a host on the internet. Then it checks that the site's
-//! traffic to that host crosses the bond (both channels up and carrying data, each
-//! channel arriving at the server from its own modem's public address) and reaches the
-//! host from the server's address. A wrong command in the guide fails the test.
+//! (iptables MASQUERADE), a machine on the site's LAN, and a host on the internet.
+//! Then it checks that the site's and the LAN's traffic to that host crosses the bond
+//! (both channels up and carrying data, each channel arriving at the server from its
+//! own modem's public address) and reaches the host from the server's address, and
+//! that the LAN machine's TCP connection took an MSS that fits the bond (braid's
+//! clamping). A wrong command in the guide fails the test.
 //!
 //! How the guide marks what runs (HTML comments, invisible when the guide is read):
 //!
@@ -492,15 +494,16 @@ fn the_deployment_guide_bonds_a_site_to_a_server_as_written() {
         dir: dir.clone(),
     };
     let name = |r: &str| format!("guide{id}{r}");
-    let (inet, srv, m1, m2, site, inhost) = (
+    let (inet, srv, m1, m2, site, inhost, lan) = (
         name("inet"),
         name("server"),
         name("modem1"),
         name("modem2"),
         name("site"),
         name("host"),
+        name("lan"),
     );
-    for n in [&inet, &srv, &m1, &m2, &site, &inhost] {
+    for n in [&inet, &srv, &m1, &m2, &site, &inhost, &lan] {
         sh(&["ip", "netns", "add", n]);
         lab.ns.push(n.clone());
         sh(&["ip", "-n", n, "link", "set", "dev", "lo", "up"]);
@@ -555,6 +558,11 @@ fn the_deployment_guide_bonds_a_site_to_a_server_as_written() {
         (&site, "wan2", "192.168.2.2/24"),
         (&m2, "lan", "192.168.2.1/24"),
     );
+    // A machine on the site's LAN.
+    link(
+        (&lan, "eth0", "192.168.50.10/24"),
+        (&site, "lan0", "192.168.50.1/24"),
+    );
     ns_sh(&inet, &["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
     for (ns, gw) in [
         (&srv, "203.0.113.1"),
@@ -562,6 +570,7 @@ fn the_deployment_guide_bonds_a_site_to_a_server_as_written() {
         (&m2, "192.0.2.1"),
         (&inhost, "198.18.0.1"),
         (&site, "192.168.1.1"),
+        (&lan, "192.168.50.1"),
     ] {
         sh(&["ip", "-n", ns, "route", "add", "default", "via", gw]);
     }
@@ -583,6 +592,8 @@ fn the_deployment_guide_bonds_a_site_to_a_server_as_written() {
             ],
         );
     }
+    // The site does not forward yet (the guide turns it on for its LAN).
+    ns_sh(&site, &["sysctl", "-qw", "net.ipv4.ip_forward=0"]);
     // The server as a fresh VPS with a firewall: no forwarding, and INPUT and FORWARD
     // dropped but for loopback and answers, so the guide's rules must open them.
     ns_sh(&srv, &["sysctl", "-qw", "net.ipv4.ip_forward=0"]);
@@ -626,8 +637,9 @@ fn the_deployment_guide_bonds_a_site_to_a_server_as_written() {
     let ctl_srv = server_h.run.join("braid-srv.sock");
     let before = status(&ctl_site);
 
-    // The site's traffic to a host on the internet: through the bond, masqueraded by
-    // the server. The host's iperf3 reports whom it served.
+    // Traffic to a host on the internet, from the site and from a machine on its LAN:
+    // through the bond, masqueraded by the server. The host's iperf3 reports whom it
+    // served.
     let mut iperf_host = Command::new("ip")
         .args(["netns", "exec", &inhost, "iperf3", "-s", "-1", "--json"])
         .stdout(Stdio::piped())
@@ -643,25 +655,28 @@ fn the_deployment_guide_bonds_a_site_to_a_server_as_written() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    let ping = Command::new("ip")
-        .args([
-            "netns", "exec", &site, "ping", "-c", "5", "-i", "0.1", "-W", "1",
-        ])
-        .arg("198.18.0.10")
-        .output()
-        .unwrap();
+    let ping = |ns: &str| {
+        Command::new("ip")
+            .args([
+                "netns", "exec", ns, "ping", "-c", "5", "-i", "0.1", "-W", "1",
+            ])
+            .arg("198.18.0.10")
+            .output()
+            .unwrap()
+    };
+    let (ping_site, ping_lan) = (ping(&site), ping(&lan));
     let client = Command::new("ip")
         .args([
             "netns",
             "exec",
-            &site,
+            &lan,
             "timeout",
             "15",
             "iperf3",
             "-c",
             "198.18.0.10",
         ])
-        .args(["-t", "2", "--connect-timeout", "3000"])
+        .args(["-t", "2", "--connect-timeout", "3000", "--json"])
         .output()
         .unwrap();
     let served = if client.status.success() {
@@ -670,16 +685,27 @@ fn the_deployment_guide_bonds_a_site_to_a_server_as_written() {
         let _ = iperf_host.kill();
         let _ = iperf_host.wait();
         panic!(
-            "iperf3 from the site to the internet host: {}",
+            "iperf3 from the site's LAN to the internet host: {}",
             text(&client)
         );
     };
-    assert!(
-        ping.status.success(),
-        "ping the internet host: {}",
-        text(&ping)
-    );
+    for (who, p) in [("the site", ping_site), ("the site's LAN", ping_lan)] {
+        assert!(
+            p.status.success(),
+            "ping from {who} to the internet host: {}",
+            text(&p)
+        );
+    }
     let served: Value = serde_json::from_slice(&served.stdout).unwrap();
+    let sender: Value = serde_json::from_slice(&client.stdout).unwrap();
+    // The LAN machine's link has an MTU of 1500, the bond 1440: its connection took the
+    // MSS braid clamped in the SYN-ACK (1440 - 40, less 12 of timestamps as the socket
+    // reports it), not the 1460 the internet host offered (the guide's MTU section).
+    let mss = n(&sender["start"]["tcp_mss_default"]);
+    assert!(
+        mss <= 1400,
+        "the LAN machine's TCP MSS {mss} does not fit the bond (1440 - 40)"
+    );
     let from = &served["start"]["connected"][0]["remote_host"];
     assert_eq!(
         from, "203.0.113.7",
