@@ -25,8 +25,10 @@
 #![warn(missing_docs)]
 
 pub mod args;
+pub mod bench;
 pub mod config;
 pub mod keys;
+pub mod logging;
 pub mod mss;
 pub mod node;
 pub mod node_flow;
@@ -36,6 +38,7 @@ pub mod offload;
 pub mod relay;
 pub mod session;
 pub mod stats;
+pub mod status;
 pub mod traffic;
 pub mod transfer;
 pub mod tun;

@@ -3,8 +3,10 @@
 //! Each subcommand lives in its own module under `cmd/`.
 
 mod cmd;
-mod logging;
 mod reload;
+
+/// Logging (flags, level, reload): `braid_io::logging`.
+pub(crate) use braid_io::logging;
 
 use clap::{CommandFactory, Parser, Subcommand};
 
