@@ -127,6 +127,28 @@ pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
     parse(&text, &file, &dir, &stem)
 }
 
+/// The keys of a scenario file's top level.
+const TOP_KEYS: &[&str] = &[
+    "name",
+    "description",
+    "seed",
+    "duration_s",
+    "packets",
+    "drain_s",
+    "max_packet",
+    "channel",
+    "traffic",
+    "markers",
+    "trr",
+    "receiver",
+    "srr",
+    "session",
+    "errctl",
+    "run",
+    "sweep",
+    "plot",
+];
+
 /// Parse scenario text. `file` names it in errors, `dir` resolves relative trace paths,
 /// `stem` is the default name.
 pub fn parse(text: &str, file: &str, dir: &Path, stem: &str) -> Result<Scenario, ScenarioError> {
@@ -141,26 +163,7 @@ pub fn parse(text: &str, file: &str, dir: &Path, stem: &str) -> Result<Scenario,
         traces: Default::default(),
     };
     let top = Tab::new(&cx, "", &root);
-    top.check_keys(&[
-        "name",
-        "description",
-        "seed",
-        "duration_s",
-        "packets",
-        "drain_s",
-        "max_packet",
-        "channel",
-        "traffic",
-        "markers",
-        "trr",
-        "receiver",
-        "srr",
-        "session",
-        "errctl",
-        "run",
-        "sweep",
-        "plot",
-    ])?;
+    top.check_keys(TOP_KEYS)?;
     let name = top.str_opt("name")?.unwrap_or(stem).to_string();
     let description = top.str_opt("description")?.unwrap_or("").to_string();
     let seed = top.u64_or("seed", 1, "a whole number >= 0")?;
@@ -1606,9 +1609,30 @@ const TCP_KEYS: &[&str] = &[
     "ecn",
 ];
 
+/// `ack_delay_ms` of the tcp source: milliseconds, "fastest" (default) or "slowest".
+fn parse_ack_delay(tr: &Tab) -> Result<crate::tcp::AckDelay, ScenarioError> {
+    use crate::tcp::AckDelay;
+    Ok(match tr.t.get("ack_delay_ms") {
+        None => AckDelay::Fastest,
+        Some(Value::String(v)) if v == "fastest" => AckDelay::Fastest,
+        Some(Value::String(v)) if v == "slowest" => AckDelay::Slowest,
+        Some(Value::String(v)) => {
+            return Err(tr.err(
+                "ack_delay_ms",
+                &format!("expected milliseconds >= 0, \"fastest\" or \"slowest\", found \"{v}\""),
+            ))
+        }
+        Some(_) => AckDelay::Fixed(ms(tr.f64_req(
+            "ack_delay_ms",
+            "milliseconds from 0 to 1e9, \"fastest\" or \"slowest\"",
+            time_ms,
+        )?)),
+    })
+}
+
 /// The `tcp` source's keys (`crate::tcp`).
 fn parse_tcp(tr: &Tab) -> Result<crate::tcp::TcpSpec, ScenarioError> {
-    use crate::tcp::{AckDelay, Cc, TcpSpec};
+    use crate::tcp::{Cc, TcpSpec};
     let d = TcpSpec::default();
     let cc = match tr.str_opt("cc")? {
         None | Some("cubic") => Cc::Cubic,
@@ -1627,22 +1651,7 @@ fn parse_tcp(tr: &Tab) -> Result<crate::tcp::TcpSpec, ScenarioError> {
         65_535,
         "a whole number of bytes from 0 to 65535",
     )?;
-    let ack_delay = match tr.t.get("ack_delay_ms") {
-        None => AckDelay::Fastest,
-        Some(Value::String(v)) if v == "fastest" => AckDelay::Fastest,
-        Some(Value::String(v)) if v == "slowest" => AckDelay::Slowest,
-        Some(Value::String(v)) => {
-            return Err(tr.err(
-                "ack_delay_ms",
-                &format!("expected milliseconds >= 0, \"fastest\" or \"slowest\", found \"{v}\""),
-            ))
-        }
-        Some(_) => AckDelay::Fixed(ms(tr.f64_req(
-            "ack_delay_ms",
-            "milliseconds from 0 to 1e9, \"fastest\" or \"slowest\"",
-            time_ms,
-        )?)),
-    };
+    let ack_delay = parse_ack_delay(tr)?;
     let rwnd = tr.u32_in(
         "rwnd_packets",
         Some(d.rwnd),

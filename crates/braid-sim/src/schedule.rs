@@ -79,24 +79,8 @@ pub fn table(
     if sizes.contains(&0) {
         return Err("--sizes: packet sizes must be at least 1 byte".into());
     }
-    let policy = match braid_proto::units::parse_policy(scheduler)
-        .map_err(|e| format!("--scheduler: {e}"))?
-    {
-        Policy::Causal(SchedulerKind::Random { .. }) => {
-            Policy::Causal(SchedulerKind::Random { seed })
-        }
-        p => p,
-    };
-    let mut cfg = StripeConfig::srr(weights, max_packet);
-    cfg.policy = policy;
-    cfg.mode = if matches!(policy, Policy::Baseline(_)) {
-        Mode::None
-    } else {
-        Mode::Logical
-    };
-    cfg.markers.every_rounds = 0;
-    let n = cfg.channels();
-    let mut s = Striper::new(cfg).map_err(|e| format!("invalid configuration: {e}"))?;
+    let mut s = striper(scheduler, weights, max_packet, seed)?;
+    let n = s.config().channels();
     let mut bytes = vec![0u64; n];
     w!(
         out,
@@ -144,6 +128,34 @@ pub fn table(
         w!(out, "channel {c}: {b} bytes");
     }
     Ok(out)
+}
+
+/// The striper of `braid schedule`: the scheduler (the random one seeded with `seed`)
+/// over `weights`, logical reception (arrival order for a baseline), no periodic
+/// markers.
+fn striper(
+    scheduler: &str,
+    weights: Vec<u32>,
+    max_packet: u32,
+    seed: u64,
+) -> Result<Striper, String> {
+    let policy = match braid_proto::units::parse_policy(scheduler)
+        .map_err(|e| format!("--scheduler: {e}"))?
+    {
+        Policy::Causal(SchedulerKind::Random { .. }) => {
+            Policy::Causal(SchedulerKind::Random { seed })
+        }
+        p => p,
+    };
+    let mut cfg = StripeConfig::srr(weights, max_packet);
+    cfg.policy = policy;
+    cfg.mode = if matches!(policy, Policy::Baseline(_)) {
+        Mode::None
+    } else {
+        Mode::Logical
+    };
+    cfg.markers.every_rounds = 0;
+    Striper::new(cfg).map_err(|e| format!("invalid configuration: {e}"))
 }
 
 #[cfg(test)]
