@@ -428,40 +428,14 @@ impl Repr {
                 origin,
                 seq,
                 entries,
-            } => {
-                b[2] = KIND_UPDATE;
-                b[4..6].copy_from_slice(&origin.to_be_bytes());
-                b[6..8].copy_from_slice(&(entries.len() as u16).to_be_bytes());
-                b[8..12].copy_from_slice(&seq.to_be_bytes());
-                for (i, e) in entries.iter().enumerate() {
-                    let at = UPDATE_HEADER_LEN + i * UPDATE_ENTRY_LEN;
-                    b[at..at + 2].copy_from_slice(&e.peer.to_be_bytes());
-                    b[at + 2..at + 6].copy_from_slice(&e.throughput_kbps.to_be_bytes());
-                    b[at + 6..at + 10].copy_from_slice(&e.rtt_us.to_be_bytes());
-                    b[at + 10..at + 14].copy_from_slice(&e.loss_ppm.to_be_bytes());
-                    b[at + 14..at + 18].copy_from_slice(&e.age_ms.to_be_bytes());
-                }
-            }
+            } => emit_update(b, *origin, *seq, entries),
             Repr::Provision {
                 flow,
                 src,
                 dst,
                 lifetime_ms,
                 paths,
-            } => {
-                b[2] = KIND_PROVISION;
-                b[4..8].copy_from_slice(&flow.to_be_bytes());
-                b[8..10].copy_from_slice(&src.to_be_bytes());
-                b[10..12].copy_from_slice(&dst.to_be_bytes());
-                b[12] = paths.len() as u8;
-                b[16..20].copy_from_slice(&lifetime_ms.to_be_bytes());
-                for (i, p) in paths.iter().enumerate() {
-                    let at = PROVISION_HEADER_LEN + i * PROVISION_PATH_LEN;
-                    b[at..at + 2].copy_from_slice(&p.relay.unwrap_or(NO_RELAY).to_be_bytes());
-                    b[at + 2] = p.slot;
-                    b[at + 4..at + 8].copy_from_slice(&p.weight.to_be_bytes());
-                }
-            }
+            } => emit_provision(b, (*flow, *src, *dst, *lifetime_ms), paths),
             Repr::Ping {
                 sender, seq, train, ..
             }
@@ -492,6 +466,43 @@ impl Repr {
         let mut v = vec![0; self.buffer_len()];
         self.emit(&mut v)?;
         Ok(v)
+    }
+}
+
+/// An UPDATE's kind, header and entries into `b` (zeroed, of the right length).
+fn emit_update(b: &mut [u8], origin: NodeId, seq: u32, entries: &[UpdateEntry]) {
+    b[2] = KIND_UPDATE;
+    b[4..6].copy_from_slice(&origin.to_be_bytes());
+    b[6..8].copy_from_slice(&(entries.len() as u16).to_be_bytes());
+    b[8..12].copy_from_slice(&seq.to_be_bytes());
+    for (i, e) in entries.iter().enumerate() {
+        let at = UPDATE_HEADER_LEN + i * UPDATE_ENTRY_LEN;
+        b[at..at + 2].copy_from_slice(&e.peer.to_be_bytes());
+        b[at + 2..at + 6].copy_from_slice(&e.throughput_kbps.to_be_bytes());
+        b[at + 6..at + 10].copy_from_slice(&e.rtt_us.to_be_bytes());
+        b[at + 10..at + 14].copy_from_slice(&e.loss_ppm.to_be_bytes());
+        b[at + 14..at + 18].copy_from_slice(&e.age_ms.to_be_bytes());
+    }
+}
+
+/// A PROVISION's kind, header (flow, source, destination, lifetime) and paths into `b`
+/// (zeroed, of the right length).
+fn emit_provision(
+    b: &mut [u8],
+    (flow, src, dst, lifetime_ms): (u32, NodeId, NodeId, u32),
+    paths: &[ProvisionPath],
+) {
+    b[2] = KIND_PROVISION;
+    b[4..8].copy_from_slice(&flow.to_be_bytes());
+    b[8..10].copy_from_slice(&src.to_be_bytes());
+    b[10..12].copy_from_slice(&dst.to_be_bytes());
+    b[12] = paths.len() as u8;
+    b[16..20].copy_from_slice(&lifetime_ms.to_be_bytes());
+    for (i, p) in paths.iter().enumerate() {
+        let at = PROVISION_HEADER_LEN + i * PROVISION_PATH_LEN;
+        b[at..at + 2].copy_from_slice(&p.relay.unwrap_or(NO_RELAY).to_be_bytes());
+        b[at + 2] = p.slot;
+        b[at + 4..at + 8].copy_from_slice(&p.weight.to_be_bytes());
     }
 }
 

@@ -380,69 +380,13 @@ impl Msg {
     pub fn to_vec(&self) -> Vec<u8> {
         let mut v = Vec::with_capacity(64);
         match self {
-            Msg::Hello(h) => {
-                v.extend_from_slice(&[TYPE_SESSION, VERSION, KIND_HELLO, h.channel]);
-                let seq = (h.seq & HELLO_SEQ_MASK).to_be_bytes();
-                v.extend_from_slice(&[h.channels, seq[1], seq[2], seq[3]]);
-                v.extend_from_slice(&h.rx_mask.to_be_bytes());
-                v.extend_from_slice(&h.tx_epoch.to_be_bytes());
-                v.extend_from_slice(&h.rx_epoch.to_be_bytes());
-            }
-            Msg::End(e) => {
-                v.extend_from_slice(&[TYPE_SESSION, VERSION, KIND_END, e.channel]);
-                v.extend_from_slice(&[e.finals.len() as u8, 0, 0, 0]);
-                v.extend_from_slice(&e.old_epoch.to_be_bytes());
-                v.extend_from_slice(&e.new_epoch.to_be_bytes());
-                v.extend_from_slice(&e.old_set.to_be_bytes());
-                v.extend_from_slice(&e.new_set.to_be_bytes());
-                v.extend_from_slice(&e.sent.to_be_bytes());
-                for (round, dc) in &e.finals {
-                    v.extend_from_slice(&round.to_be_bytes());
-                    v.extend_from_slice(&dc.to_be_bytes());
-                }
-            }
-            Msg::Ack(a) => {
-                v.extend_from_slice(&[TYPE_SESSION, VERSION, KIND_ACK, a.channel]);
-                v.extend_from_slice(&[0; 4]);
-                v.extend_from_slice(&a.epoch.to_be_bytes());
-                v.extend_from_slice(&[0; 4]);
-                v.extend_from_slice(&a.set.to_be_bytes());
-            }
-            Msg::Feedback(f) => {
-                v.extend_from_slice(&[TYPE_SESSION, VERSION, KIND_FEEDBACK, f.channel]);
-                v.extend_from_slice(&f.timestamp.to_be_bytes());
-                v.extend_from_slice(&f.echo.to_be_bytes());
-                v.extend_from_slice(&f.echo_delay.to_be_bytes());
-                v.extend_from_slice(&f.rx_datagrams.to_be_bytes());
-                v.extend_from_slice(&f.rx_bytes.to_be_bytes());
-                v.extend_from_slice(&f.missing.to_be_bytes());
-                v.extend_from_slice(&f.congested.to_be_bytes());
-            }
-            Msg::Resend(r) => {
-                v.extend_from_slice(&[TYPE_SESSION, VERSION, KIND_RESEND, r.channel]);
-                v.extend_from_slice(&[r.lost_channel, r.counters.len() as u8, 0, 0]);
-                v.extend_from_slice(&r.key_index.to_be_bytes());
-                for c in &r.counters {
-                    v.extend_from_slice(&c.to_be_bytes());
-                }
-            }
-            Msg::Probe(p) => {
-                v.extend_from_slice(&[TYPE_SESSION, VERSION, KIND_PROBE, p.channel]);
-                v.extend_from_slice(&p.train.to_be_bytes());
-                v.extend_from_slice(&p.index.to_be_bytes());
-                v.extend_from_slice(&p.count.to_be_bytes());
-                v.resize(p.len.max(PROBE_MIN_LEN), 0);
-            }
-            Msg::ProbeReport(r) => {
-                v.extend_from_slice(&[TYPE_SESSION, VERSION, KIND_PROBE_REPORT, r.channel]);
-                v.extend_from_slice(&r.train.to_be_bytes());
-                v.extend_from_slice(&r.received.to_be_bytes());
-                v.extend_from_slice(&r.tail.to_be_bytes());
-                v.extend_from_slice(&r.readings.to_be_bytes());
-                v.extend_from_slice(&r.tail_bytes.to_be_bytes());
-                v.extend_from_slice(&r.span_us.to_be_bytes());
-                v.extend_from_slice(&[0; 4]);
-            }
+            Msg::Hello(h) => write_hello(h, &mut v),
+            Msg::End(e) => write_end(e, &mut v),
+            Msg::Ack(a) => write_ack(a, &mut v),
+            Msg::Feedback(f) => write_feedback(f, &mut v),
+            Msg::Resend(r) => write_resend(r, &mut v),
+            Msg::Probe(p) => write_probe(p, &mut v),
+            Msg::ProbeReport(r) => write_probe_report(r, &mut v),
             Msg::Close(c) => {
                 v.extend_from_slice(&[TYPE_SESSION, VERSION, KIND_CLOSE, *c]);
                 v.extend_from_slice(&[0; 4]);
@@ -450,6 +394,83 @@ impl Msg {
         }
         v
     }
+}
+
+/// A hello: 24 bytes.
+fn write_hello(h: &Hello, v: &mut Vec<u8>) {
+    v.extend_from_slice(&[TYPE_SESSION, VERSION, KIND_HELLO, h.channel]);
+    let seq = (h.seq & HELLO_SEQ_MASK).to_be_bytes();
+    v.extend_from_slice(&[h.channels, seq[1], seq[2], seq[3]]);
+    v.extend_from_slice(&h.rx_mask.to_be_bytes());
+    v.extend_from_slice(&h.tx_epoch.to_be_bytes());
+    v.extend_from_slice(&h.rx_epoch.to_be_bytes());
+}
+
+/// An epoch end: the fixed part, then each old channel's final position.
+fn write_end(e: &EpochEnd, v: &mut Vec<u8>) {
+    v.extend_from_slice(&[TYPE_SESSION, VERSION, KIND_END, e.channel]);
+    v.extend_from_slice(&[e.finals.len() as u8, 0, 0, 0]);
+    v.extend_from_slice(&e.old_epoch.to_be_bytes());
+    v.extend_from_slice(&e.new_epoch.to_be_bytes());
+    v.extend_from_slice(&e.old_set.to_be_bytes());
+    v.extend_from_slice(&e.new_set.to_be_bytes());
+    v.extend_from_slice(&e.sent.to_be_bytes());
+    for (round, dc) in &e.finals {
+        v.extend_from_slice(&round.to_be_bytes());
+        v.extend_from_slice(&dc.to_be_bytes());
+    }
+}
+
+/// An epoch acknowledgement.
+fn write_ack(a: &EpochAck, v: &mut Vec<u8>) {
+    v.extend_from_slice(&[TYPE_SESSION, VERSION, KIND_ACK, a.channel]);
+    v.extend_from_slice(&[0; 4]);
+    v.extend_from_slice(&a.epoch.to_be_bytes());
+    v.extend_from_slice(&[0; 4]);
+    v.extend_from_slice(&a.set.to_be_bytes());
+}
+
+/// A feedback report (version 2, with the congestion count).
+fn write_feedback(f: &Feedback, v: &mut Vec<u8>) {
+    v.extend_from_slice(&[TYPE_SESSION, VERSION, KIND_FEEDBACK, f.channel]);
+    v.extend_from_slice(&f.timestamp.to_be_bytes());
+    v.extend_from_slice(&f.echo.to_be_bytes());
+    v.extend_from_slice(&f.echo_delay.to_be_bytes());
+    v.extend_from_slice(&f.rx_datagrams.to_be_bytes());
+    v.extend_from_slice(&f.rx_bytes.to_be_bytes());
+    v.extend_from_slice(&f.missing.to_be_bytes());
+    v.extend_from_slice(&f.congested.to_be_bytes());
+}
+
+/// A repair request and its counters.
+fn write_resend(r: &Resend, v: &mut Vec<u8>) {
+    v.extend_from_slice(&[TYPE_SESSION, VERSION, KIND_RESEND, r.channel]);
+    v.extend_from_slice(&[r.lost_channel, r.counters.len() as u8, 0, 0]);
+    v.extend_from_slice(&r.key_index.to_be_bytes());
+    for c in &r.counters {
+        v.extend_from_slice(&c.to_be_bytes());
+    }
+}
+
+/// A probe, padded to its length.
+fn write_probe(p: &Probe, v: &mut Vec<u8>) {
+    v.extend_from_slice(&[TYPE_SESSION, VERSION, KIND_PROBE, p.channel]);
+    v.extend_from_slice(&p.train.to_be_bytes());
+    v.extend_from_slice(&p.index.to_be_bytes());
+    v.extend_from_slice(&p.count.to_be_bytes());
+    v.resize(p.len.max(PROBE_MIN_LEN), 0);
+}
+
+/// The report on a probe train.
+fn write_probe_report(r: &ProbeReport, v: &mut Vec<u8>) {
+    v.extend_from_slice(&[TYPE_SESSION, VERSION, KIND_PROBE_REPORT, r.channel]);
+    v.extend_from_slice(&r.train.to_be_bytes());
+    v.extend_from_slice(&r.received.to_be_bytes());
+    v.extend_from_slice(&r.tail.to_be_bytes());
+    v.extend_from_slice(&r.readings.to_be_bytes());
+    v.extend_from_slice(&r.tail_bytes.to_be_bytes());
+    v.extend_from_slice(&r.span_us.to_be_bytes());
+    v.extend_from_slice(&[0; 4]);
 }
 
 /// A hello (fixed length).
