@@ -3,16 +3,21 @@
 //! command tree), and their check into this crate's configurations. Errors name the
 //! flag at fault.
 
+use std::fmt::Display;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{anyhow, Context, Result};
 use braid_proto::units;
+use serde::Serialize;
 
 use crate::observe::ControlServer;
 use crate::traffic::Pattern;
-use crate::transfer::{self, SessionOptions, TransferConfig};
+use crate::transfer::{
+    self, ProgressLine, RecvSummary, SendSummary, SessionOptions, TransferConfig,
+};
 use crate::{Session, SessionConfig};
 
 /// Session options shared by `braid bench`, `braid send` and `braid recv`.
@@ -313,4 +318,80 @@ impl RecvArgs {
             ..self.s.transfer_config()?
         })
     }
+}
+
+impl SendArgs {
+    /// `braid send`: open the input, start the session, send until done or `stop`
+    /// resolves (an error naming the signal). The summary to print on stderr (a text
+    /// for a person, or JSON with `--json`), which stays clear of the data.
+    pub async fn run(
+        &self,
+        cfg: &TransferConfig,
+        stop: impl Future<Output = impl Display>,
+    ) -> Result<String> {
+        let input = transfer::open_input(&self.input).await?;
+        let (mut session, _ctl, _) = self.s.start().await?;
+        let progress = ProgressLine::start(self.progress);
+        let r = tokio::select! {
+            r = transfer::send(&mut session, input, cfg, progress.sender()) => r,
+            sig = stop => return Err(anyhow!("{sig}: transfer interrupted")),
+        };
+        conclude(r, progress, session, SendSummary::text, self.s.json).await
+    }
+}
+
+impl RecvArgs {
+    /// `braid recv`: check the output, start the session, receive until the sender is
+    /// done or `stop` resolves (an error naming the signal; the output stays as it
+    /// was). The summary to print on stderr, as [`SendArgs::run`].
+    pub async fn run(
+        &self,
+        cfg: &TransferConfig,
+        stop: impl Future<Output = impl Display>,
+    ) -> Result<String> {
+        // Checks only: nothing on disk changes before data arrives.
+        let mut output = transfer::open_output(&self.output, self.force).await?;
+        let (mut session, _ctl, _) = self.s.start().await?;
+        let progress = ProgressLine::start(self.progress);
+        // On failure `output` is dropped, which removes its temporary file.
+        let staged = output
+            .staged()
+            .map(|p| (p.display().to_string(), p.exists()));
+        let unchanged = |e: anyhow::Error| match &staged {
+            Some((p, true)) => e.context(format!("'{p}' is unchanged")),
+            Some((p, false)) => e.context(format!("'{p}' was not created")),
+            None => e,
+        };
+        let r = tokio::select! {
+            r = transfer::recv(&mut session, &mut output, cfg, progress.sender()) => r,
+            sig = stop => {
+                return Err(unchanged(anyhow!("{sig}: transfer interrupted")));
+            }
+        };
+        let r = match r {
+            Ok(s) => output.finish().await.map(|()| s),
+            Err(e) => Err(e),
+        }
+        .map_err(|e| unchanged(e.into()));
+        conclude(r, progress, session, RecvSummary::text, self.s.json).await
+    }
+}
+
+/// After a transfer: let the progress line finish, close the session, and render the
+/// summary (`text` for a person, or JSON and a newline).
+async fn conclude<S: Serialize, E: Into<anyhow::Error>>(
+    r: std::result::Result<S, E>,
+    progress: ProgressLine,
+    session: Session,
+    text: fn(&S) -> String,
+    json: bool,
+) -> Result<String> {
+    progress.finish().await;
+    let r = r.map_err(Into::into)?;
+    session.close().await;
+    Ok(if json {
+        serde_json::to_string(&r).unwrap_or_default() + "\n"
+    } else {
+        text(&r)
+    })
 }

@@ -25,9 +25,11 @@
 #![warn(missing_docs)]
 
 pub mod args;
+pub mod bench;
 pub mod config;
 pub mod icmp;
 pub mod keys;
+pub mod logging;
 pub mod mss;
 pub mod node;
 pub mod node_flow;
@@ -39,6 +41,7 @@ pub mod reload;
 pub mod server;
 pub mod session;
 pub mod stats;
+pub mod status;
 pub mod traffic;
 pub mod transfer;
 pub mod tun;

@@ -156,21 +156,7 @@ impl NodeConfig {
     /// Parse configuration text; `dir` resolves a relative `private_key_file`.
     pub fn parse(text: &str, dir: &Path) -> Result<NodeConfig, String> {
         let root: Table = toml::from_str(text).map_err(|e| format!("not valid TOML: {e}"))?;
-        check_keys(
-            &root,
-            "",
-            &[
-                "id",
-                "listen",
-                "private_key_file",
-                "key_file",
-                "key",
-                "peer",
-                "probe",
-                "route",
-                "flow",
-            ],
-        )?;
+        check_keys(&root, "", TOP_KEYS)?;
         let id = num(&root, "id", None, 0.0, MAX_NODE_ID as f64)? as NodeId;
         let listen = root
             .get("listen")
@@ -188,100 +174,18 @@ impl NodeConfig {
             None => return Err("`private_key_file` is required: this node's private key (`braid genkey > node.key; chmod 600 node.key`; give the other nodes `braid pubkey < node.key`)".into()),
         };
         let own_public = crate::keys::public_key(&private_key);
-        let mut peers: Vec<Peer> = Vec::new();
-        match root.get("peer") {
-            Some(Value::Array(a)) => {
-                for (i, v) in a.iter().enumerate() {
-                    let t = v.as_table().ok_or("`peer`: expected [[peer]] tables")?;
-                    check_keys(t, &format!("peer[{i}]."), &["id", "addr", "public_key"])?;
-                    let pid = num(t, "id", None, 0.0, MAX_NODE_ID as f64)
-                        .map_err(|m| format!("peer[{i}]: {m}"))?
-                        as NodeId;
-                    let addr = t
-                        .get("addr")
-                        .and_then(Value::as_str)
-                        .ok_or(format!("peer[{i}]: `addr` is required"))?
-                        .parse::<SocketAddr>()
-                        .map_err(|e| format!("peer[{i}].addr: {e}"))?;
-                    if pid == id || peers.iter().any(|p| p.id == pid) {
-                        return Err(format!(
-                            "peer[{i}]: id {pid} is this node's or another peer's"
-                        ));
-                    }
-                    let public_key = match t.get("public_key") {
-                        Some(Value::String(k)) => crate::keys::decode(k)
-                            .map_err(|e| format!("peer[{i}].public_key: {e}"))?,
-                        Some(v) => return Err(format!("peer[{i}].public_key: expected base64 text, found {v}")),
-                        None => return Err(format!("peer[{i}]: `public_key` is required: node {pid}'s public key (`braid pubkey < its private key`)")),
-                    };
-                    if public_key == own_public {
-                        return Err(format!("peer[{i}].public_key: node {pid}'s public key is this node's own (every node needs its own key pair: `braid genkey`)"));
-                    }
-                    if let Some(o) = peers.iter().find(|p| p.public_key == public_key) {
-                        return Err(format!("peer[{i}].public_key: nodes {} and {pid} have the same public key (every node needs its own key pair)", o.id));
-                    }
-                    peers.push(Peer {
-                        id: pid,
-                        addr,
-                        public_key,
-                    });
-                }
-            }
-            _ => return Err("at least one [[peer]] (id, addr) is required".into()),
-        }
+        let peers = parse_peers(&root, id, &own_public)?;
         let empty = Table::new();
-        let probe = match root.get("probe") {
-            None => &empty,
-            Some(Value::Table(t)) => t,
-            Some(_) => return Err("`probe`: expected a [probe] table".into()),
-        };
-        check_keys(
-            probe,
-            "probe.",
-            &[
-                "ping_ms",
-                "slot_ms",
-                "train",
-                "train_bytes",
-                "update_ms",
-                "dead_after_ms",
-                "eval_ms",
-            ],
-        )?;
+        let probe = sub_table(&root, "probe", &empty)?;
+        check_keys(probe, "probe.", PROBE_KEYS)?;
         let ms = |k: &str, d: f64| -> Result<Duration, String> {
             Ok(Duration::from_millis(
                 num(probe, k, Some(d), 1.0, 3_600_000.0)? as u64,
             ))
         };
-        let route = match root.get("route") {
-            None => &empty,
-            Some(Value::Table(t)) => t,
-            Some(_) => return Err("`route`: expected a [route] table".into()),
-        };
-        check_keys(
-            route,
-            "route.",
-            &[
-                "to",
-                "metric",
-                "max_paths",
-                "threshold_percent",
-                "consecutive",
-            ],
-        )?;
-        let mut routes: Vec<NodeId> = match route.get("to") {
-            None => Vec::new(),
-            Some(Value::Array(a)) => a
-                .iter()
-                .map(|v| {
-                    v.as_integer()
-                        .and_then(|i| NodeId::try_from(i).ok())
-                        .filter(|d| peers.iter().any(|p| p.id == *d))
-                        .ok_or_else(|| format!("route.to: {v} is not a peer's id"))
-                })
-                .collect::<Result<_, _>>()?,
-            Some(_) => return Err("route.to: expected a list of peer ids".into()),
-        };
+        let route = sub_table(&root, "route", &empty)?;
+        check_keys(route, "route.", ROUTE_KEYS)?;
+        let mut routes = parse_route_to(route, &peers)?;
         let metric = match route.get("metric").map(|v| v.as_str()) {
             None => Metric::Throughput,
             Some(Some(s)) => Metric::from_name(s)
@@ -320,6 +224,117 @@ impl NodeConfig {
             consecutive: num(route, "consecutive", Some(3.0), 1.0, 1000.0)? as u32,
         })
     }
+}
+
+/// The keys of a node configuration, its `[probe]` and its `[route]`.
+const TOP_KEYS: &[&str] = &[
+    "id",
+    "listen",
+    "private_key_file",
+    "key_file",
+    "key",
+    "peer",
+    "probe",
+    "route",
+    "flow",
+];
+const PROBE_KEYS: &[&str] = &[
+    "ping_ms",
+    "slot_ms",
+    "train",
+    "train_bytes",
+    "update_ms",
+    "dead_after_ms",
+    "eval_ms",
+];
+const ROUTE_KEYS: &[&str] = &[
+    "to",
+    "metric",
+    "max_paths",
+    "threshold_percent",
+    "consecutive",
+];
+
+/// The table `[key]`, or `empty` when there is none.
+fn sub_table<'a>(root: &'a Table, key: &str, empty: &'a Table) -> Result<&'a Table, String> {
+    match root.get(key) {
+        None => Ok(empty),
+        Some(Value::Table(t)) => Ok(t),
+        Some(_) => Err(format!("`{key}`: expected a [{key}] table")),
+    }
+}
+
+/// The `[[peer]]` tables: at least one, each with its own id, address and public key.
+fn parse_peers(root: &Table, id: NodeId, own_public: &[u8; 32]) -> Result<Vec<Peer>, String> {
+    let Some(Value::Array(a)) = root.get("peer") else {
+        return Err("at least one [[peer]] (id, addr) is required".into());
+    };
+    let mut peers: Vec<Peer> = Vec::new();
+    for (i, v) in a.iter().enumerate() {
+        let p = parse_peer(i, v, id, &peers, own_public)?;
+        peers.push(p);
+    }
+    Ok(peers)
+}
+
+/// `[[peer]]` number `i`: an id neither ours nor an earlier peer's, its address, and a
+/// public key neither ours nor an earlier peer's.
+fn parse_peer(
+    i: usize,
+    v: &Value,
+    id: NodeId,
+    peers: &[Peer],
+    own_public: &[u8; 32],
+) -> Result<Peer, String> {
+    let t = v.as_table().ok_or("`peer`: expected [[peer]] tables")?;
+    check_keys(t, &format!("peer[{i}]."), &["id", "addr", "public_key"])?;
+    let pid = num(t, "id", None, 0.0, MAX_NODE_ID as f64).map_err(|m| format!("peer[{i}]: {m}"))?
+        as NodeId;
+    let addr = t
+        .get("addr")
+        .and_then(Value::as_str)
+        .ok_or(format!("peer[{i}]: `addr` is required"))?
+        .parse::<SocketAddr>()
+        .map_err(|e| format!("peer[{i}].addr: {e}"))?;
+    if pid == id || peers.iter().any(|p| p.id == pid) {
+        return Err(format!(
+            "peer[{i}]: id {pid} is this node's or another peer's"
+        ));
+    }
+    let public_key = match t.get("public_key") {
+        Some(Value::String(k)) => crate::keys::decode(k)
+            .map_err(|e| format!("peer[{i}].public_key: {e}"))?,
+        Some(v) => return Err(format!("peer[{i}].public_key: expected base64 text, found {v}")),
+        None => return Err(format!("peer[{i}]: `public_key` is required: node {pid}'s public key (`braid pubkey < its private key`)")),
+    };
+    if public_key == *own_public {
+        return Err(format!("peer[{i}].public_key: node {pid}'s public key is this node's own (every node needs its own key pair: `braid genkey`)"));
+    }
+    if let Some(o) = peers.iter().find(|p| p.public_key == public_key) {
+        return Err(format!("peer[{i}].public_key: nodes {} and {pid} have the same public key (every node needs its own key pair)", o.id));
+    }
+    Ok(Peer {
+        id: pid,
+        addr,
+        public_key,
+    })
+}
+
+/// `route.to`: the destinations to route to, each a peer's id.
+fn parse_route_to(route: &Table, peers: &[Peer]) -> Result<Vec<NodeId>, String> {
+    Ok(match route.get("to") {
+        None => Vec::new(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|v| {
+                v.as_integer()
+                    .and_then(|i| NodeId::try_from(i).ok())
+                    .filter(|d| peers.iter().any(|p| p.id == *d))
+                    .ok_or_else(|| format!("route.to: {v} is not a peer's id"))
+            })
+            .collect::<Result<_, _>>()?,
+        Some(_) => return Err("route.to: expected a list of peer ids".into()),
+    })
 }
 
 /// `(id, public key)` of every peer.
@@ -1301,85 +1316,114 @@ impl State {
     }
 
     fn on_tick(&mut self, now: Instant, out: &mut Vec<(SocketAddr, Vec<u8>)>) {
-        let me = self.cfg.id;
         if now >= self.next_ping {
             self.hellos(out);
-            for i in 0..self.peers.len() {
-                let id = self.peers[i].id;
-                if !self.auth().can_send(id) {
-                    continue;
-                }
-                if self.peers[i].outstanding.is_some() {
-                    self.peers[i].loss = self.peers[i].loss * (1.0 - LOSS_EWMA) + LOSS_EWMA;
-                }
-                let seq = self.next_seq();
-                self.peers[i].outstanding = Some((seq, now));
-                self.send(
-                    id,
-                    &Repr::Ping {
-                        sender: me,
-                        seq,
-                        train: 0,
-                        pad: 0,
-                    },
-                    out,
-                );
-            }
+            self.ping_peers(now, out);
             self.next_ping = self.sched.next_ping(now + Duration::from_micros(1));
         }
         // Our throughput probe: a train at the start of our slot, its rate at the end.
         if !self.probe_sent && now >= self.probe.start && now < self.probe.end {
-            if let Some(i) = self.peers.iter().position(|p| p.id == self.probe.peer) {
-                let id = self.peers[i].id;
-                let seq0 = self.seq.wrapping_add(1);
-                for k in 1..=self.cfg.train {
-                    let seq = self.next_seq();
-                    let pad = self.cfg.train_bytes;
-                    self.send(
-                        id,
-                        &Repr::Ping {
-                            sender: me,
-                            seq,
-                            train: k,
-                            pad,
-                        },
-                        out,
-                    );
-                }
-                self.peers[i].train = Some(Train {
-                    seq0,
-                    ..Train::default()
-                });
-            }
+            self.send_probe_train(out);
             self.probe_sent = true;
         }
         if now >= self.probe.end {
-            if let Some(i) = self.peers.iter().position(|p| p.id == self.probe.peer) {
-                if let Some(t) = self.peers[i].train.take() {
-                    if let (Some(a), Some(b)) = (t.first, t.last) {
-                        let span = (b - a).as_secs_f64();
-                        if t.count >= 2 && span > 0.0 {
-                            let bytes =
-                                PING_LEN + self.cfg.train_bytes as usize + TRAILER_LEN + IP_UDP;
-                            self.peers[i].throughput =
-                                Some((t.count - 1) as f64 * bytes as f64 * 8.0 / span);
-                            self.stats.probes += 1;
-                        }
+            self.finish_probe(now);
+        }
+        self.record_own_hops();
+        if now >= self.next_update {
+            self.send_update(now, out);
+            self.next_update = now + self.cfg.update;
+        }
+        if now >= self.next_eval {
+            self.evaluate_routes(now, out);
+        }
+    }
+
+    /// A ping to every peer we may send to; one still unanswered counts as lost.
+    fn ping_peers(&mut self, now: Instant, out: &mut Vec<(SocketAddr, Vec<u8>)>) {
+        let me = self.cfg.id;
+        for i in 0..self.peers.len() {
+            let id = self.peers[i].id;
+            if !self.auth().can_send(id) {
+                continue;
+            }
+            if self.peers[i].outstanding.is_some() {
+                self.peers[i].loss = self.peers[i].loss * (1.0 - LOSS_EWMA) + LOSS_EWMA;
+            }
+            let seq = self.next_seq();
+            self.peers[i].outstanding = Some((seq, now));
+            self.send(
+                id,
+                &Repr::Ping {
+                    sender: me,
+                    seq,
+                    train: 0,
+                    pad: 0,
+                },
+                out,
+            );
+        }
+    }
+
+    /// The train of padded pings to the peer of our probe slot.
+    fn send_probe_train(&mut self, out: &mut Vec<(SocketAddr, Vec<u8>)>) {
+        let me = self.cfg.id;
+        let Some(i) = self.peers.iter().position(|p| p.id == self.probe.peer) else {
+            return;
+        };
+        let id = self.peers[i].id;
+        let seq0 = self.seq.wrapping_add(1);
+        for k in 1..=self.cfg.train {
+            let seq = self.next_seq();
+            let pad = self.cfg.train_bytes;
+            self.send(
+                id,
+                &Repr::Ping {
+                    sender: me,
+                    seq,
+                    train: k,
+                    pad,
+                },
+                out,
+            );
+        }
+        self.peers[i].train = Some(Train {
+            seq0,
+            ..Train::default()
+        });
+    }
+
+    /// At the end of our probe slot: the peer's throughput from the train's echoes, and
+    /// the next slot.
+    fn finish_probe(&mut self, now: Instant) {
+        if let Some(i) = self.peers.iter().position(|p| p.id == self.probe.peer) {
+            if let Some(t) = self.peers[i].train.take() {
+                if let (Some(a), Some(b)) = (t.first, t.last) {
+                    let span = (b - a).as_secs_f64();
+                    if t.count >= 2 && span > 0.0 {
+                        let bytes = PING_LEN + self.cfg.train_bytes as usize + TRAILER_LEN + IP_UDP;
+                        self.peers[i].throughput =
+                            Some((t.count - 1) as f64 * bytes as f64 * 8.0 / span);
+                        self.stats.probes += 1;
                     }
                 }
             }
-            // From the end of this slot, not from now: our next slot may start right
-            // where this one ends, and `now` is already a tick past it.
-            let next = self.sched.next_probe(self.probe.end);
-            // After a long stall, do not replay missed slots.
-            self.probe = if next.end <= now {
-                self.sched.next_probe(now)
-            } else {
-                next
-            };
-            self.probe_sent = false;
         }
-        // Our own hops into our table.
+        // From the end of this slot, not from now: our next slot may start right where
+        // this one ends, and `now` is already a tick past it.
+        let next = self.sched.next_probe(self.probe.end);
+        // After a long stall, do not replay missed slots.
+        self.probe = if next.end <= now {
+            self.sched.next_probe(now)
+        } else {
+            next
+        };
+        self.probe_sent = false;
+    }
+
+    /// Our own hops into our table.
+    fn record_own_hops(&mut self) {
+        let me = self.cfg.id;
         for p in &self.peers {
             if let (Some(tp), Some(rtt), Some(at)) = (p.throughput, p.rtt, p.last_heard) {
                 let _ = self.table.update(
@@ -1394,96 +1438,107 @@ impl State {
                 );
             }
         }
-        if now >= self.next_update {
-            let entries: Vec<UpdateEntry> = self
-                .peers
-                .iter()
-                .filter_map(|p| {
-                    let m = self.table.get(me, p.id)?;
-                    Some(UpdateEntry {
-                        peer: p.id,
-                        throughput_kbps: (m.throughput_bps / 1000.0).min(u32::MAX as f64) as u32,
-                        rtt_us: m.rtt.as_micros().min(u32::MAX as u64) as u32,
-                        loss_ppm: (m.loss * LOSS_SCALE as f64).round() as u32,
-                        age_ms: ((now - m.at).as_micros() / 1000).min(u32::MAX as u64) as u32,
-                    })
+    }
+
+    /// An UPDATE of our own hops to every peer.
+    fn send_update(&mut self, now: Instant, out: &mut Vec<(SocketAddr, Vec<u8>)>) {
+        let me = self.cfg.id;
+        let entries: Vec<UpdateEntry> = self
+            .peers
+            .iter()
+            .filter_map(|p| {
+                let m = self.table.get(me, p.id)?;
+                Some(UpdateEntry {
+                    peer: p.id,
+                    throughput_kbps: (m.throughput_bps / 1000.0).min(u32::MAX as f64) as u32,
+                    rtt_us: m.rtt.as_micros().min(u32::MAX as u64) as u32,
+                    loss_ppm: (m.loss * LOSS_SCALE as f64).round() as u32,
+                    age_ms: ((now - m.at).as_micros() / 1000).min(u32::MAX as u64) as u32,
                 })
-                .collect();
-            if !entries.is_empty() {
-                self.update_seq = self.update_seq.wrapping_add(1);
-                let msg = Repr::Update {
-                    origin: me,
-                    seq: self.update_seq,
-                    entries,
-                };
-                let ids: Vec<NodeId> = self.peers.iter().map(|p| p.id).collect();
-                for id in ids {
-                    self.send(id, &msg, out);
-                }
-            }
-            self.next_update = now + self.cfg.update;
+            })
+            .collect();
+        if entries.is_empty() {
+            return;
         }
-        if now >= self.next_eval {
-            let flow_dst = self.src_flow.as_ref().map(|f| f.dst);
-            // Before the flow is provisioned, its route waits until the engine finds
-            // `max_paths` paths or `settle` has passed: the throughput probes fill the
-            // table one hop at a time, and the first choice should not be made on the
-            // first hop measured.
-            let hold = match &mut self.src_flow {
-                Some(f) if f.slots.is_empty() => {
-                    let found = braid_proto::overlay::choose(
-                        &self.table,
-                        me,
-                        f.dst,
-                        now,
-                        &RouteConfig {
-                            metric: self.cfg.metric,
-                            max_paths: self.cfg.max_paths,
-                            max_age: self.cfg.dead_after,
-                            ..RouteConfig::default()
-                        },
-                    )
-                    .len();
-                    let first = if found > 0 {
-                        Some(*f.first_route.get_or_insert(now))
-                    } else {
-                        None
-                    };
-                    let settle = self.cfg.flow.as_ref().map_or(Duration::ZERO, |c| c.settle);
-                    found < self.cfg.max_paths && first.is_none_or(|t| now - t < settle)
-                }
-                _ => false,
-            };
-            let mut flow_moved = false;
-            for (dst, r, cur) in &mut self.rerouters {
-                if hold && Some(*dst) == flow_dst {
-                    continue;
-                }
-                if let Decision::Switch { paths, reason } = r.evaluate(now, &self.table) {
-                    let reason = match reason {
-                        braid_proto::overlay::Reason::Initial => "initial".to_string(),
-                        braid_proto::overlay::Reason::Better => "better".to_string(),
-                        braid_proto::overlay::Reason::Dead { from, to } => {
-                            format!("dead {from}->{to}")
-                        }
-                    };
-                    tracing::info!(dst = *dst, %reason, paths = ?paths.iter().map(path_text).collect::<Vec<_>>(), "route change");
-                    self.changes.push(RouteChange {
-                        at_us: now.as_micros(),
-                        dst: *dst,
-                        reason,
-                        paths: paths
-                            .iter()
-                            .map(|c| (path_text(c), c.share_bps / 1e6))
-                            .collect(),
-                    });
-                    flow_moved |= Some(*dst) == flow_dst;
-                    *cur = paths;
-                }
+        self.update_seq = self.update_seq.wrapping_add(1);
+        let msg = Repr::Update {
+            origin: me,
+            seq: self.update_seq,
+            entries,
+        };
+        let ids: Vec<NodeId> = self.peers.iter().map(|p| p.id).collect();
+        for id in ids {
+            self.send(id, &msg, out);
+        }
+    }
+
+    /// Every rerouter's evaluation (the flow's held while it settles), then the flow
+    /// follows its route and relayed flows expire.
+    fn evaluate_routes(&mut self, now: Instant, out: &mut Vec<(SocketAddr, Vec<u8>)>) {
+        let flow_dst = self.src_flow.as_ref().map(|f| f.dst);
+        let hold = self.flow_route_on_hold(now);
+        let mut flow_moved = false;
+        for (dst, r, cur) in &mut self.rerouters {
+            if hold && Some(*dst) == flow_dst {
+                continue;
             }
-            self.next_eval = now + self.cfg.eval;
-            self.drive_src_flow(now, flow_moved, out);
-            self.flows.expire(now);
+            if let Decision::Switch { paths, reason } = r.evaluate(now, &self.table) {
+                let reason = match reason {
+                    braid_proto::overlay::Reason::Initial => "initial".to_string(),
+                    braid_proto::overlay::Reason::Better => "better".to_string(),
+                    braid_proto::overlay::Reason::Dead { from, to } => {
+                        format!("dead {from}->{to}")
+                    }
+                };
+                tracing::info!(dst = *dst, %reason, paths = ?paths.iter().map(path_text).collect::<Vec<_>>(), "route change");
+                self.changes.push(RouteChange {
+                    at_us: now.as_micros(),
+                    dst: *dst,
+                    reason,
+                    paths: paths
+                        .iter()
+                        .map(|c| (path_text(c), c.share_bps / 1e6))
+                        .collect(),
+                });
+                flow_moved |= Some(*dst) == flow_dst;
+                *cur = paths;
+            }
+        }
+        self.next_eval = now + self.cfg.eval;
+        self.drive_src_flow(now, flow_moved, out);
+        self.flows.expire(now);
+    }
+
+    /// Before the flow is provisioned, its route waits until the engine finds
+    /// `max_paths` paths or `settle` has passed: the throughput probes fill the table
+    /// one hop at a time, and the first choice should not be made on the first hop
+    /// measured.
+    fn flow_route_on_hold(&mut self, now: Instant) -> bool {
+        let me = self.cfg.id;
+        match &mut self.src_flow {
+            Some(f) if f.slots.is_empty() => {
+                let found = braid_proto::overlay::choose(
+                    &self.table,
+                    me,
+                    f.dst,
+                    now,
+                    &RouteConfig {
+                        metric: self.cfg.metric,
+                        max_paths: self.cfg.max_paths,
+                        max_age: self.cfg.dead_after,
+                        ..RouteConfig::default()
+                    },
+                )
+                .len();
+                let first = if found > 0 {
+                    Some(*f.first_route.get_or_insert(now))
+                } else {
+                    None
+                };
+                let settle = self.cfg.flow.as_ref().map_or(Duration::ZERO, |c| c.settle);
+                found < self.cfg.max_paths && first.is_none_or(|t| now - t < settle)
+            }
+            _ => false,
         }
     }
 
@@ -1496,43 +1551,7 @@ impl State {
     ) {
         self.stats.received += 1;
         if NodeAuth::is_hello(d) {
-            let r = self.auth().on_hello(now, d);
-            match r {
-                Ok(o) => {
-                    self.stats.hellos += 1;
-                    if o.rekeyed {
-                        tracing::info!(peer = o.from, "new session keys with peer");
-                    }
-                    // Always to the peer's configured address: never a reflector.
-                    if let (Some(reply), Some(addr)) = (o.reply, self.peer_addr(o.from)) {
-                        self.stats.hellos_sent += 1;
-                        out.push((addr, reply));
-                    }
-                }
-                Err(e) => {
-                    self.stats.auth_failures += 1;
-                    // From a member's address but not verifying: most likely a public key
-                    // that is wrong in one of the two configurations. Say so, at once the
-                    // first time, then at most every 10 s.
-                    let member = self.peers.iter().find(|p| p.addr == from).map(|p| p.id);
-                    match (e, member) {
-                        (AuthError::BadTag, Some(id))
-                            if self
-                                .last_hello_warning
-                                .is_none_or(|t| now - t >= Duration::from_secs(10)) =>
-                        {
-                            self.last_hello_warning = Some(now);
-                            tracing::warn!(
-                                "a HELLO from node {id}'s address {from} does not verify: node {id}'s \
-                                 public_key in this node's configuration, or this node's public key in \
-                                 node {id}'s (`braid pubkey < this node's private key`), is wrong \
-                                 (or someone else sends from that address)"
-                            );
-                        }
-                        _ => tracing::debug!(%from, "HELLO refused: {e}"),
-                    }
-                }
-            }
+            self.on_hello(now, from, d, out);
             return;
         }
         let opened = self.auth().open(d);
@@ -1570,49 +1589,110 @@ impl State {
                     out,
                 );
             }
-            Repr::Pong { seq, train, .. } => {
-                let p = &mut self.peers[pi];
-                p.last_heard = Some(now);
-                if train == 0 {
-                    if let Some((s, sent)) = p.outstanding {
-                        if s == seq {
-                            p.rtt = Some(now - sent);
-                            p.loss *= 1.0 - LOSS_EWMA;
-                            p.outstanding = None;
-                        }
-                    }
-                } else if let Some(t) = &mut p.train {
-                    if seq.wrapping_sub(t.seq0) < u16::MAX as u32 {
-                        t.count += 1;
-                        t.first.get_or_insert(now);
-                        t.last = Some(now);
-                    }
-                }
-            }
+            Repr::Pong { seq, train, .. } => self.on_pong(now, pi, seq, train),
             Repr::Update {
                 origin, entries, ..
-            } => {
-                if origin != sender {
-                    self.stats.malformed += 1;
-                    return;
+            } => self.on_update(now, sender, origin, entries),
+            Repr::Provision { .. } | Repr::Teardown { .. } => self.on_flow_control(now, sender, &r),
+        }
+    }
+
+    /// A HELLO: the handshake's answer goes to the peer's configured address (never a
+    /// reflector); one that does not verify is counted, and named once in a while when
+    /// it comes from a member's address.
+    fn on_hello(
+        &mut self,
+        now: Instant,
+        from: SocketAddr,
+        d: &[u8],
+        out: &mut Vec<(SocketAddr, Vec<u8>)>,
+    ) {
+        let r = self.auth().on_hello(now, d);
+        match r {
+            Ok(o) => {
+                self.stats.hellos += 1;
+                if o.rekeyed {
+                    tracing::info!(peer = o.from, "new session keys with peer");
                 }
-                self.stats.updates += 1;
-                for e in entries {
-                    let _ = self.table.update(
-                        origin,
-                        e.peer,
-                        Measurement {
-                            throughput_bps: e.throughput_kbps as f64 * 1000.0,
-                            rtt: Duration::from_micros(e.rtt_us as u64),
-                            loss: e.loss_ppm as f64 / LOSS_SCALE as f64,
-                            at: Instant::from_micros(
-                                now.as_micros().saturating_sub(e.age_ms as u64 * 1000),
-                            ),
-                        },
-                    );
+                // Always to the peer's configured address: never a reflector.
+                if let (Some(reply), Some(addr)) = (o.reply, self.peer_addr(o.from)) {
+                    self.stats.hellos_sent += 1;
+                    out.push((addr, reply));
                 }
             }
-            Repr::Provision { .. } | Repr::Teardown { .. } => self.on_flow_control(now, sender, &r),
+            Err(e) => {
+                self.stats.auth_failures += 1;
+                // From a member's address but not verifying: most likely a public key
+                // that is wrong in one of the two configurations. Say so, at once the
+                // first time, then at most every 10 s.
+                let member = self.peers.iter().find(|p| p.addr == from).map(|p| p.id);
+                match (e, member) {
+                    (AuthError::BadTag, Some(id))
+                        if self
+                            .last_hello_warning
+                            .is_none_or(|t| now - t >= Duration::from_secs(10)) =>
+                    {
+                        self.last_hello_warning = Some(now);
+                        tracing::warn!(
+                            "a HELLO from node {id}'s address {from} does not verify: node {id}'s \
+                             public_key in this node's configuration, or this node's public key in \
+                             node {id}'s (`braid pubkey < this node's private key`), is wrong \
+                             (or someone else sends from that address)"
+                        );
+                    }
+                    _ => tracing::debug!(%from, "HELLO refused: {e}"),
+                }
+            }
+        }
+    }
+
+    /// A PONG from peer `pi`: a round trip (train 0), or an echo of our probe train.
+    fn on_pong(&mut self, now: Instant, pi: usize, seq: u32, train: u16) {
+        let p = &mut self.peers[pi];
+        p.last_heard = Some(now);
+        if train == 0 {
+            if let Some((s, sent)) = p.outstanding {
+                if s == seq {
+                    p.rtt = Some(now - sent);
+                    p.loss *= 1.0 - LOSS_EWMA;
+                    p.outstanding = None;
+                }
+            }
+        } else if let Some(t) = &mut p.train {
+            if seq.wrapping_sub(t.seq0) < u16::MAX as u32 {
+                t.count += 1;
+                t.first.get_or_insert(now);
+                t.last = Some(now);
+            }
+        }
+    }
+
+    /// An UPDATE: the sender's measurements of its own hops into our table.
+    fn on_update(
+        &mut self,
+        now: Instant,
+        sender: NodeId,
+        origin: NodeId,
+        entries: Vec<UpdateEntry>,
+    ) {
+        if origin != sender {
+            self.stats.malformed += 1;
+            return;
+        }
+        self.stats.updates += 1;
+        for e in entries {
+            let _ = self.table.update(
+                origin,
+                e.peer,
+                Measurement {
+                    throughput_bps: e.throughput_kbps as f64 * 1000.0,
+                    rtt: Duration::from_micros(e.rtt_us as u64),
+                    loss: e.loss_ppm as f64 / LOSS_SCALE as f64,
+                    at: Instant::from_micros(
+                        now.as_micros().saturating_sub(e.age_ms as u64 * 1000),
+                    ),
+                },
+            );
         }
     }
 }

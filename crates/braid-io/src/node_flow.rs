@@ -165,33 +165,8 @@ pub async fn start(
         weights,
         hops,
     } = spec;
-    let lo: SocketAddr = (Ipv4Addr::LOCALHOST, 0).into();
-    let mut shims = Vec::new();
-    for _ in 0..SLOTS {
-        let s = UdpSocket::bind(lo)
-            .await
-            .map_err(|e| format!("binding a loopback shim socket: {e}"))?;
-        shims.push(Arc::new(s));
-    }
-    let mut channels = Vec::new();
-    for (i, s) in shims.iter().enumerate() {
-        let remote = s.local_addr().map_err(|e| e.to_string())?;
-        let mut c = ChannelConfig::new(format!("slot{i}"), lo, remote);
-        c.weight = weights[i].max(1);
-        // The DATA header and the hop's trailer ride with every session datagram on
-        // the real path.
-        c.mtu = fc
-            .path_mtu
-            .saturating_sub((DATA_HEADER_LEN + TRAILER_LEN) as u32);
-        channels.push(c);
-    }
-    let mut sc = SessionConfig::new(channels, Vec::new());
-    sc.private_key = Some(keys.0);
-    sc.peer_public_key = Some(keys.1);
-    sc.apply(&fc.session)
-        .map_err(|e| format!("flow.session.{}: {}", e.key, e.reason))?;
-    sc.adaptive = fc.adaptive;
-    sc.socket_buffer = 4 << 20;
+    let shims = bind_shims().await?;
+    let sc = session_config(&shims, &weights, keys, fc)?;
     let session = Session::start(sc.clone())
         .await
         .map_err(|e| format!("starting the flow's session: {e}"))?;
@@ -218,9 +193,76 @@ pub async fn start(
             auth.clone(),
         )));
     }
-    let app_task = match app {
+    let app_task = start_app_side(app, session, &sc, flow)?;
+    tasks.push(app_task);
+    info!(flow, reverse, "flow end started");
+    Ok(Endpoint {
+        flow,
+        reverse,
+        hops,
+        shims,
+        counters,
+        control,
+        tasks,
+    })
+}
+
+/// One loopback socket per slot: the session's channels end there, and each shim
+/// carries its slot's datagrams to and from the slot's real hop.
+async fn bind_shims() -> Result<Vec<Arc<UdpSocket>>, String> {
+    let lo: SocketAddr = (Ipv4Addr::LOCALHOST, 0).into();
+    let mut shims = Vec::new();
+    for _ in 0..SLOTS {
+        let s = UdpSocket::bind(lo)
+            .await
+            .map_err(|e| format!("binding a loopback shim socket: {e}"))?;
+        shims.push(Arc::new(s));
+    }
+    Ok(shims)
+}
+
+/// The flow's session: a channel per slot from loopback to its shim (weighted, its MTU
+/// less the DATA header and the hop's trailer), keyed with `keys`, the flow's
+/// `[flow.session]` settings.
+fn session_config(
+    shims: &[Arc<UdpSocket>],
+    weights: &[u32],
+    keys: ([u8; 32], [u8; 32]),
+    fc: &FlowConfig,
+) -> Result<SessionConfig, String> {
+    let lo: SocketAddr = (Ipv4Addr::LOCALHOST, 0).into();
+    let mut channels = Vec::new();
+    for (i, s) in shims.iter().enumerate() {
+        let remote = s.local_addr().map_err(|e| e.to_string())?;
+        let mut c = ChannelConfig::new(format!("slot{i}"), lo, remote);
+        c.weight = weights[i].max(1);
+        // The DATA header and the hop's trailer ride with every session datagram on
+        // the real path.
+        c.mtu = fc
+            .path_mtu
+            .saturating_sub((DATA_HEADER_LEN + TRAILER_LEN) as u32);
+        channels.push(c);
+    }
+    let mut sc = SessionConfig::new(channels, Vec::new());
+    sc.private_key = Some(keys.0);
+    sc.peer_public_key = Some(keys.1);
+    sc.apply(&fc.session)
+        .map_err(|e| format!("flow.session.{}: {}", e.key, e.reason))?;
+    sc.adaptive = fc.adaptive;
+    sc.socket_buffer = 4 << 20;
+    Ok(sc)
+}
+
+/// The application side of the flow's session: a TUN device, or queues (tests).
+fn start_app_side(
+    app: AppSide,
+    session: Session,
+    sc: &SessionConfig,
+    flow: u32,
+) -> Result<tokio::task::JoinHandle<()>, String> {
+    Ok(match app {
         AppSide::Tun(t) => {
-            let tun = crate::tunnel::open_tun(&t, &sc).map_err(|e| e.to_string())?;
+            let tun = crate::tunnel::open_tun(&t, sc).map_err(|e| e.to_string())?;
             tokio::spawn(async move {
                 let mut session = session;
                 let never = std::future::pending::<&'static str>();
@@ -256,17 +298,6 @@ pub async fn start(
             }
             session.close().await;
         }),
-    };
-    tasks.push(app_task);
-    info!(flow, reverse, "flow end started");
-    Ok(Endpoint {
-        flow,
-        reverse,
-        hops,
-        shims,
-        counters,
-        control,
-        tasks,
     })
 }
 

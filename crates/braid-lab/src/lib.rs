@@ -3,6 +3,7 @@
 //! The testbed in which braid is measured against single links and Linux MPTCP:
 //!
 //! * [`args`]: the flags of `braid lab`'s subcommands and their check into options;
+//! * [`cmd`]: `braid lab`'s subcommand tree and its run;
 //! * [`spec`]: link descriptions such as `100mbit/5ms` or `20mbit/60ms/1%`;
 //! * [`emu`]: the user-space link emulator. This kernel has no netem, so delay, jitter
 //!   and loss come from a program that reads each packet from a TUN device, holds it for
@@ -22,6 +23,7 @@
 pub mod args;
 pub mod bench;
 pub mod chart;
+pub mod cmd;
 pub mod emu;
 pub mod overlay;
 pub mod spec;

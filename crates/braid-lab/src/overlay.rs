@@ -340,69 +340,85 @@ fn build(m: &Matrix, exe: &Path, seed: u64) -> Result<(), LabError> {
     sh(NS_ROUTER, "sysctl -qw net.ipv4.ip_forward=1")?;
     let specs = m.specs();
     for (k, &(a, b)) in hops().iter().enumerate() {
-        let (na, nb) = (ns(a), ns(b));
-        run(&[
-            "ip",
-            "link",
-            "add",
-            &format!("h{k}"),
-            "netns",
-            &na,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            &format!("xa{k}"),
-            "netns",
-            NS_ROUTER,
-        ])?;
-        run(&[
-            "ip",
-            "link",
-            "add",
-            &format!("h{k}"),
-            "netns",
-            &nb,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            &format!("xb{k}"),
-            "netns",
-            NS_ROUTER,
-        ])?;
-        let (aa, ab) = (addr_a(k), addr_b(k));
-        let (ra, rb) = (
-            format!("10.201.{}.254", 50 + k),
-            format!("10.202.{}.254", 50 + k),
-        );
-        sh(&na, &format!("ip addr add {aa}/24 dev h{k}"))?;
-        sh(&nb, &format!("ip addr add {ab}/24 dev h{k}"))?;
-        sh(NS_ROUTER, &format!("ip addr add {ra}/24 dev xa{k}"))?;
-        sh(NS_ROUTER, &format!("ip addr add {rb}/24 dev xb{k}"))?;
-        for (n, d) in [(&na, format!("h{k}")), (&nb, format!("h{k}"))] {
-            sh(n, &format!("ip link set dev {d} up"))?;
-        }
-        sh(NS_ROUTER, &format!("ip link set dev xa{k} up"))?;
-        sh(NS_ROUTER, &format!("ip link set dev xb{k} up"))?;
-        sh(
-            &na,
-            &format!("ip route add {ab}/32 via {ra} dev h{k} src {aa}"),
-        )?;
-        sh(
-            &nb,
-            &format!("ip route add {aa}/32 via {rb} dev h{k} src {ab}"),
-        )?;
-        for dev in ["xa", "xb"] {
-            sh(
-                NS_ROUTER,
-                &format!(
-                    "tc qdisc add dev {dev}{k} root tbf rate {}bit burst 16kb latency 30ms",
-                    specs[k].rate_bps
-                ),
-            )?;
-        }
+        add_hop(k, a, b, specs[k].rate_bps)?;
     }
+    start_emulator(exe, &specs, seed, &dir)?;
+    for k in 0..specs.len() {
+        route_through_emulator(k)?;
+    }
+    Ok(())
+}
+
+/// Hop `k` between nodes `a` and `b`: a veth pair from each into the router, host
+/// routes to each other through it, a tbf shaper at `rate_bps` on the router's ends.
+fn add_hop(k: usize, a: usize, b: usize, rate_bps: u64) -> Result<(), LabError> {
+    let (na, nb) = (ns(a), ns(b));
+    run(&[
+        "ip",
+        "link",
+        "add",
+        &format!("h{k}"),
+        "netns",
+        &na,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        &format!("xa{k}"),
+        "netns",
+        NS_ROUTER,
+    ])?;
+    run(&[
+        "ip",
+        "link",
+        "add",
+        &format!("h{k}"),
+        "netns",
+        &nb,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        &format!("xb{k}"),
+        "netns",
+        NS_ROUTER,
+    ])?;
+    let (aa, ab) = (addr_a(k), addr_b(k));
+    let (ra, rb) = (
+        format!("10.201.{}.254", 50 + k),
+        format!("10.202.{}.254", 50 + k),
+    );
+    sh(&na, &format!("ip addr add {aa}/24 dev h{k}"))?;
+    sh(&nb, &format!("ip addr add {ab}/24 dev h{k}"))?;
+    sh(NS_ROUTER, &format!("ip addr add {ra}/24 dev xa{k}"))?;
+    sh(NS_ROUTER, &format!("ip addr add {rb}/24 dev xb{k}"))?;
+    for (n, d) in [(&na, format!("h{k}")), (&nb, format!("h{k}"))] {
+        sh(n, &format!("ip link set dev {d} up"))?;
+    }
+    sh(NS_ROUTER, &format!("ip link set dev xa{k} up"))?;
+    sh(NS_ROUTER, &format!("ip link set dev xb{k} up"))?;
+    sh(
+        &na,
+        &format!("ip route add {ab}/32 via {ra} dev h{k} src {aa}"),
+    )?;
+    sh(
+        &nb,
+        &format!("ip route add {aa}/32 via {rb} dev h{k} src {ab}"),
+    )?;
+    for dev in ["xa", "xb"] {
+        sh(
+            NS_ROUTER,
+            &format!(
+                "tc qdisc add dev {dev}{k} root tbf rate {rate_bps}bit burst 16kb latency 30ms",
+            ),
+        )?;
+    }
+    Ok(())
+}
+
+/// The emulator in the router's namespace, detached, with a TUN device per hop; waits
+/// (up to 5 s) for the devices.
+fn start_emulator(exe: &Path, specs: &[LinkSpec], seed: u64, dir: &Path) -> Result<(), LabError> {
     let spec_text = specs
         .iter()
         .map(|l| l.text.clone())
@@ -410,7 +426,7 @@ fn build(m: &Matrix, exe: &Path, seed: u64) -> Result<(), LabError> {
         .join(",");
     let log = dir.join("emulator.log");
     let logf = fs::File::create(&log).map_err(io_err(&log))?;
-    let child = crate::topo::spawn_emulator(exe, NS_ROUTER, &spec_text, seed, &dir, logf)?;
+    let child = crate::topo::spawn_emulator(exe, NS_ROUTER, &spec_text, seed, dir, logf)?;
     // Detached: `down` ends it with the namespace's other processes.
     std::mem::forget(child);
     let n = specs.len();
@@ -428,26 +444,29 @@ fn build(m: &Matrix, exe: &Path, seed: u64) -> Result<(), LabError> {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    for k in 0..n {
-        sh(NS_ROUTER, &format!("ip link set dev t{k} up"))?;
+    Ok(())
+}
+
+/// Whatever enters the router from hop `k` leaves through the emulator's device `t{k}`.
+fn route_through_emulator(k: usize) -> Result<(), LabError> {
+    sh(NS_ROUTER, &format!("ip link set dev t{k} up"))?;
+    sh(
+        NS_ROUTER,
+        &format!("sysctl -qw net.ipv4.conf.t{k}.rp_filter=0"),
+    )?;
+    sh(
+        NS_ROUTER,
+        &format!("ip route add default dev t{k} table {}", 100 + k),
+    )?;
+    for (side, pref) in [("xa", 1000), ("xb", 1100)] {
         sh(
             NS_ROUTER,
-            &format!("sysctl -qw net.ipv4.conf.t{k}.rp_filter=0"),
+            &format!(
+                "ip rule add iif {side}{k} lookup {} pref {}",
+                100 + k,
+                pref + k
+            ),
         )?;
-        sh(
-            NS_ROUTER,
-            &format!("ip route add default dev t{k} table {}", 100 + k),
-        )?;
-        for (side, pref) in [("xa", 1000), ("xb", 1100)] {
-            sh(
-                NS_ROUTER,
-                &format!(
-                    "ip rule add iif {side}{k} lookup {} pref {}",
-                    100 + k,
-                    pref + k
-                ),
-            )?;
-        }
     }
     Ok(())
 }
@@ -716,6 +735,53 @@ pub fn run_overlay(
     opt: &OverlayOptions,
     mut progress: impl FnMut(&str),
 ) -> Result<OverlayResult, LabError> {
+    preflight(opt)?;
+    INTERRUPTED.store(false, Ordering::Relaxed);
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    unsafe {
+        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+    }
+    let _cleanup = Cleanup;
+    progress("building namespaces bro-s, bro-r1..3, bro-d, bro-x and ten emulated hops");
+    build(&opt.matrix, &opt.exe, opt.seed)?;
+    let dir = state_dir();
+    write_node_files(opt, &dir)?;
+    let mut nodes: Vec<Option<NodeProc>> = Vec::new();
+    for me in 0..NODES {
+        nodes.push(Some(start_node(&opt.exe, me, &dir)?));
+    }
+    progress("nodes started; waiting for measurements, routes and the flow's PROVISION");
+    wait_for_flow(&dir)?;
+    let src_lines = nodes[0]
+        .as_ref()
+        .map(|n| n.lines.clone())
+        .unwrap_or_default();
+    let paths = route_line(&src_lines.lock().unwrap_or_else(|p| p.into_inner()), None)
+        .map(|(_, l)| split_paths(&l))
+        .unwrap_or_default();
+    progress(&format!("flow up over {}", paths.join(" + ")));
+    start_iperf_server()?;
+    let mut r = measure_tcp(opt, paths.clone(), &mut progress)?;
+    if opt.kill_duration.as_secs_f64() > 0.0 {
+        let now_paths = route_line(&src_lines.lock().unwrap_or_else(|p| p.into_inner()), None)
+            .map(|(_, l)| split_paths(&l))
+            .unwrap_or(paths);
+        kill_run(
+            opt,
+            &mut nodes,
+            &src_lines,
+            now_paths,
+            &mut r,
+            &mut progress,
+        )?;
+    }
+    drop(nodes);
+    Ok(r)
+}
+
+/// Root, the tools, no overlay lab up yet, three relay hops.
+fn preflight(opt: &OverlayOptions) -> Result<(), LabError> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         return Err(LabError::NotRoot);
@@ -735,17 +801,12 @@ pub fn run_overlay(
             ),
         });
     }
-    INTERRUPTED.store(false, Ordering::Relaxed);
-    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-    unsafe {
-        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
-        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
-    }
-    let _cleanup = Cleanup;
-    progress("building namespaces bro-s, bro-r1..3, bro-d, bro-x and ten emulated hops");
-    build(&opt.matrix, &opt.exe, opt.seed)?;
-    let dir = state_dir();
-    // Every node its own key pair; each lists the others' public keys.
+    Ok(())
+}
+
+/// Every node its own key pair (`nodeN.key`, mode 600) and a configuration
+/// (`nodeN.toml`) that lists the others' public keys.
+fn write_node_files(opt: &OverlayOptions, dir: &Path) -> Result<(), LabError> {
     let mut publics = [[0u8; 32]; NODES];
     for (me, public) in publics.iter_mut().enumerate() {
         let key = braid_io::keys::generate().map_err(|e| LabError::Command {
@@ -763,11 +824,11 @@ pub fn run_overlay(
         fs::write(&p, node_config(me, opt.max_paths, opt.adaptive, &publics))
             .map_err(io_err(&p))?;
     }
-    let mut nodes: Vec<Option<NodeProc>> = Vec::new();
-    for me in 0..NODES {
-        nodes.push(Some(start_node(&opt.exe, me, &dir)?));
-    }
-    progress("nodes started; waiting for measurements, routes and the flow's PROVISION");
+    Ok(())
+}
+
+/// Wait (up to 60 s) until a ping crosses the flow's TUN from source to destination.
+fn wait_for_flow(dir: &Path) -> Result<(), LabError> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         check_interrupt()?;
@@ -788,7 +849,7 @@ pub fn run_overlay(
             .status()
             .is_ok_and(|s| s.success());
         if ok {
-            break;
+            return Ok(());
         }
         if Instant::now() > deadline {
             return Err(LabError::Command {
@@ -801,14 +862,10 @@ pub fn run_overlay(
         }
         sleep(Duration::from_millis(500))?;
     }
-    let src_lines = nodes[0]
-        .as_ref()
-        .map(|n| n.lines.clone())
-        .unwrap_or_default();
-    let paths = route_line(&src_lines.lock().unwrap_or_else(|p| p.into_inner()), None)
-        .map(|(_, l)| split_paths(&l))
-        .unwrap_or_default();
-    progress(&format!("flow up over {}", paths.join(" + ")));
+}
+
+/// An iperf3 server (daemon) in the destination's namespace.
+fn start_iperf_server() -> Result<(), LabError> {
     let srv = Command::new("ip")
         .args(["netns", "exec", &ns(4), "iperf3", "-s", "-D"])
         .stdin(Stdio::null())
@@ -823,7 +880,16 @@ pub fn run_overlay(
             reason: String::from_utf8_lossy(&srv.stderr).into(),
         });
     }
-    sleep(Duration::from_millis(300))?;
+    sleep(Duration::from_millis(300))
+}
+
+/// TCP over the direct hop alone, then through the overlay: the result without the
+/// kill run.
+fn measure_tcp(
+    opt: &OverlayOptions,
+    paths: Vec<String>,
+    progress: &mut impl FnMut(&str),
+) -> Result<OverlayResult, LabError> {
     let secs = opt.duration.as_secs_f64();
     let (mine, theirs) = hop_addrs(0, 4);
     progress(&format!("TCP over the direct hop alone, {secs} s"));
@@ -840,13 +906,13 @@ pub fn run_overlay(
         .as_f64()
         .unwrap_or(0.0);
     let overlay_retransmits = o["end"]["sum_sent"]["retransmits"].as_u64().unwrap_or(0);
-    let mut r = OverlayResult {
+    Ok(OverlayResult {
         hops: hops()
             .iter()
             .zip(opt.matrix.specs())
             .map(|(&(a, b), s)| (format!("{a}-{b}"), s.text))
             .collect(),
-        paths: paths.clone(),
+        paths,
         direct_bps,
         overlay_bps,
         overlay_retransmits,
@@ -860,68 +926,74 @@ pub fn run_overlay(
         reroute_ms: None,
         paths_after: Vec::new(),
         intervals: Vec::new(),
-    };
+    })
+}
+
+/// TCP through the overlay while the relay of the best path (of `now_paths`) is killed
+/// halfway: the stall, the recovery and the source's reroute, into `r`.
+fn kill_run(
+    opt: &OverlayOptions,
+    nodes: &mut [Option<NodeProc>],
+    src_lines: &Mutex<Vec<(Instant, String)>>,
+    now_paths: Vec<String>,
+    r: &mut OverlayResult,
+    progress: &mut impl FnMut(&str),
+) -> Result<(), LabError> {
     let ksecs = opt.kill_duration.as_secs_f64();
-    if ksecs > 0.0 {
-        let now_paths = route_line(&src_lines.lock().unwrap_or_else(|p| p.into_inner()), None)
-            .map(|(_, l)| split_paths(&l))
-            .unwrap_or(paths);
-        let victim = best_relay(&now_paths).ok_or_else(|| LabError::Command {
-            cmd: "braid lab overlay".into(),
-            reason: format!("no path through a relay to kill: {}", now_paths.join(" + ")),
-        })?;
-        progress(&format!(
-            "TCP through braid node, {ksecs} s, relay {victim} killed after {:.1} s",
-            ksecs / 2.0
-        ));
-        let mut child = iperf_client(TUN_DST, None, ksecs, true)
-            .spawn()
-            .map_err(|e| LabError::Command {
-                cmd: "iperf3 kill run".into(),
-                reason: e.to_string(),
-            })?;
-        let started = Instant::now();
-        // iperf3 connects first; its clock starts about when the process does.
-        let res = sleep(Duration::from_secs_f64(ksecs / 2.0));
-        if let Err(e) = res {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(e);
-        }
-        let killed_at = Instant::now();
-        if let Some(n) = nodes[victim].as_mut() {
-            let _ = n.child.kill();
-            let _ = n.child.wait();
-        }
-        nodes[victim] = None;
-        let out = child.wait_with_output().map_err(|e| LabError::Command {
+    let victim = best_relay(&now_paths).ok_or_else(|| LabError::Command {
+        cmd: "braid lab overlay".into(),
+        reason: format!("no path through a relay to kill: {}", now_paths.join(" + ")),
+    })?;
+    progress(&format!(
+        "TCP through braid node, {ksecs} s, relay {victim} killed after {:.1} s",
+        ksecs / 2.0
+    ));
+    let mut child = iperf_client(TUN_DST, None, ksecs, true)
+        .spawn()
+        .map_err(|e| LabError::Command {
             cmd: "iperf3 kill run".into(),
             reason: e.to_string(),
         })?;
-        let v = iperf_json(out, "iperf3 kill run")?;
-        let iv = intervals(&v);
-        // iperf3's intervals start after its connection set-up: align on its own end.
-        let total = iv.last().map_or(ksecs, |i| i.end_s);
-        let wall = started.elapsed().as_secs_f64();
-        let at = (killed_at - started).as_secs_f64() - (wall - total).max(0.0);
-        let (rec, stall, before, after) = recovery(&iv, at);
-        let lines = src_lines.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let dead = lines
-            .iter()
-            .find(|(t, l)| *t >= killed_at && l.starts_with("route to 4:") && l.contains("[dead"));
-        r.killed = Some(victim);
-        r.paths_at_kill = now_paths;
-        r.kill_at_s = at;
-        r.before_kill_bps = before;
-        r.after_kill_bps = after;
-        r.recovery_ms = rec;
-        r.stall_ms = stall;
-        r.reroute_ms = dead.map(|(t, _)| (*t - killed_at).as_secs_f64() * 1e3);
-        r.paths_after = dead.map(|(_, l)| split_paths(l)).unwrap_or_default();
-        r.intervals = iv;
+    let started = Instant::now();
+    // iperf3 connects first; its clock starts about when the process does.
+    let res = sleep(Duration::from_secs_f64(ksecs / 2.0));
+    if let Err(e) = res {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(e);
     }
-    drop(nodes);
-    Ok(r)
+    let killed_at = Instant::now();
+    if let Some(n) = nodes[victim].as_mut() {
+        let _ = n.child.kill();
+        let _ = n.child.wait();
+    }
+    nodes[victim] = None;
+    let out = child.wait_with_output().map_err(|e| LabError::Command {
+        cmd: "iperf3 kill run".into(),
+        reason: e.to_string(),
+    })?;
+    let v = iperf_json(out, "iperf3 kill run")?;
+    let iv = intervals(&v);
+    // iperf3's intervals start after its connection set-up: align on its own end.
+    let total = iv.last().map_or(ksecs, |i| i.end_s);
+    let wall = started.elapsed().as_secs_f64();
+    let at = (killed_at - started).as_secs_f64() - (wall - total).max(0.0);
+    let (rec, stall, before, after) = recovery(&iv, at);
+    let lines = src_lines.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let dead = lines
+        .iter()
+        .find(|(t, l)| *t >= killed_at && l.starts_with("route to 4:") && l.contains("[dead"));
+    r.killed = Some(victim);
+    r.paths_at_kill = now_paths;
+    r.kill_at_s = at;
+    r.before_kill_bps = before;
+    r.after_kill_bps = after;
+    r.recovery_ms = rec;
+    r.stall_ms = stall;
+    r.reroute_ms = dead.map(|(t, _)| (*t - killed_at).as_secs_f64() * 1e3);
+    r.paths_after = dead.map(|(_, l)| split_paths(l)).unwrap_or_default();
+    r.intervals = iv;
+    Ok(())
 }
 
 /// Draw the result: the two TCP flows as bars, the kill run over time.

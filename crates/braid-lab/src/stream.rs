@@ -954,109 +954,40 @@ fn braid_run(
     used: &[usize],
     rtt_ms: &[f64],
 ) -> Result<RunResult, LabError> {
-    let dir = topo::state_dir();
     let tag = format!("{}-{}-{}-{}", t[0], t[1], t[2], used.len());
-    let mut cfgs = Vec::new();
-    for (end_a, side) in [(true, "a"), (false, "b")] {
-        let p = dir.join(format!("stream-{side}-{tag}.toml"));
-        crate::topo::write_private(&p, &session_config(&opt.links, used, end_a))
-            .map_err(io_err(&p))?;
-        cfgs.push(p);
-    }
-    let gen_report = dir.join(format!("stream-gen-{tag}.json"));
-    let sink_report = dir.join(format!("stream-sink-{tag}.json"));
-    let send_log = dir.join(format!("stream-send-{tag}.log"));
-    let recv_log = dir.join(format!("stream-recv-{tag}.log"));
+    let f = BraidFiles::new(opt, used, &tag)?;
     // errctl's round trip: the slowest link's, since a packet and its repair request
     // may each take any link.
     let rtt = used.iter().map(|&i| rtt_ms[i]).fold(1.0, f64::max);
     let drops_before = link_drops(opt.links.len());
-
-    let file = |p: &Path| fs::File::create(p).map_err(io_err(p));
-    let mut recv = ns_cmd(
-        NS_SERVER,
-        &opt.exe,
-        &[
-            "recv",
-            "-",
-            "--live",
-            "--json",
-            "--peer-timeout",
-            "20s",
-            "--config",
-            &cfgs[1].display().to_string(),
-        ],
-    );
-    recv.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(file(&recv_log)?);
-    let mut recv = Proc::new(recv, "braid recv")?;
-    let recv_out = recv.child.stdout.take().expect("piped");
-    let wait = opt.duration + Duration::from_secs(30);
-    let mut sink = ns_cmd(
-        NS_SERVER,
-        &opt.exe,
-        &refs(&sink_args(opt, "-", &sink_report, wait)),
-    );
-    sink.stdin(Stdio::from(recv_out))
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit());
-    let mut sink = Proc::new(sink, "braid lab stream-sink")?;
-
+    let tol = format!("{},{},{}", t[0], t[1], t[2]);
+    let (mut recv, mut sink) = start_braid_receiver(opt, &f)?;
     let (pipe_out, pipe_in) = std::io::pipe().map_err(|e| LabError::Command {
         cmd: "pipe".into(),
         reason: e.to_string(),
     })?;
-    let tol = format!("{},{},{}", t[0], t[1], t[2]);
-    let rtt_arg = format!("{}ms", rtt.ceil() as u64);
-    let mut send_args = vec![
-        "send",
-        "-",
-        "--live",
-        "--json",
-        "--chunk",
-        "",
-        "--tolerance",
-        &tol,
-        "--rtt",
-        &rtt_arg,
-        "--peer-timeout",
-        "20s",
-    ];
-    let chunk = opt.size.to_string();
-    send_args[5] = &chunk;
-    let deadline_arg = opt.deadline.map(|d| format!("{}ms", d.as_millis()));
-    if let Some(d) = &deadline_arg {
-        send_args.extend(["--deadline", d]);
-    }
-    let cfg_a = cfgs[0].display().to_string();
-    send_args.extend(["--config", &cfg_a]);
-    let mut send = ns_cmd(NS_CLIENT, &opt.exe, &send_args);
-    send.stdin(Stdio::from(pipe_out))
-        .stdout(Stdio::null())
-        .stderr(file(&send_log)?);
-    let mut send = Proc::new(send, "braid send")?;
+    let mut send = start_braid_sender(opt, &f, &tol, rtt, pipe_out)?;
     // The stream starts once the session is up (a few round trips; the slowest link's
     // is at most a few hundred ms here), as a live source joins a running transport.
     std::thread::sleep(Duration::from_millis(1500));
-    let mut gen = ns_cmd(NS_CLIENT, &opt.exe, &refs(&gen_args(opt, "-", &gen_report)));
+    let mut gen = ns_cmd(
+        NS_CLIENT,
+        &opt.exe,
+        &refs(&gen_args(opt, "-", &f.gen_report)),
+    );
     gen.stdin(Stdio::null())
         .stdout(Stdio::from(pipe_in))
         .stderr(Stdio::inherit());
     let mut gen = Proc::new(gen, "braid lab stream-gen")?;
 
     let until = Instant::now() + opt.duration + Duration::from_secs(40);
-    let log_tail = |p: &Path| {
-        let t = fs::read_to_string(p).unwrap_or_default();
-        t.lines().rev().take(5).collect::<Vec<_>>().join(" / ")
-    };
     let gs = gen.wait_until(until)?;
     let ss = send.wait_until(until)?;
     let rs = recv.wait_until(until)?;
     let ks = sink.wait_until(until)?;
     for (ok, what, log) in [
-        (ss.success(), "braid send", Some(&send_log)),
-        (rs.success(), "braid recv", Some(&recv_log)),
+        (ss.success(), "braid send", Some(&f.send_log)),
+        (rs.success(), "braid recv", Some(&f.recv_log)),
         (gs.success(), "braid lab stream-gen", None),
         (ks.success(), "braid lab stream-sink", None),
     ] {
@@ -1067,7 +998,7 @@ fn braid_run(
             });
         }
     }
-    let (sent, got) = read_reports(&gen_report, &sink_report)?;
+    let (sent, got) = read_reports(&f.gen_report, &f.sink_report)?;
     let summary = |p: &Path, what: &str| {
         last_json_line(&fs::read_to_string(p).unwrap_or_default()).ok_or_else(|| {
             LabError::Command {
@@ -1076,8 +1007,8 @@ fn braid_run(
             }
         })
     };
-    let send_sum = summary(&send_log, "braid send")?;
-    let recv_sum = summary(&recv_log, "braid recv")?;
+    let send_sum = summary(&f.send_log, "braid send")?;
+    let recv_sum = summary(&f.recv_log, "braid recv")?;
     // Let the emulator write its counters (once a second).
     std::thread::sleep(Duration::from_millis(1200));
     let drops_after = link_drops(opt.links.len());
@@ -1086,17 +1017,7 @@ fn braid_run(
         .zip(&drops_before)
         .map(|(a, b)| a.saturating_sub(*b))
         .sum();
-    let (name, path) = match used {
-        [i] => (
-            format!("braid ({tol}), 1 link"),
-            format!("link {i} ({})", opt.links[*i].text),
-        ),
-        _ if used.len() == opt.links.len() => (
-            format!("braid ({tol})"),
-            format!("all {} links", used.len()),
-        ),
-        _ => (format!("braid ({tol})"), format!("links {used:?}")),
-    };
+    let (name, path) = braid_run_name(opt, &tol, used);
     Ok(RunResult {
         name,
         kind: "braid".into(),
@@ -1115,6 +1036,134 @@ fn braid_run(
     })
 }
 
+/// The last five lines of a log, joined, for an error.
+fn log_tail(p: &Path) -> String {
+    let t = fs::read_to_string(p).unwrap_or_default();
+    t.lines().rev().take(5).collect::<Vec<_>>().join(" / ")
+}
+
+/// The files of one braid run, in the state directory: the two ends' configurations
+/// (written here), the generator's and sink's reports, the send and recv logs.
+struct BraidFiles {
+    cfg_a: PathBuf,
+    cfg_b: PathBuf,
+    gen_report: PathBuf,
+    sink_report: PathBuf,
+    send_log: PathBuf,
+    recv_log: PathBuf,
+}
+
+impl BraidFiles {
+    fn new(opt: &StreamOptions, used: &[usize], tag: &str) -> Result<BraidFiles, LabError> {
+        let dir = topo::state_dir();
+        let mut cfgs = Vec::new();
+        for (end_a, side) in [(true, "a"), (false, "b")] {
+            let p = dir.join(format!("stream-{side}-{tag}.toml"));
+            crate::topo::write_private(&p, &session_config(&opt.links, used, end_a))
+                .map_err(io_err(&p))?;
+            cfgs.push(p);
+        }
+        let cfg_b = cfgs.pop().expect("two");
+        let cfg_a = cfgs.pop().expect("two");
+        Ok(BraidFiles {
+            cfg_a,
+            cfg_b,
+            gen_report: dir.join(format!("stream-gen-{tag}.json")),
+            sink_report: dir.join(format!("stream-sink-{tag}.json")),
+            send_log: dir.join(format!("stream-send-{tag}.log")),
+            recv_log: dir.join(format!("stream-recv-{tag}.log")),
+        })
+    }
+}
+
+/// In the server's namespace: `braid recv --live` piped into the stream sink.
+fn start_braid_receiver(opt: &StreamOptions, f: &BraidFiles) -> Result<(Proc, Proc), LabError> {
+    let file = |p: &Path| fs::File::create(p).map_err(io_err(p));
+    let mut recv = ns_cmd(
+        NS_SERVER,
+        &opt.exe,
+        &[
+            "recv",
+            "-",
+            "--live",
+            "--json",
+            "--peer-timeout",
+            "20s",
+            "--config",
+            &f.cfg_b.display().to_string(),
+        ],
+    );
+    recv.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(file(&f.recv_log)?);
+    let mut recv = Proc::new(recv, "braid recv")?;
+    let recv_out = recv.child.stdout.take().expect("piped");
+    let wait = opt.duration + Duration::from_secs(30);
+    let mut sink = ns_cmd(
+        NS_SERVER,
+        &opt.exe,
+        &refs(&sink_args(opt, "-", &f.sink_report, wait)),
+    );
+    sink.stdin(Stdio::from(recv_out))
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit());
+    let sink = Proc::new(sink, "braid lab stream-sink")?;
+    Ok((recv, sink))
+}
+
+/// In the client's namespace: `braid send --live` of what comes through `input`, with
+/// tolerance `tol` and round trip `rtt_ms`.
+fn start_braid_sender(
+    opt: &StreamOptions,
+    f: &BraidFiles,
+    tol: &str,
+    rtt_ms: f64,
+    input: std::io::PipeReader,
+) -> Result<Proc, LabError> {
+    let rtt_arg = format!("{}ms", rtt_ms.ceil() as u64);
+    let chunk = opt.size.to_string();
+    let mut send_args = vec![
+        "send",
+        "-",
+        "--live",
+        "--json",
+        "--chunk",
+        &chunk,
+        "--tolerance",
+        tol,
+        "--rtt",
+        &rtt_arg,
+        "--peer-timeout",
+        "20s",
+    ];
+    let deadline_arg = opt.deadline.map(|d| format!("{}ms", d.as_millis()));
+    if let Some(d) = &deadline_arg {
+        send_args.extend(["--deadline", d]);
+    }
+    let cfg_a = f.cfg_a.display().to_string();
+    send_args.extend(["--config", &cfg_a]);
+    let mut send = ns_cmd(NS_CLIENT, &opt.exe, &send_args);
+    send.stdin(Stdio::from(input))
+        .stdout(Stdio::null())
+        .stderr(fs::File::create(&f.send_log).map_err(io_err(&f.send_log))?);
+    Proc::new(send, "braid send")
+}
+
+/// A braid run's name and the links it used, for the table.
+fn braid_run_name(opt: &StreamOptions, tol: &str, used: &[usize]) -> (String, String) {
+    match used {
+        [i] => (
+            format!("braid ({tol}), 1 link"),
+            format!("link {i} ({})", opt.links[*i].text),
+        ),
+        _ if used.len() == opt.links.len() => (
+            format!("braid ({tol})"),
+            format!("all {} links", used.len()),
+        ),
+        _ => (format!("braid ({tol})"), format!("links {used:?}")),
+    }
+}
+
 fn srt_run(opt: &StreamOptions, b: usize, latency_ms: u64) -> Result<RunResult, LabError> {
     let dir = topo::state_dir();
     let gen_report = dir.join("stream-gen-srt.json");
@@ -1122,20 +1171,6 @@ fn srt_run(opt: &StreamOptions, b: usize, latency_ms: u64) -> Result<RunResult, 
     let stats_tx = dir.join("srt-send-stats.json");
     let stats_rx = dir.join("srt-recv-stats.json");
     let drops_before = link_drops(opt.links.len());
-    let srt = tools::find(SRT.cmd).unwrap_or_else(|| PathBuf::from(SRT.cmd));
-    let srt_cmd = |ns: &str, stats: &Path, from: &str, to: &str| {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", ns])
-            .arg(&srt)
-            .args(["-q", "-s:100", "-pf:json", "-f"])
-            .arg(format!("-statsout:{}", stats.display()))
-            .args([from, to])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        c
-    };
-    let port = 9000;
     let wait = opt.duration + Duration::from_secs(30);
     let mut sink = ns_cmd(
         NS_SERVER,
@@ -1146,33 +1181,7 @@ fn srt_run(opt: &StreamOptions, b: usize, latency_ms: u64) -> Result<RunResult, 
         .stdout(Stdio::null())
         .stderr(Stdio::inherit());
     let mut sink = Proc::new(sink, "braid lab stream-sink (SRT)")?;
-    let listener = format!(
-        "srt://{}:{port}?mode=listener&latency={latency_ms}",
-        server_addr(b)
-    );
-    let mut rx = Proc::new(
-        srt_cmd(NS_SERVER, &stats_rx, &listener, "udp://127.0.0.1:9100"),
-        "srt-live-transmit (listener)",
-    )?;
-    std::thread::sleep(Duration::from_millis(300));
-    let caller = format!(
-        "srt://{}:{port}?mode=caller&latency={latency_ms}",
-        server_addr(b)
-    );
-    let chunk = format!("-chunk:{}", opt.size);
-    let mut tx_cmd = srt_cmd(NS_CLIENT, &stats_tx, "udp://127.0.0.1:9200", &caller);
-    tx_cmd.arg(&chunk);
-    let mut tx = Proc::new(tx_cmd, "srt-live-transmit (caller)")?;
-    // Connected when the listener's statistics appear or after a short wait; the
-    // generator starts after the SRT handshake so that none of its records fall into
-    // the connection set-up.
-    std::thread::sleep(Duration::from_millis(1000));
-    if let Ok(Some(s)) = tx.child.try_wait() {
-        return Err(LabError::Command {
-            cmd: "srt-live-transmit (caller)".into(),
-            reason: format!("exited at once ({s})"),
-        });
-    }
+    let (mut rx, mut tx) = start_srt(opt, b, latency_ms, &stats_tx, &stats_rx)?;
     let mut gen = ns_cmd(
         NS_CLIENT,
         &opt.exe,
@@ -1231,6 +1240,61 @@ fn srt_run(opt: &StreamOptions, b: usize, latency_ms: u64) -> Result<RunResult, 
             "note": "SRT statistics are written every 100 packets: the last line may miss up to 99",
         }),
     })
+}
+
+/// srt-live-transmit at both ends of link `b`: the listener in the server's namespace
+/// (to the sink at 127.0.0.1:9100), then the caller in the client's (from the
+/// generator at 127.0.0.1:9200), each writing its statistics; returns once the caller
+/// has had a second to connect.
+fn start_srt(
+    opt: &StreamOptions,
+    b: usize,
+    latency_ms: u64,
+    stats_tx: &Path,
+    stats_rx: &Path,
+) -> Result<(Proc, Proc), LabError> {
+    let srt = tools::find(SRT.cmd).unwrap_or_else(|| PathBuf::from(SRT.cmd));
+    let srt_cmd = |ns: &str, stats: &Path, from: &str, to: &str| {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", ns])
+            .arg(&srt)
+            .args(["-q", "-s:100", "-pf:json", "-f"])
+            .arg(format!("-statsout:{}", stats.display()))
+            .args([from, to])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        c
+    };
+    let port = 9000;
+    let listener = format!(
+        "srt://{}:{port}?mode=listener&latency={latency_ms}",
+        server_addr(b)
+    );
+    let rx = Proc::new(
+        srt_cmd(NS_SERVER, stats_rx, &listener, "udp://127.0.0.1:9100"),
+        "srt-live-transmit (listener)",
+    )?;
+    std::thread::sleep(Duration::from_millis(300));
+    let caller = format!(
+        "srt://{}:{port}?mode=caller&latency={latency_ms}",
+        server_addr(b)
+    );
+    let chunk = format!("-chunk:{}", opt.size);
+    let mut tx_cmd = srt_cmd(NS_CLIENT, stats_tx, "udp://127.0.0.1:9200", &caller);
+    tx_cmd.arg(&chunk);
+    let mut tx = Proc::new(tx_cmd, "srt-live-transmit (caller)")?;
+    // Connected when the listener's statistics appear or after a short wait; the
+    // generator starts after the SRT handshake so that none of its records fall into
+    // the connection set-up.
+    std::thread::sleep(Duration::from_millis(1000));
+    if let Ok(Some(s)) = tx.child.try_wait() {
+        return Err(LabError::Command {
+            cmd: "srt-live-transmit (caller)".into(),
+            reason: format!("exited at once ({s})"),
+        });
+    }
+    Ok((rx, tx))
 }
 
 const COLORS: [RGBColor; 6] = [

@@ -235,97 +235,121 @@ fn build(links: &[LinkSpec], exe: &Path, seed: u64) -> Result<(), LabError> {
     let spec_text: Vec<String> = links.iter().map(|l| l.text.clone()).collect();
     let spec_text = spec_text.join(",");
     write_state(&dir.join("links"), &spec_text)?;
-
     for n in [NS_CLIENT, NS_ROUTER, NS_SERVER] {
-        run(&["ip", "netns", "add", n])?;
-        sh(n, "ip link set dev lo up")?;
-        sh(n, "sysctl -qw net.ipv4.conf.all.rp_filter=0")?;
-        sh(n, "sysctl -qw net.ipv4.conf.default.rp_filter=0")?;
-        // Every TCP measurement starts from scratch: by default Linux keeps a finished
-        // connection's ssthresh per destination and starts the next one with it, and
-        // the braid modes all measure towards the same tunnel address, one after
-        // the other.
-        sh(n, "sysctl -qw net.ipv4.tcp_no_metrics_save=1")?;
-        // Room for one TCP flow to fill the whole bond: 170 Mbit/s at a 155 ms round
-        // trip is 3.3 MB in flight, and Linux's default send buffer (4 MiB, about
-        // 2 MB of payload once the kernel's per-packet overhead is counted) held a
-        // single flow through the tunnel at 2 MB in flight, some 105 Mbit/s, where the
-        // ceiling's three flows have a buffer each. 32 MiB, as for any long fat pipe.
-        for v in [
-            "net.ipv4.tcp_wmem=4096 16384 33554432",
-            "net.ipv4.tcp_rmem=4096 131072 33554432",
-        ] {
-            run(&["ip", "netns", "exec", n, "sysctl", "-qw", v])?;
-        }
+        add_namespace(n)?;
     }
     sh(NS_ROUTER, "sysctl -qw net.ipv4.ip_forward=1")?;
     for (i, l) in links.iter().enumerate() {
-        let (ca, sa) = (client_addr(i), server_addr(i));
+        add_link(i, l)?;
+    }
+    start_emulator(exe, &spec_text, seed, &dir, links.len())?;
+    for i in 0..links.len() {
+        route_through_emulator(i)?;
+    }
+    Ok(())
+}
+
+/// Namespace `n`: loopback up, no reverse-path filter, fresh TCP metrics and buffers
+/// for a long fat pipe.
+fn add_namespace(n: &str) -> Result<(), LabError> {
+    run(&["ip", "netns", "add", n])?;
+    sh(n, "ip link set dev lo up")?;
+    sh(n, "sysctl -qw net.ipv4.conf.all.rp_filter=0")?;
+    sh(n, "sysctl -qw net.ipv4.conf.default.rp_filter=0")?;
+    // Every TCP measurement starts from scratch: by default Linux keeps a finished
+    // connection's ssthresh per destination and starts the next one with it, and
+    // the braid modes all measure towards the same tunnel address, one after
+    // the other.
+    sh(n, "sysctl -qw net.ipv4.tcp_no_metrics_save=1")?;
+    // Room for one TCP flow to fill the whole bond: 170 Mbit/s at a 155 ms round
+    // trip is 3.3 MB in flight, and Linux's default send buffer (4 MiB, about
+    // 2 MB of payload once the kernel's per-packet overhead is counted) held a
+    // single flow through the tunnel at 2 MB in flight, some 105 Mbit/s, where the
+    // ceiling's three flows have a buffer each. 32 MiB, as for any long fat pipe.
+    for v in [
+        "net.ipv4.tcp_wmem=4096 16384 33554432",
+        "net.ipv4.tcp_rmem=4096 131072 33554432",
+    ] {
+        run(&["ip", "netns", "exec", n, "sysctl", "-qw", v])?;
+    }
+    Ok(())
+}
+
+/// Link `i`: client l<i> -- a<i> router b<i> -- l<i> server, shaped by tbf at the
+/// link's rate, with the client's and server's policy routes over it.
+fn add_link(i: usize, l: &LinkSpec) -> Result<(), LabError> {
+    let (ca, sa) = (client_addr(i), server_addr(i));
+    sh(
+        "",
+        &format!("ip link add l{i} netns {NS_CLIENT} type veth peer name a{i} netns {NS_ROUTER}"),
+    )?;
+    sh(
+        "",
+        &format!("ip link add b{i} netns {NS_ROUTER} type veth peer name l{i} netns {NS_SERVER}"),
+    )?;
+    sh(NS_CLIENT, &format!("ip addr add {ca}/24 dev l{i}"))?;
+    sh(NS_ROUTER, &format!("ip addr add 10.201.{i}.2/24 dev a{i}"))?;
+    sh(NS_ROUTER, &format!("ip addr add 10.202.{i}.2/24 dev b{i}"))?;
+    sh(NS_SERVER, &format!("ip addr add {sa}/24 dev l{i}"))?;
+    sh(NS_CLIENT, &format!("ip link set dev l{i} up"))?;
+    sh(NS_ROUTER, &format!("ip link set dev a{i} up"))?;
+    sh(NS_ROUTER, &format!("ip link set dev b{i} up"))?;
+    sh(NS_SERVER, &format!("ip link set dev l{i} up"))?;
+    // Rate: tbf on the router's egress in both directions.
+    for dev in ["a", "b"] {
         sh(
-            "",
+            NS_ROUTER,
             &format!(
-                "ip link add l{i} netns {NS_CLIENT} type veth peer name a{i} netns {NS_ROUTER}"
+                "tc qdisc add dev {dev}{i} root tbf rate {}bit burst 32kb latency 20ms",
+                l.rate_bps
             ),
-        )?;
-        sh(
-            "",
-            &format!(
-                "ip link add b{i} netns {NS_ROUTER} type veth peer name l{i} netns {NS_SERVER}"
-            ),
-        )?;
-        sh(NS_CLIENT, &format!("ip addr add {ca}/24 dev l{i}"))?;
-        sh(NS_ROUTER, &format!("ip addr add 10.201.{i}.2/24 dev a{i}"))?;
-        sh(NS_ROUTER, &format!("ip addr add 10.202.{i}.2/24 dev b{i}"))?;
-        sh(NS_SERVER, &format!("ip addr add {sa}/24 dev l{i}"))?;
-        sh(NS_CLIENT, &format!("ip link set dev l{i} up"))?;
-        sh(NS_ROUTER, &format!("ip link set dev a{i} up"))?;
-        sh(NS_ROUTER, &format!("ip link set dev b{i} up"))?;
-        sh(NS_SERVER, &format!("ip link set dev l{i} up"))?;
-        // Rate: tbf on the router's egress in both directions.
-        for dev in ["a", "b"] {
-            sh(
-                NS_ROUTER,
-                &format!(
-                    "tc qdisc add dev {dev}{i} root tbf rate {}bit burst 32kb latency 20ms",
-                    l.rate_bps
-                ),
-            )?;
-        }
-        // Client: traffic from link i's address uses link i; the server's link-i
-        // subnet is reached over link i.
-        let table = 10 + i;
-        sh(
-            NS_CLIENT,
-            &format!("ip rule add from {ca} table {table} pref {}", 100 + i),
-        )?;
-        sh(
-            NS_CLIENT,
-            &format!("ip route add default via 10.201.{i}.2 dev l{i} table {table}"),
-        )?;
-        sh(
-            NS_CLIENT,
-            &format!("ip route add 10.202.{i}.0/24 via 10.201.{i}.2 dev l{i}"),
-        )?;
-        // Server: answers go back over the link they came from.
-        sh(
-            NS_SERVER,
-            &format!("ip route add 10.201.{i}.0/24 via 10.202.{i}.2 dev l{i}"),
         )?;
     }
+    // Client: traffic from link i's address uses link i; the server's link-i
+    // subnet is reached over link i.
+    let table = 10 + i;
+    sh(
+        NS_CLIENT,
+        &format!("ip rule add from {ca} table {table} pref {}", 100 + i),
+    )?;
+    sh(
+        NS_CLIENT,
+        &format!("ip route add default via 10.201.{i}.2 dev l{i} table {table}"),
+    )?;
+    sh(
+        NS_CLIENT,
+        &format!("ip route add 10.202.{i}.0/24 via 10.201.{i}.2 dev l{i}"),
+    )?;
+    // Server: answers go back over the link they came from.
+    sh(
+        NS_SERVER,
+        &format!("ip route add 10.201.{i}.0/24 via 10.202.{i}.2 dev l{i}"),
+    )?;
+    Ok(())
+}
 
+/// The emulator, detached in the router namespace (its pid in the state directory);
+/// waits (up to 5 s) for its TUN devices t0..t<n-1>.
+fn start_emulator(
+    exe: &Path,
+    spec_text: &str,
+    seed: u64,
+    dir: &Path,
+    n: usize,
+) -> Result<(), LabError> {
     // The emulator creates t0..tN in the router namespace.
     let log = fs::File::create(dir.join("emulator.log")).map_err(|err| LabError::Io {
         path: dir.join("emulator.log").display().to_string(),
         err,
     })?;
-    let child = spawn_emulator(exe, NS_ROUTER, &spec_text, seed, &dir, log)?;
+    let child = spawn_emulator(exe, NS_ROUTER, spec_text, seed, dir, log)?;
     write_state(&dir.join("emulator.pid"), &child.id().to_string())?;
     // Detach: the emulator outlives this command.
     std::mem::forget(child);
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         let devs = sh(NS_ROUTER, "ip -o link show").unwrap_or_default();
-        let ready = (0..links.len()).all(|i| devs.contains(&format!(": t{i}:")));
+        let ready = (0..n).all(|i| devs.contains(&format!(": t{i}:")));
         if ready {
             break;
         }
@@ -338,45 +362,47 @@ fn build(links: &[LinkSpec], exe: &Path, seed: u64) -> Result<(), LabError> {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    // Every packet entering the router on a<i> or b<i> goes through t<i> (the
-    // emulator); what comes back out of t<i> from the client side leaves on b<i>.
-    for i in 0..links.len() {
-        let (delay_table, out_table) = (100 + i, 200 + i);
-        sh(NS_ROUTER, &format!("ip link set dev t{i} up"))?;
-        sh(
-            NS_ROUTER,
-            &format!("ip route add default dev t{i} table {delay_table}"),
-        )?;
-        sh(
-            NS_ROUTER,
-            &format!(
-                "ip rule add iif a{i} lookup {delay_table} pref {}",
-                1000 + i
-            ),
-        )?;
-        sh(
-            NS_ROUTER,
-            &format!(
-                "ip rule add iif b{i} lookup {delay_table} pref {}",
-                1100 + i
-            ),
-        )?;
-        sh(
-            NS_ROUTER,
-            &format!(
-                "ip rule add from 10.201.{i}.0/24 iif t{i} lookup {out_table} pref {}",
-                2000 + i
-            ),
-        )?;
-        sh(
-            NS_ROUTER,
-            &format!("ip route add 10.202.0.0/16 via 10.202.{i}.1 dev b{i} table {out_table}"),
-        )?;
-        sh(
-            NS_ROUTER,
-            &format!("sysctl -qw net.ipv4.conf.t{i}.rp_filter=0"),
-        )?;
-    }
+    Ok(())
+}
+
+/// Every packet entering the router on a<i> or b<i> goes through t<i> (the emulator);
+/// what comes back out of t<i> from the client side leaves on b<i>.
+fn route_through_emulator(i: usize) -> Result<(), LabError> {
+    let (delay_table, out_table) = (100 + i, 200 + i);
+    sh(NS_ROUTER, &format!("ip link set dev t{i} up"))?;
+    sh(
+        NS_ROUTER,
+        &format!("ip route add default dev t{i} table {delay_table}"),
+    )?;
+    sh(
+        NS_ROUTER,
+        &format!(
+            "ip rule add iif a{i} lookup {delay_table} pref {}",
+            1000 + i
+        ),
+    )?;
+    sh(
+        NS_ROUTER,
+        &format!(
+            "ip rule add iif b{i} lookup {delay_table} pref {}",
+            1100 + i
+        ),
+    )?;
+    sh(
+        NS_ROUTER,
+        &format!(
+            "ip rule add from 10.201.{i}.0/24 iif t{i} lookup {out_table} pref {}",
+            2000 + i
+        ),
+    )?;
+    sh(
+        NS_ROUTER,
+        &format!("ip route add 10.202.0.0/16 via 10.202.{i}.1 dev b{i} table {out_table}"),
+    )?;
+    sh(
+        NS_ROUTER,
+        &format!("sysctl -qw net.ipv4.conf.t{i}.rp_filter=0"),
+    )?;
     Ok(())
 }
 

@@ -956,6 +956,37 @@ impl Sim {
         }
     }
 
+    /// Resyncs and wait timeouts at the receiver, packets the sender sent, and the
+    /// session's result (a session run; `delivered` at the receiver).
+    fn end_counts(
+        ends: &Ends,
+        now: Nanos,
+        delivered: u64,
+    ) -> (u64, u64, u64, Option<SessionResult>) {
+        match ends {
+            Ends::Bare { striper, reseq } => {
+                let rs = reseq.stats();
+                (
+                    rs.total(|c| c.resyncs),
+                    rs.total(|c| c.wait_timeouts),
+                    striper.packets_sent(),
+                    None,
+                )
+            }
+            Ends::Session(s) => {
+                let now = Instant::from_micros(now / 1000);
+                let b = s.b.stats(now);
+                let a = s.a.stats(now);
+                (
+                    b.channels.iter().map(|c| c.resequencer.resyncs).sum(),
+                    b.channels.iter().map(|c| c.resequencer.wait_timeouts).sum(),
+                    a.sent_packets - a.queue_drops,
+                    Some(s.result(delivered)),
+                )
+            }
+        }
+    }
+
     fn finish(self, cfg: &RunConfig) -> RunResult {
         let rx = self.rx;
         let duration_ns = match cfg.duration {
@@ -974,42 +1005,9 @@ impl Sim {
             .iter()
             .map(|&(a, b)| (a as f64 / 1e9, b as f64 / 1e9))
             .collect();
-        let (resyncs, wait_timeouts, sent, session) = match &self.ends {
-            Ends::Bare { striper, reseq } => {
-                let rs = reseq.stats();
-                (
-                    rs.total(|c| c.resyncs),
-                    rs.total(|c| c.wait_timeouts),
-                    striper.packets_sent(),
-                    None,
-                )
-            }
-            Ends::Session(s) => {
-                let now = Instant::from_micros(self.now / 1000);
-                let b = s.b.stats(now);
-                let a = s.a.stats(now);
-                (
-                    b.channels.iter().map(|c| c.resequencer.resyncs).sum(),
-                    b.channels.iter().map(|c| c.resequencer.wait_timeouts).sum(),
-                    a.sent_packets - a.queue_drops,
-                    Some(s.result(rx.delivered)),
-                )
-            }
-        };
-        let mut data_bytes = 0;
-        let mut control_bytes = 0;
-        let mut lost_on_channel = 0;
-        let mut dropped_at_sender = 0;
-        let mut channels = Vec::with_capacity(self.chans.len());
-        for c in self.chans {
-            let mut r = c.res;
-            data_bytes += r.bytes - r.control_bytes;
-            control_bytes += r.control_bytes;
-            lost_on_channel += r.data_lost;
-            dropped_at_sender += r.data_dropped;
-            r.throughput_bps = r.throughput_bps * 8.0 / dur_s;
-            channels.push(r);
-        }
+        let (resyncs, wait_timeouts, sent, session) =
+            Self::end_counts(&self.ends, self.now, rx.delivered);
+        let totals = ChannelTotals::of(self.chans, dur_s);
         RunResult {
             duration_s: dur_s,
             goodput_bps: goodput_bytes as f64 * 8.0 / dur_s,
@@ -1022,8 +1020,8 @@ impl Sim {
             packets_sent: sent,
             packets_delivered: rx.delivered,
             packets_lost: sent.saturating_sub(rx.delivered),
-            lost_on_channel,
-            dropped_at_sender,
+            lost_on_channel: totals.lost_on_channel,
+            dropped_at_sender: totals.dropped_at_sender,
             send_errors: self.send_errors,
             out_of_order: rx.out_of_order,
             max_reorder_depth: rx.max_reorder_depth,
@@ -1031,11 +1029,11 @@ impl Sim {
             resync_s,
             fifo_restored,
             episodes,
-            data_bytes,
-            control_bytes,
+            data_bytes: totals.data_bytes,
+            control_bytes: totals.control_bytes,
             resyncs,
             wait_timeouts,
-            channels,
+            channels: totals.channels,
             events: self.events,
             session,
             errctl: None,
@@ -1043,6 +1041,40 @@ impl Sim {
                 .tcp
                 .as_ref()
                 .map(|f| f.result(duration_ns.saturating_sub(cfg.traffic.start) as f64 / 1e9)),
+        }
+    }
+}
+/// The channels' results (throughput over the run's `dur_s`) and their sums.
+struct ChannelTotals {
+    channels: Vec<ChannelResult>,
+    data_bytes: u64,
+    control_bytes: u64,
+    lost_on_channel: u64,
+    dropped_at_sender: u64,
+}
+
+impl ChannelTotals {
+    fn of(chans: Vec<Chan>, dur_s: f64) -> ChannelTotals {
+        let mut data_bytes = 0;
+        let mut control_bytes = 0;
+        let mut lost_on_channel = 0;
+        let mut dropped_at_sender = 0;
+        let mut channels = Vec::with_capacity(chans.len());
+        for c in chans {
+            let mut r = c.res;
+            data_bytes += r.bytes - r.control_bytes;
+            control_bytes += r.control_bytes;
+            lost_on_channel += r.data_lost;
+            dropped_at_sender += r.data_dropped;
+            r.throughput_bps = r.throughput_bps * 8.0 / dur_s;
+            channels.push(r);
+        }
+        ChannelTotals {
+            channels,
+            data_bytes,
+            control_bytes,
+            lost_on_channel,
+            dropped_at_sender,
         }
     }
 }

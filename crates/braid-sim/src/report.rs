@@ -284,29 +284,25 @@ impl Report {
         serde_json::to_string(self).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
     }
 
-    /// A readable table.
+    /// A readable table: a row per run, then the session and tcp columns of the runs
+    /// that have them.
     pub fn to_table(&self) -> String {
         let mut out = String::new();
         let _ = writeln!(out, "scenario {}  seed {}", self.scenario, self.seed);
-        let params: Vec<String> = self
-            .runs
-            .iter()
-            .map(|r| {
-                r.params
-                    .iter()
-                    .map(|(k, v)| format!("{k}={v}"))
-                    .collect::<Vec<_>>()
-                    .join(" ")
-            })
-            .collect();
-        let lw = self
-            .runs
-            .iter()
-            .map(|r| r.label.len())
-            .max()
-            .unwrap_or(5)
-            .max(5);
-        let pw = params.iter().map(|p| p.len()).max().unwrap_or(0);
+        let cols = Columns::new(&self.runs);
+        self.runs_table(&mut out, &cols);
+        if self.runs.iter().any(|r| r.session.is_some()) {
+            self.session_table(&mut out, &cols);
+        }
+        if self.runs.iter().any(|r| r.tcp.is_some()) {
+            self.tcp_table(&mut out, &cols);
+        }
+        out
+    }
+
+    /// Goodput, counts, order, latency, marker overhead and resync, a row per run.
+    fn runs_table(&self, out: &mut String, cols: &Columns) {
+        let (lw, pw) = (cols.lw, cols.pw);
         let _ = write!(out, "{:<lw$}  ", "run");
         if pw > 0 {
             let _ = write!(out, "{:<pw$}  ", "params");
@@ -325,11 +321,8 @@ impl Report {
             "ctl %",
             "resync s"
         );
-        for (r, p) in self.runs.iter().zip(&params) {
-            let _ = write!(out, "{:<lw$}  ", r.label);
-            if pw > 0 {
-                let _ = write!(out, "{p:<pw$}  ");
-            }
+        for (r, p) in self.runs.iter().zip(&cols.params) {
+            cols.row_head(out, r, p);
             let resync = if r.resync_s.is_empty() {
                 "-".to_string()
             } else {
@@ -356,88 +349,121 @@ impl Report {
                 resync
             );
         }
-        if self.runs.iter().any(|r| r.session.is_some()) {
+    }
+
+    /// Failovers, outages, epochs of the `[session]` runs.
+    fn session_table(&self, out: &mut String, cols: &Columns) {
+        let (lw, pw) = (cols.lw, cols.pw);
+        let _ = writeln!(
+            out,
+            "\n{:<lw$}  {:>pw$}{:>5} {:>8} {:>11} {:>10} {:>9} {:>6} {:>6} {:>5}",
+            "session",
+            "",
+            "downs",
+            "outage s",
+            "failover ms",
+            "rejoin ms",
+            "link lost",
+            "epochs",
+            "quanta",
+            "dups",
+            pw = if pw > 0 { pw + 2 } else { 0 },
+        );
+        for (r, p) in self.runs.iter().zip(&cols.params) {
+            let Some(s) = &r.session else {
+                continue;
+            };
+            cols.row_head(out, r, p);
+            let outage = match r.loss_episodes_s.len() {
+                0 => "-".to_string(),
+                _ => {
+                    let s: f64 = r.loss_episodes_s.iter().map(|[a, b]| b - a).sum();
+                    format!("{s:.3}")
+                }
+            };
             let _ = writeln!(
                 out,
-                "\n{:<lw$}  {:>pw$}{:>5} {:>8} {:>11} {:>10} {:>9} {:>6} {:>6} {:>5}",
-                "session",
-                "",
-                "downs",
-                "outage s",
-                "failover ms",
-                "rejoin ms",
-                "link lost",
-                "epochs",
-                "quanta",
-                "dups",
-                pw = if pw > 0 { pw + 2 } else { 0 },
+                "{:>5} {:>8} {:>11} {:>10} {:>9} {:>6} {:>6} {:>5}",
+                s.failover_ms.len(),
+                outage,
+                worst_ms(&s.failover_ms),
+                worst_ms(&s.rejoin_ms),
+                r.lost_on_channel,
+                s.epoch_changes,
+                s.quanta_changes,
+                s.duplicates
             );
-            for (r, p) in self.runs.iter().zip(&params) {
-                let Some(s) = &r.session else {
-                    continue;
-                };
-                let _ = write!(out, "{:<lw$}  ", r.label);
-                if pw > 0 {
-                    let _ = write!(out, "{p:<pw$}  ");
-                }
-                let outage = match r.loss_episodes_s.len() {
-                    0 => "-".to_string(),
-                    _ => {
-                        let s: f64 = r.loss_episodes_s.iter().map(|[a, b]| b - a).sum();
-                        format!("{s:.3}")
-                    }
-                };
-                let _ = writeln!(
-                    out,
-                    "{:>5} {:>8} {:>11} {:>10} {:>9} {:>6} {:>6} {:>5}",
-                    s.failover_ms.len(),
-                    outage,
-                    worst_ms(&s.failover_ms),
-                    worst_ms(&s.rejoin_ms),
-                    r.lost_on_channel,
-                    s.epoch_changes,
-                    s.quanta_changes,
-                    s.duplicates
-                );
-            }
         }
-        if self.runs.iter().any(|r| r.tcp.is_some()) {
+    }
+
+    /// The tcp source's counters, for the runs that have one.
+    fn tcp_table(&self, out: &mut String, cols: &Columns) {
+        let (lw, pw) = (cols.lw, cols.pw);
+        let _ = writeln!(
+            out,
+            "\n{:<lw$}  {:>pw$}{:>9} {:>8} {:>8} {:>6} {:>5} {:>8} {:>8}",
+            "tcp",
+            "",
+            "Mbit/s",
+            "retrans",
+            "ce",
+            "ecn-",
+            "rto",
+            "cwnd_max",
+            "srtt ms",
+            pw = if pw > 0 { pw + 2 } else { 0 },
+        );
+        for (r, p) in self.runs.iter().zip(&cols.params) {
+            let Some(t) = &r.tcp else {
+                continue;
+            };
+            cols.row_head(out, r, p);
             let _ = writeln!(
                 out,
-                "\n{:<lw$}  {:>pw$}{:>9} {:>8} {:>8} {:>6} {:>5} {:>8} {:>8}",
-                "tcp",
-                "",
-                "Mbit/s",
-                "retrans",
-                "ce",
-                "ecn-",
-                "rto",
-                "cwnd_max",
-                "srtt ms",
-                pw = if pw > 0 { pw + 2 } else { 0 },
+                "{:>9.3} {:>8} {:>8} {:>6} {:>5} {:>8.0} {:>8.1}",
+                t.goodput_bps / 1e6,
+                t.retransmits,
+                t.ce_marks_seen,
+                t.ecn_reductions,
+                t.rto_count,
+                t.cwnd_max,
+                t.srtt_ms
             );
-            for (r, p) in self.runs.iter().zip(&params) {
-                let Some(t) = &r.tcp else {
-                    continue;
-                };
-                let _ = write!(out, "{:<lw$}  ", r.label);
-                if pw > 0 {
-                    let _ = write!(out, "{p:<pw$}  ");
-                }
-                let _ = writeln!(
-                    out,
-                    "{:>9.3} {:>8} {:>8} {:>6} {:>5} {:>8.0} {:>8.1}",
-                    t.goodput_bps / 1e6,
-                    t.retransmits,
-                    t.ce_marks_seen,
-                    t.ecn_reductions,
-                    t.rto_count,
-                    t.cwnd_max,
-                    t.srtt_ms
-                );
-            }
         }
-        out
+    }
+}
+
+/// The table's first two columns: the run's label and its sweep parameters.
+struct Columns {
+    lw: usize,
+    pw: usize,
+    params: Vec<String>,
+}
+
+impl Columns {
+    fn new(runs: &[RunReport]) -> Columns {
+        let params: Vec<String> = runs
+            .iter()
+            .map(|r| {
+                r.params
+                    .iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .collect();
+        let lw = runs.iter().map(|r| r.label.len()).max().unwrap_or(5).max(5);
+        let pw = params.iter().map(|p| p.len()).max().unwrap_or(0);
+        Columns { lw, pw, params }
+    }
+
+    /// A row's label and parameters.
+    fn row_head(&self, out: &mut String, r: &RunReport, p: &str) {
+        let (lw, pw) = (self.lw, self.pw);
+        let _ = write!(out, "{:<lw$}  ", r.label);
+        if pw > 0 {
+            let _ = write!(out, "{p:<pw$}  ");
+        }
     }
 }
 

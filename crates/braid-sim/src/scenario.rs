@@ -127,6 +127,28 @@ pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
     parse(&text, &file, &dir, &stem)
 }
 
+/// The keys of a scenario file's top level.
+const TOP_KEYS: &[&str] = &[
+    "name",
+    "description",
+    "seed",
+    "duration_s",
+    "packets",
+    "drain_s",
+    "max_packet",
+    "channel",
+    "traffic",
+    "markers",
+    "trr",
+    "receiver",
+    "srr",
+    "session",
+    "errctl",
+    "run",
+    "sweep",
+    "plot",
+];
+
 /// Parse scenario text. `file` names it in errors, `dir` resolves relative trace paths,
 /// `stem` is the default name.
 pub fn parse(text: &str, file: &str, dir: &Path, stem: &str) -> Result<Scenario, ScenarioError> {
@@ -141,26 +163,7 @@ pub fn parse(text: &str, file: &str, dir: &Path, stem: &str) -> Result<Scenario,
         traces: Default::default(),
     };
     let top = Tab::new(&cx, "", &root);
-    top.check_keys(&[
-        "name",
-        "description",
-        "seed",
-        "duration_s",
-        "packets",
-        "drain_s",
-        "max_packet",
-        "channel",
-        "traffic",
-        "markers",
-        "trr",
-        "receiver",
-        "srr",
-        "session",
-        "errctl",
-        "run",
-        "sweep",
-        "plot",
-    ])?;
+    top.check_keys(TOP_KEYS)?;
     let name = top.str_opt("name")?.unwrap_or(stem).to_string();
     let description = top.str_opt("description")?.unwrap_or("").to_string();
     let seed = top.u64_or("seed", 1, "a whole number >= 0")?;
@@ -187,7 +190,27 @@ pub fn parse(text: &str, file: &str, dir: &Path, stem: &str) -> Result<Scenario,
     base.remove("sweep");
     base.remove("plot");
 
-    // Sweep grid, first sweep varying slowest.
+    let points = sweep_grid(&sweeps);
+    let mut jobs = Vec::new();
+    for (ri, rs) in run_specs.iter().enumerate() {
+        for point in &points {
+            jobs.push(job_at(&cx, &base, ri, rs, &sweeps, point)?);
+        }
+    }
+    Ok(Scenario {
+        name,
+        description,
+        seed,
+        sweep_names: sweeps.iter().map(|s| s.name.clone()).collect(),
+        run_labels: run_specs.iter().map(|r| r.label.clone()).collect(),
+        jobs,
+        plot,
+    })
+}
+
+/// The sweep grid: every combination of the sweeps' values, the first sweep varying
+/// slowest; each point a list of (sweep index, value).
+fn sweep_grid(sweeps: &[Sweep]) -> Vec<Vec<(usize, f64)>> {
     let mut points: Vec<Vec<(usize, f64)>> = vec![vec![]];
     for (si, s) in sweeps.iter().enumerate() {
         let mut next = Vec::new();
@@ -200,46 +223,43 @@ pub fn parse(text: &str, file: &str, dir: &Path, stem: &str) -> Result<Scenario,
         }
         points = next;
     }
+    points
+}
 
-    let mut jobs = Vec::new();
-    for (ri, rs) in run_specs.iter().enumerate() {
-        for point in &points {
-            let mut tree = base.clone();
-            for (k, v) in &rs.set {
-                set_path(&mut tree, k, v.clone())
-                    .map_err(|m| cx.err(Some(&format!("run[{ri}].set.\"{k}\"")), &m))?;
-            }
-            let mut params = Vec::new();
-            for &(si, v) in point {
-                let s = &sweeps[si];
-                for k in &s.keys {
-                    set_path(&mut tree, k, number_value(v))
-                        .map_err(|m| cx.err(Some(&format!("sweep[{si}].key \"{k}\"")), &m))?;
-                }
-                params.push((s.name.clone(), v));
-            }
-            let at = if params.is_empty() {
-                String::new()
-            } else {
-                let p: Vec<String> = params.iter().map(|(k, v)| format!("{k} = {v}")).collect();
-                format!(" (at sweep point {})", p.join(", "))
-            };
-            let t = Tab::new(&cx, "", &tree);
-            let job = build_job(&t, rs, ri, params).map_err(|mut e| {
-                e.message.push_str(&at);
-                e
-            })?;
-            jobs.push(job);
-        }
+/// The job of run `ri` at one sweep point: the base tree with the run's `set` and the
+/// point's values applied, built; errors say at which sweep point.
+fn job_at(
+    cx: &Cx,
+    base: &Table,
+    ri: usize,
+    rs: &RunHead,
+    sweeps: &[Sweep],
+    point: &[(usize, f64)],
+) -> Result<Job, ScenarioError> {
+    let mut tree = base.clone();
+    for (k, v) in &rs.set {
+        set_path(&mut tree, k, v.clone())
+            .map_err(|m| cx.err(Some(&format!("run[{ri}].set.\"{k}\"")), &m))?;
     }
-    Ok(Scenario {
-        name,
-        description,
-        seed,
-        sweep_names: sweeps.iter().map(|s| s.name.clone()).collect(),
-        run_labels: run_specs.iter().map(|r| r.label.clone()).collect(),
-        jobs,
-        plot,
+    let mut params = Vec::new();
+    for &(si, v) in point {
+        let s = &sweeps[si];
+        for k in &s.keys {
+            set_path(&mut tree, k, number_value(v))
+                .map_err(|m| cx.err(Some(&format!("sweep[{si}].key \"{k}\"")), &m))?;
+        }
+        params.push((s.name.clone(), v));
+    }
+    let at = if params.is_empty() {
+        String::new()
+    } else {
+        let p: Vec<String> = params.iter().map(|(k, v)| format!("{k} = {v}")).collect();
+        format!(" (at sweep point {})", p.join(", "))
+    };
+    let t = Tab::new(cx, "", &tree);
+    build_job(&t, rs, ri, params).map_err(|mut e| {
+        e.message.push_str(&at);
+        e
     })
 }
 
@@ -489,89 +509,8 @@ fn parse_sweeps(top: &Tab) -> Result<Vec<Sweep>, ScenarioError> {
     let mut out = Vec::new();
     for s in top.tabs("sweep")? {
         s.check_keys(&["key", "keys", "name", "values", "from", "to", "step"])?;
-        let keys: Vec<String> = match (s.t.get("key"), s.t.get("keys")) {
-            (Some(Value::String(k)), None) => vec![k.clone()],
-            (None, Some(Value::Array(a))) if !a.is_empty() => a
-                .iter()
-                .enumerate()
-                .map(|(i, v)| match v {
-                    Value::String(k) => Ok(k.clone()),
-                    v => Err(s.err(
-                        &format!("keys[{i}]"),
-                        &format!("expected a key path string, found {}", describe(v)),
-                    )),
-                })
-                .collect::<Result<_, _>>()?,
-            (Some(_), Some(_)) => {
-                return Err(s.err("keys", "give either `key` or `keys`, not both"))
-            }
-            (Some(v), None) => {
-                return Err(s.expected(
-                    "key",
-                    "a key path string such as \"channel.1.rate_mbps\"",
-                    v,
-                ))
-            }
-            (None, Some(v)) => {
-                return Err(s.expected("keys", "a non-empty array of key path strings", v))
-            }
-            (None, None) => {
-                return Err(s.err(
-                    "key",
-                    "missing; expected the key path to sweep, such as \"channel.1.rate_mbps\"",
-                ))
-            }
-        };
-        for (i, k) in keys.iter().enumerate() {
-            let at = if s.t.contains_key("keys") {
-                format!("keys[{i}]")
-            } else {
-                "key".into()
-            };
-            parse_path(k).map_err(|m| s.err(&at, &m))?;
-            if matches!(
-                parse_path(k).ok().as_deref().and_then(|p| p.first()),
-                Some(Seg::Key(f)) if f == "run" || f == "sweep" || f == "plot"
-            ) {
-                return Err(s.err(&at, "cannot sweep run, sweep or plot settings"));
-            }
-        }
-        let values = match s.num_list("values", "a number")? {
-            Some(v) => {
-                if s.t.contains_key("from") || s.t.contains_key("to") || s.t.contains_key("step") {
-                    return Err(s.err(
-                        "values",
-                        "give either `values` or `from`/`to`/`step`, not both",
-                    ));
-                }
-                v
-            }
-            None => {
-                let from = s.f64_req("from", "a number (first value)", |_| true)?;
-                let to = s.f64_req("to", "a number (last value)", |_| true)?;
-                let step = s.f64_req("step", "a number > 0", positive)?;
-                if to < from {
-                    return Err(s.err(
-                        "to",
-                        &format!("expected a number >= from ({from}), found {to}"),
-                    ));
-                }
-                let n = ((to - from) / step + 1e-9).floor() as u64 + 1;
-                if n > 100_000 {
-                    return Err(s.err(
-                        "step",
-                        &format!("the sweep would have {n} points; at most 100000"),
-                    ));
-                }
-                (0..n)
-                    .map(|i| {
-                        // Round away float noise such as 0.30000000000000004.
-                        let v = from + step * i as f64;
-                        (v * 1e9).round() / 1e9
-                    })
-                    .collect()
-            }
-        };
+        let keys = sweep_keys(&s)?;
+        let values = sweep_values(&s)?;
         if values.is_empty() {
             return Err(s.err("values", "expected at least one value"));
         }
@@ -582,6 +521,96 @@ fn parse_sweeps(top: &Tab) -> Result<Vec<Sweep>, ScenarioError> {
         out.push(Sweep { name, keys, values });
     }
     Ok(out)
+}
+
+/// A sweep's `key` or `keys`: key paths, none into run, sweep or plot settings.
+fn sweep_keys(s: &Tab) -> Result<Vec<String>, ScenarioError> {
+    let keys: Vec<String> = match (s.t.get("key"), s.t.get("keys")) {
+        (Some(Value::String(k)), None) => vec![k.clone()],
+        (None, Some(Value::Array(a))) if !a.is_empty() => a
+            .iter()
+            .enumerate()
+            .map(|(i, v)| match v {
+                Value::String(k) => Ok(k.clone()),
+                v => Err(s.err(
+                    &format!("keys[{i}]"),
+                    &format!("expected a key path string, found {}", describe(v)),
+                )),
+            })
+            .collect::<Result<_, _>>()?,
+        (Some(_), Some(_)) => return Err(s.err("keys", "give either `key` or `keys`, not both")),
+        (Some(v), None) => {
+            return Err(s.expected(
+                "key",
+                "a key path string such as \"channel.1.rate_mbps\"",
+                v,
+            ))
+        }
+        (None, Some(v)) => {
+            return Err(s.expected("keys", "a non-empty array of key path strings", v))
+        }
+        (None, None) => {
+            return Err(s.err(
+                "key",
+                "missing; expected the key path to sweep, such as \"channel.1.rate_mbps\"",
+            ))
+        }
+    };
+    for (i, k) in keys.iter().enumerate() {
+        let at = if s.t.contains_key("keys") {
+            format!("keys[{i}]")
+        } else {
+            "key".into()
+        };
+        parse_path(k).map_err(|m| s.err(&at, &m))?;
+        if matches!(
+            parse_path(k).ok().as_deref().and_then(|p| p.first()),
+            Some(Seg::Key(f)) if f == "run" || f == "sweep" || f == "plot"
+        ) {
+            return Err(s.err(&at, "cannot sweep run, sweep or plot settings"));
+        }
+    }
+    Ok(keys)
+}
+
+/// A sweep's `values`, or `from`/`to`/`step`.
+fn sweep_values(s: &Tab) -> Result<Vec<f64>, ScenarioError> {
+    Ok(match s.num_list("values", "a number")? {
+        Some(v) => {
+            if s.t.contains_key("from") || s.t.contains_key("to") || s.t.contains_key("step") {
+                return Err(s.err(
+                    "values",
+                    "give either `values` or `from`/`to`/`step`, not both",
+                ));
+            }
+            v
+        }
+        None => {
+            let from = s.f64_req("from", "a number (first value)", |_| true)?;
+            let to = s.f64_req("to", "a number (last value)", |_| true)?;
+            let step = s.f64_req("step", "a number > 0", positive)?;
+            if to < from {
+                return Err(s.err(
+                    "to",
+                    &format!("expected a number >= from ({from}), found {to}"),
+                ));
+            }
+            let n = ((to - from) / step + 1e-9).floor() as u64 + 1;
+            if n > 100_000 {
+                return Err(s.err(
+                    "step",
+                    &format!("the sweep would have {n} points; at most 100000"),
+                ));
+            }
+            (0..n)
+                .map(|i| {
+                    // Round away float noise such as 0.30000000000000004.
+                    let v = from + step * i as f64;
+                    (v * 1e9).round() / 1e9
+                })
+                .collect()
+        }
+    })
 }
 
 struct RunHead {
@@ -819,6 +848,66 @@ fn build_job(
     ri: usize,
     params: Vec<(String, f64)>,
 ) -> Result<Job, ScenarioError> {
+    let limits = parse_limits(t)?;
+    let channels = parse_channels(t)?;
+    let traffic = parse_traffic(t)?;
+    check_tcp_source(t, &traffic, &limits)?;
+    let mode_name = rh
+        .receiver
+        .clone()
+        .unwrap_or_else(|| default_receiver(&rh.scheduler).into());
+    let mode = Mode::from_name(&mode_name).expect("validated");
+    check_packet_sizes(t, &traffic, mode, limits.max_packet)?;
+    let variant = if rh.scheduler == "sum" {
+        if mode != Mode::None {
+            return Err(t.cx.err(Some(&format!("run[{ri}].receiver")), "the `sum` pseudo-scheduler runs each channel alone with receiver \"none\"; leave `receiver` out or set it to \"none\""));
+        }
+        Variant::SumOfSingles
+    } else {
+        let sc = stripe_config(t, rh, ri, &channels, limits.max_packet, &mode_name)?;
+        match (t.table("session")?, t.table("errctl")?) {
+            (Some(_), Some(_)) => {
+                return Err(t.err(
+                    "errctl",
+                    "a run is either a [session] run or an [errctl] run, not both",
+                ))
+            }
+            (Some(st), None) => session_variant(&st, sc)?,
+            (None, Some(et)) => errctl_variant(&et, &channels, &traffic)?,
+            (None, None) => Variant::Striped(sc),
+        }
+    };
+    Ok(Job {
+        label: rh.label.clone(),
+        scheduler: rh.scheduler.clone(),
+        receiver: mode_name,
+        params,
+        config: RunConfig {
+            channels,
+            traffic,
+            duration: limits.duration.map(secs_to_ns),
+            packets: limits.packets,
+            drain: secs_to_ns(limits.drain),
+            seed: 0,
+            variant,
+        },
+    })
+}
+
+/// How long a run lasts and how large its packets may be.
+struct Limits {
+    /// `duration_s`.
+    duration: Option<f64>,
+    /// `packets`.
+    packets: Option<u64>,
+    /// `drain_s`.
+    drain: f64,
+    /// `max_packet`.
+    max_packet: u32,
+}
+
+/// `duration_s` and/or `packets` (one is needed), `drain_s`, `max_packet`.
+fn parse_limits(t: &Tab) -> Result<Limits, ScenarioError> {
     let duration = if t.t.contains_key("duration_s") {
         Some(t.f64_req(
             "duration_s",
@@ -854,7 +943,16 @@ fn build_job(
         1 << 20,
         &format!("a whole number of bytes from {MIN_PACKET} to 1048576"),
     )?;
+    Ok(Limits {
+        duration,
+        packets,
+        drain,
+        max_packet,
+    })
+}
 
+/// The `[[channel]]` tables: at least one, at most `MAX_CHANNELS`.
+fn parse_channels(t: &Tab) -> Result<Vec<ChannelSpec>, ScenarioError> {
     let chans = t.tabs("channel")?;
     if chans.is_empty() {
         return Err(t.err("channel", "expected at least one [[channel]] table"));
@@ -869,50 +967,54 @@ fn build_job(
             ),
         ));
     }
-    let channels = chans
-        .iter()
-        .map(parse_channel)
-        .collect::<Result<Vec<_>, _>>()?;
+    chans.iter().map(parse_channel).collect()
+}
 
-    let traffic = parse_traffic(t)?;
-    if let Arrivals::Tcp(spec) = &traffic.arrivals {
-        if packets.is_some() {
-            return Err(t.err(
-                "packets",
-                "the tcp source runs for `duration_s`; leave `packets` out",
-            ));
-        }
-        if duration.is_none() {
-            return Err(t.err("duration_s", "missing; the tcp source needs `duration_s`"));
-        }
-        let (seg, _) = traffic.sizes.range();
-        if seg < crate::tcp::MIN_TCP_PACKET {
-            return Err(t.err(
-                "traffic.bytes",
-                &format!(
-                    "segments of {seg} bytes are below the tcp source's minimum of {} bytes (IPv4 header, transmission id, send time, segment number)",
-                    crate::tcp::MIN_TCP_PACKET
-                ),
-            ));
-        }
-        if spec.header_bytes >= seg {
-            return Err(t.err(
-                "traffic.header_bytes",
-                &format!(
-                    "expected fewer header bytes than the segment's {seg}, found {}",
-                    spec.header_bytes
-                ),
-            ));
-        }
+/// The tcp source runs for `duration_s` (no `packets`) and needs room in its segments
+/// for its own header.
+fn check_tcp_source(t: &Tab, traffic: &TrafficSpec, limits: &Limits) -> Result<(), ScenarioError> {
+    let Arrivals::Tcp(spec) = &traffic.arrivals else {
+        return Ok(());
+    };
+    if limits.packets.is_some() {
+        return Err(t.err(
+            "packets",
+            "the tcp source runs for `duration_s`; leave `packets` out",
+        ));
     }
+    if limits.duration.is_none() {
+        return Err(t.err("duration_s", "missing; the tcp source needs `duration_s`"));
+    }
+    let (seg, _) = traffic.sizes.range();
+    if seg < crate::tcp::MIN_TCP_PACKET {
+        return Err(t.err(
+            "traffic.bytes",
+            &format!(
+                "segments of {seg} bytes are below the tcp source's minimum of {} bytes (IPv4 header, transmission id, send time, segment number)",
+                crate::tcp::MIN_TCP_PACKET
+            ),
+        ));
+    }
+    if spec.header_bytes >= seg {
+        return Err(t.err(
+            "traffic.header_bytes",
+            &format!(
+                "expected fewer header bytes than the segment's {seg}, found {}",
+                spec.header_bytes
+            ),
+        ));
+    }
+    Ok(())
+}
 
-    let mode_name = rh
-        .receiver
-        .clone()
-        .unwrap_or_else(|| default_receiver(&rh.scheduler).into());
-    let mode = Mode::from_name(&mode_name).expect("validated");
-    let run_key = |k: &str| format!("run[{ri}].{k}");
-    // Packet sizes must fit the session and the simulator.
+/// Packet sizes must fit the session and the simulator: at least `MIN_PACKET`, at most
+/// `max_packet` with the sequence header of mode `seq`.
+fn check_packet_sizes(
+    t: &Tab,
+    traffic: &TrafficSpec,
+    mode: Mode,
+    max_packet: u32,
+) -> Result<(), ScenarioError> {
     let (smin, smax) = match &traffic.arrivals {
         Arrivals::Trace(tr) => (
             tr.iter().map(|x| x.1).min().unwrap_or(0),
@@ -934,169 +1036,184 @@ fn build_job(
             if framing > 0 { format!(" plus the {framing}-byte sequence header") } else { String::new() }
         )));
     }
+    Ok(())
+}
 
-    let variant = if rh.scheduler == "sum" {
-        if mode != Mode::None {
-            return Err(t.cx.err(Some(&run_key("receiver")), "the `sum` pseudo-scheduler runs each channel alone with receiver \"none\"; leave `receiver` out or set it to \"none\""));
-        }
-        Variant::SumOfSingles
-    } else {
-        let rates: Vec<f64> = channels.iter().map(|c| c.rate_bps).collect();
-        let quantum = match t.table("srr")? {
-            Some(s) => {
-                s.check_keys(&["quantum_bytes"])?;
-                s.u32_in(
-                    "quantum_bytes",
-                    Some(max_packet),
-                    1,
-                    u32::MAX,
-                    "a whole number of bytes >= max_packet",
-                )?
-            }
-            None => max_packet,
-        };
-        if quantum < max_packet {
-            return Err(t.err("srr.quantum_bytes", &format!("expected a whole number of bytes >= max_packet ({max_packet}), found {quantum}")));
-        }
-        let policy = units::parse_policy(&rh.scheduler).expect("validated");
-        let weights = match &rh.weights {
-            Some(w) => {
-                if w.len() != channels.len() {
-                    return Err(t.cx.err(
-                        Some(&run_key("weights")),
-                        &format!(
-                            "expected {} weights (one per channel), found {}",
-                            channels.len(),
-                            w.len()
-                        ),
-                    ));
-                }
-                w.clone()
-            }
-            None => match rh.scheduler.as_str() {
-                "srr" | "random" => srr_quanta(&rates, quantum, max_packet),
-                "grr" => grr_weights(&rates),
-                _ => vec![1; channels.len()],
-            },
-        };
-        let mut markers = MarkerConfig::default();
-        if let Some(m) = t.table("markers")? {
-            m.check_keys(&["every_rounds", "position", "idle_ms", "max_interval_ms"])?;
-            markers.every_rounds = m.u32_in(
-                "every_rounds",
-                Some(markers.every_rounds),
-                0,
-                u32::MAX,
-                "a whole number of rounds >= 0 (0: no periodic markers)",
-            )?;
-            if let Some(p) = m.str_opt("position")? {
-                markers.position = units::parse_marker_position(p, channels.len())
-                    .map_err(|_| {
-                        m.err(
-                            "position",
-                            &format!(
-                                "expected \"start\", \"end\" or \"channel:N\" with N below {}, found \"{p}\"",
-                                channels.len()
-                            ),
-                        )
-                    })?;
-            }
-            let idle = m.f64_or(
-                "idle_ms",
-                20.0,
-                "a number of milliseconds from 0 to 1e9 (0: never)",
-                time_ms,
-            )?;
-            markers.idle = if idle > 0.0 {
-                Some(Duration::from_micros((idle * 1000.0).round() as u64))
-            } else {
-                None
-            };
-            if m.t.contains_key("max_interval_ms") {
-                let iv = m.f64_req(
-                    "max_interval_ms",
-                    "a number of milliseconds > 0 (at most 1e9; leave the key out for none)",
-                    pos_time_ms,
-                )?;
-                markers.max_interval =
-                    Some(Duration::from_micros((iv * 1000.0).round().max(1.0) as u64));
-            }
-        }
-        let mut trigger_every = 128;
-        if let Some(tr) = t.table("trr")? {
+/// The striper's configuration of a run: its scheduler and weights (`[srr]`), markers
+/// (`[markers]`), triggers (`[trr]`) and receiver (`[receiver]`), validated together.
+fn stripe_config(
+    t: &Tab,
+    rh: &RunHead,
+    ri: usize,
+    channels: &[ChannelSpec],
+    max_packet: u32,
+    mode_name: &str,
+) -> Result<StripeConfig, ScenarioError> {
+    let mode = Mode::from_name(mode_name).expect("validated");
+    let quantum = parse_srr_quantum(t, max_packet)?;
+    let policy = units::parse_policy(&rh.scheduler).expect("validated");
+    let weights = run_weights(t, rh, ri, channels, quantum, max_packet)?;
+    let markers = parse_markers(t, channels.len())?;
+    let trigger_every = match t.table("trr")? {
+        Some(tr) => {
             tr.check_keys(&["trigger_every"])?;
-            trigger_every = tr.u32_in(
+            tr.u32_in(
                 "trigger_every",
                 Some(128),
                 1,
                 u32::MAX,
                 "a whole number of packets >= 1",
-            )?;
+            )?
         }
-        let mut receiver = ReceiverConfig::default();
-        if let Some(r) = t.table("receiver")? {
-            r.check_keys(&["buffer_packets", "max_wait_ms", "equalize"])?;
-            receiver.buffer_packets = r.u32_in(
-                "buffer_packets",
-                Some(4096),
+        None => 128,
+    };
+    let receiver = parse_receiver(t)?;
+    let sc = StripeConfig {
+        policy,
+        weights,
+        max_packet,
+        mode,
+        markers,
+        trigger_every,
+        receiver,
+    };
+    sc.validate().map_err(|e| {
+        t.cx.err(
+            Some(&format!("run[{ri}]")),
+            &format!(
+                "{e} (scheduler \"{}\", receiver \"{mode_name}\")",
+                rh.scheduler
+            ),
+        )
+    })?;
+    Ok(sc)
+}
+
+/// `[srr] quantum_bytes`: the quantum of the fastest channel (default `max_packet`).
+fn parse_srr_quantum(t: &Tab, max_packet: u32) -> Result<u32, ScenarioError> {
+    let quantum = match t.table("srr")? {
+        Some(s) => {
+            s.check_keys(&["quantum_bytes"])?;
+            s.u32_in(
+                "quantum_bytes",
+                Some(max_packet),
                 1,
-                1 << 24,
-                "a whole number of packets from 1 to 16777216",
-            )? as usize;
-            let w = r.f64_or(
-                "max_wait_ms",
-                200.0,
-                "a number of milliseconds > 0 (at most 1e9)",
-                pos_time_ms,
-            )?;
-            receiver.max_wait = Duration::from_micros((w * 1000.0).round().max(1.0) as u64);
-            receiver.equalize = r.bool_or("equalize", false)?;
+                u32::MAX,
+                "a whole number of bytes >= max_packet",
+            )?
         }
-        let sc = StripeConfig {
-            policy,
-            weights,
-            max_packet,
-            mode,
-            markers,
-            trigger_every,
-            receiver,
-        };
-        sc.validate().map_err(|e| {
-            t.cx.err(
-                Some(&format!("run[{ri}]")),
+        None => max_packet,
+    };
+    if quantum < max_packet {
+        return Err(t.err(
+            "srr.quantum_bytes",
+            &format!(
+                "expected a whole number of bytes >= max_packet ({max_packet}), found {quantum}"
+            ),
+        ));
+    }
+    Ok(quantum)
+}
+
+/// The run's `weights`, one per channel, or the scheduler's from the channels' rates.
+fn run_weights(
+    t: &Tab,
+    rh: &RunHead,
+    ri: usize,
+    channels: &[ChannelSpec],
+    quantum: u32,
+    max_packet: u32,
+) -> Result<Vec<u32>, ScenarioError> {
+    if let Some(w) = &rh.weights {
+        if w.len() != channels.len() {
+            return Err(t.cx.err(
+                Some(&format!("run[{ri}].weights")),
                 &format!(
-                    "{e} (scheduler \"{}\", receiver \"{mode_name}\")",
-                    rh.scheduler
+                    "expected {} weights (one per channel), found {}",
+                    channels.len(),
+                    w.len()
+                ),
+            ));
+        }
+        return Ok(w.clone());
+    }
+    let rates: Vec<f64> = channels.iter().map(|c| c.rate_bps).collect();
+    Ok(match rh.scheduler.as_str() {
+        "srr" | "random" => srr_quanta(&rates, quantum, max_packet),
+        "grr" => grr_weights(&rates),
+        _ => vec![1; channels.len()],
+    })
+}
+
+/// `[markers]`: periodic markers, their position, idle and maximum interval.
+fn parse_markers(t: &Tab, n_channels: usize) -> Result<MarkerConfig, ScenarioError> {
+    let mut markers = MarkerConfig::default();
+    let Some(m) = t.table("markers")? else {
+        return Ok(markers);
+    };
+    m.check_keys(&["every_rounds", "position", "idle_ms", "max_interval_ms"])?;
+    markers.every_rounds = m.u32_in(
+        "every_rounds",
+        Some(markers.every_rounds),
+        0,
+        u32::MAX,
+        "a whole number of rounds >= 0 (0: no periodic markers)",
+    )?;
+    if let Some(p) = m.str_opt("position")? {
+        markers.position = units::parse_marker_position(p, n_channels).map_err(|_| {
+            m.err(
+                "position",
+                &format!(
+                    "expected \"start\", \"end\" or \"channel:N\" with N below {n_channels}, found \"{p}\""
                 ),
             )
         })?;
-        match (t.table("session")?, t.table("errctl")?) {
-            (Some(_), Some(_)) => {
-                return Err(t.err(
-                    "errctl",
-                    "a run is either a [session] run or an [errctl] run, not both",
-                ))
-            }
-            (Some(st), None) => session_variant(&st, sc)?,
-            (None, Some(et)) => errctl_variant(&et, &channels, &traffic)?,
-            (None, None) => Variant::Striped(sc),
-        }
+    }
+    let idle = m.f64_or(
+        "idle_ms",
+        20.0,
+        "a number of milliseconds from 0 to 1e9 (0: never)",
+        time_ms,
+    )?;
+    markers.idle = if idle > 0.0 {
+        Some(Duration::from_micros((idle * 1000.0).round() as u64))
+    } else {
+        None
     };
-    Ok(Job {
-        label: rh.label.clone(),
-        scheduler: rh.scheduler.clone(),
-        receiver: mode_name,
-        params,
-        config: RunConfig {
-            channels,
-            traffic,
-            duration: duration.map(secs_to_ns),
-            packets,
-            drain: secs_to_ns(drain),
-            seed: 0,
-            variant,
-        },
-    })
+    if m.t.contains_key("max_interval_ms") {
+        let iv = m.f64_req(
+            "max_interval_ms",
+            "a number of milliseconds > 0 (at most 1e9; leave the key out for none)",
+            pos_time_ms,
+        )?;
+        markers.max_interval = Some(Duration::from_micros((iv * 1000.0).round().max(1.0) as u64));
+    }
+    Ok(markers)
+}
+
+/// `[receiver]`: buffer, maximum wait and delay equalization.
+fn parse_receiver(t: &Tab) -> Result<ReceiverConfig, ScenarioError> {
+    let mut receiver = ReceiverConfig::default();
+    let Some(r) = t.table("receiver")? else {
+        return Ok(receiver);
+    };
+    r.check_keys(&["buffer_packets", "max_wait_ms", "equalize"])?;
+    receiver.buffer_packets = r.u32_in(
+        "buffer_packets",
+        Some(4096),
+        1,
+        1 << 24,
+        "a whole number of packets from 1 to 16777216",
+    )? as usize;
+    let w = r.f64_or(
+        "max_wait_ms",
+        200.0,
+        "a number of milliseconds > 0 (at most 1e9)",
+        pos_time_ms,
+    )?;
+    receiver.max_wait = Duration::from_micros((w * 1000.0).round().max(1.0) as u64);
+    receiver.equalize = r.bool_or("equalize", false)?;
+    Ok(receiver)
 }
 
 /// `[session]`: run the whole session machine at both ends (hellos, liveness,
@@ -1216,7 +1333,7 @@ fn errctl_variant(
     channels: &[ChannelSpec],
     traffic: &TrafficSpec,
 ) -> Result<Variant, ScenarioError> {
-    use braid_proto::errctl::{Config, Tolerance};
+    use braid_proto::errctl::Config;
     et.check_keys(&[
         "tolerance",
         "window",
@@ -1227,35 +1344,8 @@ fn errctl_variant(
         "deadline_ms",
         "reorder",
     ])?;
-    if channels.len() != 1 {
-        return Err(et.err("tolerance", "an [errctl] run needs exactly one [[channel]]"));
-    }
-    let (smin, smax) = traffic.sizes.range();
-    let header = braid_proto::wire::errctl::DATA_HEADER_LEN as u32;
-    if smin != smax || smin <= header || !matches!(traffic.arrivals, Arrivals::Backlogged) {
-        return Err(et.err(
-            "tolerance",
-            &format!("an [errctl] run needs a backlogged source of one fixed packet size above {header} bytes (the error-control header)"),
-        ));
-    }
-    let tol = et
-        .num_list("tolerance", "[W, E, B], whole numbers with 1 <= W <= 65535")?
-        .unwrap_or_else(|| vec![256.0, 0.0, 0.0]);
-    let ok = tol.len() == 3
-        && tol
-            .iter()
-            .all(|x| x.fract() == 0.0 && (0.0..=65535.0).contains(x));
-    if !ok || tol[0] < 1.0 {
-        return Err(et.err(
-            "tolerance",
-            "expected [W, E, B], whole numbers with 1 <= W <= 65535 and E, B <= 65535",
-        ));
-    }
-    let t = Tolerance {
-        w: tol[0] as u16,
-        e: tol[1] as u16,
-        b: tol[2] as u16,
-    };
+    let smax = errctl_packet_size(et, channels, traffic)?;
+    let t = parse_tolerance(et)?;
     let ch = &channels[0];
     let t_p = f64::from(smax) * 8e9 / ch.rate_bps;
     let rtt_default = (2 * ch.delay) as f64 + 3.0 * t_p;
@@ -1295,6 +1385,49 @@ fn errctl_variant(
         config: cfg,
         packet_bytes: smax,
     })))
+}
+
+/// An [errctl] run has one channel and a backlogged source of one packet size, which
+/// this returns.
+fn errctl_packet_size(
+    et: &Tab,
+    channels: &[ChannelSpec],
+    traffic: &TrafficSpec,
+) -> Result<u32, ScenarioError> {
+    if channels.len() != 1 {
+        return Err(et.err("tolerance", "an [errctl] run needs exactly one [[channel]]"));
+    }
+    let (smin, smax) = traffic.sizes.range();
+    let header = braid_proto::wire::errctl::DATA_HEADER_LEN as u32;
+    if smin != smax || smin <= header || !matches!(traffic.arrivals, Arrivals::Backlogged) {
+        return Err(et.err(
+            "tolerance",
+            &format!("an [errctl] run needs a backlogged source of one fixed packet size above {header} bytes (the error-control header)"),
+        ));
+    }
+    Ok(smax)
+}
+
+/// `[errctl] tolerance`: [W, E, B] (default [256, 0, 0], full reliability).
+fn parse_tolerance(et: &Tab) -> Result<braid_proto::errctl::Tolerance, ScenarioError> {
+    let tol = et
+        .num_list("tolerance", "[W, E, B], whole numbers with 1 <= W <= 65535")?
+        .unwrap_or_else(|| vec![256.0, 0.0, 0.0]);
+    let ok = tol.len() == 3
+        && tol
+            .iter()
+            .all(|x| x.fract() == 0.0 && (0.0..=65535.0).contains(x));
+    if !ok || tol[0] < 1.0 {
+        return Err(et.err(
+            "tolerance",
+            "expected [W, E, B], whole numbers with 1 <= W <= 65535 and E, B <= 65535",
+        ));
+    }
+    Ok(braid_proto::errctl::Tolerance {
+        w: tol[0] as u16,
+        e: tol[1] as u16,
+        b: tol[2] as u16,
+    })
 }
 
 fn ms(x: f64) -> Nanos {
@@ -1349,33 +1482,47 @@ fn parse_channel(c: &Tab) -> Result<ChannelSpec, ScenarioError> {
     s.loss = c.f64_or("loss", 0.0, "a probability from 0 to 1", probability)?;
     s.corrupt = c.f64_or("corrupt", 0.0, "a probability from 0 to 1", probability)?;
     if let Some(g) = c.table("gilbert")? {
-        g.check_keys(&["p_bad", "p_good", "good_ms", "bad_ms", "durations"])?;
-        let durations = match g.str_opt("durations")?.unwrap_or("exponential") {
-            "exponential" => Durations::Exponential,
-            "deterministic" => Durations::Deterministic,
-            other => {
-                return Err(g.err(
-                    "durations",
-                    &format!("expected \"exponential\" or \"deterministic\", found \"{other}\""),
-                ))
-            }
-        };
-        s.gilbert = Some(Gilbert {
-            p_bad: g.f64_req("p_bad", "a probability from 0 to 1", probability)?,
-            p_good: g.f64_or("p_good", 0.0, "a probability from 0 to 1", probability)?,
-            good_ns: g.f64_req(
-                "good_ms",
-                "a mean duration in ms > 0 (at most 1e9)",
-                pos_time_ms,
-            )? * 1e6,
-            bad_ns: g.f64_req(
-                "bad_ms",
-                "a mean duration in ms > 0 (at most 1e9)",
-                pos_time_ms,
-            )? * 1e6,
-            durations,
-        });
+        s.gilbert = Some(parse_gilbert(&g)?);
     }
+    s.loss_windows = parse_loss_windows(c)?;
+    s.down = parse_down(c)?;
+    s.changes = parse_changes(c)?;
+    Ok(s)
+}
+
+/// `[channel.gilbert]`: bursty loss, a two-state Gilbert-Elliott chain.
+fn parse_gilbert(g: &Tab) -> Result<Gilbert, ScenarioError> {
+    g.check_keys(&["p_bad", "p_good", "good_ms", "bad_ms", "durations"])?;
+    let durations = match g.str_opt("durations")?.unwrap_or("exponential") {
+        "exponential" => Durations::Exponential,
+        "deterministic" => Durations::Deterministic,
+        other => {
+            return Err(g.err(
+                "durations",
+                &format!("expected \"exponential\" or \"deterministic\", found \"{other}\""),
+            ))
+        }
+    };
+    Ok(Gilbert {
+        p_bad: g.f64_req("p_bad", "a probability from 0 to 1", probability)?,
+        p_good: g.f64_or("p_good", 0.0, "a probability from 0 to 1", probability)?,
+        good_ns: g.f64_req(
+            "good_ms",
+            "a mean duration in ms > 0 (at most 1e9)",
+            pos_time_ms,
+        )? * 1e6,
+        bad_ns: g.f64_req(
+            "bad_ms",
+            "a mean duration in ms > 0 (at most 1e9)",
+            pos_time_ms,
+        )? * 1e6,
+        durations,
+    })
+}
+
+/// `[[channel.loss_window]]`: a loss rate between two times.
+fn parse_loss_windows(c: &Tab) -> Result<Vec<LossWindow>, ScenarioError> {
+    let mut windows = Vec::new();
     for w in c.tabs("loss_window")? {
         w.check_keys(&["start_s", "end_s", "loss"])?;
         let start = w.f64_req("start_s", "a time in seconds from 0 to 1000000", time_s)?;
@@ -1386,12 +1533,18 @@ fn parse_channel(c: &Tab) -> Result<ChannelSpec, ScenarioError> {
                 &format!("expected a time after start_s ({start}), found {end}"),
             ));
         }
-        s.loss_windows.push(LossWindow {
+        windows.push(LossWindow {
             start: secs_to_ns(start),
             end: secs_to_ns(end),
             loss: w.f64_or("loss", 1.0, "a probability from 0 to 1", probability)?,
         });
     }
+    Ok(windows)
+}
+
+/// `[[channel.down]]`: periods in which the channel carries nothing.
+fn parse_down(c: &Tab) -> Result<Vec<(Nanos, Nanos)>, ScenarioError> {
+    let mut down = Vec::new();
     for d in c.tabs("down")? {
         d.check_keys(&["start_s", "end_s"])?;
         let start = d.f64_req("start_s", "a time in seconds from 0 to 1000000", time_s)?;
@@ -1402,8 +1555,14 @@ fn parse_channel(c: &Tab) -> Result<ChannelSpec, ScenarioError> {
                 &format!("expected a time after start_s ({start}), found {end}"),
             ));
         }
-        s.down.push((secs_to_ns(start), secs_to_ns(end)));
+        down.push((secs_to_ns(start), secs_to_ns(end)));
     }
+    Ok(down)
+}
+
+/// `[[channel.change]]`: a new rate and/or delay from a time on, in time order.
+fn parse_changes(c: &Tab) -> Result<Vec<LinkChange>, ScenarioError> {
+    let mut changes: Vec<LinkChange> = Vec::new();
     for ch in c.tabs("change")? {
         ch.check_keys(&["at_s", "rate_mbps", "delay_ms"])?;
         let at = ch.f64_req("at_s", "a time in seconds from 0 to 1000000", time_s)?;
@@ -1425,16 +1584,16 @@ fn parse_channel(c: &Tab) -> Result<ChannelSpec, ScenarioError> {
             return Err(ch.err("at_s", "a change needs rate_mbps or delay_ms (or both)"));
         }
         let at = secs_to_ns(at);
-        if s.changes.last().is_some_and(|l| l.at > at) {
+        if changes.last().is_some_and(|l| l.at > at) {
             return Err(ch.err("at_s", "changes must be in time order"));
         }
-        s.changes.push(LinkChange {
+        changes.push(LinkChange {
             at,
             rate_bps: rate.map(|r| r * 1e6),
             delay: delay.map(ms),
         });
     }
-    Ok(s)
+    Ok(changes)
 }
 
 /// `[traffic]` keys that only the `tcp` source takes.
@@ -1450,9 +1609,30 @@ const TCP_KEYS: &[&str] = &[
     "ecn",
 ];
 
+/// `ack_delay_ms` of the tcp source: milliseconds, "fastest" (default) or "slowest".
+fn parse_ack_delay(tr: &Tab) -> Result<crate::tcp::AckDelay, ScenarioError> {
+    use crate::tcp::AckDelay;
+    Ok(match tr.t.get("ack_delay_ms") {
+        None => AckDelay::Fastest,
+        Some(Value::String(v)) if v == "fastest" => AckDelay::Fastest,
+        Some(Value::String(v)) if v == "slowest" => AckDelay::Slowest,
+        Some(Value::String(v)) => {
+            return Err(tr.err(
+                "ack_delay_ms",
+                &format!("expected milliseconds >= 0, \"fastest\" or \"slowest\", found \"{v}\""),
+            ))
+        }
+        Some(_) => AckDelay::Fixed(ms(tr.f64_req(
+            "ack_delay_ms",
+            "milliseconds from 0 to 1e9, \"fastest\" or \"slowest\"",
+            time_ms,
+        )?)),
+    })
+}
+
 /// The `tcp` source's keys (`crate::tcp`).
 fn parse_tcp(tr: &Tab) -> Result<crate::tcp::TcpSpec, ScenarioError> {
-    use crate::tcp::{AckDelay, Cc, TcpSpec};
+    use crate::tcp::{Cc, TcpSpec};
     let d = TcpSpec::default();
     let cc = match tr.str_opt("cc")? {
         None | Some("cubic") => Cc::Cubic,
@@ -1471,22 +1651,7 @@ fn parse_tcp(tr: &Tab) -> Result<crate::tcp::TcpSpec, ScenarioError> {
         65_535,
         "a whole number of bytes from 0 to 65535",
     )?;
-    let ack_delay = match tr.t.get("ack_delay_ms") {
-        None => AckDelay::Fastest,
-        Some(Value::String(v)) if v == "fastest" => AckDelay::Fastest,
-        Some(Value::String(v)) if v == "slowest" => AckDelay::Slowest,
-        Some(Value::String(v)) => {
-            return Err(tr.err(
-                "ack_delay_ms",
-                &format!("expected milliseconds >= 0, \"fastest\" or \"slowest\", found \"{v}\""),
-            ))
-        }
-        Some(_) => AckDelay::Fixed(ms(tr.f64_req(
-            "ack_delay_ms",
-            "milliseconds from 0 to 1e9, \"fastest\" or \"slowest\"",
-            time_ms,
-        )?)),
-    };
+    let ack_delay = parse_ack_delay(tr)?;
     let rwnd = tr.u32_in(
         "rwnd_packets",
         Some(d.rwnd),
@@ -1565,57 +1730,29 @@ fn parse_traffic(t: &Tab) -> Result<TrafficSpec, ScenarioError> {
             }
         }
     }
-    let rate = || -> Result<Rate, ScenarioError> {
-        match (tr.t.contains_key("rate_mbps"), tr.t.contains_key("pps")) {
-            (true, false) => Ok(Rate::Bits(
-                tr.f64_req(
-                    "rate_mbps",
-                    "a rate in Mbit/s from 0.001 to 10000000",
-                    rate_mbps,
-                )? * 1e6,
-            )),
-            (false, true) => Ok(Rate::Pps(tr.f64_req(
-                "pps",
-                "a packet rate from 0.001 to 1e9 per second",
-                |x| (1e-3..=1e9).contains(&x),
-            )?)),
-            (true, true) => Err(tr.err("pps", "give either `rate_mbps` or `pps`, not both")),
-            (false, false) => Err(tr.err(
-                "rate_mbps",
-                &format!(
-                    "missing; source \"{source}\" needs `rate_mbps` (Mbit/s) or `pps` (packets/s)"
-                ),
-            )),
-        }
-    };
-    let arrivals = match source {
+    let arrivals = parse_arrivals(t, &tr, source)?;
+    let sizes = parse_sizes(&tr, source)?;
+    let start = tr.f64_or(
+        "start_s",
+        0.0,
+        "a time in seconds from 0 to 1000000",
+        time_s,
+    )?;
+    Ok(TrafficSpec {
+        arrivals,
+        sizes,
+        start: secs_to_ns(start),
+    })
+}
+
+/// `traffic.source` and its keys: when packets arrive.
+fn parse_arrivals(t: &Tab, tr: &Tab, source: &str) -> Result<Arrivals, ScenarioError> {
+    Ok(match source {
         "backlogged" => Arrivals::Backlogged,
-        "cbr" => Arrivals::Cbr(rate()?),
-        "poisson" => Arrivals::Poisson(rate()?),
-        "trace" => {
-            let f = tr.str_opt("file")?.ok_or_else(|| {
-                tr.err(
-                    "file",
-                    "missing; source \"trace\" needs `file`, a CSV of time_s,size_bytes",
-                )
-            })?;
-            let path = t.cx.dir.join(f);
-            let mut cache = t.cx.traces.borrow_mut();
-            let entries = match cache.get(&path) {
-                Some(e) => e.clone(),
-                None => {
-                    let text = std::fs::read_to_string(&path).map_err(|e| {
-                        tr.err("file", &format!("cannot read {}: {e}", path.display()))
-                    })?;
-                    let e = parse_trace(&text)
-                        .map_err(|m| tr.err("file", &format!("{}: {m}", path.display())))?;
-                    cache.insert(path.clone(), e.clone());
-                    e
-                }
-            };
-            Arrivals::Trace(entries)
-        }
-        "tcp" => Arrivals::Tcp(parse_tcp(&tr)?),
+        "cbr" => Arrivals::Cbr(parse_rate(tr, source)?),
+        "poisson" => Arrivals::Poisson(parse_rate(tr, source)?),
+        "trace" => Arrivals::Trace(load_trace(t, tr)?),
+        "tcp" => Arrivals::Tcp(parse_tcp(tr)?),
         other => {
             return Err(tr.err(
                 "source",
@@ -1624,9 +1761,61 @@ fn parse_traffic(t: &Tab) -> Result<TrafficSpec, ScenarioError> {
                 ),
             ))
         }
+    })
+}
+
+/// `rate_mbps` or `pps` (one of them) of a cbr or poisson source.
+fn parse_rate(tr: &Tab, source: &str) -> Result<Rate, ScenarioError> {
+    match (tr.t.contains_key("rate_mbps"), tr.t.contains_key("pps")) {
+        (true, false) => Ok(Rate::Bits(
+            tr.f64_req(
+                "rate_mbps",
+                "a rate in Mbit/s from 0.001 to 10000000",
+                rate_mbps,
+            )? * 1e6,
+        )),
+        (false, true) => Ok(Rate::Pps(tr.f64_req(
+            "pps",
+            "a packet rate from 0.001 to 1e9 per second",
+            |x| (1e-3..=1e9).contains(&x),
+        )?)),
+        (true, true) => Err(tr.err("pps", "give either `rate_mbps` or `pps`, not both")),
+        (false, false) => Err(tr.err(
+            "rate_mbps",
+            &format!(
+                "missing; source \"{source}\" needs `rate_mbps` (Mbit/s) or `pps` (packets/s)"
+            ),
+        )),
+    }
+}
+
+/// `traffic.file` of a trace source, read once per scenario file (cached).
+fn load_trace(t: &Tab, tr: &Tab) -> Result<Vec<(Nanos, u32)>, ScenarioError> {
+    let f = tr.str_opt("file")?.ok_or_else(|| {
+        tr.err(
+            "file",
+            "missing; source \"trace\" needs `file`, a CSV of time_s,size_bytes",
+        )
+    })?;
+    let path = t.cx.dir.join(f);
+    let mut cache = t.cx.traces.borrow_mut();
+    let entries = match cache.get(&path) {
+        Some(e) => e.clone(),
+        None => {
+            let text = std::fs::read_to_string(&path)
+                .map_err(|e| tr.err("file", &format!("cannot read {}: {e}", path.display())))?;
+            let e = parse_trace(&text)
+                .map_err(|m| tr.err("file", &format!("{}: {m}", path.display())))?;
+            cache.insert(path.clone(), e.clone());
+            e
+        }
     };
-    let size_what = "a whole number of bytes";
-    let one = |k: &str| tr.u32_in(k, None, 1, u32::MAX, size_what);
+    Ok(entries)
+}
+
+/// `traffic.sizes` and its keys: the packets' sizes.
+fn parse_sizes(tr: &Tab, source: &str) -> Result<Sizes, ScenarioError> {
+    let one = |k: &str| tr.u32_in(k, None, 1, u32::MAX, SIZE_WHAT);
     let kind = tr.str_opt("sizes")?.unwrap_or("fixed");
     if source == "tcp" && kind != "fixed" {
         return Err(tr.err(
@@ -1636,24 +1825,13 @@ fn parse_traffic(t: &Tab) -> Result<TrafficSpec, ScenarioError> {
             ),
         ));
     }
-    let sizes = match kind {
+    Ok(match kind {
         "fixed" => Sizes::Fixed(match tr.t.get("bytes") {
             None if source == "tcp" => 1448,
             None => 1000,
             Some(_) => one("bytes")?,
         }),
-        "alternating" => {
-            let v = tr.num_list("bytes", size_what)?.ok_or_else(|| tr.err("bytes", "missing; sizes \"alternating\" needs `bytes`, a list such as [1000, 200]"))?;
-            if v.is_empty() {
-                return Err(tr.err("bytes", "expected a non-empty list of sizes"));
-            }
-            let v = v.iter().enumerate().map(|(i, &x)| {
-                if x >= 1.0 && x.fract() == 0.0 && x <= f64::from(u32::MAX) { Ok(x as u32) } else {
-                    Err(tr.err(&format!("bytes[{i}]"), &format!("expected {size_what}, found {x}")))
-                }
-            }).collect::<Result<Vec<_>, _>>()?;
-            Sizes::Cycle(v)
-        }
+        "alternating" => Sizes::Cycle(parse_alternating(tr)?),
         "uniform" => {
             let min = one("min")?;
             let max = one("max")?;
@@ -1668,48 +1846,90 @@ fn parse_traffic(t: &Tab) -> Result<TrafficSpec, ScenarioError> {
             p_small: tr.f64_or("p_small", 0.5, "a probability from 0 to 1", probability)?,
         },
         "imix" => Sizes::imix(),
-        "mix" => {
-            let Some(v) = tr.t.get("mix") else {
-                return Err(tr.err("mix", "missing; sizes \"mix\" needs `mix`, a list of [size_bytes, weight] pairs"));
-            };
-            let Value::Array(a) = v else {
-                return Err(tr.expected("mix", "a list of [size_bytes, weight] pairs", v));
-            };
-            let mut out = Vec::new();
-            for (i, e) in a.iter().enumerate() {
-                let pair = match e {
-                    Value::Array(p) if p.len() == 2 => p,
-                    e => return Err(tr.err(&format!("mix[{i}]"), &format!("expected a pair [size_bytes, weight], found {}", describe(e)))),
-                };
-                let size = match &pair[0] {
-                    Value::Integer(s) if *s >= 1 && *s <= i64::from(u32::MAX) => *s as u32,
-                    v => return Err(tr.err(&format!("mix[{i}][0]"), &format!("expected {size_what}, found {}", describe(v)))),
-                };
-                let w = match &pair[1] {
-                    Value::Integer(w) if *w > 0 => *w as f64,
-                    Value::Float(w) if *w > 0.0 && w.is_finite() => *w,
-                    v => return Err(tr.err(&format!("mix[{i}][1]"), &format!("expected a weight > 0, found {}", describe(v)))),
-                };
-                out.push((size, w));
-            }
-            if out.is_empty() {
-                return Err(tr.err("mix", "expected at least one [size_bytes, weight] pair"));
-            }
-            Sizes::Mix(out)
-        }
+        "mix" => Sizes::Mix(parse_mix(tr)?),
         other => return Err(tr.err("sizes", &format!("unknown size distribution \"{other}\"; expected fixed, alternating, uniform, bimodal, imix or mix"))),
-    };
-    let start = tr.f64_or(
-        "start_s",
-        0.0,
-        "a time in seconds from 0 to 1000000",
-        time_s,
-    )?;
-    Ok(TrafficSpec {
-        arrivals,
-        sizes,
-        start: secs_to_ns(start),
     })
+}
+
+/// What a packet size must be, for errors.
+const SIZE_WHAT: &str = "a whole number of bytes";
+
+/// `bytes` of sizes "alternating": a non-empty list of sizes, cycled through.
+fn parse_alternating(tr: &Tab) -> Result<Vec<u32>, ScenarioError> {
+    let v = tr.num_list("bytes", SIZE_WHAT)?.ok_or_else(|| {
+        tr.err(
+            "bytes",
+            "missing; sizes \"alternating\" needs `bytes`, a list such as [1000, 200]",
+        )
+    })?;
+    if v.is_empty() {
+        return Err(tr.err("bytes", "expected a non-empty list of sizes"));
+    }
+    v.iter()
+        .enumerate()
+        .map(|(i, &x)| {
+            if x >= 1.0 && x.fract() == 0.0 && x <= f64::from(u32::MAX) {
+                Ok(x as u32)
+            } else {
+                Err(tr.err(
+                    &format!("bytes[{i}]"),
+                    &format!("expected {SIZE_WHAT}, found {x}"),
+                ))
+            }
+        })
+        .collect()
+}
+
+/// `mix` of sizes "mix": [size_bytes, weight] pairs, at least one.
+fn parse_mix(tr: &Tab) -> Result<Vec<(u32, f64)>, ScenarioError> {
+    let Some(v) = tr.t.get("mix") else {
+        return Err(tr.err(
+            "mix",
+            "missing; sizes \"mix\" needs `mix`, a list of [size_bytes, weight] pairs",
+        ));
+    };
+    let Value::Array(a) = v else {
+        return Err(tr.expected("mix", "a list of [size_bytes, weight] pairs", v));
+    };
+    let mut out = Vec::new();
+    for (i, e) in a.iter().enumerate() {
+        let pair = match e {
+            Value::Array(p) if p.len() == 2 => p,
+            e => {
+                return Err(tr.err(
+                    &format!("mix[{i}]"),
+                    &format!(
+                        "expected a pair [size_bytes, weight], found {}",
+                        describe(e)
+                    ),
+                ))
+            }
+        };
+        let size = match &pair[0] {
+            Value::Integer(s) if *s >= 1 && *s <= i64::from(u32::MAX) => *s as u32,
+            v => {
+                return Err(tr.err(
+                    &format!("mix[{i}][0]"),
+                    &format!("expected {SIZE_WHAT}, found {}", describe(v)),
+                ))
+            }
+        };
+        let w = match &pair[1] {
+            Value::Integer(w) if *w > 0 => *w as f64,
+            Value::Float(w) if *w > 0.0 && w.is_finite() => *w,
+            v => {
+                return Err(tr.err(
+                    &format!("mix[{i}][1]"),
+                    &format!("expected a weight > 0, found {}", describe(v)),
+                ))
+            }
+        };
+        out.push((size, w));
+    }
+    if out.is_empty() {
+        return Err(tr.err("mix", "expected at least one [size_bytes, weight] pair"));
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

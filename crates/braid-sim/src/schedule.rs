@@ -14,6 +14,46 @@ macro_rules! w {
     };
 }
 
+/// Arguments of `braid schedule`.
+#[derive(clap::Args, Debug)]
+pub struct ScheduleArgs {
+    /// Scheduler: srr, rr, grr, random, or the baselines sqf (shortest queue first: the
+    /// channel with the fewest bytes queued; here every packet arrives at once and
+    /// nothing drains, so the fewest bytes so far) and hash (one flow, one channel).
+    #[arg(long, default_value = "srr")]
+    pub scheduler: String,
+    /// Per-channel weights, comma-separated: SRR quanta in bytes, GRR packets per round,
+    /// random relative probabilities.
+    #[arg(long, default_value = "1500,1500")]
+    pub weights: String,
+    /// Packet sizes to stripe, comma-separated; the list is repeated `--repeat` times.
+    #[arg(long, default_value = "1000,200")]
+    pub sizes: String,
+    /// How many times to repeat the size list.
+    #[arg(long, default_value_t = 4)]
+    pub repeat: usize,
+    /// Largest packet, in bytes (SRR quanta must be at least this).
+    #[arg(long, default_value_t = 1500)]
+    pub max_packet: u32,
+    /// Seed for the random scheduler.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+}
+
+impl ScheduleArgs {
+    /// The output of `braid schedule` for these flags (see [`table`]).
+    pub fn table(&self) -> Result<String, String> {
+        table(
+            &self.scheduler,
+            &self.weights,
+            &self.sizes,
+            self.repeat,
+            self.max_packet,
+            self.seed,
+        )
+    }
+}
+
 fn parse_list(what: &str, s: &str) -> Result<Vec<u32>, String> {
     s.split(',')
         .map(|x| {
@@ -39,24 +79,8 @@ pub fn table(
     if sizes.contains(&0) {
         return Err("--sizes: packet sizes must be at least 1 byte".into());
     }
-    let policy = match braid_proto::units::parse_policy(scheduler)
-        .map_err(|e| format!("--scheduler: {e}"))?
-    {
-        Policy::Causal(SchedulerKind::Random { .. }) => {
-            Policy::Causal(SchedulerKind::Random { seed })
-        }
-        p => p,
-    };
-    let mut cfg = StripeConfig::srr(weights, max_packet);
-    cfg.policy = policy;
-    cfg.mode = if matches!(policy, Policy::Baseline(_)) {
-        Mode::None
-    } else {
-        Mode::Logical
-    };
-    cfg.markers.every_rounds = 0;
-    let n = cfg.channels();
-    let mut s = Striper::new(cfg).map_err(|e| format!("invalid configuration: {e}"))?;
+    let mut s = striper(scheduler, weights, max_packet, seed)?;
+    let n = s.config().channels();
     let mut bytes = vec![0u64; n];
     w!(
         out,
@@ -104,6 +128,34 @@ pub fn table(
         w!(out, "channel {c}: {b} bytes");
     }
     Ok(out)
+}
+
+/// The striper of `braid schedule`: the scheduler (the random one seeded with `seed`)
+/// over `weights`, logical reception (arrival order for a baseline), no periodic
+/// markers.
+fn striper(
+    scheduler: &str,
+    weights: Vec<u32>,
+    max_packet: u32,
+    seed: u64,
+) -> Result<Striper, String> {
+    let policy = match braid_proto::units::parse_policy(scheduler)
+        .map_err(|e| format!("--scheduler: {e}"))?
+    {
+        Policy::Causal(SchedulerKind::Random { .. }) => {
+            Policy::Causal(SchedulerKind::Random { seed })
+        }
+        p => p,
+    };
+    let mut cfg = StripeConfig::srr(weights, max_packet);
+    cfg.policy = policy;
+    cfg.mode = if matches!(policy, Policy::Baseline(_)) {
+        Mode::None
+    } else {
+        Mode::Logical
+    };
+    cfg.markers.every_rounds = 0;
+    Striper::new(cfg).map_err(|e| format!("invalid configuration: {e}"))
 }
 
 #[cfg(test)]

@@ -530,43 +530,11 @@ impl TcpSender {
     /// An acknowledgement arrives at `now`.
     pub fn on_ack(&mut self, now: Nanos, ack: Ack) {
         self.rtt_sample(now.saturating_sub(ack.echo));
-        let mut delivered = 0u64;
-        // The segment that arrived (a SACK of it).
-        if ack.seg >= self.una && ack.seg < self.nxt {
-            let g = &mut self.segs[(ack.seg - self.una) as usize];
-            if !g.sacked {
-                g.sacked = true;
-                self.n_sacked += 1;
-                if g.lost {
-                    g.lost = false;
-                    self.n_lost -= 1;
-                    self.lost_q.remove(&ack.seg);
-                }
-                if g.retx == 0 && self.highest_sacked.is_some_and(|h| ack.seg < h) {
-                    self.reordering_seen = true;
-                }
-                delivered += 1;
-                self.highest_sacked = Some(self.highest_sacked.map_or(ack.seg, |h| h.max(ack.seg)));
-            }
-        }
+        // The segment that arrived (a SACK of it), then the cumulative point.
+        let mut delivered = self.sack(ack.seg);
         self.rack_xmit = self.rack_xmit.max(ack.echo);
-        // The cumulative point.
         let advanced = ack.cum > self.una;
-        while self.una < ack.cum.min(self.nxt) {
-            let Some(g) = self.segs.pop_front() else {
-                break;
-            };
-            if g.sacked {
-                self.n_sacked -= 1;
-            } else {
-                delivered += 1;
-                if g.lost {
-                    self.n_lost -= 1;
-                    self.lost_q.remove(&self.una);
-                }
-            }
-            self.una += 1;
-        }
+        delivered += self.advance_to(ack.cum);
         if advanced {
             self.backoff = 0;
             self.deadline = (self.outstanding() > 0).then(|| now + self.rto_now());
@@ -581,7 +549,74 @@ impl TcpSender {
             self.round_min = Nanos::MAX;
             self.round_samples = 0;
         }
-        // Loss detection.
+        let lost = self.detect_losses();
+        if ack.ce {
+            self.stats.ce_echoes += 1;
+            if !self.reducing() {
+                self.reduce(Signal::Ecn);
+            }
+        }
+        if lost && !self.reducing() {
+            self.reduce(Signal::Loss);
+        }
+        if lost && !self.in_recovery {
+            // A loss inside an ECN reduction: recover without reducing again.
+            self.in_recovery = true;
+        }
+        if delivered > 0 && (!self.reducing() || self.loss_state) {
+            self.grow(now, delivered);
+        }
+    }
+
+    /// Segment `seg` arrived: SACKed (no longer lost; reordering if a later original
+    /// was SACKed first). How many segments that delivers (0 or 1).
+    fn sack(&mut self, seg: u64) -> u64 {
+        let mut delivered = 0;
+        if seg >= self.una && seg < self.nxt {
+            let g = &mut self.segs[(seg - self.una) as usize];
+            if !g.sacked {
+                g.sacked = true;
+                self.n_sacked += 1;
+                if g.lost {
+                    g.lost = false;
+                    self.n_lost -= 1;
+                    self.lost_q.remove(&seg);
+                }
+                if g.retx == 0 && self.highest_sacked.is_some_and(|h| seg < h) {
+                    self.reordering_seen = true;
+                }
+                delivered += 1;
+                self.highest_sacked = Some(self.highest_sacked.map_or(seg, |h| h.max(seg)));
+            }
+        }
+        delivered
+    }
+
+    /// Move the cumulative point to `cum`; how many segments that delivers (those not
+    /// SACKed before).
+    fn advance_to(&mut self, cum: u64) -> u64 {
+        let mut delivered = 0;
+        while self.una < cum.min(self.nxt) {
+            let Some(g) = self.segs.pop_front() else {
+                break;
+            };
+            if g.sacked {
+                self.n_sacked -= 1;
+            } else {
+                delivered += 1;
+                if g.lost {
+                    self.n_lost -= 1;
+                    self.lost_q.remove(&self.una);
+                }
+            }
+            self.una += 1;
+        }
+        delivered
+    }
+
+    /// Loss detection: FACK (DUPTHRESH segments SACKed above an original) and RACK (sent
+    /// a reordering window before the latest delivered transmission). Any new loss?
+    fn detect_losses(&mut self) -> bool {
         let mut lost = false;
         if let Some(h) = self.highest_sacked {
             self.fack_scan = self.fack_scan.max(self.una);
@@ -610,22 +645,7 @@ impl TcpSender {
         while self.xmit_q.front().is_some_and(|&(s, _)| s < self.una) {
             self.xmit_q.pop_front();
         }
-        if ack.ce {
-            self.stats.ce_echoes += 1;
-            if !self.reducing() {
-                self.reduce(Signal::Ecn);
-            }
-        }
-        if lost && !self.reducing() {
-            self.reduce(Signal::Loss);
-        }
-        if lost && !self.in_recovery {
-            // A loss inside an ECN reduction: recover without reducing again.
-            self.in_recovery = true;
-        }
-        if delivered > 0 && (!self.reducing() || self.loss_state) {
-            self.grow(now, delivered);
-        }
+        lost
     }
 
     /// The retransmission timer fires at `now` (nothing happens before the deadline).

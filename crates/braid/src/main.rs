@@ -3,7 +3,9 @@
 //! Each subcommand lives in its own module under `cmd/`.
 
 mod cmd;
-mod logging;
+
+/// Logging (flags, level, reload): `braid_io::logging`.
+pub(crate) use braid_io::logging;
 
 use clap::{CommandFactory, Parser, Subcommand};
 

@@ -36,20 +36,11 @@ mod common;
 use common::sh;
 
 fn skip_reason() -> Option<String> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return Some("needs root (network namespaces, a TUN device, raw sockets)".into());
-    }
-    if !Path::new("/dev/net/tun").exists() {
-        return Some("/dev/net/tun does not exist".into());
-    }
-    if let Some(why) = common::missing_tool(&[("ip", "iproute2"), ("ping", "iputils-ping")]) {
-        return Some(why);
-    }
-    if let Some(why) = common::missing_python("the attacker and the TCP ends") {
-        return Some(why);
-    }
-    None
+    common::netns_skip_reason(
+        "network namespaces, a TUN device, raw sockets",
+        &[("ip", "iproute2"), ("ping", "iputils-ping")],
+        Some("the attacker and the TCP ends"),
+    )
 }
 
 /// Namespaces, processes and files of one test; removed on drop.
@@ -58,35 +49,12 @@ struct Lab {
     nb: String,
     /// The router between them, if the paths have delay ([`Lab::with_delay`]).
     nr: Option<String>,
-    children: Vec<Child>,
-    dir: PathBuf,
-}
-
-impl Drop for Lab {
-    fn drop(&mut self) {
-        for c in &mut self.children {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        for n in [Some(&self.na), Some(&self.nb), self.nr.as_ref()]
-            .into_iter()
-            .flatten()
-        {
-            let _ = Command::new("ip").args(["netns", "del", n]).output();
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+    /// The namespaces' removal, the processes and the files.
+    net: common::Lab,
 }
 
 fn status(ctl: &Path) -> Option<Value> {
-    let out = Command::new(bin())
-        .args(["status", "--json", "--control", ctl.to_str().unwrap()])
-        .output()
-        .ok()?;
-    if !out.status.success() {
-        return None;
-    }
-    serde_json::from_slice(&out.stdout).ok()
+    common::status_of(&bin(), ctl)
 }
 
 impl Lab {
@@ -96,49 +64,28 @@ impl Lab {
         let id = std::process::id() % 100_000;
         let (na, nb) = (format!("hsa{id}{tag}"), format!("hsb{id}{tag}"));
         let dir = std::env::temp_dir().join(format!("braid-hsabuse-{id}-{tag}"));
-        std::fs::create_dir_all(&dir).unwrap();
-        let lab = Lab {
-            na: na.clone(),
-            nb: nb.clone(),
-            nr: None,
-            children: vec![],
-            dir,
-        };
+        let mut base = common::Lab::new(dir);
         for n in [&na, &nb] {
-            sh(&["ip", "netns", "add", n]);
-            sh(&["ip", "-n", n, "link", "set", "dev", "lo", "up"]);
+            base.add_ns(n);
         }
         for c in 0..2u8 {
             let (va, vb) = (format!("hva{id}{tag}{c}"), format!("hvb{id}{tag}{c}"));
-            sh(&[
-                "ip", "link", "add", &va, "netns", &na, "type", "veth", "peer", "name", &vb,
-                "netns", &nb,
-            ]);
             let sub = net + c;
-            sh(&[
-                "ip",
-                "-n",
+            common::veth(
                 &na,
-                "addr",
-                "add",
-                &format!("10.212.{sub}.1/24"),
-                "dev",
                 &va,
-            ]);
-            sh(&[
-                "ip",
-                "-n",
+                &format!("10.212.{sub}.1/24"),
                 &nb,
-                "addr",
-                "add",
-                &format!("10.212.{sub}.2/24"),
-                "dev",
                 &vb,
-            ]);
-            sh(&["ip", "-n", &na, "link", "set", "dev", &va, "up"]);
-            sh(&["ip", "-n", &nb, "link", "set", "dev", &vb, "up"]);
+                &format!("10.212.{sub}.2/24"),
+            );
         }
-        lab
+        Lab {
+            na,
+            nb,
+            nr: None,
+            net: base,
+        }
     }
 
     /// Like [`Lab::new`], but channel c runs through a router namespace `hsr<id><tag>`
@@ -155,17 +102,14 @@ impl Lab {
             format!("hsr{id}{tag}"),
         );
         let dir = std::env::temp_dir().join(format!("braid-hsabuse-{id}-{tag}"));
-        std::fs::create_dir_all(&dir).unwrap();
         let mut lab = Lab {
             na: na.clone(),
             nb: nb.clone(),
             nr: Some(nr.clone()),
-            children: vec![],
-            dir,
+            net: common::Lab::new(dir),
         };
         for n in [&na, &nb, &nr] {
-            sh(&["ip", "netns", "add", n]);
-            sh(&["ip", "-n", n, "link", "set", "dev", "lo", "up"]);
+            lab.net.add_ns(n);
         }
         for v in [
             "net.ipv4.ip_forward=1",
@@ -179,21 +123,10 @@ impl Lab {
             let sub = net + c;
             let (va, ra) = (format!("hva{id}{tag}{c}"), format!("hra{id}{tag}{c}"));
             let (rb, vb) = (format!("hrb{id}{tag}{c}"), format!("hvb{id}{tag}{c}"));
-            for (x, nx, y, ny) in [(&va, &na, &ra, &nr), (&rb, &nr, &vb, &nb)] {
-                sh(&[
-                    "ip", "link", "add", x, "netns", nx, "type", "veth", "peer", "name", y,
-                    "netns", ny,
-                ]);
-            }
-            for (ns, dev, a) in [
-                (&na, &va, format!("10.212.{sub}.1/24")),
-                (&nr, &ra, format!("10.212.{sub}.254/24")),
-                (&nr, &rb, format!("10.213.{sub}.254/24")),
-                (&nb, &vb, format!("10.213.{sub}.2/24")),
-            ] {
-                sh(&["ip", "-n", ns, "addr", "add", &a, "dev", dev]);
-                sh(&["ip", "-n", ns, "link", "set", "dev", dev, "up"]);
-            }
+            let (a, ar) = (format!("10.212.{sub}.1/24"), format!("10.212.{sub}.254/24"));
+            let (br, b) = (format!("10.213.{sub}.254/24"), format!("10.213.{sub}.2/24"));
+            common::veth(&na, &va, &a, &nr, &ra, &ar);
+            common::veth(&nr, &rb, &br, &nb, &vb, &b);
             let (to_b, to_a) = (format!("10.213.{sub}.0/24"), format!("10.212.{sub}.0/24"));
             let (via_a, via_b) = (format!("10.212.{sub}.254"), format!("10.213.{sub}.254"));
             sh(&["ip", "-n", &na, "route", "add", &to_b, "via", &via_a]);
@@ -202,12 +135,12 @@ impl Lab {
         }
         // The emulator opens t0 and t1 in the router; every packet entering the router
         // on channel c's veths is routed into t<c>, held, written back and forwarded.
-        lab.children.push(
+        lab.net.children.push(
             Command::new("ip")
                 .args(["netns", "exec", &nr, BIN, "lab", "emulate", "--links"])
                 .arg(links.join(","))
                 .arg("--state-dir")
-                .arg(&lab.dir)
+                .arg(&lab.net.dir)
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()
@@ -264,12 +197,12 @@ impl Lab {
     }
 
     fn ctl(&self, end: u8) -> PathBuf {
-        self.dir.join(format!("t{end}.sock"))
+        self.net.dir.join(format!("t{end}.sock"))
     }
 
     /// End `end`'s static key pair: (private key file, public key).
     fn static_key(&self, end: u8) -> (PathBuf, String) {
-        let path = self.dir.join(format!("k{end}.key"));
+        let path = self.net.dir.join(format!("k{end}.key"));
         if !path.exists() {
             let k = Command::new(bin()).arg("genkey").output().unwrap();
             assert!(k.status.success());
@@ -323,12 +256,12 @@ impl Lab {
                     self.addr(other, sub)
                 );
             }
-            let path = self.dir.join(format!("t{end}.toml"));
+            let path = self.net.dir.join(format!("t{end}.toml"));
             std::fs::write(&path, cfg).unwrap();
             use std::os::unix::fs::PermissionsExt;
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
             let ns = if end == 1 { &self.na } else { &self.nb };
-            self.children.push(
+            self.net.children.push(
                 Command::new("ip")
                     .args(["netns", "exec", ns, &bin(), "tunnel", "--config"])
                     .arg(&path)

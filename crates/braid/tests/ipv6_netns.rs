@@ -5,49 +5,21 @@
 //! tunnel, over both channels. Needs root, /dev/net/tun, `ip` and `ping`; without
 //! them the test says why it is skipped. Namespaces are removed on every exit path.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_braid");
-
 mod common;
-use common::sh;
+use common::{ping_until, status, Lab};
 
 fn skip_reason() -> Option<String> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return Some("needs root (network namespaces and a TUN device)".into());
-    }
-    if !Path::new("/dev/net/tun").exists() {
-        return Some("/dev/net/tun does not exist".into());
-    }
-    if let Some(why) = common::missing_tool(&[("ip", "iproute2"), ("ping", "iputils-ping")]) {
-        return Some(why);
-    }
-    None
-}
-
-/// Namespaces, processes and files of one test; removed on drop.
-struct Lab {
-    ns: Vec<String>,
-    children: Vec<Child>,
-    dir: PathBuf,
-}
-
-impl Drop for Lab {
-    fn drop(&mut self) {
-        for c in &mut self.children {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        for n in &self.ns {
-            let _ = Command::new("ip").args(["netns", "del", n]).output();
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+    common::netns_skip_reason(
+        "network namespaces and a TUN device",
+        &[("ip", "iproute2"), ("ping", "iputils-ping")],
+        None,
+    )
 }
 
 const KEY: &str = "AyHDMTOweHmwGSs7vubt5lmmRKjx62UXkWxeQzJRXms=";
@@ -57,41 +29,6 @@ fn config(tun_addr: &str, ctl: &Path, chans: &str) -> String {
         "[tunnel]\nname = \"braid6\"\naddress = \"{tun_addr}\"\ncontrol = \"{}\"\n\n[session]\nkey = \"{KEY}\"\nheartbeat = \"20ms\"\ndead_after = \"200ms\"\n{chans}",
         ctl.display()
     )
-}
-
-fn status(ctl: &Path) -> Option<Value> {
-    let out = Command::new(BIN)
-        .args(["status", "--json", "--control", ctl.to_str().unwrap()])
-        .output()
-        .ok()?;
-    if !out.status.success() {
-        return None;
-    }
-    serde_json::from_slice(&out.stdout).ok()
-}
-
-/// One ping from namespace `ns` to `to` (IPv4 or IPv6), answered within `wait_ms`?
-fn ping(ns: &str, to: &str, wait_ms: u32) -> bool {
-    let family = if to.contains(':') { "-6" } else { "-4" };
-    Command::new("ip")
-        .args(["netns", "exec", ns, "ping", family, "-c", "1", "-n", "-q"])
-        .args(["-W", &format!("{:.3}", f64::from(wait_ms) / 1000.0), to])
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
-/// Ping until answered; how long that took (panics after `limit`).
-fn ping_until(ns: &str, to: &str, limit: Duration) -> Duration {
-    let t0 = Instant::now();
-    loop {
-        if ping(ns, to, 100) {
-            return t0.elapsed();
-        }
-        assert!(
-            t0.elapsed() < limit,
-            "no answer from {to} (in {ns}) within {limit:?}"
-        );
-    }
 }
 
 #[test]
@@ -104,16 +41,9 @@ fn a_bond_of_an_ipv4_and_an_ipv6_channel_carries_ipv4_and_ipv6() {
     let id = std::process::id() % 100_000;
     let (na, nb) = (format!("b6a{id}field"), format!("b6b{id}field"));
     let dir = std::env::temp_dir().join(format!("braid-v6-field-{id}"));
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut lab = Lab {
-        ns: vec![],
-        children: vec![],
-        dir: dir.clone(),
-    };
+    let mut lab = Lab::new(dir.clone());
     for n in [&na, &nb] {
-        sh(&["ip", "netns", "add", n]);
-        lab.ns.push(n.clone());
-        sh(&["ip", "-n", n, "link", "set", "dev", "lo", "up"]);
+        lab.add_ns(n);
     }
     // Link 0 speaks IPv4 only, link 1 IPv6 only (no duplicate address detection:
     // the addresses are usable at once).
@@ -123,18 +53,7 @@ fn a_bond_of_an_ipv4_and_an_ipv6_channel_carries_ipv4_and_ipv6() {
     ];
     for (i, (a, b)) in links.iter().enumerate() {
         let (va, vb) = (format!("b6a{id}v{i}"), format!("b6b{id}v{i}"));
-        sh(&[
-            "ip", "link", "add", &va, "netns", &na, "type", "veth", "peer", "name", &vb, "netns",
-            &nb,
-        ]);
-        for (n, dev, addr) in [(&na, &va, a), (&nb, &vb, b)] {
-            let mut cmd = vec!["ip", "-n", n, "addr", "add", addr, "dev", dev];
-            if addr.contains(':') {
-                cmd.push("nodad");
-            }
-            sh(&cmd);
-            sh(&["ip", "-n", n, "link", "set", "dev", dev, "up"]);
-        }
+        common::veth(&na, &va, a, &nb, &vb, b);
     }
     let (ca, cb) = (dir.join("a.sock"), dir.join("b.sock"));
     let client = "\n[[channel]]\nname = \"dsl4\"\nremote = \"10.230.0.2:7000\"\n\n[[channel]]\nname = \"lte6\"\nlocal = \"[fd30::1]:0\"\nremote = \"[fd30::2]:7000\"\n";
@@ -142,29 +61,15 @@ fn a_bond_of_an_ipv4_and_an_ipv6_channel_carries_ipv4_and_ipv6() {
     let addrs = |v4: &str, v6: &str| format!("[\"{v4}\", \"{v6}\"]");
     let cfg =
         |addr: String, ctl: &Path, chans: &str| config("X", ctl, chans).replace("\"X\"", &addr);
-    std::fs::write(
-        dir.join("a.toml"),
-        cfg(addrs("10.79.0.1/24", "fd79::1/64"), &ca, client),
-    )
-    .unwrap();
-    std::fs::write(
-        dir.join("b.toml"),
-        cfg(addrs("10.79.0.2/24", "fd79::2/64"), &cb, server),
-    )
-    .unwrap();
-    for f in ["a.toml", "b.toml"] {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(dir.join(f), std::fs::Permissions::from_mode(0o600)).unwrap();
-    }
-    let tunnel = |n: &str, cfg: &str| {
-        Command::new("ip")
-            .args(["netns", "exec", n, BIN, "tunnel", "--config"])
-            .arg(dir.join(cfg))
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
-    };
+    common::write_private(
+        &dir.join("a.toml"),
+        &cfg(addrs("10.79.0.1/24", "fd79::1/64"), &ca, client),
+    );
+    common::write_private(
+        &dir.join("b.toml"),
+        &cfg(addrs("10.79.0.2/24", "fd79::2/64"), &cb, server),
+    );
+    let tunnel = |n: &str, cfg: &str| common::start_tunnel(n, &dir.join(cfg));
     lab.children.push(tunnel(&nb, "b.toml"));
     lab.children.push(tunnel(&na, "a.toml"));
     let t0 = Instant::now();

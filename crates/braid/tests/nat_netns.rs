@@ -6,56 +6,25 @@
 //! and python3; without them the test says why it is skipped. Namespaces are removed
 //! on every exit path.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_braid");
-
 mod common;
-use common::sh;
+use common::{ping_until, sh, status, Lab};
 
 fn skip_reason() -> Option<String> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return Some("needs root (network namespaces, a TUN device, iptables)".into());
-    }
-    if !Path::new("/dev/net/tun").exists() {
-        return Some("/dev/net/tun does not exist".into());
-    }
-    if let Some(why) = common::missing_tool(&[
-        ("ip", "iproute2"),
-        ("iptables", "iptables"),
-        ("ping", "iputils-ping"),
-    ]) {
-        return Some(why);
-    }
-    if let Some(why) = common::missing_python("captures and replays a datagram") {
-        return Some(why);
-    }
-    None
-}
-
-/// Namespaces, processes and files of one test; removed on drop.
-struct Lab {
-    ns: Vec<String>,
-    children: Vec<Child>,
-    dir: PathBuf,
-}
-
-impl Drop for Lab {
-    fn drop(&mut self) {
-        for c in &mut self.children {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        for n in &self.ns {
-            let _ = Command::new("ip").args(["netns", "del", n]).output();
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+    common::netns_skip_reason(
+        "network namespaces, a TUN device, iptables",
+        &[
+            ("ip", "iproute2"),
+            ("iptables", "iptables"),
+            ("ping", "iputils-ping"),
+        ],
+        Some("captures and replays a datagram"),
+    )
 }
 
 const KEY: &str = "AyHDMTOweHmwGSs7vubt5lmmRKjx62UXkWxeQzJRXms=";
@@ -65,40 +34,6 @@ fn config(tun_addr: &str, ctl: &Path, chans: &str) -> String {
         "[tunnel]\nname = \"braidn\"\naddress = \"{tun_addr}\"\ncontrol = \"{}\"\n\n[session]\nkey = \"{KEY}\"\nheartbeat = \"20ms\"\ndead_after = \"200ms\"\n{chans}",
         ctl.display()
     )
-}
-
-fn status(ctl: &Path) -> Option<Value> {
-    let out = Command::new(BIN)
-        .args(["status", "--json", "--control", ctl.to_str().unwrap()])
-        .output()
-        .ok()?;
-    if !out.status.success() {
-        return None;
-    }
-    serde_json::from_slice(&out.stdout).ok()
-}
-
-/// One ping from namespace `ns` to `to`, answered within `wait_ms`?
-fn ping(ns: &str, to: &str, wait_ms: u32) -> bool {
-    Command::new("ip")
-        .args(["netns", "exec", ns, "ping", "-c", "1", "-n", "-q"])
-        .args(["-W", &format!("{:.3}", f64::from(wait_ms) / 1000.0), to])
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
-/// Ping until answered; how long that took (panics after `limit`).
-fn ping_until(ns: &str, to: &str, limit: Duration) -> Duration {
-    let t0 = Instant::now();
-    loop {
-        if ping(ns, to, 100) {
-            return t0.elapsed();
-        }
-        assert!(
-            t0.elapsed() < limit,
-            "no answer from {to} (in {ns}) within {limit:?}"
-        );
-    }
 }
 
 /// In the NAT's namespace: capture one sealed datagram the client sends to the
@@ -145,36 +80,16 @@ fn a_client_behind_nat_is_followed_when_its_mapping_changes_and_spoofs_do_not_mo
         format!("bfs{id}field"),
     );
     let dir = std::env::temp_dir().join(format!("braid-nat-field-{id}"));
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut lab = Lab {
-        ns: vec![],
-        children: vec![],
-        dir: dir.clone(),
-    };
+    let mut lab = Lab::new(dir.clone());
     for n in [&nc, &nn, &ns] {
-        sh(&["ip", "netns", "add", n]);
-        lab.ns.push(n.clone());
-        sh(&["ip", "-n", n, "link", "set", "dev", "lo", "up"]);
+        lab.add_ns(n);
     }
     // client 10.210.0.2 -- 10.210.0.1 NAT 10.220.0.1 -- 10.220.0.2 server. The
     // server has no route to the client's network: only the NAT's address reaches it.
     let (ci, ni) = (format!("bfc{id}i"), format!("bfn{id}i"));
     let (no, so) = (format!("bfn{id}o"), format!("bfs{id}o"));
-    sh(&[
-        "ip", "link", "add", &ci, "netns", &nc, "type", "veth", "peer", "name", &ni, "netns", &nn,
-    ]);
-    sh(&[
-        "ip", "link", "add", &no, "netns", &nn, "type", "veth", "peer", "name", &so, "netns", &ns,
-    ]);
-    for (n, dev, a) in [
-        (&nc, &ci, "10.210.0.2/24"),
-        (&nn, &ni, "10.210.0.1/24"),
-        (&nn, &no, "10.220.0.1/24"),
-        (&ns, &so, "10.220.0.2/24"),
-    ] {
-        sh(&["ip", "-n", n, "addr", "add", a, "dev", dev]);
-        sh(&["ip", "-n", n, "link", "set", "dev", dev, "up"]);
-    }
+    common::veth(&nc, &ci, "10.210.0.2/24", &nn, &ni, "10.210.0.1/24");
+    common::veth(&nn, &no, "10.220.0.1/24", &ns, &so, "10.220.0.2/24");
     sh(&[
         "ip",
         "-n",
@@ -216,29 +131,15 @@ fn a_client_behind_nat_is_followed_when_its_mapping_changes_and_spoofs_do_not_mo
     let (cc, cs) = (dir.join("c.sock"), dir.join("s.sock"));
     let server_chans = "\n[[channel]]\nname = \"lte\"\nlocal = \"10.220.0.2:7000\"\n\n[[channel]]\nname = \"dsl\"\nlocal = \"10.220.0.2:7001\"\n";
     let client_chans = "\n[[channel]]\nname = \"lte\"\nremote = \"10.220.0.2:7000\"\n\n[[channel]]\nname = \"dsl\"\nlocal = \"0.0.0.0:0\"\nremote = \"10.220.0.2:7001\"\n";
-    std::fs::write(
-        dir.join("c.toml"),
-        config("10.78.0.1/24", &cc, client_chans),
-    )
-    .unwrap();
-    std::fs::write(
-        dir.join("s.toml"),
-        config("10.78.0.2/24", &cs, server_chans),
-    )
-    .unwrap();
-    for f in ["c.toml", "s.toml"] {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(dir.join(f), std::fs::Permissions::from_mode(0o600)).unwrap();
-    }
-    let tunnel = |n: &str, cfg: &str| {
-        Command::new("ip")
-            .args(["netns", "exec", n, BIN, "tunnel", "--config"])
-            .arg(dir.join(cfg))
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
-    };
+    common::write_private(
+        &dir.join("c.toml"),
+        &config("10.78.0.1/24", &cc, client_chans),
+    );
+    common::write_private(
+        &dir.join("s.toml"),
+        &config("10.78.0.2/24", &cs, server_chans),
+    );
+    let tunnel = |n: &str, cfg: &str| common::start_tunnel(n, &dir.join(cfg));
     lab.children.push(tunnel(&ns, "s.toml"));
     lab.children.push(tunnel(&nc, "c.toml"));
 

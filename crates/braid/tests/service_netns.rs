@@ -6,44 +6,21 @@
 //! /dev/net/tun, `ip` and bash; skips, saying why, without them.
 
 use std::os::unix::net::UnixDatagram;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_braid");
-
 mod common;
-use common::sh;
+use common::{sh, status, write_private, Lab, BIN};
 
 fn skip_reason() -> Option<String> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return Some("needs root (a network namespace and TUN devices)".into());
-    }
-    if !Path::new("/dev/net/tun").exists() {
-        return Some("/dev/net/tun does not exist".into());
-    }
-    common::missing_tool(&[("ip", "iproute2"), ("bash", "bash")])
-}
-
-/// The namespace, processes and files of the test; removed on drop.
-struct Lab {
-    ns: String,
-    children: Vec<Child>,
-    dir: PathBuf,
-}
-
-impl Drop for Lab {
-    fn drop(&mut self) {
-        for c in &mut self.children {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        let _ = Command::new("ip").args(["netns", "del", &self.ns]).output();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+    common::netns_skip_reason(
+        "a network namespace and TUN devices",
+        &[("ip", "iproute2"), ("bash", "bash")],
+        None,
+    )
 }
 
 /// One end: TUN `dev` with `addr`, channels from `ports` to `peer_ports` on loopback.
@@ -72,22 +49,6 @@ fn config(
 fn weights(cfg: &str, w: [u32; 2]) -> String {
     cfg.replace("{W0}", &w[0].to_string())
         .replace("{W1}", &w[1].to_string())
-}
-
-fn write_private(path: &Path, text: &str) {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::write(path, text).unwrap();
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
-}
-
-fn status(ctl: &Path) -> Option<Value> {
-    let out = Command::new(BIN)
-        .args(["status", "--json", "--control", ctl.to_str().unwrap()])
-        .output()
-        .ok()?;
-    out.status
-        .success()
-        .then(|| serde_json::from_slice(&out.stdout).ok())?
 }
 
 /// The notification messages that arrive within `wait`.
@@ -159,14 +120,8 @@ fn service_is_ready_when_the_peer_answers_and_reload_applies_weights_and_log_lev
     let id = std::process::id() % 100_000;
     let ns = format!("braid-ops-svc{id}");
     let dir = std::env::temp_dir().join(format!("braid-ops-svc-{id}"));
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut lab = Lab {
-        ns: ns.clone(),
-        children: vec![],
-        dir: dir.clone(),
-    };
-    sh(&["ip", "netns", "add", &ns]);
-    sh(&["ip", "-n", &ns, "link", "set", "dev", "lo", "up"]);
+    let mut lab = Lab::new(dir.clone());
+    lab.add_ns(&ns);
 
     let (ca, cb) = (dir.join("a.sock"), dir.join("b.sock"));
     let base = 7400 + (id % 100) as u16 * 4;

@@ -6,63 +6,19 @@
 //! Needs root, /dev/net/tun, `ip` and python3; without them the test says why it is
 //! skipped. Namespaces are removed on every exit path.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
-
-const BIN: &str = env!("CARGO_BIN_EXE_braid");
-
 mod common;
-use common::sh;
+use common::{status, Lab, BIN};
 
 fn skip_reason() -> Option<String> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return Some("needs root (network namespaces, a TUN device, raw sockets)".into());
-    }
-    if !Path::new("/dev/net/tun").exists() {
-        return Some("/dev/net/tun does not exist".into());
-    }
-    if let Some(why) = common::missing_tool(&[("ip", "iproute2")]) {
-        return Some(why);
-    }
-    if let Some(why) = common::missing_python("sends the forgeries, counts the TUN") {
-        return Some(why);
-    }
-    None
-}
-
-/// Namespaces, processes and files of one test; removed on drop.
-struct Lab {
-    ns: Vec<String>,
-    children: Vec<Child>,
-    dir: PathBuf,
-}
-
-impl Drop for Lab {
-    fn drop(&mut self) {
-        for c in &mut self.children {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        for n in &self.ns {
-            let _ = Command::new("ip").args(["netns", "del", n]).output();
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn status(ctl: &Path) -> Option<Value> {
-    let out = Command::new(BIN)
-        .args(["status", "--json", "--control", ctl.to_str().unwrap()])
-        .output()
-        .ok()?;
-    if !out.status.success() {
-        return None;
-    }
-    serde_json::from_slice(&out.stdout).ok()
+    common::netns_skip_reason(
+        "network namespaces, a TUN device, raw sockets",
+        &[("ip", "iproute2")],
+        Some("sends the forgeries, counts the TUN"),
+    )
 }
 
 /// Counts, on the TUN device `braids`, the packets carrying a tag, for `secs` seconds.
@@ -134,25 +90,12 @@ fn run_mode(mode: &str) {
     let id = std::process::id() % 100_000;
     let (na, nb) = (format!("bspa{id}"), format!("bspb{id}"));
     let dir = std::env::temp_dir().join(format!("braid-spoof-{id}-{mode}"));
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut lab = Lab {
-        ns: vec![],
-        children: vec![],
-        dir: dir.clone(),
-    };
+    let mut lab = Lab::new(dir.clone());
     for n in [&na, &nb] {
-        sh(&["ip", "netns", "add", n]);
-        lab.ns.push(n.clone());
-        sh(&["ip", "-n", n, "link", "set", "dev", "lo", "up"]);
+        lab.add_ns(n);
     }
     let (va, vb) = (format!("bsa{id}"), format!("bsb{id}"));
-    sh(&[
-        "ip", "link", "add", &va, "netns", &na, "type", "veth", "peer", "name", &vb, "netns", &nb,
-    ]);
-    sh(&["ip", "-n", &na, "addr", "add", "10.202.0.1/24", "dev", &va]);
-    sh(&["ip", "-n", &nb, "addr", "add", "10.202.0.2/24", "dev", &vb]);
-    sh(&["ip", "-n", &na, "link", "set", "dev", &va, "up"]);
-    sh(&["ip", "-n", &nb, "link", "set", "dev", &vb, "up"]);
+    common::veth(&na, &va, "10.202.0.1/24", &nb, &vb, "10.202.0.2/24");
     let cfg = |addr: &str, ctl: &Path, l: &str, r: &str| {
         format!(
             "[tunnel]\nname = \"braids\"\naddress = \"{addr}\"\ncontrol = \"{}\"\n\n[session]\nmode = \"{mode}\"\nkey = \"1TmZIScY3/OtqxxyGcnv8N4FGBZHviUHPzrxwu6fHx4=\"\nheartbeat = \"20ms\"\ndead_after = \"200ms\"\n\n[[channel]]\nname = \"v0\"\nlocal = \"{l}\"\nremote = \"{r}\"\n",
@@ -160,21 +103,15 @@ fn run_mode(mode: &str) {
         )
     };
     let (ca, cb) = (dir.join("a.sock"), dir.join("b.sock"));
-    std::fs::write(
-        dir.join("a.toml"),
-        cfg("10.78.0.1/24", &ca, "10.202.0.1:7000", "10.202.0.2:7000"),
-    )
-    .unwrap();
-    std::fs::write(
-        dir.join("b.toml"),
-        cfg("10.78.0.2/24", &cb, "10.202.0.2:7000", "10.202.0.1:7000"),
-    )
-    .unwrap();
     // Configs that hold the key inline must be private (as a key file).
-    for f in ["a.toml", "b.toml"] {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(dir.join(f), std::fs::Permissions::from_mode(0o600)).unwrap();
-    }
+    common::write_private(
+        &dir.join("a.toml"),
+        &cfg("10.78.0.1/24", &ca, "10.202.0.1:7000", "10.202.0.2:7000"),
+    );
+    common::write_private(
+        &dir.join("b.toml"),
+        &cfg("10.78.0.2/24", &cb, "10.202.0.2:7000", "10.202.0.1:7000"),
+    );
     for (ns, file) in [(&na, "a.toml"), (&nb, "b.toml")] {
         lab.children.push(
             Command::new("ip")

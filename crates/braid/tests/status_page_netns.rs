@@ -4,16 +4,27 @@
 //! `braid status --json`. `BRAID_SCREENSHOT=1` also writes docs/status-page.png. Needs
 //! root, /dev/net/tun, `ip`, bash and chromium; skips, saying why, without them.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_braid");
-
 mod common;
-use common::sh;
+use common::{status, Lab, BIN};
+
+fn skip_reason() -> Option<String> {
+    if let Some(why) = common::netns_skip_reason(
+        "a network namespace and TUN devices",
+        &[("ip", "iproute2"), ("bash", "bash")],
+        None,
+    ) {
+        return Some(why);
+    }
+    browser()
+        .is_none()
+        .then(|| "chromium is not installed (apt-get install chromium)".into())
+}
 
 /// A headless Chromium driven over the DevTools protocol on a pipe (fds 3 and 4,
 /// `--remote-debugging-pipe`): JSON messages ended by a NUL byte.
@@ -160,39 +171,6 @@ fn browser() -> Option<&'static str> {
         .find(|b| braid_lab::tools::find(b).is_some())
 }
 
-fn skip_reason() -> Option<String> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return Some("needs root (a network namespace and TUN devices)".into());
-    }
-    if !Path::new("/dev/net/tun").exists() {
-        return Some("/dev/net/tun does not exist".into());
-    }
-    if let Some(why) = common::missing_tool(&[("ip", "iproute2"), ("bash", "bash")]) {
-        return Some(why);
-    }
-    browser()
-        .is_none()
-        .then(|| "chromium is not installed (apt-get install chromium)".into())
-}
-
-struct Lab {
-    ns: String,
-    children: Vec<Child>,
-    dir: PathBuf,
-}
-
-impl Drop for Lab {
-    fn drop(&mut self) {
-        for c in &mut self.children {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        let _ = Command::new("ip").args(["netns", "del", &self.ns]).output();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
 fn config(dev: &str, addr: &str, ctl: &Path, ports: [u16; 2], peer: [u16; 2]) -> String {
     let mut s = format!(
         "[tunnel]\nname = \"{dev}\"\naddress = \"{addr}\"\ncontrol = \"{}\"\nlog_interval = \"0s\"\n\n\
@@ -208,16 +186,6 @@ fn config(dev: &str, addr: &str, ctl: &Path, ports: [u16; 2], peer: [u16; 2]) ->
         );
     }
     s
-}
-
-fn status(ctl: &Path) -> Option<Value> {
-    let out = Command::new(BIN)
-        .args(["status", "--json", "--control", ctl.to_str().unwrap()])
-        .output()
-        .ok()?;
-    out.status
-        .success()
-        .then(|| serde_json::from_slice(&out.stdout).ok())?
 }
 
 /// The value of attribute `attr` in the element that has `id="ID"` in `dom`.
@@ -258,14 +226,8 @@ fn the_status_page_shows_live_charts_that_match_braid_status() {
     let id = std::process::id() % 100_000;
     let ns = format!("braid-ops-page{id}");
     let dir = std::env::temp_dir().join(format!("braid-ops-page-{id}"));
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut lab = Lab {
-        ns: ns.clone(),
-        children: vec![],
-        dir: dir.clone(),
-    };
-    sh(&["ip", "netns", "add", &ns]);
-    sh(&["ip", "-n", &ns, "link", "set", "dev", "lo", "up"]);
+    let mut lab = Lab::new(dir.clone());
+    lab.add_ns(&ns);
     let (ca, cb) = (dir.join("a.sock"), dir.join("b.sock"));
     let base = 7600 + (id % 100) as u16 * 4;
     let files = [

@@ -2,52 +2,19 @@
 //! pairs (two channels). Needs root, /dev/net/tun, `ip` and python3; without them the
 //! test prints why it is skipped and passes. Namespaces are removed on every exit path.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
-
-const BIN: &str = env!("CARGO_BIN_EXE_braid");
-
 mod common;
-use common::sh;
+use common::{sh, status, Lab, BIN};
 
 fn skip_reason() -> Option<String> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return Some("needs root (network namespaces and a TUN device)".into());
-    }
-    if !Path::new("/dev/net/tun").exists() {
-        return Some("/dev/net/tun does not exist".into());
-    }
-    if let Some(why) = common::missing_tool(&[("ip", "iproute2")]) {
-        return Some(why);
-    }
-    if let Some(why) = common::missing_python("used as TCP client and server") {
-        return Some(why);
-    }
-    None
-}
-
-/// Namespaces, processes and files of one test; removed on drop.
-struct Lab {
-    ns: Vec<String>,
-    children: Vec<Child>,
-    dir: PathBuf,
-}
-
-impl Drop for Lab {
-    fn drop(&mut self) {
-        for c in &mut self.children {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        for n in &self.ns {
-            let _ = Command::new("ip").args(["netns", "del", n]).output();
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+    common::netns_skip_reason(
+        "network namespaces and a TUN device",
+        &[("ip", "iproute2")],
+        Some("used as TCP client and server"),
+    )
 }
 
 fn config(tun_addr: &str, ctl: &Path, chans: &[(String, String)]) -> String {
@@ -59,17 +26,6 @@ fn config(tun_addr: &str, ctl: &Path, chans: &[(String, String)]) -> String {
         s += &format!("\n[[channel]]\nname = \"v{i}\"\nlocal = \"{l}\"\nremote = \"{r}\"\n");
     }
     s
-}
-
-fn status(ctl: &Path) -> Option<Value> {
-    let out = Command::new(BIN)
-        .args(["status", "--json", "--control", ctl.to_str().unwrap()])
-        .output()
-        .ok()?;
-    if !out.status.success() {
-        return None;
-    }
-    serde_json::from_slice(&out.stdout).ok()
 }
 
 const SERVER: &str = r#"
@@ -106,68 +62,24 @@ fn tunnel_carries_tcp_between_namespaces() {
     let id = std::process::id() % 100_000;
     let (na, nb) = (format!("brta{id}"), format!("brtb{id}"));
     let dir = std::env::temp_dir().join(format!("braid-netns-{id}"));
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut lab = Lab {
-        ns: vec![],
-        children: vec![],
-        dir: dir.clone(),
-    };
+    let mut lab = Lab::new(dir.clone());
     for n in [&na, &nb] {
-        sh(&["ip", "netns", "add", n]);
-        lab.ns.push(n.clone());
-        sh(&["ip", "-n", n, "link", "set", "dev", "lo", "up"]);
+        lab.add_ns(n);
     }
     let mut a_ch = Vec::new();
     let mut b_ch = Vec::new();
     for i in 0..2 {
         let (va, vb) = (format!("bta{id}v{i}"), format!("btb{id}v{i}"));
-        sh(&[
-            "ip", "link", "add", &va, "netns", &na, "type", "veth", "peer", "name", &vb, "netns",
-            &nb,
-        ]);
         let (aa, ab) = (format!("10.201.{i}.1"), format!("10.201.{i}.2"));
-        sh(&[
-            "ip",
-            "-n",
-            &na,
-            "addr",
-            "add",
-            &format!("{aa}/24"),
-            "dev",
-            &va,
-        ]);
-        sh(&[
-            "ip",
-            "-n",
-            &nb,
-            "addr",
-            "add",
-            &format!("{ab}/24"),
-            "dev",
-            &vb,
-        ]);
-        sh(&["ip", "-n", &na, "link", "set", "dev", &va, "up"]);
-        sh(&["ip", "-n", &nb, "link", "set", "dev", &vb, "up"]);
+        common::veth(&na, &va, &format!("{aa}/24"), &nb, &vb, &format!("{ab}/24"));
         a_ch.push((format!("{aa}:7000"), format!("{ab}:7000")));
         b_ch.push((format!("{ab}:7000"), format!("{aa}:7000")));
     }
     let (ca, cb) = (dir.join("a.sock"), dir.join("b.sock"));
-    std::fs::write(dir.join("a.toml"), config("10.77.0.1/24", &ca, &a_ch)).unwrap();
-    std::fs::write(dir.join("b.toml"), config("10.77.0.2/24", &cb, &b_ch)).unwrap();
     // Configs that hold the key inline must be private (as a key file).
-    for f in ["a.toml", "b.toml"] {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(dir.join(f), std::fs::Permissions::from_mode(0o600)).unwrap();
-    }
-    let tunnel = |ns: &str, cfg: &str| {
-        Command::new("ip")
-            .args(["netns", "exec", ns, BIN, "tunnel", "--config"])
-            .arg(dir.join(cfg))
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
-    };
+    common::write_private(&dir.join("a.toml"), &config("10.77.0.1/24", &ca, &a_ch));
+    common::write_private(&dir.join("b.toml"), &config("10.77.0.2/24", &cb, &b_ch));
+    let tunnel = |ns: &str, cfg: &str| common::start_tunnel(ns, &dir.join(cfg));
     lab.children.push(tunnel(&na, "a.toml"));
     lab.children.push(tunnel(&nb, "b.toml"));
 

@@ -271,7 +271,6 @@ impl Session {
         let Some(cfg) = self.cfg.demote else {
             return;
         };
-        let healthy = cfg.loss / 2.0;
         let loss: Vec<Option<f64>> = (0..self.n)
             .map(|c| {
                 let ch = &mut self.chans[c];
@@ -281,10 +280,31 @@ impl Session {
             })
             .collect();
         let est: Vec<_> = self.chans.iter().map(|c| c.fb_tx.estimate()).collect();
-        // With adaptive weights, a channel is judged on loss only once the weights have
-        // cut it to a small share and it still loses: loss from a share too large for
-        // it (congestion) is the weights' to correct, and they do.
-        let cut: Vec<bool> = match &self.adapt {
+        let cut = self.cut_by_weights();
+        for (c, cut) in cut.into_iter().enumerate().take(self.n) {
+            if self.chans[c].state != LinkState::Up {
+                // Down or never heard: liveness has it; its role waits for its return.
+                continue;
+            }
+            let slow = self.slower_than(c, &est, cfg.rtt_ratio);
+            let j = Judged {
+                loss: &loss,
+                est: &est,
+                slow,
+            };
+            match self.chans[c].demote.role {
+                Role::Active => self.judge_active(c, now, &cfg, &j, cut),
+                Role::Demoted | Role::Probing => self.judge_demoted(c, now, &cfg, &j),
+            }
+        }
+    }
+
+    /// With adaptive weights, a channel is judged on loss only once the weights have
+    /// cut it to a small share and it still loses: loss from a share too large for it
+    /// (congestion) is the weights' to correct, and they do. Per channel: judged on
+    /// loss?
+    fn cut_by_weights(&self) -> Vec<bool> {
+        match &self.adapt {
             None => vec![true; self.n],
             Some(a) => {
                 let top = self
@@ -299,90 +319,87 @@ impl Session {
                     .map(|&q| u64::from(q) * ADAPT_CUT <= u64::from(top))
                     .collect()
             }
+        }
+    }
+
+    /// An active channel: demoted when it loses (not behind a standing queue) or has
+    /// been slow for `after`, while a healthy channel is there to carry the traffic.
+    fn judge_active(&mut self, c: usize, now: Instant, cfg: &DemoteConfig, j: &Judged, cut: bool) {
+        // Loss behind a standing queue is congestion, not a bad link: TCP's slow start
+        // overflowing the channel's buffer, which the AQM signals and TCP corrects
+        // within a round trip. (The round trip is timed by the reports' arrival, so
+        // in-bond repair's holds do not inflate it.)
+        let queued = super::adapt::standing_queue(&j.est[c]);
+        let lossy = j.loss[c].is_some_and(|l| l >= cfg.loss) && !queued && cut;
+        let slow = j.slow && self.small_share(c, j.est);
+        let d = &mut self.chans[c].demote;
+        d.slow_since = if slow {
+            Some(d.slow_since.unwrap_or(now))
+        } else {
+            None
         };
-        for c in 0..self.n {
-            if self.chans[c].state != LinkState::Up {
-                // Down or never heard: liveness has it; its role waits for its return.
-                continue;
-            }
-            let slow = self.slower_than(c, &est, cfg.rtt_ratio);
-            let d = &mut self.chans[c].demote;
-            match d.role {
-                Role::Active => {
-                    // Loss behind a standing queue is congestion, not a bad link: TCP's
-                    // slow start overflowing the channel's buffer, which the AQM
-                    // signals and TCP corrects within a round trip. (The round trip
-                    // is timed by the reports' arrival, so in-bond repair's holds do
-                    // not inflate it.)
-                    let queued = super::adapt::standing_queue(&est[c]);
-                    let lossy = loss[c].is_some_and(|l| l >= cfg.loss) && !queued && cut[c];
-                    let slow = slow && self.small_share(c, &est);
-                    let d = &mut self.chans[c].demote;
-                    d.slow_since = if slow {
-                        Some(d.slow_since.unwrap_or(now))
-                    } else {
-                        None
-                    };
-                    let slow_long = d
-                        .slow_since
-                        .is_some_and(|t| now.saturating_since(t) >= cfg.after);
-                    if !(lossy || slow_long) {
-                        continue;
-                    }
-                    // Only while a healthy channel is there to carry the traffic.
-                    let alternative = (0..self.n).any(|o| {
-                        o != c
-                            && self.chans[o].state == LinkState::Up
-                            && self.chans[o].demote.role == Role::Active
-                            && self.peer.mask & bit(o) != 0
-                            && loss[o].is_some_and(|l| l <= healthy)
-                    });
-                    if !alternative {
-                        continue;
-                    }
-                    let d = &mut self.chans[c].demote;
-                    let relapse = d.promoted_at.is_some_and(|t| {
-                        now.saturating_since(t).as_micros()
-                            < cfg.promote_after.as_micros() * 10 * u64::from(d.backoff)
-                    });
-                    d.backoff = if relapse {
-                        (d.backoff * 2).min(MAX_BACKOFF)
-                    } else {
-                        1
-                    };
-                    d.demotions += 1;
-                    d.slow_since = None;
-                    d.set_role(Role::Demoted, now);
-                    let reason = match loss[c] {
-                        Some(l) if lossy => format!(
-                            "{:.1} % of its datagrams lost over the last {} ms",
-                            l * 100.0,
-                            cfg.after.as_micros() / 1000
-                        ),
-                        _ => format!(
-                            "its round trip ({} ms) is over {} times the fastest channel's",
-                            est[c].rtt_min.map_or(0, |r| r.as_micros() / 1000),
-                            cfg.rtt_ratio
-                        ),
-                    };
-                    self.events
-                        .push_back(Event::ChannelDemoted { channel: c, reason });
-                }
-                Role::Demoted | Role::Probing => {
-                    let good = loss[c].is_some_and(|l| l <= healthy) && !slow;
-                    if !good {
-                        d.set_role(Role::Demoted, now);
-                        continue;
-                    }
-                    d.set_role(Role::Probing, now);
-                    let hold = cfg.promote_after.as_micros() * u64::from(d.backoff);
-                    if now.saturating_since(d.since).as_micros() >= hold {
-                        d.set_role(Role::Active, now);
-                        d.promoted_at = Some(now);
-                        self.events.push_back(Event::ChannelPromoted { channel: c });
-                    }
-                }
-            }
+        let slow_long = d
+            .slow_since
+            .is_some_and(|t| now.saturating_since(t) >= cfg.after);
+        if !(lossy || slow_long) || !self.has_alternative(c, j.loss, cfg.loss / 2.0) {
+            return;
+        }
+        let d = &mut self.chans[c].demote;
+        let relapse = d.promoted_at.is_some_and(|t| {
+            now.saturating_since(t).as_micros()
+                < cfg.promote_after.as_micros() * 10 * u64::from(d.backoff)
+        });
+        d.backoff = if relapse {
+            (d.backoff * 2).min(MAX_BACKOFF)
+        } else {
+            1
+        };
+        d.demotions += 1;
+        d.slow_since = None;
+        d.set_role(Role::Demoted, now);
+        let reason = match j.loss[c] {
+            Some(l) if lossy => format!(
+                "{:.1} % of its datagrams lost over the last {} ms",
+                l * 100.0,
+                cfg.after.as_micros() / 1000
+            ),
+            _ => format!(
+                "its round trip ({} ms) is over {} times the fastest channel's",
+                j.est[c].rtt_min.map_or(0, |r| r.as_micros() / 1000),
+                cfg.rtt_ratio
+            ),
+        };
+        self.events
+            .push_back(Event::ChannelDemoted { channel: c, reason });
+    }
+
+    /// Is another channel up, active, heard by the peer and losing at most `healthy`?
+    fn has_alternative(&self, c: usize, loss: &[Option<f64>], healthy: f64) -> bool {
+        (0..self.n).any(|o| {
+            o != c
+                && self.chans[o].state == LinkState::Up
+                && self.chans[o].demote.role == Role::Active
+                && self.peer.mask & bit(o) != 0
+                && loss[o].is_some_and(|l| l <= healthy)
+        })
+    }
+
+    /// A demoted or probing channel: probing while it is healthy and not slow, active
+    /// again after `promote_after` (times its backoff) of that.
+    fn judge_demoted(&mut self, c: usize, now: Instant, cfg: &DemoteConfig, j: &Judged) {
+        let healthy = cfg.loss / 2.0;
+        let d = &mut self.chans[c].demote;
+        let good = j.loss[c].is_some_and(|l| l <= healthy) && !j.slow;
+        if !good {
+            d.set_role(Role::Demoted, now);
+            return;
+        }
+        d.set_role(Role::Probing, now);
+        let hold = cfg.promote_after.as_micros() * u64::from(d.backoff);
+        if now.saturating_since(d.since).as_micros() >= hold {
+            d.set_role(Role::Active, now);
+            d.promoted_at = Some(now);
+            self.events.push_back(Event::ChannelPromoted { channel: c });
         }
     }
 
@@ -426,6 +443,14 @@ impl Session {
             .sum();
         total > 0.0 && mine < SLOW_SHARE * total
     }
+}
+
+/// What one judgement sees of every channel: its loss over the last `after`, its
+/// estimate, and whether the channel judged is slower than the rest.
+struct Judged<'a> {
+    loss: &'a [Option<f64>],
+    est: &'a [super::feedback::Estimate],
+    slow: bool,
 }
 
 #[cfg(test)]

@@ -194,73 +194,7 @@ impl Session {
         let mut receiver = self.rx.base_global.clone();
         receiver += rs;
         let channels = (0..self.n)
-            .map(|i| {
-                let mut t = self.tx.base[i].clone();
-                if let Some(k) = self.tx.members.iter().position(|&m| m == i) {
-                    t += &ts.channels[k];
-                }
-                let mut r = self.rx.base[i].clone();
-                if let Some(k) = self.rx.index[i] {
-                    r += &rs.channels[k];
-                }
-                let c = &self.chans[i];
-                // Adapted, else set by `set_weights`, else as configured.
-                let quantum = match (&self.adapt, &self.set_quanta) {
-                    (Some(a), _) => a.quanta[i],
-                    (None, Some(q)) => q[i],
-                    (None, None) => self.cfg.stripe_config(&[i]).weights[0],
-                };
-                let in_tx_set = self.tx.set & bit(i) != 0;
-                ChannelInfo {
-                    state: c.state,
-                    state_since: now.saturating_since(c.since),
-                    state_changes: c.changes,
-                    peer_hears_us: c.peer_hears_us,
-                    in_tx_set,
-                    in_rx_set: self.rx.set & bit(i) != 0,
-                    tx_datagrams: c.n.tx_datagrams,
-                    tx_bytes: c.n.tx_bytes,
-                    tx_data_packets: c.n.tx_data,
-                    tx_markers: c.n.tx_markers,
-                    tx_triggers: c.n.tx_triggers,
-                    rx_datagrams: c.n.rx_datagrams,
-                    rx_bytes: c.n.rx_bytes,
-                    rx_data_packets: c.n.rx_data,
-                    rx_markers: c.n.rx_markers,
-                    rx_triggers: c.n.rx_triggers,
-                    rx_hellos: c.n.rx_hellos,
-                    rx_feedback: c.n.rx_feedback,
-                    estimate: c.fb_tx.estimate(),
-                    quantum,
-                    weight: if in_tx_set { quantum } else { 0 },
-                    pace_bps: self.pacer.as_ref().and_then(|p| p.rate_bps(i)),
-                    measured_bps: self.probes.measured(i),
-                    probe: self.probes.state(i),
-                    pace_configured_bps: self
-                        .cfg
-                        .pacing
-                        .as_ref()
-                        .and_then(|p| p.rates_bps.get(i).copied())
-                        .filter(|r| *r > 0.0),
-                    role: c.demote.role,
-                    role_since: now.saturating_since(c.demote.since),
-                    demotions: c.demote.demotions,
-                    window_loss: c.demote.window_loss,
-                    auth_failures: c.n.auth_failures,
-                    unauthenticated: c.n.unauthenticated,
-                    replays: c.n.replays,
-                    malformed: c.n.malformed + r.malformed,
-                    endpoint: self.endpoints[i],
-                    endpoint_changes: c.n.endpoint_changes,
-                    handshake_failures: self.crypto.failed_on(i),
-                    tx_bps: c.n.tx_bps,
-                    rx_bps: c.n.rx_bps,
-                    striper: t,
-                    resequencer: r,
-                    arq: self.arq_rx[i].stats.merged(&self.arq_tx[i].stats),
-                    credit_balance: balances.as_ref().map(|b| b[i]),
-                }
-            })
+            .map(|i| self.channel_info(i, now, rs, ts, balances.as_deref()))
             .collect();
         SessionStats {
             peer_seen: self.peer.seen,
@@ -295,6 +229,87 @@ impl Session {
             return_path: self.return_path.on,
             return_path_cuts: self.return_path.cuts,
             channels,
+        }
+    }
+
+    /// Channel `i` at `now`: its state, counters (those of earlier epochs added) and
+    /// estimates; `rs`/`ts` the current resequencer's and striper's counters.
+    fn channel_info(
+        &self,
+        i: usize,
+        now: Instant,
+        rs: &Stats,
+        ts: &Stats,
+        balances: Option<&[u64]>,
+    ) -> ChannelInfo {
+        let mut t = self.tx.base[i].clone();
+        if let Some(k) = self.tx.members.iter().position(|&m| m == i) {
+            t += &ts.channels[k];
+        }
+        let mut r = self.rx.base[i].clone();
+        if let Some(k) = self.rx.index[i] {
+            r += &rs.channels[k];
+        }
+        let c = &self.chans[i];
+        let quantum = self.quantum(i);
+        let in_tx_set = self.tx.set & bit(i) != 0;
+        ChannelInfo {
+            state: c.state,
+            state_since: now.saturating_since(c.since),
+            state_changes: c.changes,
+            peer_hears_us: c.peer_hears_us,
+            in_tx_set,
+            in_rx_set: self.rx.set & bit(i) != 0,
+            tx_datagrams: c.n.tx_datagrams,
+            tx_bytes: c.n.tx_bytes,
+            tx_data_packets: c.n.tx_data,
+            tx_markers: c.n.tx_markers,
+            tx_triggers: c.n.tx_triggers,
+            rx_datagrams: c.n.rx_datagrams,
+            rx_bytes: c.n.rx_bytes,
+            rx_data_packets: c.n.rx_data,
+            rx_markers: c.n.rx_markers,
+            rx_triggers: c.n.rx_triggers,
+            rx_hellos: c.n.rx_hellos,
+            rx_feedback: c.n.rx_feedback,
+            estimate: c.fb_tx.estimate(),
+            quantum,
+            weight: if in_tx_set { quantum } else { 0 },
+            pace_bps: self.pacer.as_ref().and_then(|p| p.rate_bps(i)),
+            measured_bps: self.probes.measured(i),
+            probe: self.probes.state(i),
+            pace_configured_bps: self
+                .cfg
+                .pacing
+                .as_ref()
+                .and_then(|p| p.rates_bps.get(i).copied())
+                .filter(|r| *r > 0.0),
+            role: c.demote.role,
+            role_since: now.saturating_since(c.demote.since),
+            demotions: c.demote.demotions,
+            window_loss: c.demote.window_loss,
+            auth_failures: c.n.auth_failures,
+            unauthenticated: c.n.unauthenticated,
+            replays: c.n.replays,
+            malformed: c.n.malformed + r.malformed,
+            endpoint: self.endpoints[i],
+            endpoint_changes: c.n.endpoint_changes,
+            handshake_failures: self.crypto.failed_on(i),
+            tx_bps: c.n.tx_bps,
+            rx_bps: c.n.rx_bps,
+            striper: t,
+            resequencer: r,
+            arq: self.arq_rx[i].stats.merged(&self.arq_tx[i].stats),
+            credit_balance: balances.map(|b| b[i]),
+        }
+    }
+
+    /// Channel `i`'s quantum: adapted, else set by `set_weights`, else as configured.
+    fn quantum(&self, i: usize) -> u32 {
+        match (&self.adapt, &self.set_quanta) {
+            (Some(a), _) => a.quanta[i],
+            (None, Some(q)) => q[i],
+            (None, None) => self.cfg.stripe_config(&[i]).weights[0],
         }
     }
 }

@@ -318,73 +318,8 @@ impl Repr {
             return Err(WireError::Reserved(b[3]));
         }
         match b[2] {
-            KIND_UPDATE => {
-                if b.len() < UPDATE_HEADER_LEN {
-                    return Err(WireError::Truncated);
-                }
-                let origin = read_u16(b, 4);
-                let count = read_u16(b, 6) as usize;
-                exact(b.len(), UPDATE_HEADER_LEN + count * UPDATE_ENTRY_LEN)?;
-                let seq = read_u32(b, 8);
-                let mut entries = Vec::with_capacity(count);
-                for i in 0..count {
-                    let at = UPDATE_HEADER_LEN + i * UPDATE_ENTRY_LEN;
-                    let e = UpdateEntry {
-                        peer: read_u16(b, at),
-                        throughput_kbps: read_u32(b, at + 2),
-                        rtt_us: read_u32(b, at + 6),
-                        loss_ppm: read_u32(b, at + 10),
-                        age_ms: read_u32(b, at + 14),
-                    };
-                    if e.loss_ppm > LOSS_SCALE || e.peer == origin || e.peer == NO_RELAY {
-                        return Err(WireError::Invalid);
-                    }
-                    entries.push(e);
-                }
-                if origin == NO_RELAY {
-                    return Err(WireError::Invalid);
-                }
-                Ok(Repr::Update {
-                    origin,
-                    seq,
-                    entries,
-                })
-            }
-            KIND_PROVISION => {
-                if b.len() < PROVISION_HEADER_LEN {
-                    return Err(WireError::Truncated);
-                }
-                let count = b[12] as usize;
-                if count == 0 || count > MAX_PROVISION_PATHS {
-                    return Err(WireError::Invalid);
-                }
-                if b[13..16] != [0, 0, 0] {
-                    return Err(WireError::Reserved(b[13] | b[14] | b[15]));
-                }
-                exact(b.len(), PROVISION_HEADER_LEN + count * PROVISION_PATH_LEN)?;
-                let mut paths = Vec::with_capacity(count);
-                for i in 0..count {
-                    let at = PROVISION_HEADER_LEN + i * PROVISION_PATH_LEN;
-                    let relay = read_u16(b, at);
-                    if b[at + 3] != 0 {
-                        return Err(WireError::Reserved(b[at + 3]));
-                    }
-                    paths.push(ProvisionPath {
-                        relay: (relay != NO_RELAY).then_some(relay),
-                        slot: b[at + 2],
-                        weight: read_u32(b, at + 4),
-                    });
-                }
-                let r = Repr::Provision {
-                    flow: read_u32(b, 4),
-                    src: read_u16(b, 8),
-                    dst: read_u16(b, 10),
-                    lifetime_ms: read_u32(b, 16),
-                    paths,
-                };
-                r.validate()?;
-                Ok(r)
-            }
+            KIND_UPDATE => parse_update(b),
+            KIND_PROVISION => parse_provision(b),
             KIND_TEARDOWN => {
                 exact(b.len(), TEARDOWN_LEN)?;
                 let r = Repr::Teardown {
@@ -395,34 +330,7 @@ impl Repr {
                 r.validate()?;
                 Ok(r)
             }
-            KIND_PING | KIND_PONG => {
-                if b.len() < PING_LEN {
-                    return Err(WireError::Truncated);
-                }
-                let sender = read_u16(b, 4);
-                let seq = read_u32(b, 6);
-                let train = read_u16(b, 10);
-                if sender == NO_RELAY {
-                    return Err(WireError::Invalid);
-                }
-                if b[2] == KIND_PONG {
-                    exact(b.len(), PING_LEN)?;
-                    return Ok(Repr::Pong { sender, seq, train });
-                }
-                let pad = b.len() - PING_LEN;
-                if pad > MAX_PING_PAD {
-                    return Err(WireError::Trailing);
-                }
-                if b[PING_LEN..].iter().any(|&x| x != 0) {
-                    return Err(WireError::Invalid);
-                }
-                Ok(Repr::Ping {
-                    sender,
-                    seq,
-                    train,
-                    pad: pad as u16,
-                })
-            }
+            KIND_PING | KIND_PONG => parse_ping(b),
             other => Err(WireError::Reserved(other)),
         }
     }
@@ -520,40 +428,14 @@ impl Repr {
                 origin,
                 seq,
                 entries,
-            } => {
-                b[2] = KIND_UPDATE;
-                b[4..6].copy_from_slice(&origin.to_be_bytes());
-                b[6..8].copy_from_slice(&(entries.len() as u16).to_be_bytes());
-                b[8..12].copy_from_slice(&seq.to_be_bytes());
-                for (i, e) in entries.iter().enumerate() {
-                    let at = UPDATE_HEADER_LEN + i * UPDATE_ENTRY_LEN;
-                    b[at..at + 2].copy_from_slice(&e.peer.to_be_bytes());
-                    b[at + 2..at + 6].copy_from_slice(&e.throughput_kbps.to_be_bytes());
-                    b[at + 6..at + 10].copy_from_slice(&e.rtt_us.to_be_bytes());
-                    b[at + 10..at + 14].copy_from_slice(&e.loss_ppm.to_be_bytes());
-                    b[at + 14..at + 18].copy_from_slice(&e.age_ms.to_be_bytes());
-                }
-            }
+            } => emit_update(b, *origin, *seq, entries),
             Repr::Provision {
                 flow,
                 src,
                 dst,
                 lifetime_ms,
                 paths,
-            } => {
-                b[2] = KIND_PROVISION;
-                b[4..8].copy_from_slice(&flow.to_be_bytes());
-                b[8..10].copy_from_slice(&src.to_be_bytes());
-                b[10..12].copy_from_slice(&dst.to_be_bytes());
-                b[12] = paths.len() as u8;
-                b[16..20].copy_from_slice(&lifetime_ms.to_be_bytes());
-                for (i, p) in paths.iter().enumerate() {
-                    let at = PROVISION_HEADER_LEN + i * PROVISION_PATH_LEN;
-                    b[at..at + 2].copy_from_slice(&p.relay.unwrap_or(NO_RELAY).to_be_bytes());
-                    b[at + 2] = p.slot;
-                    b[at + 4..at + 8].copy_from_slice(&p.weight.to_be_bytes());
-                }
-            }
+            } => emit_provision(b, (*flow, *src, *dst, *lifetime_ms), paths),
             Repr::Ping {
                 sender, seq, train, ..
             }
@@ -585,6 +467,144 @@ impl Repr {
         self.emit(&mut v)?;
         Ok(v)
     }
+}
+
+/// An UPDATE's kind, header and entries into `b` (zeroed, of the right length).
+fn emit_update(b: &mut [u8], origin: NodeId, seq: u32, entries: &[UpdateEntry]) {
+    b[2] = KIND_UPDATE;
+    b[4..6].copy_from_slice(&origin.to_be_bytes());
+    b[6..8].copy_from_slice(&(entries.len() as u16).to_be_bytes());
+    b[8..12].copy_from_slice(&seq.to_be_bytes());
+    for (i, e) in entries.iter().enumerate() {
+        let at = UPDATE_HEADER_LEN + i * UPDATE_ENTRY_LEN;
+        b[at..at + 2].copy_from_slice(&e.peer.to_be_bytes());
+        b[at + 2..at + 6].copy_from_slice(&e.throughput_kbps.to_be_bytes());
+        b[at + 6..at + 10].copy_from_slice(&e.rtt_us.to_be_bytes());
+        b[at + 10..at + 14].copy_from_slice(&e.loss_ppm.to_be_bytes());
+        b[at + 14..at + 18].copy_from_slice(&e.age_ms.to_be_bytes());
+    }
+}
+
+/// A PROVISION's kind, header (flow, source, destination, lifetime) and paths into `b`
+/// (zeroed, of the right length).
+fn emit_provision(
+    b: &mut [u8],
+    (flow, src, dst, lifetime_ms): (u32, NodeId, NodeId, u32),
+    paths: &[ProvisionPath],
+) {
+    b[2] = KIND_PROVISION;
+    b[4..8].copy_from_slice(&flow.to_be_bytes());
+    b[8..10].copy_from_slice(&src.to_be_bytes());
+    b[10..12].copy_from_slice(&dst.to_be_bytes());
+    b[12] = paths.len() as u8;
+    b[16..20].copy_from_slice(&lifetime_ms.to_be_bytes());
+    for (i, p) in paths.iter().enumerate() {
+        let at = PROVISION_HEADER_LEN + i * PROVISION_PATH_LEN;
+        b[at..at + 2].copy_from_slice(&p.relay.unwrap_or(NO_RELAY).to_be_bytes());
+        b[at + 2] = p.slot;
+        b[at + 4..at + 8].copy_from_slice(&p.weight.to_be_bytes());
+    }
+}
+
+/// An UPDATE: the origin's measurements of its hops, none to itself.
+fn parse_update(b: &[u8]) -> Result<Repr, WireError> {
+    if b.len() < UPDATE_HEADER_LEN {
+        return Err(WireError::Truncated);
+    }
+    let origin = read_u16(b, 4);
+    let count = read_u16(b, 6) as usize;
+    exact(b.len(), UPDATE_HEADER_LEN + count * UPDATE_ENTRY_LEN)?;
+    let seq = read_u32(b, 8);
+    let mut entries = Vec::with_capacity(count);
+    for i in 0..count {
+        let at = UPDATE_HEADER_LEN + i * UPDATE_ENTRY_LEN;
+        let e = UpdateEntry {
+            peer: read_u16(b, at),
+            throughput_kbps: read_u32(b, at + 2),
+            rtt_us: read_u32(b, at + 6),
+            loss_ppm: read_u32(b, at + 10),
+            age_ms: read_u32(b, at + 14),
+        };
+        if e.loss_ppm > LOSS_SCALE || e.peer == origin || e.peer == NO_RELAY {
+            return Err(WireError::Invalid);
+        }
+        entries.push(e);
+    }
+    if origin == NO_RELAY {
+        return Err(WireError::Invalid);
+    }
+    Ok(Repr::Update {
+        origin,
+        seq,
+        entries,
+    })
+}
+
+/// A PROVISION: a flow's 1 to MAX_PROVISION_PATHS paths.
+fn parse_provision(b: &[u8]) -> Result<Repr, WireError> {
+    if b.len() < PROVISION_HEADER_LEN {
+        return Err(WireError::Truncated);
+    }
+    let count = b[12] as usize;
+    if count == 0 || count > MAX_PROVISION_PATHS {
+        return Err(WireError::Invalid);
+    }
+    if b[13..16] != [0, 0, 0] {
+        return Err(WireError::Reserved(b[13] | b[14] | b[15]));
+    }
+    exact(b.len(), PROVISION_HEADER_LEN + count * PROVISION_PATH_LEN)?;
+    let mut paths = Vec::with_capacity(count);
+    for i in 0..count {
+        let at = PROVISION_HEADER_LEN + i * PROVISION_PATH_LEN;
+        let relay = read_u16(b, at);
+        if b[at + 3] != 0 {
+            return Err(WireError::Reserved(b[at + 3]));
+        }
+        paths.push(ProvisionPath {
+            relay: (relay != NO_RELAY).then_some(relay),
+            slot: b[at + 2],
+            weight: read_u32(b, at + 4),
+        });
+    }
+    let r = Repr::Provision {
+        flow: read_u32(b, 4),
+        src: read_u16(b, 8),
+        dst: read_u16(b, 10),
+        lifetime_ms: read_u32(b, 16),
+        paths,
+    };
+    r.validate()?;
+    Ok(r)
+}
+
+/// A PING (zero padding up to MAX_PING_PAD) or a PONG (no padding).
+fn parse_ping(b: &[u8]) -> Result<Repr, WireError> {
+    if b.len() < PING_LEN {
+        return Err(WireError::Truncated);
+    }
+    let sender = read_u16(b, 4);
+    let seq = read_u32(b, 6);
+    let train = read_u16(b, 10);
+    if sender == NO_RELAY {
+        return Err(WireError::Invalid);
+    }
+    if b[2] == KIND_PONG {
+        exact(b.len(), PING_LEN)?;
+        return Ok(Repr::Pong { sender, seq, train });
+    }
+    let pad = b.len() - PING_LEN;
+    if pad > MAX_PING_PAD {
+        return Err(WireError::Trailing);
+    }
+    if b[PING_LEN..].iter().any(|&x| x != 0) {
+        return Err(WireError::Invalid);
+    }
+    Ok(Repr::Ping {
+        sender,
+        seq,
+        train,
+        pad: pad as u16,
+    })
 }
 
 #[cfg(test)]

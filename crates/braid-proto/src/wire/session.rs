@@ -345,135 +345,13 @@ impl Msg {
         }
         let channel = b[3];
         match b[2] {
-            KIND_HELLO => {
-                if b.len() != HELLO_LEN {
-                    return Err(CtrlError::Length);
-                }
-                Ok(Msg::Hello(Hello {
-                    channel,
-                    channels: b[4],
-                    rx_mask: u64_at(b, 8),
-                    tx_epoch: u32_at(b, 16),
-                    rx_epoch: u32_at(b, 20),
-                    seq: u32::from_be_bytes([0, b[5], b[6], b[7]]),
-                }))
-            }
-            KIND_END => {
-                if b.len() < END_FIXED {
-                    return Err(CtrlError::Length);
-                }
-                let n = b[4] as usize;
-                if b.len() != END_FIXED + n * END_ENTRY {
-                    return Err(CtrlError::Length);
-                }
-                let old_set = u64_at(b, 16);
-                if old_set.count_ones() as usize != n {
-                    return Err(CtrlError::Invalid);
-                }
-                let old_epoch = u32_at(b, 8);
-                let new_epoch = u32_at(b, 12);
-                if new_epoch != old_epoch.wrapping_add(1) || u64_at(b, 24) == 0 {
-                    return Err(CtrlError::Invalid);
-                }
-                let finals = (0..n)
-                    .map(|i| {
-                        let at = END_FIXED + i * END_ENTRY;
-                        (u64_at(b, at), u64_at(b, at + 8) as i64)
-                    })
-                    .collect();
-                Ok(Msg::End(EpochEnd {
-                    channel,
-                    old_epoch,
-                    new_epoch,
-                    old_set,
-                    new_set: u64_at(b, 24),
-                    sent: u64_at(b, 32),
-                    finals,
-                }))
-            }
-            KIND_ACK => {
-                if b.len() != ACK_LEN {
-                    return Err(CtrlError::Length);
-                }
-                Ok(Msg::Ack(EpochAck {
-                    channel,
-                    epoch: u32_at(b, 8),
-                    set: u64_at(b, 16),
-                }))
-            }
-            KIND_FEEDBACK => {
-                if b.len() != FEEDBACK_LEN && b.len() != FEEDBACK_LEN_V1 {
-                    return Err(CtrlError::Length);
-                }
-                Ok(Msg::Feedback(Feedback {
-                    channel,
-                    timestamp: u32_at(b, 4),
-                    echo: u32_at(b, 8),
-                    echo_delay: u32_at(b, 12),
-                    rx_datagrams: u64_at(b, 16),
-                    rx_bytes: u64_at(b, 24),
-                    missing: u64_at(b, 32),
-                    congested: if b.len() == FEEDBACK_LEN {
-                        u64_at(b, 40)
-                    } else {
-                        0
-                    },
-                }))
-            }
-            KIND_RESEND => {
-                if b.len() < RESEND_FIXED {
-                    return Err(CtrlError::Length);
-                }
-                let n = b[5] as usize;
-                if b.len() != RESEND_FIXED + 8 * n {
-                    return Err(CtrlError::Length);
-                }
-                if n == 0 || n > RESEND_MAX {
-                    return Err(CtrlError::Invalid);
-                }
-                Ok(Msg::Resend(Resend {
-                    channel,
-                    lost_channel: b[4],
-                    key_index: u32_at(b, 8),
-                    counters: (0..n).map(|i| u64_at(b, RESEND_FIXED + 8 * i)).collect(),
-                }))
-            }
-            KIND_PROBE => {
-                if b.len() < PROBE_MIN_LEN {
-                    return Err(CtrlError::Length);
-                }
-                let (train, index, count) = (u16_at(b, 4), u16_at(b, 6), u16_at(b, 8));
-                if index >= count {
-                    return Err(CtrlError::Invalid);
-                }
-                Ok(Msg::Probe(Probe {
-                    channel,
-                    train,
-                    index,
-                    count,
-                    len: b.len(),
-                }))
-            }
-            KIND_PROBE_REPORT => {
-                if b.len() != PROBE_REPORT_LEN {
-                    return Err(CtrlError::Length);
-                }
-                let (received, tail) = (u16_at(b, 6), u16_at(b, 8));
-                let span_us = u64_at(b, 20);
-                // Something timed over some time, or nothing timed at all.
-                if tail >= received || (tail == 0) != (span_us == 0) {
-                    return Err(CtrlError::Invalid);
-                }
-                Ok(Msg::ProbeReport(ProbeReport {
-                    channel,
-                    train: u16_at(b, 4),
-                    received,
-                    tail,
-                    readings: u16_at(b, 10),
-                    tail_bytes: u64_at(b, 12),
-                    span_us,
-                }))
-            }
+            KIND_HELLO => parse_hello(b, channel),
+            KIND_END => parse_end(b, channel),
+            KIND_ACK => parse_ack(b, channel),
+            KIND_FEEDBACK => parse_feedback(b, channel),
+            KIND_RESEND => parse_resend(b, channel),
+            KIND_PROBE => parse_probe(b, channel),
+            KIND_PROBE_REPORT => parse_probe_report(b, channel),
             KIND_CLOSE => {
                 if b.len() != CLOSE_LEN {
                     return Err(CtrlError::Length);
@@ -502,69 +380,13 @@ impl Msg {
     pub fn to_vec(&self) -> Vec<u8> {
         let mut v = Vec::with_capacity(64);
         match self {
-            Msg::Hello(h) => {
-                v.extend_from_slice(&[TYPE_SESSION, VERSION, KIND_HELLO, h.channel]);
-                let seq = (h.seq & HELLO_SEQ_MASK).to_be_bytes();
-                v.extend_from_slice(&[h.channels, seq[1], seq[2], seq[3]]);
-                v.extend_from_slice(&h.rx_mask.to_be_bytes());
-                v.extend_from_slice(&h.tx_epoch.to_be_bytes());
-                v.extend_from_slice(&h.rx_epoch.to_be_bytes());
-            }
-            Msg::End(e) => {
-                v.extend_from_slice(&[TYPE_SESSION, VERSION, KIND_END, e.channel]);
-                v.extend_from_slice(&[e.finals.len() as u8, 0, 0, 0]);
-                v.extend_from_slice(&e.old_epoch.to_be_bytes());
-                v.extend_from_slice(&e.new_epoch.to_be_bytes());
-                v.extend_from_slice(&e.old_set.to_be_bytes());
-                v.extend_from_slice(&e.new_set.to_be_bytes());
-                v.extend_from_slice(&e.sent.to_be_bytes());
-                for (round, dc) in &e.finals {
-                    v.extend_from_slice(&round.to_be_bytes());
-                    v.extend_from_slice(&dc.to_be_bytes());
-                }
-            }
-            Msg::Ack(a) => {
-                v.extend_from_slice(&[TYPE_SESSION, VERSION, KIND_ACK, a.channel]);
-                v.extend_from_slice(&[0; 4]);
-                v.extend_from_slice(&a.epoch.to_be_bytes());
-                v.extend_from_slice(&[0; 4]);
-                v.extend_from_slice(&a.set.to_be_bytes());
-            }
-            Msg::Feedback(f) => {
-                v.extend_from_slice(&[TYPE_SESSION, VERSION, KIND_FEEDBACK, f.channel]);
-                v.extend_from_slice(&f.timestamp.to_be_bytes());
-                v.extend_from_slice(&f.echo.to_be_bytes());
-                v.extend_from_slice(&f.echo_delay.to_be_bytes());
-                v.extend_from_slice(&f.rx_datagrams.to_be_bytes());
-                v.extend_from_slice(&f.rx_bytes.to_be_bytes());
-                v.extend_from_slice(&f.missing.to_be_bytes());
-                v.extend_from_slice(&f.congested.to_be_bytes());
-            }
-            Msg::Resend(r) => {
-                v.extend_from_slice(&[TYPE_SESSION, VERSION, KIND_RESEND, r.channel]);
-                v.extend_from_slice(&[r.lost_channel, r.counters.len() as u8, 0, 0]);
-                v.extend_from_slice(&r.key_index.to_be_bytes());
-                for c in &r.counters {
-                    v.extend_from_slice(&c.to_be_bytes());
-                }
-            }
-            Msg::Probe(p) => {
-                v.extend_from_slice(&[TYPE_SESSION, VERSION, KIND_PROBE, p.channel]);
-                v.extend_from_slice(&p.train.to_be_bytes());
-                v.extend_from_slice(&p.index.to_be_bytes());
-                v.extend_from_slice(&p.count.to_be_bytes());
-                v.resize(p.len.max(PROBE_MIN_LEN), 0);
-            }
-            Msg::ProbeReport(r) => {
-                v.extend_from_slice(&[TYPE_SESSION, VERSION, KIND_PROBE_REPORT, r.channel]);
-                v.extend_from_slice(&r.train.to_be_bytes());
-                v.extend_from_slice(&r.received.to_be_bytes());
-                v.extend_from_slice(&r.tail.to_be_bytes());
-                v.extend_from_slice(&r.readings.to_be_bytes());
-                v.extend_from_slice(&r.tail_bytes.to_be_bytes());
-                v.extend_from_slice(&r.span_us.to_be_bytes());
-                v.extend_from_slice(&[0; 4]);
-            }
+            Msg::Hello(h) => write_hello(h, &mut v),
+            Msg::End(e) => write_end(e, &mut v),
+            Msg::Ack(a) => write_ack(a, &mut v),
+            Msg::Feedback(f) => write_feedback(f, &mut v),
+            Msg::Resend(r) => write_resend(r, &mut v),
+            Msg::Probe(p) => write_probe(p, &mut v),
+            Msg::ProbeReport(r) => write_probe_report(r, &mut v),
             Msg::Close(c) => {
                 v.extend_from_slice(&[TYPE_SESSION, VERSION, KIND_CLOSE, *c]);
                 v.extend_from_slice(&[0; 4]);
@@ -572,6 +394,226 @@ impl Msg {
         }
         v
     }
+}
+
+/// A hello: 24 bytes.
+fn write_hello(h: &Hello, v: &mut Vec<u8>) {
+    v.extend_from_slice(&[TYPE_SESSION, VERSION, KIND_HELLO, h.channel]);
+    let seq = (h.seq & HELLO_SEQ_MASK).to_be_bytes();
+    v.extend_from_slice(&[h.channels, seq[1], seq[2], seq[3]]);
+    v.extend_from_slice(&h.rx_mask.to_be_bytes());
+    v.extend_from_slice(&h.tx_epoch.to_be_bytes());
+    v.extend_from_slice(&h.rx_epoch.to_be_bytes());
+}
+
+/// An epoch end: the fixed part, then each old channel's final position.
+fn write_end(e: &EpochEnd, v: &mut Vec<u8>) {
+    v.extend_from_slice(&[TYPE_SESSION, VERSION, KIND_END, e.channel]);
+    v.extend_from_slice(&[e.finals.len() as u8, 0, 0, 0]);
+    v.extend_from_slice(&e.old_epoch.to_be_bytes());
+    v.extend_from_slice(&e.new_epoch.to_be_bytes());
+    v.extend_from_slice(&e.old_set.to_be_bytes());
+    v.extend_from_slice(&e.new_set.to_be_bytes());
+    v.extend_from_slice(&e.sent.to_be_bytes());
+    for (round, dc) in &e.finals {
+        v.extend_from_slice(&round.to_be_bytes());
+        v.extend_from_slice(&dc.to_be_bytes());
+    }
+}
+
+/// An epoch acknowledgement.
+fn write_ack(a: &EpochAck, v: &mut Vec<u8>) {
+    v.extend_from_slice(&[TYPE_SESSION, VERSION, KIND_ACK, a.channel]);
+    v.extend_from_slice(&[0; 4]);
+    v.extend_from_slice(&a.epoch.to_be_bytes());
+    v.extend_from_slice(&[0; 4]);
+    v.extend_from_slice(&a.set.to_be_bytes());
+}
+
+/// A feedback report (version 2, with the congestion count).
+fn write_feedback(f: &Feedback, v: &mut Vec<u8>) {
+    v.extend_from_slice(&[TYPE_SESSION, VERSION, KIND_FEEDBACK, f.channel]);
+    v.extend_from_slice(&f.timestamp.to_be_bytes());
+    v.extend_from_slice(&f.echo.to_be_bytes());
+    v.extend_from_slice(&f.echo_delay.to_be_bytes());
+    v.extend_from_slice(&f.rx_datagrams.to_be_bytes());
+    v.extend_from_slice(&f.rx_bytes.to_be_bytes());
+    v.extend_from_slice(&f.missing.to_be_bytes());
+    v.extend_from_slice(&f.congested.to_be_bytes());
+}
+
+/// A repair request and its counters.
+fn write_resend(r: &Resend, v: &mut Vec<u8>) {
+    v.extend_from_slice(&[TYPE_SESSION, VERSION, KIND_RESEND, r.channel]);
+    v.extend_from_slice(&[r.lost_channel, r.counters.len() as u8, 0, 0]);
+    v.extend_from_slice(&r.key_index.to_be_bytes());
+    for c in &r.counters {
+        v.extend_from_slice(&c.to_be_bytes());
+    }
+}
+
+/// A probe, padded to its length.
+fn write_probe(p: &Probe, v: &mut Vec<u8>) {
+    v.extend_from_slice(&[TYPE_SESSION, VERSION, KIND_PROBE, p.channel]);
+    v.extend_from_slice(&p.train.to_be_bytes());
+    v.extend_from_slice(&p.index.to_be_bytes());
+    v.extend_from_slice(&p.count.to_be_bytes());
+    v.resize(p.len.max(PROBE_MIN_LEN), 0);
+}
+
+/// The report on a probe train.
+fn write_probe_report(r: &ProbeReport, v: &mut Vec<u8>) {
+    v.extend_from_slice(&[TYPE_SESSION, VERSION, KIND_PROBE_REPORT, r.channel]);
+    v.extend_from_slice(&r.train.to_be_bytes());
+    v.extend_from_slice(&r.received.to_be_bytes());
+    v.extend_from_slice(&r.tail.to_be_bytes());
+    v.extend_from_slice(&r.readings.to_be_bytes());
+    v.extend_from_slice(&r.tail_bytes.to_be_bytes());
+    v.extend_from_slice(&r.span_us.to_be_bytes());
+    v.extend_from_slice(&[0; 4]);
+}
+
+/// A hello (fixed length).
+fn parse_hello(b: &[u8], channel: u8) -> Result<Msg, CtrlError> {
+    if b.len() != HELLO_LEN {
+        return Err(CtrlError::Length);
+    }
+    Ok(Msg::Hello(Hello {
+        channel,
+        channels: b[4],
+        rx_mask: u64_at(b, 8),
+        tx_epoch: u32_at(b, 16),
+        rx_epoch: u32_at(b, 20),
+        seq: u32::from_be_bytes([0, b[5], b[6], b[7]]),
+    }))
+}
+
+/// An epoch end: the old and new sets and the final position of each old channel.
+fn parse_end(b: &[u8], channel: u8) -> Result<Msg, CtrlError> {
+    if b.len() < END_FIXED {
+        return Err(CtrlError::Length);
+    }
+    let n = b[4] as usize;
+    if b.len() != END_FIXED + n * END_ENTRY {
+        return Err(CtrlError::Length);
+    }
+    let old_set = u64_at(b, 16);
+    if old_set.count_ones() as usize != n {
+        return Err(CtrlError::Invalid);
+    }
+    let old_epoch = u32_at(b, 8);
+    let new_epoch = u32_at(b, 12);
+    if new_epoch != old_epoch.wrapping_add(1) || u64_at(b, 24) == 0 {
+        return Err(CtrlError::Invalid);
+    }
+    let finals = (0..n)
+        .map(|i| {
+            let at = END_FIXED + i * END_ENTRY;
+            (u64_at(b, at), u64_at(b, at + 8) as i64)
+        })
+        .collect();
+    Ok(Msg::End(EpochEnd {
+        channel,
+        old_epoch,
+        new_epoch,
+        old_set,
+        new_set: u64_at(b, 24),
+        sent: u64_at(b, 32),
+        finals,
+    }))
+}
+
+/// An epoch acknowledgement.
+fn parse_ack(b: &[u8], channel: u8) -> Result<Msg, CtrlError> {
+    if b.len() != ACK_LEN {
+        return Err(CtrlError::Length);
+    }
+    Ok(Msg::Ack(EpochAck {
+        channel,
+        epoch: u32_at(b, 8),
+        set: u64_at(b, 16),
+    }))
+}
+
+/// A feedback report (with or without the congestion count of version 1).
+fn parse_feedback(b: &[u8], channel: u8) -> Result<Msg, CtrlError> {
+    if b.len() != FEEDBACK_LEN && b.len() != FEEDBACK_LEN_V1 {
+        return Err(CtrlError::Length);
+    }
+    Ok(Msg::Feedback(Feedback {
+        channel,
+        timestamp: u32_at(b, 4),
+        echo: u32_at(b, 8),
+        echo_delay: u32_at(b, 12),
+        rx_datagrams: u64_at(b, 16),
+        rx_bytes: u64_at(b, 24),
+        missing: u64_at(b, 32),
+        congested: if b.len() == FEEDBACK_LEN {
+            u64_at(b, 40)
+        } else {
+            0
+        },
+    }))
+}
+
+/// A repair request: 1 to RESEND_MAX counters.
+fn parse_resend(b: &[u8], channel: u8) -> Result<Msg, CtrlError> {
+    if b.len() < RESEND_FIXED {
+        return Err(CtrlError::Length);
+    }
+    let n = b[5] as usize;
+    if b.len() != RESEND_FIXED + 8 * n {
+        return Err(CtrlError::Length);
+    }
+    if n == 0 || n > RESEND_MAX {
+        return Err(CtrlError::Invalid);
+    }
+    Ok(Msg::Resend(Resend {
+        channel,
+        lost_channel: b[4],
+        key_index: u32_at(b, 8),
+        counters: (0..n).map(|i| u64_at(b, RESEND_FIXED + 8 * i)).collect(),
+    }))
+}
+
+/// One datagram of a probe train.
+fn parse_probe(b: &[u8], channel: u8) -> Result<Msg, CtrlError> {
+    if b.len() < PROBE_MIN_LEN {
+        return Err(CtrlError::Length);
+    }
+    let (train, index, count) = (u16_at(b, 4), u16_at(b, 6), u16_at(b, 8));
+    if index >= count {
+        return Err(CtrlError::Invalid);
+    }
+    Ok(Msg::Probe(Probe {
+        channel,
+        train,
+        index,
+        count,
+        len: b.len(),
+    }))
+}
+
+/// The report on a probe train.
+fn parse_probe_report(b: &[u8], channel: u8) -> Result<Msg, CtrlError> {
+    if b.len() != PROBE_REPORT_LEN {
+        return Err(CtrlError::Length);
+    }
+    let (received, tail) = (u16_at(b, 6), u16_at(b, 8));
+    let span_us = u64_at(b, 20);
+    // Something timed over some time, or nothing timed at all.
+    if tail >= received || (tail == 0) != (span_us == 0) {
+        return Err(CtrlError::Invalid);
+    }
+    Ok(Msg::ProbeReport(ProbeReport {
+        channel,
+        train: u16_at(b, 4),
+        received,
+        tail,
+        readings: u16_at(b, 10),
+        tail_bytes: u64_at(b, 12),
+        span_us,
+    }))
 }
 
 #[cfg(test)]

@@ -143,40 +143,84 @@ pub(super) fn run(
                 if src == dst {
                     continue;
                 }
-                let run_seed = mix64(seed ^ mix64((r << 32) | ((src as u64) << 16) | dst as u64));
-                let direct = Path::direct(src as u16, dst as u16);
-                let d = run_stripe(
-                    stripe_channels(sc, &rerouting, &[direct], &[sc.packet_bytes]),
-                    vec![sc.packet_bytes],
-                    sc.packet_bytes,
-                    g.flow_s,
-                    run_seed,
-                )?;
-                let mut sets: [(Vec<String>, f64, f64, u64); 2] = Default::default();
-                for (k, count) in [2usize, 3].into_iter().enumerate() {
-                    let chosen = route::choose(
-                        &measured,
-                        src as u16,
-                        dst as u16,
-                        Instant::ZERO,
-                        &route_cfg(sc, count),
-                    );
-                    let names = chosen.iter().map(|c| path_name(sc, &c.path)).collect();
-                    let estimated = chosen.iter().map(|c| c.share_bps).sum::<f64>() / 1e6;
-                    let res = stripe(sc, &rerouting, &chosen, g.flow_s, run_seed)?;
-                    sets[k] = (names, estimated, res.goodput_bps / 1e6, res.packets_lost);
-                }
-                raws.push(Raw {
-                    src,
-                    dst,
-                    round,
-                    direct: d.goodput_bps / 1e6,
-                    sets,
-                });
+                let w = World {
+                    sc,
+                    g,
+                    measured: &measured,
+                    rerouting: &rerouting,
+                };
+                raws.push(run_pair(&w, seed, round, src, dst)?);
             }
         }
     }
-    // The paper's baseline: each pair's average default-path throughput.
+    let (default_mbps, avg) = baseline(sc, &raws, n);
+    let two = flow_gains(sc, &raws, &avg, 0);
+    let three = flow_gains(sc, &raws, &avg, 1);
+    Ok(GainReport {
+        rounds: g.rounds,
+        default_mbps,
+        summary_two: summary(2, &two),
+        summary_three: summary(3, &three),
+        two,
+        three,
+    })
+}
+
+/// What one round's flows see: the table the source measured (on the sampling draw)
+/// and the network they run on (the rerouting draw).
+struct World<'a> {
+    sc: &'a OverlayScenario,
+    g: &'a GainSpec,
+    measured: &'a AccessTable,
+    rerouting: &'a Net,
+}
+
+/// One pair's flow in one round: over the direct path, and striped over the best two
+/// and three paths the measured table gives.
+fn run_pair(
+    w: &World,
+    seed: u64,
+    round: u32,
+    src: usize,
+    dst: usize,
+) -> Result<Raw, crate::RunError> {
+    let (sc, g, measured, rerouting) = (w.sc, w.g, w.measured, w.rerouting);
+    let r = round as u64;
+    let run_seed = mix64(seed ^ mix64((r << 32) | ((src as u64) << 16) | dst as u64));
+    let direct = Path::direct(src as u16, dst as u16);
+    let d = run_stripe(
+        stripe_channels(sc, rerouting, &[direct], &[sc.packet_bytes]),
+        vec![sc.packet_bytes],
+        sc.packet_bytes,
+        g.flow_s,
+        run_seed,
+    )?;
+    let mut sets: [(Vec<String>, f64, f64, u64); 2] = Default::default();
+    for (k, count) in [2usize, 3].into_iter().enumerate() {
+        let chosen = route::choose(
+            measured,
+            src as u16,
+            dst as u16,
+            Instant::ZERO,
+            &route_cfg(sc, count),
+        );
+        let names = chosen.iter().map(|c| path_name(sc, &c.path)).collect();
+        let estimated = chosen.iter().map(|c| c.share_bps).sum::<f64>() / 1e6;
+        let res = stripe(sc, rerouting, &chosen, g.flow_s, run_seed)?;
+        sets[k] = (names, estimated, res.goodput_bps / 1e6, res.packets_lost);
+    }
+    Ok(Raw {
+        src,
+        dst,
+        round,
+        direct: d.goodput_bps / 1e6,
+        sets,
+    })
+}
+
+/// The paper's baseline: each pair's average default-path throughput, by name and by
+/// `src * n + dst`.
+fn baseline(sc: &OverlayScenario, raws: &[Raw], n: usize) -> (Vec<(String, f64)>, Vec<f64>) {
     let mut default_mbps = Vec::new();
     let mut avg = vec![0.0; n * n];
     for src in 0..n {
@@ -194,6 +238,13 @@ pub(super) fn run(
             default_mbps.push((format!("{}->{}", sc.nodes[src], sc.nodes[dst]), mean));
         }
     }
+    (default_mbps, avg)
+}
+
+/// Every flow's gain with the best two (`k` 0) or three (`k` 1) paths, against its
+/// pair's average and against the same round's direct path.
+fn flow_gains(sc: &OverlayScenario, raws: &[Raw], avg: &[f64], k: usize) -> Vec<FlowGain> {
+    let n = sc.nodes.len();
     let gain = |x: f64, base: f64| {
         if base > 0.0 {
             (x / base - 1.0) * 100.0
@@ -201,33 +252,21 @@ pub(super) fn run(
             0.0
         }
     };
-    let flows = |k: usize| -> Vec<FlowGain> {
-        raws.iter()
-            .map(|r| {
-                let (paths, estimated, striped, lost) = &r.sets[k];
-                FlowGain {
-                    src: sc.nodes[r.src].clone(),
-                    dst: sc.nodes[r.dst].clone(),
-                    round: r.round,
-                    direct_mbps: r.direct,
-                    paths: paths.clone(),
-                    estimated_mbps: *estimated,
-                    striped_mbps: *striped,
-                    gain_percent: gain(*striped, avg[r.src * n + r.dst]),
-                    gain_same_round_percent: gain(*striped, r.direct),
-                    lost_packets: *lost,
-                }
-            })
-            .collect()
-    };
-    let two = flows(0);
-    let three = flows(1);
-    Ok(GainReport {
-        rounds: g.rounds,
-        default_mbps,
-        summary_two: summary(2, &two),
-        summary_three: summary(3, &three),
-        two,
-        three,
-    })
+    raws.iter()
+        .map(|r| {
+            let (paths, estimated, striped, lost) = &r.sets[k];
+            FlowGain {
+                src: sc.nodes[r.src].clone(),
+                dst: sc.nodes[r.dst].clone(),
+                round: r.round,
+                direct_mbps: r.direct,
+                paths: paths.clone(),
+                estimated_mbps: *estimated,
+                striped_mbps: *striped,
+                gain_percent: gain(*striped, avg[r.src * n + r.dst]),
+                gain_same_round_percent: gain(*striped, r.direct),
+                lost_packets: *lost,
+            }
+        })
+        .collect()
 }

@@ -338,80 +338,81 @@ impl Report {
             self.metric
         );
         if let Some(g) = &self.gain {
-            let _ = writeln!(
-                s,
-                "gain over the average default path, {} rounds x {} pairs:",
-                g.rounds,
-                g.default_mbps.len()
-            );
-            let _ = writeln!(
-                s,
-                "{:>6} {:>6} {:>8} {:>8} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8}",
-                "paths",
-                "flows",
-                "gaining",
-                ">=10%",
-                "10-350%",
-                "min",
-                "p10",
-                "median",
-                "p90",
-                "max"
-            );
-            for m in [&g.summary_two, &g.summary_three] {
-                let _ = writeln!(
-                    s,
-                    "{:>6} {:>6} {:>7.0}% {:>7.0}% {:>8.0}% {:>7.0}% {:>7.0}% {:>7.0}% {:>7.0}% {:>7.0}%",
-                    m.paths,
-                    m.flows,
-                    m.gaining * 100.0,
-                    m.gaining_10 * 100.0,
-                    m.in_paper_range * 100.0,
-                    m.min,
-                    m.p10,
-                    m.median,
-                    m.p90,
-                    m.max
-                );
-            }
+            gain_table(&mut s, g);
         }
         if let Some(f) = &self.flow {
-            let _ = writeln!(s, "flow {} -> {}:", f.src, f.dst);
-            for r in &f.reroutes {
-                let after = r
-                    .after_event_ms
-                    .map_or(String::new(), |m| format!(" ({m:.0} ms after the event)"));
-                let _ = writeln!(
-                    s,
-                    "  {:>7.3} s  {:<12} {}{after}",
-                    r.at_s,
-                    r.reason,
-                    r.paths.join(" + ")
-                );
-            }
-            for (i, m) in f.routed_around_ms.iter().enumerate() {
-                let _ = match m {
-                    Some(ms) => writeln!(s, "  kill {}: routed around in {ms:.0} ms", i + 1),
-                    None => writeln!(s, "  kill {}: not routed around", i + 1),
-                };
-            }
-            for g in &f.segments {
-                let _ = writeln!(
-                    s,
-                    "  {:>7.3}-{:<7.3} s {:>8.2} Mbit/s  {}{}",
-                    g.from_s,
-                    g.to_s,
-                    g.goodput_mbps,
-                    g.paths.join(" + "),
-                    if g.dead_paths > 0 {
-                        format!("  ({} through a dead node)", g.dead_paths)
-                    } else {
-                        String::new()
-                    }
-                );
-            }
+            flow_table(&mut s, f);
         }
         s
+    }
+}
+
+/// The gain experiment's summary: a row for two paths, one for three.
+fn gain_table(s: &mut String, g: &GainReport) {
+    let _ = writeln!(
+        s,
+        "gain over the average default path, {} rounds x {} pairs:",
+        g.rounds,
+        g.default_mbps.len()
+    );
+    let _ = writeln!(
+        s,
+        "{:>6} {:>6} {:>8} {:>8} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8}",
+        "paths", "flows", "gaining", ">=10%", "10-350%", "min", "p10", "median", "p90", "max"
+    );
+    for m in [&g.summary_two, &g.summary_three] {
+        let _ = writeln!(
+            s,
+            "{:>6} {:>6} {:>7.0}% {:>7.0}% {:>8.0}% {:>7.0}% {:>7.0}% {:>7.0}% {:>7.0}% {:>7.0}%",
+            m.paths,
+            m.flows,
+            m.gaining * 100.0,
+            m.gaining_10 * 100.0,
+            m.in_paper_range * 100.0,
+            m.min,
+            m.p10,
+            m.median,
+            m.p90,
+            m.max
+        );
+    }
+}
+
+/// The flow's reroutes, kills and segments.
+fn flow_table(s: &mut String, f: &FlowReport) {
+    let _ = writeln!(s, "flow {} -> {}:", f.src, f.dst);
+    for r in &f.reroutes {
+        let after = r
+            .after_event_ms
+            .map_or(String::new(), |m| format!(" ({m:.0} ms after the event)"));
+        let _ = writeln!(
+            s,
+            "  {:>7.3} s  {:<12} {}{after}",
+            r.at_s,
+            r.reason,
+            r.paths.join(" + ")
+        );
+    }
+    for (i, m) in f.routed_around_ms.iter().enumerate() {
+        let _ = match m {
+            Some(ms) => writeln!(s, "  kill {}: routed around in {ms:.0} ms", i + 1),
+            None => writeln!(s, "  kill {}: not routed around", i + 1),
+        };
+    }
+    for g in &f.segments {
+        let _ = writeln!(
+            s,
+            "  {:>7.3}-{:<7.3} s {:>8.2} Mbit/s  {}{}",
+            g.from_s,
+            g.to_s,
+            g.goodput_mbps,
+            g.paths.join(" + "),
+            if g.dead_paths > 0 {
+                format!("  ({} through a dead node)", g.dead_paths)
+            } else {
+                String::new()
+            }
+        );
     }
 }
 

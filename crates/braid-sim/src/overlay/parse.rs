@@ -72,6 +72,50 @@ pub fn parse(text: &str, file: &str, stem: &str) -> Result<OverlayScenario, Scen
     let description = cx.string(&root, "description")?.unwrap_or("").to_string();
     let seed = cx.int(&root, "seed", Some(1), 0, u64::MAX >> 11)?;
 
+    let nodes = parse_nodes(&cx, &root)?;
+
+    let metric = match cx.string(&root, "metric")? {
+        None => Metric::Throughput,
+        Some(s) => Metric::from_name(s)
+            .ok_or_else(|| cx.e("metric", "expected \"throughput\", \"delay\" or \"loss\""))?,
+    };
+    let packet_bytes = cx.int(&root, "packet_bytes", Some(1400), 64, 9000)? as u32;
+    let relay_delay_ms = cx.num(&root, "relay_delay_ms", Some(0.0), 0.0, 1000.0)?;
+    let egress_bps = parse_caps(&cx, &root, "egress_mbps", &nodes)?;
+    let ingress_bps = parse_caps(&cx, &root, "ingress_mbps", &nodes)?;
+    let links = parse_links(&cx, &root, &nodes)?;
+    let gain = parse_gain(&cx, &root)?;
+    let control = parse_control(&cx, &root)?;
+    let flow = parse_flow(&cx, &root, &nodes)?;
+    if gain.is_none() && flow.is_none() {
+        return Err(cx.e(
+            "gain",
+            "nothing to run: give a [gain] table (every pair, best 2 and 3 paths) or a [flow] table (one flow over time), or both",
+        ));
+    }
+
+    let events = parse_events(&cx, &root, &nodes, flow.is_some())?;
+
+    Ok(OverlayScenario {
+        name,
+        description,
+        seed,
+        nodes,
+        links,
+        egress_bps,
+        ingress_bps,
+        metric,
+        packet_bytes,
+        relay_delay_ms,
+        gain,
+        flow,
+        control,
+        events,
+    })
+}
+
+/// `nodes`: 3 to `MAX_NODES` distinct, non-empty names.
+fn parse_nodes(cx: &Cx, root: &Table) -> Result<Vec<String>, ScenarioError> {
     let nodes: Vec<String> = match root.get("nodes") {
         Some(Value::Array(a)) => a
             .iter()
@@ -101,40 +145,46 @@ pub fn parse(text: &str, file: &str, stem: &str) -> Result<OverlayScenario, Scen
             ));
         }
     }
-    let n = nodes.len();
+    Ok(nodes)
+}
 
-    let metric = match cx.string(&root, "metric")? {
-        None => Metric::Throughput,
-        Some(s) => Metric::from_name(s)
-            .ok_or_else(|| cx.e("metric", "expected \"throughput\", \"delay\" or \"loss\""))?,
-    };
-    let packet_bytes = cx.int(&root, "packet_bytes", Some(1400), 64, 9000)? as u32;
-    let relay_delay_ms = cx.num(&root, "relay_delay_ms", Some(0.0), 0.0, 1000.0)?;
-    let caps = |key: &str| -> Result<Vec<f64>, ScenarioError> {
-        let mut v = vec![f64::INFINITY; n];
-        if let Some(t) = cx.table(&root, key)? {
-            let c = cx.sub(&format!("{key}."));
-            for (k, _) in t.iter() {
-                let i = nodes.iter().position(|x| x == k).ok_or_else(|| {
-                    c.e(
-                        k,
-                        &format!("unknown node; the nodes are: {}", nodes.join(", ")),
-                    )
-                })?;
-                v[i] = c.num(t, k, None, 0.001, 1e6)? * 1e6;
-            }
+/// `egress_mbps` or `ingress_mbps`: a cap per named node (in bit/s; infinite when not named).
+fn parse_caps(
+    cx: &Cx,
+    root: &Table,
+    key: &str,
+    nodes: &[String],
+) -> Result<Vec<f64>, ScenarioError> {
+    let mut v = vec![f64::INFINITY; nodes.len()];
+    if let Some(t) = cx.table(root, key)? {
+        let c = cx.sub(&format!("{key}."));
+        for (k, _) in t.iter() {
+            let i = nodes.iter().position(|x| x == k).ok_or_else(|| {
+                c.e(
+                    k,
+                    &format!("unknown node; the nodes are: {}", nodes.join(", ")),
+                )
+            })?;
+            v[i] = c.num(t, k, None, 0.001, 1e6)? * 1e6;
         }
-        Ok(v)
-    };
-    let egress_bps = caps("egress_mbps")?;
-    let ingress_bps = caps("ingress_mbps")?;
+    }
+    Ok(v)
+}
 
+/// `[[link]]`: one per ordered pair of nodes (a full mesh), `reverse_mbps` giving the
+/// way back.
+fn parse_links(
+    cx: &Cx,
+    root: &Table,
+    nodes: &[String],
+) -> Result<Vec<Option<Link>>, ScenarioError> {
+    let n = nodes.len();
     let mut links: Vec<Option<Link>> = vec![None; n * n];
-    for (i, lt) in cx.tables(&root, "link")?.into_iter().enumerate() {
+    for (i, lt) in cx.tables(root, "link")?.into_iter().enumerate() {
         let c = cx.sub(&format!("link[{i}]."));
         c.check(lt, LINK_KEYS)?;
-        let from = c.node(lt, "from", &nodes)?;
-        let to = c.node(lt, "to", &nodes)?;
+        let from = c.node(lt, "from", nodes)?;
+        let to = c.node(lt, "to", nodes)?;
         if from == to {
             return Err(c.e("to", "a link from a node to itself"));
         }
@@ -178,9 +228,12 @@ pub fn parse(text: &str, file: &str, stem: &str) -> Result<OverlayScenario, Scen
             ),
         ));
     }
-    let links: Vec<Option<Link>> = links;
+    Ok(links)
+}
 
-    let gain = match cx.table(&root, "gain")? {
+/// `[gain]`: every pair's gain from two and three paths.
+fn parse_gain(cx: &Cx, root: &Table) -> Result<Option<GainSpec>, ScenarioError> {
+    Ok(match cx.table(root, "gain")? {
         None => None,
         Some(t) => {
             let c = cx.sub("gain.");
@@ -192,9 +245,12 @@ pub fn parse(text: &str, file: &str, stem: &str) -> Result<OverlayScenario, Scen
                 noise: c.num(t, "noise_percent", Some(0.0), 0.0, 90.0)? / 100.0,
             })
         }
-    };
+    })
+}
 
-    let control = match cx.table(&root, "control")? {
+/// `[control]`: the overlay's timers and rerouting threshold.
+fn parse_control(cx: &Cx, root: &Table) -> Result<Control, ScenarioError> {
+    Ok(match cx.table(root, "control")? {
         None => Control::default(),
         Some(t) => {
             let c = cx.sub("control.");
@@ -225,15 +281,18 @@ pub fn parse(text: &str, file: &str, stem: &str) -> Result<OverlayScenario, Scen
             }
             ctl
         }
-    };
+    })
+}
 
-    let flow = match cx.table(&root, "flow")? {
+/// `[flow]`: one flow over time.
+fn parse_flow(cx: &Cx, root: &Table, nodes: &[String]) -> Result<Option<FlowSpec>, ScenarioError> {
+    Ok(match cx.table(root, "flow")? {
         None => None,
         Some(t) => {
             let c = cx.sub("flow.");
             c.check(t, FLOW_KEYS)?;
-            let src = c.node(t, "src", &nodes)?;
-            let dst = c.node(t, "dst", &nodes)?;
+            let src = c.node(t, "src", nodes)?;
+            let dst = c.node(t, "dst", nodes)?;
             if src == dst {
                 return Err(c.e("dst", "the flow's source and destination must differ"));
             }
@@ -250,25 +309,27 @@ pub fn parse(text: &str, file: &str, stem: &str) -> Result<OverlayScenario, Scen
                 max_paths: c.int(t, "max_paths", Some(3), 1, 3)? as usize,
             })
         }
-    };
-    if gain.is_none() && flow.is_none() {
-        return Err(cx.e(
-            "gain",
-            "nothing to run: give a [gain] table (every pair, best 2 and 3 paths) or a [flow] table (one flow over time), or both",
-        ));
-    }
+    })
+}
 
+/// `[[event]]`: kills, revivals and link changes during a `[flow]` run, in time order.
+fn parse_events(
+    cx: &Cx,
+    root: &Table,
+    nodes: &[String],
+    has_flow: bool,
+) -> Result<Vec<Event>, ScenarioError> {
     let mut events = Vec::new();
-    for (i, et) in cx.tables(&root, "event")?.into_iter().enumerate() {
+    for (i, et) in cx.tables(root, "event")?.into_iter().enumerate() {
         let c = cx.sub(&format!("event[{i}]."));
         c.check(et, EVENT_KEYS)?;
         let at_s = c.num(et, "at_s", None, 0.0, 3600.0)?;
         let what = match (et.contains_key("kill"), et.contains_key("revive"), et.contains_key("from")) {
-            (true, false, false) => EventKind::Kill(c.node(et, "kill", &nodes)?),
-            (false, true, false) => EventKind::Revive(c.node(et, "revive", &nodes)?),
+            (true, false, false) => EventKind::Kill(c.node(et, "kill", nodes)?),
+            (false, true, false) => EventKind::Revive(c.node(et, "revive", nodes)?),
             (false, false, true) => {
-                let from = c.node(et, "from", &nodes)?;
-                let to = c.node(et, "to", &nodes)?;
+                let from = c.node(et, "from", nodes)?;
+                let to = c.node(et, "to", nodes)?;
                 if from == to {
                     return Err(c.e("to", "a link from a node to itself"));
                 }
@@ -300,27 +361,11 @@ pub fn parse(text: &str, file: &str, stem: &str) -> Result<OverlayScenario, Scen
         events.push(Event { at_s, what });
     }
     events.sort_by(|a, b| a.at_s.total_cmp(&b.at_s));
-    if !events.is_empty() && flow.is_none() {
+    if !events.is_empty() && !has_flow {
         return Err(cx.e(
             "event",
             "events change the network during a [flow] run; add a [flow] table",
         ));
     }
-
-    Ok(OverlayScenario {
-        name,
-        description,
-        seed,
-        nodes,
-        links,
-        egress_bps,
-        ingress_bps,
-        metric,
-        packet_bytes,
-        relay_delay_ms,
-        gain,
-        flow,
-        control,
-        events,
-    })
+    Ok(events)
 }

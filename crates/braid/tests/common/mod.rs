@@ -73,3 +73,163 @@ pub fn missing_python(purpose: &str) -> Option<String> {
         .is_ok_and(|o| o.status.success());
     (!runs).then(|| format!("python3 is not available ({purpose})"))
 }
+
+// ---- The namespace tests' shared set-up (nat, ipv6, service, status page, tunnel,
+// spoof, handshake abuse): skip reasons, namespaces and veth pairs, the tunnels'
+// processes, `braid status`, ping. Not every test binary uses every item.
+
+/// The braid binary under test.
+#[allow(dead_code)]
+pub const BIN: &str = env!("CARGO_BIN_EXE_braid");
+
+/// Why a test that needs network namespaces and TUN devices cannot run here: not root
+/// (`root_for`: what the test needs root for), no /dev/net/tun, one of `tools` missing,
+/// or python3 missing (`python_for`: what the test uses it for, if it does); `None` if
+/// it can run.
+#[allow(dead_code)]
+pub fn netns_skip_reason(
+    root_for: &str,
+    tools: &[(&str, &str)],
+    python_for: Option<&str>,
+) -> Option<String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some(format!("needs root ({root_for})"));
+    }
+    if !std::path::Path::new("/dev/net/tun").exists() {
+        return Some("/dev/net/tun does not exist".into());
+    }
+    if let Some(why) = missing_tool(tools) {
+        return Some(why);
+    }
+    python_for.and_then(missing_python)
+}
+
+/// Namespaces, processes and files of one test; all removed on drop (every exit path,
+/// a failed assertion included): the processes killed first, then the namespaces
+/// deleted, then the directory.
+#[allow(dead_code)]
+pub struct Lab {
+    pub ns: Vec<String>,
+    pub children: Vec<std::process::Child>,
+    pub dir: std::path::PathBuf,
+}
+
+#[allow(dead_code)]
+impl Lab {
+    /// A lab whose files go in `dir` (created).
+    pub fn new(dir: std::path::PathBuf) -> Lab {
+        std::fs::create_dir_all(&dir).unwrap();
+        Lab {
+            ns: vec![],
+            children: vec![],
+            dir,
+        }
+    }
+
+    /// Add namespace `name` (removed with the lab) with its loopback up.
+    pub fn add_ns(&mut self, name: &str) {
+        sh(&["ip", "netns", "add", name]);
+        self.ns.push(name.to_string());
+        sh(&["ip", "-n", name, "link", "set", "dev", "lo", "up"]);
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        for n in &self.ns {
+            let _ = std::process::Command::new("ip")
+                .args(["netns", "del", n])
+                .output();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A veth pair `va` (in namespace `na`, address `aa`, with prefix length) to `vb` (in
+/// `nb`, address `ab`), both ends up. IPv6 addresses skip duplicate address detection,
+/// so they are usable at once.
+#[allow(dead_code)]
+pub fn veth(na: &str, va: &str, aa: &str, nb: &str, vb: &str, ab: &str) {
+    sh(&[
+        "ip", "link", "add", va, "netns", na, "type", "veth", "peer", "name", vb, "netns", nb,
+    ]);
+    for (n, dev, addr) in [(na, va, aa), (nb, vb, ab)] {
+        let mut cmd = vec!["ip", "-n", n, "addr", "add", addr, "dev", dev];
+        if addr.contains(':') {
+            cmd.push("nodad");
+        }
+        sh(&cmd);
+        sh(&["ip", "-n", n, "link", "set", "dev", dev, "up"]);
+    }
+}
+
+/// Start `braid tunnel --config CFG` in namespace `ns` (its log on a pipe).
+#[allow(dead_code)]
+pub fn start_tunnel(ns: &str, cfg: &std::path::Path) -> std::process::Child {
+    std::process::Command::new("ip")
+        .args(["netns", "exec", ns, BIN, "tunnel", "--config"])
+        .arg(cfg)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Write a file only its owner can read (a configuration that holds a key inline).
+#[allow(dead_code)]
+pub fn write_private(path: &std::path::Path, text: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, text).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
+}
+
+/// `braid status --json` of the tunnel whose control socket is `ctl`, run by `bin`;
+/// `None` while it does not answer.
+#[allow(dead_code)]
+pub fn status_of(bin: &str, ctl: &std::path::Path) -> Option<serde_json::Value> {
+    let out = std::process::Command::new(bin)
+        .args(["status", "--json", "--control", ctl.to_str().unwrap()])
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    serde_json::from_slice(&out.stdout).ok()
+}
+
+/// `braid status --json` by this build's braid (see [`status_of`]).
+#[allow(dead_code)]
+pub fn status(ctl: &std::path::Path) -> Option<serde_json::Value> {
+    status_of(BIN, ctl)
+}
+
+/// One ping from namespace `ns` to `to` (IPv4 or IPv6), answered within `wait_ms`?
+#[allow(dead_code)]
+pub fn ping(ns: &str, to: &str, wait_ms: u32) -> bool {
+    let family = if to.contains(':') { "-6" } else { "-4" };
+    std::process::Command::new("ip")
+        .args(["netns", "exec", ns, "ping", family, "-c", "1", "-n", "-q"])
+        .args(["-W", &format!("{:.3}", f64::from(wait_ms) / 1000.0), to])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// Ping until answered; how long that took (panics after `limit`).
+#[allow(dead_code)]
+pub fn ping_until(ns: &str, to: &str, limit: std::time::Duration) -> std::time::Duration {
+    let t0 = std::time::Instant::now();
+    loop {
+        if ping(ns, to, 100) {
+            return t0.elapsed();
+        }
+        assert!(
+            t0.elapsed() < limit,
+            "no answer from {to} (in {ns}) within {limit:?}"
+        );
+    }
+}

@@ -1,7 +1,7 @@
-//! Logs to stderr (the journal under systemd) with a level from, in this order: the
-//! command line (`--log-level`, `-v`, `-q`), `RUST_LOG`, the tunnel configuration's
-//! `tunnel.log_level`, else `info`. A running tunnel changes it on reload when it came
-//! from the configuration.
+//! Logging for the `braid` commands: to stderr (the journal under systemd) with a level
+//! from, in this order: the command line (`--log-level`, `-v`, `-q`), `RUST_LOG`, the
+//! tunnel configuration's `tunnel.log_level`, else `info`. A running tunnel changes it
+//! on reload when it came from the configuration.
 
 use std::sync::OnceLock;
 
