@@ -64,6 +64,7 @@ fn skip_reason() -> Option<String> {
         ("iptables", "iptables"),
         ("ping", "iputils-ping"),
         ("iperf3", "iperf3"),
+        ("curl", "curl"),
     ])
 }
 
@@ -737,6 +738,24 @@ fn the_deployment_guide_bonds_a_site_to_a_server_as_written() {
         sent as f64 > received,
         "the bond sent {sent} bytes, less than the host received ({received})"
     );
+    // The site's live status page (the guide's `metrics` address) shows the same
+    // traffic: its /stats.json, which the page polls, counts the transfer on both
+    // channels.
+    let page = Command::new("ip")
+        .args(["netns", "exec", &site, "curl", "-s", "--max-time", "5"])
+        .arg("http://127.0.0.1:9477/stats.json")
+        .output()
+        .unwrap();
+    assert!(page.status.success(), "the status page: {}", text(&page));
+    let live: Value = serde_json::from_slice(&page.stdout)
+        .unwrap_or_else(|e| panic!("/stats.json is not JSON ({e}): {}", text(&page)));
+    for (i, b) in before["channels"].as_array().unwrap().iter().enumerate() {
+        let c = &live["channels"][i];
+        assert!(
+            n(&c["tx_data_packets"]) > n(&b["tx_data_packets"]) + 100,
+            "the status page's channel {i} does not show the transfer: {c}"
+        );
+    }
     // The server saw each channel arrive from its own modem's public address: each
     // channel left by its own uplink.
     let s = status(&ctl_srv);
