@@ -24,7 +24,6 @@
 //!   sessions; their allowed IPs and names may change.
 
 use std::collections::HashMap;
-use std::io::IoSliceMut;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
@@ -35,16 +34,15 @@ use braid_proto::wire;
 use bytes::Bytes;
 use ipnet::IpNet;
 use prefix_trie::joint::JointPrefixMap;
-use quinn_udp::{RecvMeta, UdpSocketState};
-use tokio::io::Interest;
-use tokio::net::UdpSocket;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tracing::{debug, error, info, warn};
 
 use crate::config::{PeerConfig, SessionConfig};
 use crate::keys;
-use crate::session::{Channels, HandshakePool, Inbox, Session, SessionError, SessionSender};
+use crate::session::{
+    BatchRecv, Channels, HandshakePool, Inbox, Session, SessionError, SessionSender,
+};
 use crate::stats::{PeerStats, ServerCounters, SessionStats};
 use crate::tun::Tun;
 use crate::tunnel::{write_packets, Throttle};
@@ -683,79 +681,54 @@ async fn route_from_tun(shared: Arc<Shared>) -> std::io::Result<()> {
     }
 }
 
-/// Datagrams per receive call without GRO (recvmmsg); with GRO, buffers per call.
-const RX_BATCH: usize = 32;
-const RX_GRO_BUFFERS: usize = 8;
-
 /// A channel socket's reader: each datagram to its peer's session.
 async fn demux(channel: usize, shared: Arc<Shared>) {
-    let sock: Arc<UdpSocket> = shared.channels.socks[channel].clone();
-    let state: Arc<UdpSocketState> = shared.channels.states[channel].clone();
     let datagram = shared.base.max_datagram() as usize;
-    let (count, size) = if state.gro_segments() > 1 {
-        (RX_GRO_BUFFERS.min(quinn_udp::BATCH_SIZE), 1 << 16)
-    } else {
-        (RX_BATCH.min(quinn_udp::BATCH_SIZE), datagram + 1)
-    };
-    let mut bufs: Vec<Vec<u8>> = (0..count).map(|_| vec![0u8; size]).collect();
-    let mut metas = vec![RecvMeta::default(); count];
+    let mut rx = BatchRecv::new(
+        shared.channels.socks[channel].clone(),
+        shared.channels.states[channel].clone(),
+        datagram,
+    );
     type Batch = Vec<(std::time::Instant, SocketAddr, Bytes)>;
     let mut per_peer: Vec<(u16, Batch)> = Vec::new();
     loop {
-        let r = {
-            let mut iovs: Vec<IoSliceMut<'_>> =
-                bufs.iter_mut().map(|b| IoSliceMut::new(b)).collect();
-            sock.async_io(Interest::READABLE, || {
-                state.recv((&*sock).into(), &mut iovs, &mut metas)
-            })
-            .await
-        };
-        let read_at = std::time::Instant::now();
-        let wall = std::time::SystemTime::now();
-        let n = match r {
-            Ok(n) => n,
-            Err(e) => {
-                debug!(channel, "recv error: {e}");
-                tokio::time::sleep(Duration::from_millis(1)).await;
-                continue;
+        // The peer table as it is when the batch has arrived (a reload may swap it).
+        let mut current: Option<Arc<Table>> = None;
+        rx.next(channel, |at, from, d, _| {
+            let table = current.get_or_insert_with(|| shared.table());
+            if d.len() > datagram {
+                shared.counters.unroutable.fetch_add(1, Ordering::Relaxed);
+                return;
             }
-        };
-        let table = shared.table();
-        for (m, buf) in metas.iter().zip(&bufs).take(n) {
-            let at = crate::session::arrived_at(m.timestamp, wall, read_at);
-            let len = m.len.min(buf.len());
-            let stride = if m.stride == 0 { len } else { m.stride };
-            for d in buf[..len].chunks(stride.max(1)) {
-                if d.len() > datagram {
-                    shared.counters.unroutable.fetch_add(1, Ordering::Relaxed);
-                    continue;
-                }
-                if d.first() == Some(&wire::TYPE_HS_INIT) {
-                    initiation(&shared, channel, at, m.addr, d);
-                    continue;
-                }
-                let Some(slot) = receiver_index(d).map(index_prefix) else {
-                    shared.counters.unroutable.fetch_add(1, Ordering::Relaxed);
-                    continue;
-                };
-                if table
-                    .by_slot
-                    .get(&slot)
-                    .is_none_or(|p| p.running.get().is_none())
-                {
-                    shared
-                        .counters
-                        .unknown_index
-                        .fetch_add(1, Ordering::Relaxed);
-                    continue;
-                }
-                let item = (at, m.addr, Bytes::copy_from_slice(d));
-                match per_peer.iter_mut().find(|(s, _)| *s == slot) {
-                    Some((_, b)) => b.push(item),
-                    None => per_peer.push((slot, vec![item])),
-                }
+            if d.first() == Some(&wire::TYPE_HS_INIT) {
+                initiation(&shared, channel, at, from, d);
+                return;
             }
-        }
+            let Some(slot) = receiver_index(d).map(index_prefix) else {
+                shared.counters.unroutable.fetch_add(1, Ordering::Relaxed);
+                return;
+            };
+            if table
+                .by_slot
+                .get(&slot)
+                .is_none_or(|p| p.running.get().is_none())
+            {
+                shared
+                    .counters
+                    .unknown_index
+                    .fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            let item = (at, from, Bytes::copy_from_slice(d));
+            match per_peer.iter_mut().find(|(s, _)| *s == slot) {
+                Some((_, b)) => b.push(item),
+                None => per_peer.push((slot, vec![item])),
+            }
+        })
+        .await;
+        let Some(table) = current else {
+            continue;
+        };
         for (slot, batch) in per_peer.drain(..) {
             if let Some(r) = table.by_slot.get(&slot).and_then(|p| p.running.get()) {
                 r.inbox.offer(channel, batch);

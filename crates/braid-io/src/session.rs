@@ -833,29 +833,49 @@ const RX_GRO_BUFFERS: usize = 8;
 /// Room for the largest UDP payload, and so for any GRO train.
 const GRO_BUFFER: usize = 1 << 16;
 
-async fn reader(
-    channel: usize,
+/// A channel socket's batched receive (recvmmsg, or GRO trains, through quinn-udp): its
+/// buffers and what the kernel said of each. The tunnel's readers and the server's
+/// demultiplexers share it.
+pub(crate) struct BatchRecv {
     sock: Arc<UdpSocket>,
     state: Arc<UdpSocketState>,
-    out: mpsc::Sender<Received>,
-    budget: Arc<Budget>,
-    limits: Limits,
-) {
-    // Without GRO: one byte more than the largest datagram, so a longer one fills its
-    // buffer and is dropped. With GRO a buffer holds a train of equal segments.
-    let (count, size) = if state.gro_segments() > 1 {
-        (RX_GRO_BUFFERS.min(quinn_udp::BATCH_SIZE), GRO_BUFFER)
-    } else {
-        (RX_BATCH.min(quinn_udp::BATCH_SIZE), limits.datagram + 1)
-    };
-    let mut bufs: Vec<Vec<u8>> = (0..count).map(|_| vec![0u8; size]).collect();
-    let mut metas = vec![RecvMeta::default(); count];
-    loop {
+    bufs: Vec<Vec<u8>>,
+    metas: Vec<RecvMeta>,
+}
+
+impl BatchRecv {
+    /// Buffers for datagrams of at most `datagram` bytes. Without GRO: one byte more,
+    /// so a longer one fills its buffer and is dropped. With GRO a buffer holds a train
+    /// of equal segments.
+    pub(crate) fn new(sock: Arc<UdpSocket>, state: Arc<UdpSocketState>, datagram: usize) -> Self {
+        let (count, size) = if state.gro_segments() > 1 {
+            (RX_GRO_BUFFERS.min(quinn_udp::BATCH_SIZE), GRO_BUFFER)
+        } else {
+            (RX_BATCH.min(quinn_udp::BATCH_SIZE), datagram + 1)
+        };
+        BatchRecv {
+            sock,
+            state,
+            bufs: (0..count).map(|_| vec![0u8; size]).collect(),
+            metas: vec![RecvMeta::default(); count],
+        }
+    }
+
+    /// Wait for the next batch and hand each datagram in it to `each`, with when it
+    /// arrived, where from, and the stride of its GRO train (its own length outside
+    /// one). A receive error (an ICMP error queued on the socket) is logged at debug
+    /// level and skipped.
+    pub(crate) async fn next(
+        &mut self,
+        channel: usize,
+        mut each: impl FnMut(std::time::Instant, SocketAddr, &[u8], usize),
+    ) {
         let r = {
             let mut iovs: Vec<IoSliceMut<'_>> =
-                bufs.iter_mut().map(|b| IoSliceMut::new(b)).collect();
+                self.bufs.iter_mut().map(|b| IoSliceMut::new(b)).collect();
+            let (sock, state, metas) = (&self.sock, &self.state, &mut self.metas);
             sock.async_io(Interest::READABLE, || {
-                state.recv((&*sock).into(), &mut iovs, &mut metas)
+                state.recv((&**sock).into(), &mut iovs, metas)
             })
             .await
         };
@@ -868,34 +888,50 @@ async fn reader(
         let wall = std::time::SystemTime::now();
         let n = match r {
             Ok(n) => n,
-            // A receive error (an ICMP error queued on the socket): ignore.
             Err(e) => {
                 debug!(channel, "recv error: {e}");
                 tokio::time::sleep(StdDuration::from_millis(1)).await;
-                continue;
+                return;
             }
         };
-        let mut batch = Vec::with_capacity(n * 4);
-        for (m, buf) in metas.iter().zip(&bufs).take(n) {
+        for (m, buf) in self.metas.iter().zip(&self.bufs).take(n) {
             let at = arrived_at(m.timestamp, wall, read_at);
             let len = m.len.min(buf.len());
             let stride = if m.stride == 0 { len } else { m.stride };
             for d in buf[..len].chunks(stride.max(1)) {
-                if d.len() > limits.datagram || stride > limits.datagram {
-                    budget.oversize.fetch_add(1, Ordering::Relaxed);
-                    continue;
-                }
-                let full = budget.packets.load(Ordering::Relaxed) >= limits.packets
-                    || budget.bytes.load(Ordering::Relaxed) + d.len() > limits.bytes;
-                if full {
-                    budget.queue_drops.fetch_add(1, Ordering::Relaxed);
-                    continue;
-                }
-                budget.packets.fetch_add(1, Ordering::Relaxed);
-                budget.bytes.fetch_add(d.len(), Ordering::Relaxed);
-                batch.push((at, m.addr, Bytes::copy_from_slice(d)));
+                each(at, m.addr, d, stride);
             }
         }
+    }
+}
+
+async fn reader(
+    channel: usize,
+    sock: Arc<UdpSocket>,
+    state: Arc<UdpSocketState>,
+    out: mpsc::Sender<Received>,
+    budget: Arc<Budget>,
+    limits: Limits,
+) {
+    let mut rx = BatchRecv::new(sock, state, limits.datagram);
+    loop {
+        let mut batch = Vec::new();
+        rx.next(channel, |at, from, d, stride| {
+            if d.len() > limits.datagram || stride > limits.datagram {
+                budget.oversize.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            let full = budget.packets.load(Ordering::Relaxed) >= limits.packets
+                || budget.bytes.load(Ordering::Relaxed) + d.len() > limits.bytes;
+            if full {
+                budget.queue_drops.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            budget.packets.fetch_add(1, Ordering::Relaxed);
+            budget.bytes.fetch_add(d.len(), Ordering::Relaxed);
+            batch.push((at, from, Bytes::copy_from_slice(d)));
+        })
+        .await;
         if !batch.is_empty() && out.send((channel, batch)).await.is_err() {
             return;
         }
