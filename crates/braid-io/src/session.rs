@@ -980,6 +980,27 @@ fn probe_detail(c: &machine::ChannelInfo) -> String {
     }
 }
 
+/// The peer was heard, restarted, re-keyed, went silent or closed the session.
+fn log_peer_event(e: Event) {
+    match e {
+        Event::PeerHeard => info!("peer heard"),
+        Event::PeerRestarted => {
+            info!("peer restarted (new run): both directions start over at epoch 0")
+        }
+        Event::Rekeyed => debug!("new session keys"),
+        Event::PeerSilent(d) => {
+            warn!("peer silent on every channel for {} ms", d.as_micros() / 1000)
+        }
+        Event::PeerClosed => info!(
+            "peer closed the session: its channels go quiet as meant (a new run of it is accepted)"
+        ),
+        Event::ChannelCountMismatch { ours, theirs } => warn!(
+            "the peer has {theirs} channels configured and we have {ours}: hellos ignored; both ends need the same channel list"
+        ),
+        _ => {}
+    }
+}
+
 fn set_str(set: u64) -> String {
     format!("{:?}", members_of(set))
 }
@@ -1348,176 +1369,207 @@ impl Driver {
 
     fn log_events(&mut self) {
         while let Some(e) = self.machine.poll_event() {
-            let name = |c: usize| self.cfg.channels[c].name.as_str();
             match e {
-                Event::PeerHeard => info!("peer heard"),
-                Event::PeerRestarted => {
-                    info!("peer restarted (new run): both directions start over at epoch 0")
-                }
-                Event::Rekeyed => debug!("new session keys"),
-                Event::PeerSilent(d) => {
-                    warn!("peer silent on every channel for {} ms", d.as_micros() / 1000)
-                }
                 Event::HandshakeFailed {
                     channel,
                     failure,
                     count,
-                } => {
-                    let c = &self.cfg.channels[channel];
-                    let times = match count {
-                        1 => String::new(),
-                        n => format!(" ({n} times since the last report)"),
-                    };
-                    // Where the handshake message came from (not the endpoint: only
-                    // what authenticates moves that).
-                    let from = self.hs_source[channel]
-                        .or(self.machine.endpoint(channel))
-                        .map_or_else(|| "an unknown address".to_string(), |a| a.to_string());
-                    if failure.is_answer() {
-                        error!(
-                            channel,
-                            "channel {channel} ({}, peer {from}){times}: {failure}",
-                            c.name,
-                        );
-                        if !self.machine.peer_seen() {
-                            self.peer_seen.send_if_modified(|l| {
-                                let first = l.rejected.is_none();
-                                l.rejected.get_or_insert((channel, failure, from));
-                                first
-                            });
-                        }
-                    } else {
-                        error!(
-                            channel,
-                            "channel {channel} ({}): handshake from {from} refused{times}: {failure}",
-                            c.name,
-                        );
-                    }
-                }
+                } => self.log_handshake_failed(channel, failure, count),
                 Event::SettingsMismatch {
                     mismatch,
                     answer,
                     count,
-                } => {
-                    let times = match count {
-                        1 => String::new(),
-                        n => format!(" ({n} handshakes refused since the last report)"),
-                    };
-                    error!("handshake refused{times}: {mismatch}");
-                    if answer {
-                        self.peer_seen.send_if_modified(|l| {
-                            let first = l.mismatch.is_none();
-                            l.mismatch.get_or_insert(mismatch);
-                            first
-                        });
-                    }
-                }
-                Event::PeerClosed => info!(
-                    "peer closed the session: its channels go quiet as meant (a new run of it is accepted)"
-                ),
-                Event::ChannelCountMismatch { ours, theirs } => warn!(
-                    "the peer has {theirs} channels configured and we have {ours}: hellos ignored; both ends need the same channel list"
-                ),
-                Event::ChannelDown { channel, silent } => warn!(
-                    channel,
-                    "channel {channel} ({}) down: nothing heard for {} ms",
-                    name(channel),
-                    silent.as_micros() / 1000
-                ),
-                Event::EndpointChanged {
-                    channel,
-                    from: Some(from),
-                    to,
-                } => info!(
-                    channel,
-                    "channel {channel} ({}): peer moved {from} -> {to}",
-                    name(channel)
-                ),
-                Event::EndpointChanged {
-                    channel,
-                    from: None,
-                    to,
-                } => info!(
-                    channel,
-                    "channel {channel} ({}): peer at {to}",
-                    name(channel)
-                ),
-                Event::ChannelUp { channel } => {
-                    info!(channel, "channel {channel} ({}) up again", name(channel))
-                }
-                Event::ChannelDemoted { channel, reason } => warn!(
-                    channel,
-                    "channel {channel} ({}) demoted: {reason}; it carries only probes until it recovers",
-                    name(channel)
-                ),
-                Event::ChannelPromoted { channel } => info!(
-                    channel,
-                    "channel {channel} ({}) promoted: healthy again, back in the transmit set",
-                    name(channel)
-                ),
-                Event::ChannelMeasured {
-                    channel,
-                    bps,
-                    pace_bps,
-                    capped,
-                } => info!(
-                    channel,
-                    "channel {channel} ({}) measured at {:.1} Mbit/s on the wire: paced at {:.1} Mbit/s{}",
-                    name(channel),
-                    bps as f64 / 1e6,
-                    pace_bps as f64 / 1e6,
-                    if capped { ", its configured pace (lower)" } else { "" }
-                ),
-                Event::ChannelProbeFailed {
-                    channel,
-                    reason,
-                    pace_bps,
-                } => warn!(
-                    channel,
-                    "channel {channel} ({}) not measured: {reason}; it stays {}",
-                    name(channel),
-                    match pace_bps {
-                        Some(r) => format!("paced at its configured {:.1} Mbit/s", r as f64 / 1e6),
-                        None => "unpaced".into(),
-                    }
-                ),
-                Event::PeerHearsUs { channel, hears: true } => {
-                    info!(channel, "peer hears us again on channel {channel} ({})", name(channel))
-                }
-                Event::PeerHearsUs { channel, hears: false } => {
-                    warn!(channel, "peer no longer hears us on channel {channel} ({})", name(channel))
-                }
-                Event::TxSwitchStarted { epoch, from, to, sent } => info!(
-                    "tx: channel set {} -> {}: ending epoch {epoch} after {sent} packets",
-                    set_str(from),
-                    set_str(to)
-                ),
-                Event::TxRetarget { epoch, to } => {
-                    info!("tx: retargeting epoch {epoch} to channels {}", set_str(to))
-                }
-                Event::TxEpoch { epoch, set, held } => info!(
-                    "tx: epoch {epoch} in force over channels {} ({held} packets were held)",
-                    set_str(set)
-                ),
-                Event::ReturnPath {
-                    channel: Some(c),
-                    reason,
-                } => info!(
-                    channel = c,
-                    "tx: return path on channel {c} ({}) alone: {reason}",
-                    name(c)
-                ),
-                Event::ReturnPath {
-                    channel: None,
-                    reason,
-                } => info!("tx: return path back on every channel: {reason}"),
-                Event::RxEpochEnding { epoch } => {
-                    info!("rx: epoch {epoch} ends; waiting for its end on the new channels")
-                }
-                Event::RxEpoch { epoch, set } => {
-                    info!("rx: epoch {epoch} in force over channels {}", set_str(set))
-                }
+                } => self.log_settings_mismatch(mismatch, answer, count),
+                e @ (Event::PeerHeard
+                | Event::PeerRestarted
+                | Event::Rekeyed
+                | Event::PeerSilent(_)
+                | Event::PeerClosed
+                | Event::ChannelCountMismatch { .. }) => log_peer_event(e),
+                e @ (Event::ChannelDown { .. }
+                | Event::EndpointChanged { .. }
+                | Event::ChannelUp { .. }
+                | Event::ChannelDemoted { .. }
+                | Event::ChannelPromoted { .. }
+                | Event::ChannelMeasured { .. }
+                | Event::ChannelProbeFailed { .. }
+                | Event::PeerHearsUs { .. }) => self.log_channel_event(e),
+                e @ (Event::TxSwitchStarted { .. }
+                | Event::TxRetarget { .. }
+                | Event::TxEpoch { .. }
+                | Event::ReturnPath { .. }
+                | Event::RxEpochEnding { .. }
+                | Event::RxEpoch { .. }) => self.log_epoch_event(e),
             }
+        }
+    }
+
+    /// A handshake on `channel` failed `count` times since the last report: the
+    /// peer's answer (a refusal) also tells whoever waits for the peer.
+    fn log_handshake_failed(&mut self, channel: usize, failure: HandshakeFailure, count: u64) {
+        let c = &self.cfg.channels[channel];
+        let times = match count {
+            1 => String::new(),
+            n => format!(" ({n} times since the last report)"),
+        };
+        // Where the handshake message came from (not the endpoint: only
+        // what authenticates moves that).
+        let from = self.hs_source[channel]
+            .or(self.machine.endpoint(channel))
+            .map_or_else(|| "an unknown address".to_string(), |a| a.to_string());
+        if failure.is_answer() {
+            error!(
+                channel,
+                "channel {channel} ({}, peer {from}){times}: {failure}", c.name,
+            );
+            if !self.machine.peer_seen() {
+                self.peer_seen.send_if_modified(|l| {
+                    let first = l.rejected.is_none();
+                    l.rejected.get_or_insert((channel, failure, from));
+                    first
+                });
+            }
+        } else {
+            error!(
+                channel,
+                "channel {channel} ({}): handshake from {from} refused{times}: {failure}", c.name,
+            );
+        }
+    }
+
+    /// The peer's settings differ from ours (`count` handshakes refused).
+    fn log_settings_mismatch(&mut self, mismatch: Mismatch, answer: bool, count: u64) {
+        let times = match count {
+            1 => String::new(),
+            n => format!(" ({n} handshakes refused since the last report)"),
+        };
+        error!("handshake refused{times}: {mismatch}");
+        if answer {
+            self.peer_seen.send_if_modified(|l| {
+                let first = l.mismatch.is_none();
+                l.mismatch.get_or_insert(mismatch);
+                first
+            });
+        }
+    }
+
+    /// A channel's state, endpoint, demotion or measurement changed.
+    fn log_channel_event(&self, e: Event) {
+        let name = |c: usize| self.cfg.channels[c].name.as_str();
+        match e {
+            Event::ChannelDown { channel, silent } => warn!(
+                channel,
+                "channel {channel} ({}) down: nothing heard for {} ms",
+                name(channel),
+                silent.as_micros() / 1000
+            ),
+            Event::EndpointChanged {
+                channel,
+                from: Some(from),
+                to,
+            } => info!(
+                channel,
+                "channel {channel} ({}): peer moved {from} -> {to}",
+                name(channel)
+            ),
+            Event::EndpointChanged {
+                channel,
+                from: None,
+                to,
+            } => info!(
+                channel,
+                "channel {channel} ({}): peer at {to}",
+                name(channel)
+            ),
+            Event::ChannelUp { channel } => {
+                info!(channel, "channel {channel} ({}) up again", name(channel))
+            }
+            Event::ChannelDemoted { channel, reason } => warn!(
+                channel,
+                "channel {channel} ({}) demoted: {reason}; it carries only probes until it recovers",
+                name(channel)
+            ),
+            Event::ChannelPromoted { channel } => info!(
+                channel,
+                "channel {channel} ({}) promoted: healthy again, back in the transmit set",
+                name(channel)
+            ),
+            Event::ChannelMeasured {
+                channel,
+                bps,
+                pace_bps,
+                capped,
+            } => info!(
+                channel,
+                "channel {channel} ({}) measured at {:.1} Mbit/s on the wire: paced at {:.1} Mbit/s{}",
+                name(channel),
+                bps as f64 / 1e6,
+                pace_bps as f64 / 1e6,
+                if capped { ", its configured pace (lower)" } else { "" }
+            ),
+            Event::ChannelProbeFailed {
+                channel,
+                reason,
+                pace_bps,
+            } => warn!(
+                channel,
+                "channel {channel} ({}) not measured: {reason}; it stays {}",
+                name(channel),
+                match pace_bps {
+                    Some(r) => format!("paced at its configured {:.1} Mbit/s", r as f64 / 1e6),
+                    None => "unpaced".into(),
+                }
+            ),
+            Event::PeerHearsUs { channel, hears: true } => {
+                info!(channel, "peer hears us again on channel {channel} ({})", name(channel))
+            }
+            Event::PeerHearsUs { channel, hears: false } => {
+                warn!(channel, "peer no longer hears us on channel {channel} ({})", name(channel))
+            }
+            _ => {}
+        }
+    }
+
+    /// The channel sets' epochs and the return path.
+    fn log_epoch_event(&self, e: Event) {
+        let name = |c: usize| self.cfg.channels[c].name.as_str();
+        match e {
+            Event::TxSwitchStarted {
+                epoch,
+                from,
+                to,
+                sent,
+            } => info!(
+                "tx: channel set {} -> {}: ending epoch {epoch} after {sent} packets",
+                set_str(from),
+                set_str(to)
+            ),
+            Event::TxRetarget { epoch, to } => {
+                info!("tx: retargeting epoch {epoch} to channels {}", set_str(to))
+            }
+            Event::TxEpoch { epoch, set, held } => info!(
+                "tx: epoch {epoch} in force over channels {} ({held} packets were held)",
+                set_str(set)
+            ),
+            Event::ReturnPath {
+                channel: Some(c),
+                reason,
+            } => info!(
+                channel = c,
+                "tx: return path on channel {c} ({}) alone: {reason}",
+                name(c)
+            ),
+            Event::ReturnPath {
+                channel: None,
+                reason,
+            } => info!("tx: return path back on every channel: {reason}"),
+            Event::RxEpochEnding { epoch } => {
+                info!("rx: epoch {epoch} ends; waiting for its end on the new channels")
+            }
+            Event::RxEpoch { epoch, set } => {
+                info!("rx: epoch {epoch} in force over channels {}", set_str(set))
+            }
+            _ => {}
         }
     }
 

@@ -449,6 +449,16 @@ impl SessionStats {
             return self.server_table(srv);
         }
         let mut s = String::new();
+        self.summary_line(&mut s);
+        self.channel_rows(&mut s);
+        self.mechanism_lines(&mut s);
+        self.event_lines(&mut s);
+        let _ = writeln!(s, "{}", self.not_delivered_line());
+        s
+    }
+
+    /// The first line: uptime, the peer, the epochs, what was delivered and lost.
+    fn summary_line(&self, s: &mut String) {
         let _ = writeln!(
             s,
             "uptime {:.1}s  peer {}  tx epoch {}{}  rx epoch {}{}  delivered {} pkts {} B ({}bit/s)  lost {}  ooo {}  auth-fail {}  replays {}",
@@ -482,6 +492,10 @@ impl SessionStats {
             self.auth_failures,
             self.replays,
         );
+    }
+
+    /// The channels' header and one row per channel.
+    fn channel_rows(&self, s: &mut String) {
         let _ = writeln!(
             s,
             "{:<3} {:<8} {:<5} {:>8} {:<4} {:<5} {:<7} {:>7} {:>10} {:>10} {:>9} {:>9} {:>9} {:>7} {:>7} {:>6} {:>7} {:>7} {:>7} {:>7} {:>6} {:>6} {:>6}",
@@ -522,6 +536,10 @@ impl SessionStats {
                 c.tx_errors,
             );
         }
+    }
+
+    /// Pacing and probes, credits and in-bond repair, each when in use.
+    fn mechanism_lines(&self, s: &mut String) {
         // Pacing and capacity probes, one line per channel, when any is paced or
         // measured: what the probe found (or why it failed) and the pace now.
         if self
@@ -589,6 +607,10 @@ impl SessionStats {
                 self.channels.iter().map(|c| c.arq_rejected).sum::<u64>(),
             );
         }
+    }
+
+    /// Moved endpoints, handshake defence and failures, the return path, once they happened.
+    fn event_lines(&self, s: &mut String) {
         // Where the peer is on each channel, once one moved (a NAT's new mapping,
         // roaming).
         if self.channels.iter().any(|c| c.endpoint_changes > 0) {
@@ -645,8 +667,6 @@ impl SessionStats {
                 self.return_path_cuts
             );
         }
-        let _ = writeln!(s, "{}", self.not_delivered_line());
-        s
     }
 
     /// A server's table: its counters, then each peer and its session's table.
