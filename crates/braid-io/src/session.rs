@@ -1579,79 +1579,7 @@ impl Driver {
             .channels
             .iter()
             .enumerate()
-            .map(|(i, c)| ChannelSnapshot {
-                index: i,
-                name: self.cfg.channels[i].name.clone(),
-                local: self.locals[i].to_string(),
-                remote: c
-                    .endpoint
-                    .map_or_else(|| "-".to_string(), |a| a.to_string()),
-                endpoint_changes: c.endpoint_changes,
-                state: c.state.name().into(),
-                state_since_s: c.state_since.as_secs_f64(),
-                state_changes: c.state_changes,
-                peer_hears_us: c.peer_hears_us,
-                in_tx_set: c.in_tx_set,
-                in_rx_set: c.in_rx_set,
-                tx_datagrams: c.tx_datagrams - self.tx_errors[i],
-                tx_bytes: c.tx_bytes,
-                tx_data_packets: c.tx_data_packets,
-                tx_markers: c.tx_markers,
-                tx_triggers: c.tx_triggers,
-                tx_errors: self.tx_errors[i],
-                rx_queue_drops: self.budgets[i].queue_drops.load(Ordering::Relaxed),
-                rx_oversize: self.budgets[i].oversize.load(Ordering::Relaxed),
-                rx_datagrams: c.rx_datagrams,
-                rx_bytes: c.rx_bytes,
-                rx_data_packets: c.rx_data_packets,
-                rx_markers: c.rx_markers,
-                rx_triggers: c.rx_triggers,
-                rx_hellos: c.rx_hellos,
-                resyncs: c.resequencer.resyncs,
-                wait_timeouts: c.resequencer.wait_timeouts,
-                overflow_drops: c.resequencer.overflow_drops,
-                auth_failures: c.auth_failures,
-                unauthenticated: c.unauthenticated,
-                replays: c.replays,
-                handshake_failures: c.handshake_failures,
-                malformed: c.malformed,
-                tx_bps: c.tx_bps,
-                rx_bps: c.rx_bps,
-                rx_feedback: c.rx_feedback,
-                srtt_ms: c.estimate.srtt.map_or(-1.0, |d| d.as_secs_f64() * 1e3),
-                rtt_min_ms: c.estimate.rtt_min.map_or(-1.0, |d| d.as_secs_f64() * 1e3),
-                delivery_bps: c.estimate.delivery_bps.unwrap_or(-1.0),
-                loss_ratio: c.estimate.loss.unwrap_or(-1.0),
-                quantum: u64::from(c.quantum),
-                role: match c.state {
-                    braid_proto::session::LinkState::Up => c.role.name().into(),
-                    other => other.name().into(),
-                },
-                weight: u64::from(c.weight),
-                demoted: c.role != braid_proto::session::Role::Active,
-                probing: c.role == braid_proto::session::Role::Probing,
-                return_path: s.return_path == Some(i),
-                role_since_s: c.role_since.as_secs_f64(),
-                demotions: c.demotions,
-                window_loss_ratio: c.window_loss.unwrap_or(-1.0),
-                queue_delay_ms: s
-                    .aqm
-                    .as_ref()
-                    .and_then(|a| a.queue_delay_us[i])
-                    .map_or(-1.0, |us| us as f64 / 1e3),
-                arq_missing: c.arq.missing,
-                arq_repaired: c.arq.repaired,
-                arq_given_up: c.arq.given_up,
-                arq_resent: c.arq.resent,
-                arq_premature: c.arq.premature,
-                arq_expired: c.arq.expired,
-                arq_rejected: c.arq.rejected,
-                credit_balance: c.credit_balance.map_or(-1.0, |b| b as f64),
-                pace_bps: c.pace_bps.unwrap_or(-1.0),
-                measured_bps: c.measured_bps.unwrap_or(-1.0),
-                probe: probe_name(c).into(),
-                probe_detail: probe_detail(c),
-            })
+            .map(|(i, c)| self.channel_snapshot(&s, i, c))
             .collect();
         SessionStats {
             uptime_s: self.origin.elapsed().as_secs_f64(),
@@ -1713,6 +1641,89 @@ impl Driver {
             channels,
             server: None,
             peers: Vec::new(),
+        }
+    }
+
+    /// Channel `i`'s part of [`Driver::snapshot`] (`c`: its part of the machine's
+    /// statistics `s`).
+    fn channel_snapshot(
+        &self,
+        s: &machine::SessionStats,
+        i: usize,
+        c: &machine::ChannelInfo,
+    ) -> ChannelSnapshot {
+        ChannelSnapshot {
+            index: i,
+            name: self.cfg.channels[i].name.clone(),
+            local: self.locals[i].to_string(),
+            remote: c
+                .endpoint
+                .map_or_else(|| "-".to_string(), |a| a.to_string()),
+            endpoint_changes: c.endpoint_changes,
+            state: c.state.name().into(),
+            state_since_s: c.state_since.as_secs_f64(),
+            state_changes: c.state_changes,
+            peer_hears_us: c.peer_hears_us,
+            in_tx_set: c.in_tx_set,
+            in_rx_set: c.in_rx_set,
+            tx_datagrams: c.tx_datagrams - self.tx_errors[i],
+            tx_bytes: c.tx_bytes,
+            tx_data_packets: c.tx_data_packets,
+            tx_markers: c.tx_markers,
+            tx_triggers: c.tx_triggers,
+            tx_errors: self.tx_errors[i],
+            rx_queue_drops: self.budgets[i].queue_drops.load(Ordering::Relaxed),
+            rx_oversize: self.budgets[i].oversize.load(Ordering::Relaxed),
+            rx_datagrams: c.rx_datagrams,
+            rx_bytes: c.rx_bytes,
+            rx_data_packets: c.rx_data_packets,
+            rx_markers: c.rx_markers,
+            rx_triggers: c.rx_triggers,
+            rx_hellos: c.rx_hellos,
+            resyncs: c.resequencer.resyncs,
+            wait_timeouts: c.resequencer.wait_timeouts,
+            overflow_drops: c.resequencer.overflow_drops,
+            auth_failures: c.auth_failures,
+            unauthenticated: c.unauthenticated,
+            replays: c.replays,
+            handshake_failures: c.handshake_failures,
+            malformed: c.malformed,
+            tx_bps: c.tx_bps,
+            rx_bps: c.rx_bps,
+            rx_feedback: c.rx_feedback,
+            srtt_ms: c.estimate.srtt.map_or(-1.0, |d| d.as_secs_f64() * 1e3),
+            rtt_min_ms: c.estimate.rtt_min.map_or(-1.0, |d| d.as_secs_f64() * 1e3),
+            delivery_bps: c.estimate.delivery_bps.unwrap_or(-1.0),
+            loss_ratio: c.estimate.loss.unwrap_or(-1.0),
+            quantum: u64::from(c.quantum),
+            role: match c.state {
+                braid_proto::session::LinkState::Up => c.role.name().into(),
+                other => other.name().into(),
+            },
+            weight: u64::from(c.weight),
+            demoted: c.role != braid_proto::session::Role::Active,
+            probing: c.role == braid_proto::session::Role::Probing,
+            return_path: s.return_path == Some(i),
+            role_since_s: c.role_since.as_secs_f64(),
+            demotions: c.demotions,
+            window_loss_ratio: c.window_loss.unwrap_or(-1.0),
+            queue_delay_ms: s
+                .aqm
+                .as_ref()
+                .and_then(|a| a.queue_delay_us[i])
+                .map_or(-1.0, |us| us as f64 / 1e3),
+            arq_missing: c.arq.missing,
+            arq_repaired: c.arq.repaired,
+            arq_given_up: c.arq.given_up,
+            arq_resent: c.arq.resent,
+            arq_premature: c.arq.premature,
+            arq_expired: c.arq.expired,
+            arq_rejected: c.arq.rejected,
+            credit_balance: c.credit_balance.map_or(-1.0, |b| b as f64),
+            pace_bps: c.pace_bps.unwrap_or(-1.0),
+            measured_bps: c.measured_bps.unwrap_or(-1.0),
+            probe: probe_name(c).into(),
+            probe_detail: probe_detail(c),
         }
     }
 }
