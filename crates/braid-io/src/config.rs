@@ -6,14 +6,11 @@ use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use braid_proto::config::{MarkerConfig, ReceiverConfig};
 use braid_proto::session::schema::{SessionSettings, SettingError};
 use braid_proto::session::SecurityMode;
 use braid_proto::units::parse_duration;
-use braid_proto::{Mode, SchedulerKind, StripeConfig};
+use braid_proto::{Mode, StripeConfig};
 use serde::Deserialize;
-
-use braid_proto::config::MAX_CHANNELS;
 
 use crate::keys;
 
@@ -72,6 +69,30 @@ impl ChannelConfig {
         }
     }
 
+    /// Check this channel (number `i`): its MTU and its addresses.
+    fn validate(&self, i: usize) -> Result<(), String> {
+        let name = &self.name;
+        if self.mtu < 576 {
+            return Err(format!(
+                "channel {i} ({name}): mtu {} is below 576",
+                self.mtu
+            ));
+        }
+        match self.remote {
+            Some(r) if self.local.is_ipv4() != r.is_ipv4() => Err(format!(
+                "channel {i} ({name}): local {} and remote {r} are of different address families",
+                self.local
+            )),
+            Some(r) if r.port() == 0 => Err(format!(
+                "channel {i} ({name}): remote {r}: port 0 cannot be a destination"
+            )),
+            None if self.local.port() == 0 => Err(format!(
+                "channel {i} ({name}): no remote and local port 0: the peer could not reach this channel; give a remote, or a fixed local port to wait on"
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// IP + UDP header bytes for this channel's address family.
     pub fn udp_overhead(&self) -> u32 {
         if self.local.is_ipv4() {
@@ -88,55 +109,14 @@ impl ChannelConfig {
 pub struct SessionConfig {
     /// The channels, in the same order at both ends.
     pub channels: Vec<ChannelConfig>,
-    /// Receiver mode: logical (header-free, markers), seq, trr or none.
-    pub mode: Mode,
-    /// Causal scheduler: srr, rr or grr.
-    pub scheduler: SchedulerKind,
-    /// Pre-shared key material (at least 32 bytes; may be empty when static keys are
-    /// set): authenticates the handshake.
-    pub key: Vec<u8>,
-    /// Security mode: `encrypt` (default), `auth` or `none`.
-    pub security: SecurityMode,
-    /// Our static X25519 private key (WireGuard-style keys, with `peer_public_key`).
-    pub private_key: Option<[u8; 32]>,
-    /// The peer's static X25519 public key.
-    pub peer_public_key: Option<[u8; 32]>,
-    /// Fresh keys (a new handshake) this often.
-    pub rekey_after: Duration,
-    /// Marker settings (periodic markers every K rounds, idle markers).
-    pub markers: MarkerConfig,
-    /// TRR: triggers every this many data packets.
-    pub trigger_every: u32,
-    /// Receiver buffer and max wait.
-    pub receiver: ReceiverConfig,
-    /// Hello and heartbeat-marker interval.
-    pub heartbeat: Duration,
-    /// A channel that delivers nothing for this long is declared down.
-    pub dead_after: Duration,
-    /// A down channel must deliver continuously for this long to be declared up again.
-    pub rejoin_after: Duration,
-    /// Application packets held while an epoch switch waits for its ack.
-    pub queue_packets: usize,
+    /// The session machine's settings, from the one schema
+    /// ([`braid_proto::session::schema::SessionSettings`]): mode, scheduler, keys,
+    /// timers, repair, credits and the rest. Its `channels`, `max_datagram` and
+    /// `pacing` follow from [`SessionConfig::channels`] and are filled in by
+    /// [`SessionConfig::session_config`]; what is set there is not used.
+    pub core: braid_proto::session::Config,
     /// SO_RCVBUF / SO_SNDBUF per channel socket, in bytes (0: kernel default).
     pub socket_buffer: usize,
-    /// Adaptive weights (see `braid_proto::session::Config::adaptive`). In a
-    /// configuration file: on by default when every channel is paced (a `pace` rate,
-    /// or `auto`, the default), off otherwise; built with [`SessionConfig::new`]: off.
-    pub adaptive: bool,
-    /// CoDel on the channels' queueing delay, with ECN marks (see
-    /// `braid_proto::aqm`); `None`: off.
-    pub aqm: Option<braid_proto::aqm::AqmConfig>,
-    /// In-bond repair (see `braid_proto::errctl::link`); `None`: off.
-    pub arq: Option<braid_proto::session::ArqConfig>,
-    /// Credit-based flow control per channel (see `braid_proto::session::credits`);
-    /// `None`: off.
-    pub credits: Option<braid_proto::session::CreditConfig>,
-    /// Bad-link demotion (see `braid_proto::session::demote`); on by default, `None`:
-    /// off.
-    pub demote: Option<braid_proto::session::DemoteConfig>,
-    /// The return path (see `braid_proto::session::return_path`); on by default,
-    /// `None`: off.
-    pub return_path: Option<braid_proto::session::ReturnPathConfig>,
     /// Tokens a paced channel may save up, as time at its rate.
     pub pace_burst: braid_proto::Duration,
     /// CoDel on the pacer's transmit queue.
@@ -162,27 +142,8 @@ impl SessionConfig {
     pub fn new(channels: Vec<ChannelConfig>, key: impl Into<Vec<u8>>) -> SessionConfig {
         let mut c = SessionConfig {
             channels,
-            mode: Mode::Logical,
-            scheduler: SchedulerKind::Srr,
-            key: key.into(),
-            security: SecurityMode::Encrypt,
-            private_key: None,
-            peer_public_key: None,
-            rekey_after: Duration::ZERO,
-            markers: MarkerConfig::default(),
-            trigger_every: 0,
-            receiver: ReceiverConfig::default(),
-            heartbeat: Duration::ZERO,
-            dead_after: Duration::ZERO,
-            rejoin_after: Duration::ZERO,
-            queue_packets: 0,
+            core: braid_proto::session::Config::new(Vec::new(), 0, key.into()),
             socket_buffer: 0,
-            adaptive: false,
-            aqm: None,
-            arq: None,
-            credits: None,
-            demote: None,
-            return_path: None,
             pace_burst: braid_proto::Duration::ZERO,
             pace_codel: true,
         };
@@ -195,37 +156,39 @@ impl SessionConfig {
     /// Apply every setting of `s` but the keys (which are files and secrets:
     /// [`FileConfig::parse`] reads them) through the session's one schema.
     pub fn apply(&mut self, s: &SessionSettings) -> Result<(), SettingError> {
+        // The schema checks some settings against the channels (a marker position
+        // names one), so it sees the whole session.
         let mut core = self.session_config();
         s.apply(&mut core)?;
-        let us = |d: braid_proto::Duration| Duration::from_micros(d.as_micros());
-        self.mode = core.mode;
-        self.scheduler = core.scheduler;
-        self.security = core.security;
-        self.rekey_after = us(core.rekey_after);
-        self.markers = core.markers;
-        self.trigger_every = core.trigger_every;
-        self.receiver = core.receiver;
-        self.heartbeat = us(core.heartbeat);
-        self.dead_after = us(core.dead_after);
-        self.rejoin_after = us(core.rejoin_after);
-        self.queue_packets = core.queue_packets;
+        // What follows from the channels stays with them (`session_config`).
+        self.core = braid_proto::session::Config {
+            channels: Vec::new(),
+            max_datagram: 0,
+            pacing: None,
+            ..core
+        };
         // Unset, adaptive weights follow whether every channel is paced; a channel
         // with `pace = "off"` beside measured ones looks paced to the core (which
         // measures every channel once one is), so ask the channels themselves.
-        self.adaptive = s.adaptive.unwrap_or_else(|| {
+        self.core.adaptive = s.adaptive.unwrap_or_else(|| {
             self.channels
                 .iter()
                 .all(|c| c.pace_bps.is_some() || c.pace_auto)
         });
-        self.aqm = core.aqm;
-        self.arq = core.arq;
-        self.credits = core.credits;
-        self.demote = core.demote;
-        self.return_path = core.return_path;
         self.pace_burst = s.pace_burst.0;
         self.pace_codel = s.pace_codel;
         self.socket_buffer = s.socket_buffer;
         Ok(())
+    }
+
+    /// The interval of hellos and heartbeat markers.
+    pub fn heartbeat(&self) -> Duration {
+        std_duration(self.core.heartbeat)
+    }
+
+    /// How long a channel may deliver nothing before it is declared down.
+    pub fn dead_after(&self) -> Duration {
+        std_duration(self.core.dead_after)
     }
 
     /// Pacing from the channels' `pace` (rates, `auto`), with the pacer's tunings.
@@ -264,7 +227,7 @@ impl SessionConfig {
 
     /// Bytes the mode puts in front of a data packet (5 in seq mode, else 0).
     pub fn data_overhead(&self) -> u32 {
-        if self.mode == Mode::Seq {
+        if self.core.mode == Mode::Seq {
             braid_proto::wire::seq::HEADER_LEN as u32
         } else {
             0
@@ -280,52 +243,15 @@ impl SessionConfig {
     /// The largest datagram before the security envelope: what the striper may make.
     pub fn max_inner(&self) -> u32 {
         self.max_datagram()
-            .saturating_sub(self.security.data_overhead() as u32)
+            .saturating_sub(self.core.security.data_overhead() as u32)
     }
 
-    /// Check the configuration.
+    /// Check the configuration: the session machine's rules (channel count and
+    /// weights, keys, timers, striping), then each channel's addresses and MTU.
     pub fn validate(&self) -> Result<(), String> {
-        let n = self.channels.len();
-        if n == 0 {
-            return Err("no channels configured".into());
-        }
-        if n > MAX_CHANNELS {
-            return Err(format!("{n} channels configured; at most {MAX_CHANNELS}"));
-        }
+        self.session_config().validate()?;
         for (i, c) in self.channels.iter().enumerate() {
-            if c.weight == 0 {
-                return Err(format!(
-                    "channel {i} ({}): weight must be at least 1",
-                    c.name
-                ));
-            }
-            if c.mtu < 576 {
-                return Err(format!(
-                    "channel {i} ({}): mtu {} is below 576",
-                    c.name, c.mtu
-                ));
-            }
-            match c.remote {
-                Some(r) if c.local.is_ipv4() != r.is_ipv4() => {
-                    return Err(format!(
-                        "channel {i} ({}): local {} and remote {r} are of different address families",
-                        c.name, c.local
-                    ));
-                }
-                Some(r) if r.port() == 0 => {
-                    return Err(format!(
-                        "channel {i} ({}): remote {r}: port 0 cannot be a destination",
-                        c.name
-                    ));
-                }
-                None if c.local.port() == 0 => {
-                    return Err(format!(
-                        "channel {i} ({}): no remote and local port 0: the peer could not reach this channel; give a remote, or a fixed local port to wait on",
-                        c.name
-                    ));
-                }
-                _ => {}
-            }
+            c.validate(i)?;
             for (j, d) in self.channels.iter().enumerate().take(i) {
                 if d.local == c.local && c.local.port() != 0 {
                     return Err(format!(
@@ -335,17 +261,7 @@ impl SessionConfig {
                 }
             }
         }
-        if self.heartbeat.is_zero() {
-            return Err("heartbeat must be above zero".into());
-        }
-        if self.dead_after < self.heartbeat * 2 {
-            return Err(format!(
-                "dead_after ({:?}) must be at least twice the heartbeat ({:?})",
-                self.dead_after, self.heartbeat
-            ));
-        }
-        // Keys, timers and the striping configuration: the session machine's rules.
-        self.session_config().validate()
+        Ok(())
     }
 
     /// The session machine's configuration (everything but addresses and sockets).
@@ -360,27 +276,8 @@ impl SessionConfig {
                 })
                 .collect(),
             max_datagram: self.max_datagram(),
-            mode: self.mode,
-            scheduler: self.scheduler,
-            key: self.key.clone(),
-            security: self.security,
-            private_key: self.private_key,
-            peer_public_key: self.peer_public_key,
-            rekey_after: braid_proto::Duration::from_micros(self.rekey_after.as_micros() as u64),
-            markers: self.markers,
-            trigger_every: self.trigger_every,
-            receiver: self.receiver,
-            heartbeat: braid_proto::Duration::from_micros(self.heartbeat.as_micros() as u64),
-            dead_after: braid_proto::Duration::from_micros(self.dead_after.as_micros() as u64),
-            rejoin_after: braid_proto::Duration::from_micros(self.rejoin_after.as_micros() as u64),
-            queue_packets: self.queue_packets,
-            adaptive: self.adaptive,
-            aqm: self.aqm,
-            arq: self.arq,
-            credits: self.credits,
-            demote: self.demote,
-            return_path: self.return_path,
             pacing: self.pacing(),
+            ..self.core.clone()
         }
     }
 
@@ -388,6 +285,11 @@ impl SessionConfig {
     pub fn stripe_config(&self, members: &[usize]) -> StripeConfig {
         self.session_config().stripe_config(members)
     }
+}
+
+/// The session core's time as the standard library's.
+pub fn std_duration(d: braid_proto::Duration) -> Duration {
+    Duration::from_micros(d.as_micros())
 }
 
 /// A bad configuration file: which file, which key, why.
@@ -457,7 +359,7 @@ impl PeerConfig {
     /// The session configuration for this peer on a server with `server`'s settings.
     pub fn session(&self, server: &SessionConfig) -> SessionConfig {
         let mut s = server.clone();
-        s.peer_public_key = Some(self.public_key);
+        s.core.peer_public_key = Some(self.public_key);
         s
     }
 }
@@ -657,8 +559,8 @@ impl FileConfig {
             server_keys(&s, dir, &channels).map_err(err)?
         };
         let mut cfg = SessionConfig::new(channels, key);
-        cfg.private_key = private_key;
-        cfg.peer_public_key = peer_public_key;
+        cfg.core.private_key = private_key;
+        cfg.core.peer_public_key = peer_public_key;
         // Every other setting, through the session's one schema.
         cfg.apply(&s)
             .map_err(|e| err((format!("session.{}", e.key), e.reason)))?;
@@ -668,13 +570,13 @@ impl FileConfig {
             Some(p) => p.session(&cfg).validate(),
         }
         .map_err(|r| err(("session".into(), r)))?;
-        if !peers.is_empty() && cfg.security == SecurityMode::None {
+        if !peers.is_empty() && cfg.core.security == SecurityMode::None {
             return Err(err(fault(
                 "session.security",
                 "\"none\" cannot serve [[peer]] sections: a server finds each datagram's peer by its sealed envelope; use encrypt or auth",
             )));
         }
-        if let Some(me) = cfg.private_key.map(|k| keys::public_key(&k)) {
+        if let Some(me) = cfg.core.private_key.map(|k| keys::public_key(&k)) {
             if let Some(i) = peers.iter().position(|p| p.public_key == me) {
                 return Err(err(fault(
                     &format!("peer[{i}].public_key"),
@@ -1128,11 +1030,11 @@ remote = "127.0.0.1:7102"
             ]
         );
         assert_eq!(c.peers[1].public_key, keys::public_key(&[2; 32]));
-        assert!(c.session.private_key.is_some());
-        assert_eq!(c.session.peer_public_key, None);
+        assert!(c.session.core.private_key.is_some());
+        assert_eq!(c.session.core.peer_public_key, None);
         // Each peer's session: the server's settings, the peer's key.
         let s = c.peers[1].session(&c.session);
-        assert_eq!(s.peer_public_key, Some(keys::public_key(&[2; 32])));
+        assert_eq!(s.core.peer_public_key, Some(keys::public_key(&[2; 32])));
         assert_eq!(s.channels, c.session.channels);
         s.validate().unwrap();
         // Without [[peer]], the same file is a point-to-point end: it needs the peer.
@@ -1271,7 +1173,7 @@ remote = "127.0.0.1:7102"
     fn good_file_parses() {
         let c = FileConfig::parse("t.toml", GOOD, None).unwrap();
         assert_eq!(c.session.channels.len(), 2);
-        assert_eq!(c.session.heartbeat, Duration::from_millis(20));
+        assert_eq!(c.session.heartbeat(), Duration::from_millis(20));
         let t = c.tunnel.unwrap();
         assert_eq!(t.address, Some((Ipv4Addr::new(10, 77, 0, 1), 24)));
         // SRR quanta proportional to weight, the smallest = the largest inner datagram:
@@ -1280,7 +1182,7 @@ remote = "127.0.0.1:7102"
         assert_eq!(sc.weights, vec![2880, 1440]);
         assert_eq!(sc.max_packet, 1440);
         let mut none = c.session.clone();
-        none.security = SecurityMode::None;
+        none.core.security = SecurityMode::None;
         let sc = none.stripe_config(&[0, 1]);
         assert_eq!(sc.weights, vec![2944, 1472]);
         assert_eq!(sc.max_packet, 1472);
@@ -1325,16 +1227,19 @@ remote = "127.0.0.1:7102"
         assert!(e.contains("chmod 600"), "{e}");
         std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
         let c = FileConfig::parse("t.toml", &text, Some(&dir)).unwrap();
-        assert_eq!(c.session.key.len(), 32);
+        assert_eq!(c.session.core.key.len(), 32);
         // Static keys, and the security mode.
         std::fs::write(&f, "1TmZIScY3/OtqxxyGcnv8N4FGBZHviUHPzrxwu6fHx4=").unwrap();
         let text = with(
             "private_key_file = \"braid.key\"\npeer_public_key = \"f1njdwrpfIzRyXbWUPz15DmEK5AHdvKw7LmAZC4M6Rw=\"\nsecurity = \"auth\"\nrekey_after = \"30s\"",
         );
         let c = FileConfig::parse("t.toml", &text, Some(&dir)).unwrap();
-        assert!(c.session.key.is_empty() && c.session.private_key.is_some());
-        assert_eq!(c.session.security, SecurityMode::Auth);
-        assert_eq!(c.session.rekey_after, Duration::from_secs(30));
+        assert!(c.session.core.key.is_empty() && c.session.core.private_key.is_some());
+        assert_eq!(c.session.core.security, SecurityMode::Auth);
+        assert_eq!(
+            c.session.core.rekey_after,
+            braid_proto::Duration::from_secs(30)
+        );
         let half = with("private_key_file = \"braid.key\"");
         let e = FileConfig::parse("t.toml", &half, Some(&dir))
             .unwrap_err()
@@ -1676,11 +1581,15 @@ remote = "127.0.0.1:7102"
         for f in ["tunnel-a.toml", "tunnel-b.toml"] {
             std::fs::copy(src.join(f), dir.join(f)).unwrap();
             let c = FileConfig::load(&dir.join(f)).unwrap_or_else(|e| panic!("{e}"));
-            assert_eq!(c.session.scheduler, SchedulerKind::Srr, "{f}");
-            assert_eq!(c.session.markers.position, MarkerPosition::End, "{f}");
-            assert_eq!(c.session.heartbeat, Duration::from_millis(50), "{f}");
-            assert_eq!(c.session.security, SecurityMode::Encrypt, "{f}");
-            assert_eq!(c.session.key.len(), 32, "{f}");
+            assert_eq!(
+                c.session.core.scheduler,
+                braid_proto::SchedulerKind::Srr,
+                "{f}"
+            );
+            assert_eq!(c.session.core.markers.position, MarkerPosition::End, "{f}");
+            assert_eq!(c.session.heartbeat(), Duration::from_millis(50), "{f}");
+            assert_eq!(c.session.core.security, SecurityMode::Encrypt, "{f}");
+            assert_eq!(c.session.core.key.len(), 32, "{f}");
             let t = c.tunnel.unwrap();
             assert_eq!(t.log_interval, Duration::from_secs(10), "{f}");
             tunnels.push(t);
@@ -1742,7 +1651,7 @@ remote = "127.0.0.1:7102"
             None,
         )
         .unwrap();
-        assert_eq!(c.session.security, SecurityMode::None);
+        assert_eq!(c.session.core.security, SecurityMode::None);
 
         use std::os::unix::fs::PermissionsExt;
         let dir = std::env::temp_dir().join(format!("braid-cfg-inline-{}", std::process::id()));
@@ -1789,9 +1698,15 @@ remote = "127.0.0.1:7102"
             None,
         )
         .unwrap();
-        assert_eq!(c.session.scheduler, SchedulerKind::Random { seed: 0 });
-        assert_eq!(c.session.markers.position, MarkerPosition::Channel(1));
-        assert_eq!(c.session.rekey_after, Duration::from_secs(3600));
+        assert_eq!(
+            c.session.core.scheduler,
+            braid_proto::SchedulerKind::Random { seed: 0 }
+        );
+        assert_eq!(c.session.core.markers.position, MarkerPosition::Channel(1));
+        assert_eq!(
+            c.session.core.rekey_after,
+            braid_proto::Duration::from_secs(3600)
+        );
         let c = FileConfig::parse(
             "t.toml",
             &GOOD.replace(
@@ -1801,7 +1716,7 @@ remote = "127.0.0.1:7102"
             None,
         )
         .unwrap();
-        assert_eq!(c.session.scheduler, SchedulerKind::Rr);
-        assert_eq!(c.session.markers.position, MarkerPosition::Channel(1));
+        assert_eq!(c.session.core.scheduler, braid_proto::SchedulerKind::Rr);
+        assert_eq!(c.session.core.markers.position, MarkerPosition::Channel(1));
     }
 }

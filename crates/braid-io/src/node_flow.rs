@@ -244,11 +244,11 @@ fn session_config(
         channels.push(c);
     }
     let mut sc = SessionConfig::new(channels, Vec::new());
-    sc.private_key = Some(keys.0);
-    sc.peer_public_key = Some(keys.1);
+    sc.core.private_key = Some(keys.0);
+    sc.core.peer_public_key = Some(keys.1);
     sc.apply(&fc.session)
         .map_err(|e| format!("flow.session.{}: {}", e.key, e.reason))?;
-    sc.adaptive = fc.adaptive;
+    sc.core.adaptive = fc.adaptive;
     sc.socket_buffer = 4 << 20;
     Ok(sc)
 }

@@ -193,27 +193,36 @@ fn session_changes(a: &SessionConfig, b: &SessionConfig, p: &mut Plan) {
             p.restart.push(format!("session.{name}"));
         }
     };
-    differ("mode", a.mode != b.mode);
-    differ("scheduler", a.scheduler != b.scheduler);
-    differ("key (key_file)", a.key != b.key);
-    differ("security", a.security != b.security);
-    differ("private_key_file", a.private_key != b.private_key);
-    differ("peer_public_key", a.peer_public_key != b.peer_public_key);
-    differ("rekey_after", a.rekey_after != b.rekey_after);
-    differ("marker settings", a.markers != b.markers);
-    differ("trigger_every", a.trigger_every != b.trigger_every);
-    differ("receiver settings", a.receiver != b.receiver);
-    differ("heartbeat", a.heartbeat != b.heartbeat);
-    differ("dead_after", a.dead_after != b.dead_after);
-    differ("rejoin_after", a.rejoin_after != b.rejoin_after);
-    differ("queue_packets", a.queue_packets != b.queue_packets);
+    differ("mode", a.core.mode != b.core.mode);
+    differ("scheduler", a.core.scheduler != b.core.scheduler);
+    differ("key (key_file)", a.core.key != b.core.key);
+    differ("security", a.core.security != b.core.security);
+    differ("private_key_file", a.core.private_key != b.core.private_key);
+    differ(
+        "peer_public_key",
+        a.core.peer_public_key != b.core.peer_public_key,
+    );
+    differ("rekey_after", a.core.rekey_after != b.core.rekey_after);
+    differ("marker settings", a.core.markers != b.core.markers);
+    differ(
+        "trigger_every",
+        a.core.trigger_every != b.core.trigger_every,
+    );
+    differ("receiver settings", a.core.receiver != b.core.receiver);
+    differ("heartbeat", a.heartbeat() != b.heartbeat());
+    differ("dead_after", a.dead_after() != b.dead_after());
+    differ("rejoin_after", a.core.rejoin_after != b.core.rejoin_after);
+    differ(
+        "queue_packets",
+        a.core.queue_packets != b.core.queue_packets,
+    );
     differ("socket_buffer", a.socket_buffer != b.socket_buffer);
-    differ("adaptive", a.adaptive != b.adaptive);
-    differ("aqm", a.aqm != b.aqm);
-    differ("arq", a.arq != b.arq);
-    differ("credits", a.credits != b.credits);
-    differ("demote", a.demote != b.demote);
-    differ("return_path", a.return_path != b.return_path);
+    differ("adaptive", a.core.adaptive != b.core.adaptive);
+    differ("aqm", a.core.aqm != b.core.aqm);
+    differ("arq", a.core.arq != b.core.arq);
+    differ("credits", a.core.credits != b.core.credits);
+    differ("demote", a.core.demote != b.core.demote);
+    differ("return_path", a.core.return_path != b.core.return_path);
     differ("pace_burst", a.pace_burst != b.pace_burst);
     differ("pace_codel", a.pace_codel != b.pace_codel);
     let old_w: Vec<u32> = a.channels.iter().map(|c| c.weight).collect();
@@ -232,7 +241,7 @@ fn session_changes(a: &SessionConfig, b: &SessionConfig, p: &mut Plan) {
     if same_channels && old_w != new_w {
         // The running session takes new weights only with the srr scheduler outside
         // trr mode (as adaptive weights); otherwise they wait for a restart.
-        if a.scheduler == SchedulerKind::Srr && a.mode != Mode::Trr {
+        if a.core.scheduler == SchedulerKind::Srr && a.core.mode != Mode::Trr {
             p.weights = Some(new_w);
         } else {
             p.restart.push("channel weights".into());

@@ -300,7 +300,7 @@ impl Server {
         peers: &[PeerConfig],
         tun: Arc<Tun>,
     ) -> Result<Server, SessionError> {
-        let Some(private) = base.private_key else {
+        let Some(private) = base.core.private_key else {
             return Err(SessionError::Config(
                 "a server needs its static private key (session.private_key_file)".into(),
             ));
@@ -437,7 +437,7 @@ impl ServerHandle {
         let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
         SessionStats {
             uptime_s: s.started.elapsed().as_secs_f64(),
-            security: s.base.security.name().into(),
+            security: s.base.core.security.name().into(),
             server: Some(ServerCounters {
                 peers: out.len() as u64,
                 peers_connected: out.iter().filter(|p| p.connected).count() as u64,

@@ -530,7 +530,7 @@ impl Session {
             .join(", ");
         // Two heartbeats (the peer initiates every heartbeat), and at least 300 ms.
         let grace = cfg
-            .heartbeat
+            .heartbeat()
             .saturating_mul(2)
             .max(StdDuration::from_millis(300));
         let channel_names = cfg.channels.iter().map(|c| c.name.clone()).collect();
@@ -1605,7 +1605,7 @@ impl Driver {
             auth_failures: channels.iter().map(|c| c.auth_failures).sum(),
             unauthenticated: channels.iter().map(|c| c.unauthenticated).sum(),
             replays: channels.iter().map(|c| c.replays).sum(),
-            security: self.cfg.security.name().into(),
+            security: self.cfg.core.security.name().into(),
             handshakes: s.handshakes.completed,
             handshake_failures: s.handshakes.failed,
             settings_mismatches: s.handshakes.mismatched,

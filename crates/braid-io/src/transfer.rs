@@ -1334,13 +1334,14 @@ impl SessionOptions {
         // the losses its tolerance is about; AQM's signals are for an inner TCP, and a
         // chunk that happened to look like an IP header must be neither marked nor
         // dropped. Both tunnel defaults are off here.
-        cfg.arq = None;
-        cfg.aqm = None;
+        cfg.core.arq = None;
+        cfg.core.aqm = None;
         if let Some(m) = &self.mode {
-            cfg.mode = units::parse_mode(m).map_err(|e| format!("--mode: {e}"))?;
+            cfg.core.mode = units::parse_mode(m).map_err(|e| format!("--mode: {e}"))?;
         }
         if let Some(s) = &self.scheduler {
-            cfg.scheduler = units::parse_scheduler(s).map_err(|e| format!("--scheduler: {e}"))?;
+            cfg.core.scheduler =
+                units::parse_scheduler(s).map_err(|e| format!("--scheduler: {e}"))?;
         }
         if let Some(w) = &self.weights {
             let ws = w
@@ -1360,10 +1361,12 @@ impl SessionOptions {
             }
         }
         if let Some(h) = &self.heartbeat {
-            cfg.heartbeat = units::parse_duration(h).map_err(|e| format!("--heartbeat: {e}"))?;
+            cfg.core.heartbeat =
+                units::parse_duration_us(h).map_err(|e| format!("--heartbeat: {e}"))?;
         }
         if let Some(d) = &self.dead_after {
-            cfg.dead_after = units::parse_duration(d).map_err(|e| format!("--dead-after: {e}"))?;
+            cfg.core.dead_after =
+                units::parse_duration_us(d).map_err(|e| format!("--dead-after: {e}"))?;
         }
         cfg.validate()
             .map_err(|e| format!("session configuration: {e}"))?;

@@ -160,11 +160,11 @@ pub fn open_tun(t: &TunnelConfig, s: &SessionConfig) -> Result<Tun, TunnelError>
     info!(
         "TUN {} up, mtu {mtu}, mode {}, security {}, {} channels",
         tun.name(),
-        s.mode.name(),
-        s.security.name(),
+        s.core.mode.name(),
+        s.core.security.name(),
         s.channels.len()
     );
-    if s.security == braid_proto::session::SecurityMode::None {
+    if s.core.security == braid_proto::session::SecurityMode::None {
         warn!("security = \"none\" (allow_insecure): data crosses every channel in clear and forged packets from anyone who can reach a channel's port are delivered into the tunnel");
     }
     Ok(tun)

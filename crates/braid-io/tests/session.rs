@@ -18,11 +18,11 @@ fn cfgs(relay: &Relay, n: usize, mode: Mode) -> (SessionConfig, SessionConfig) {
     let mut ca = SessionConfig::new(a, "a braid-io test key of 32 bytes or more");
     let mut cb = SessionConfig::new(b, "a braid-io test key of 32 bytes or more");
     for c in [&mut ca, &mut cb] {
-        c.mode = mode;
-        c.heartbeat = Duration::from_millis(20);
-        c.dead_after = Duration::from_millis(120);
-        c.rejoin_after = Duration::from_millis(60);
-        c.receiver.max_wait = braid_proto::Duration::from_millis(50);
+        c.core.mode = mode;
+        c.core.heartbeat = braid_proto::Duration::from_millis(20);
+        c.core.dead_after = braid_proto::Duration::from_millis(120);
+        c.core.rejoin_after = braid_proto::Duration::from_millis(60);
+        c.core.receiver.max_wait = braid_proto::Duration::from_millis(50);
     }
     (ca, cb)
 }
@@ -34,8 +34,8 @@ async fn pair(n: usize, mode: Mode) -> (Relay, Session, Session) {
 async fn pair_with(n: usize, mode: Mode, scheduler: SchedulerKind) -> (Relay, Session, Session) {
     let relay = Relay::new(n).unwrap();
     let (mut ca, mut cb) = cfgs(&relay, n, mode);
-    ca.scheduler = scheduler;
-    cb.scheduler = scheduler;
+    ca.core.scheduler = scheduler;
+    cb.core.scheduler = scheduler;
     let mut a = Session::start(ca).await.unwrap();
     let mut b = Session::start(cb).await.unwrap();
     for c in 0..n {
@@ -510,9 +510,9 @@ async fn pace_auto_on_an_unshaped_link_says_why_it_is_not_measured() {
             })
             .collect();
         let mut cfg = SessionConfig::new(chans, key);
-        cfg.heartbeat = Duration::from_millis(20);
-        cfg.dead_after = Duration::from_millis(120);
-        cfg.rejoin_after = Duration::from_millis(60);
+        cfg.core.heartbeat = braid_proto::Duration::from_millis(20);
+        cfg.core.dead_after = braid_proto::Duration::from_millis(120);
+        cfg.core.rejoin_after = braid_proto::Duration::from_millis(60);
         cfg
     };
     let mut a = Session::start(mk(&p[..2], &p[2..])).await.unwrap();

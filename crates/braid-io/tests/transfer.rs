@@ -84,10 +84,10 @@ fn config(remotes: &[SocketAddr]) -> SessionConfig {
         .map(|(c, r)| ChannelConfig::new(format!("c{c}"), any, *r))
         .collect();
     let mut cfg = SessionConfig::new(chans, "a braid-io test key of 32 bytes or more");
-    cfg.heartbeat = Duration::from_millis(20);
-    cfg.dead_after = Duration::from_millis(150);
-    cfg.rejoin_after = Duration::from_millis(60);
-    cfg.receiver.max_wait = braid_proto::Duration::from_millis(30);
+    cfg.core.heartbeat = braid_proto::Duration::from_millis(20);
+    cfg.core.dead_after = braid_proto::Duration::from_millis(150);
+    cfg.core.rejoin_after = braid_proto::Duration::from_millis(60);
+    cfg.core.receiver.max_wait = braid_proto::Duration::from_millis(30);
     cfg
 }
 
@@ -147,7 +147,7 @@ fn reliable() -> TransferConfig {
 async fn file_arrives_bit_identical_over_lossy_channels() {
     let net = Lossy::new(2, 0.05, 42);
     // The transfer's own repair is under test: in-bond repair (on by default) off.
-    let (mut a, mut b) = sessions_with(&net.a, &net.b, |c| c.arq = None).await;
+    let (mut a, mut b) = sessions_with(&net.a, &net.b, |c| c.core.arq = None).await;
     let input = random_bytes(4 << 20, 7);
     let t0 = std::time::Instant::now();
     let (out, sent, got) = tokio::time::timeout(
@@ -184,7 +184,7 @@ async fn tolerated_gaps_stay_within_the_tolerance() {
     let net = Lossy::new(2, 0.05, 9);
     // The losses must reach the transfer: in-bond repair (on by default) would
     // resend them below it.
-    let (mut a, mut b) = sessions_with(&net.a, &net.b, |c| c.arq = None).await;
+    let (mut a, mut b) = sessions_with(&net.a, &net.b, |c| c.core.arq = None).await;
     let mut input = Vec::new();
     for i in 0..BLOCKS {
         let mut blk = random_bytes(BLOCK, i);
