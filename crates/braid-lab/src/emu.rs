@@ -229,60 +229,8 @@ impl Emulator {
                 None => idle,
             };
             wait_readable(self.tun.as_raw_fd(), timeout)?;
-            // Read everything that is waiting.
-            loop {
-                match self.tun.recv(&mut buf) {
-                    Ok(0) => break,
-                    Ok(n) => {
-                        self.stats.packets_in += 1;
-                        let pkt = &buf[..n];
-                        let applies = self.filter.is_none_or(|f| f.matches(pkt));
-                        if self.down || (applies && self.loss.lose(&mut self.rng)) {
-                            self.stats.dropped += 1;
-                            continue;
-                        }
-                        if self.queue.len() >= self.queue_limit {
-                            self.stats.queue_drops += 1;
-                            continue;
-                        }
-                        let now = Instant::now();
-                        let extra = if self.jitter > Duration::ZERO {
-                            self.jitter.mul_f64(self.rng.next_f64())
-                        } else {
-                            Duration::ZERO
-                        };
-                        let at = (now + self.delay + extra).max(last_release);
-                        last_release = at;
-                        self.queue.push_back((at, pkt.to_vec()));
-                    }
-                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                    Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                    Err(e) => return Err(e),
-                }
-            }
-            // Release everything that is due.
-            let now = Instant::now();
-            while let Some((at, _)) = self.queue.front() {
-                if *at > now {
-                    break;
-                }
-                let (at, pkt) = self.queue.pop_front().expect("front exists");
-                let late = now.saturating_duration_since(at).as_micros() as u64;
-                self.late_sum_us += late as f64;
-                self.stats.late_max_us = self.stats.late_max_us.max(late);
-                if late > 1000 {
-                    self.stats.late_over_1ms += 1;
-                }
-                match self.tun.send(&pkt) {
-                    Ok(_) => self.stats.packets_out += 1,
-                    // The kernel refuses a packet (e.g. no route while the lab is being
-                    // torn down): count it as lost, keep going.
-                    Err(_) => self.stats.queue_drops += 1,
-                }
-            }
-            if self.stats.packets_out > 0 {
-                self.stats.late_mean_us = self.late_sum_us / self.stats.packets_out as f64;
-            }
+            self.read_arrivals(&mut buf, &mut last_release)?;
+            self.release_due();
             if last_report.elapsed() >= Duration::from_secs(1) {
                 last_report = Instant::now();
                 report(&self.stats);
@@ -290,6 +238,72 @@ impl Emulator {
         }
         report(&self.stats);
         Ok(())
+    }
+
+    /// Read every packet waiting on the device and [`admit`](Self::admit) each, until
+    /// the device has no more.
+    fn read_arrivals(&mut self, buf: &mut [u8], last_release: &mut Instant) -> io::Result<()> {
+        loop {
+            match self.tun.recv(buf) {
+                Ok(0) => return Ok(()),
+                Ok(n) => self.admit(&buf[..n], last_release),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// One packet that arrived: drop it if the link is down or the loss process (for
+    /// packets the filter matches) loses it, or if the queue is full; else queue it for
+    /// now + delay + jitter, never before the previous packet (`last_release`, which
+    /// it then becomes).
+    fn admit(&mut self, pkt: &[u8], last_release: &mut Instant) {
+        self.stats.packets_in += 1;
+        let applies = self.filter.is_none_or(|f| f.matches(pkt));
+        if self.down || (applies && self.loss.lose(&mut self.rng)) {
+            self.stats.dropped += 1;
+            return;
+        }
+        if self.queue.len() >= self.queue_limit {
+            self.stats.queue_drops += 1;
+            return;
+        }
+        let now = Instant::now();
+        let extra = if self.jitter > Duration::ZERO {
+            self.jitter.mul_f64(self.rng.next_f64())
+        } else {
+            Duration::ZERO
+        };
+        let at = (now + self.delay + extra).max(*last_release);
+        *last_release = at;
+        self.queue.push_back((at, pkt.to_vec()));
+    }
+
+    /// Write back every queued packet that is due, recording how late each release is.
+    fn release_due(&mut self) {
+        let now = Instant::now();
+        while let Some((at, _)) = self.queue.front() {
+            if *at > now {
+                break;
+            }
+            let (at, pkt) = self.queue.pop_front().expect("front exists");
+            let late = now.saturating_duration_since(at).as_micros() as u64;
+            self.late_sum_us += late as f64;
+            self.stats.late_max_us = self.stats.late_max_us.max(late);
+            if late > 1000 {
+                self.stats.late_over_1ms += 1;
+            }
+            match self.tun.send(&pkt) {
+                Ok(_) => self.stats.packets_out += 1,
+                // The kernel refuses a packet (e.g. no route while the lab is being
+                // torn down): count it as lost, keep going.
+                Err(_) => self.stats.queue_drops += 1,
+            }
+        }
+        if self.stats.packets_out > 0 {
+            self.stats.late_mean_us = self.late_sum_us / self.stats.packets_out as f64;
+        }
     }
 }
 

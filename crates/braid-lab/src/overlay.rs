@@ -353,58 +353,64 @@ fn build(m: &Matrix, exe: &Path, seed: u64) -> Result<(), LabError> {
 /// routes to each other through it, a tbf shaper at `rate_bps` on the router's ends.
 fn add_hop(k: usize, a: usize, b: usize, rate_bps: u64) -> Result<(), LabError> {
     let (na, nb) = (ns(a), ns(b));
+    add_hop_veth(k, &na, "xa")?;
+    add_hop_veth(k, &nb, "xb")?;
+    address_hop(k, &na, &nb)?;
+    shape_hop(k, rate_bps)
+}
+
+/// One end of hop `k`: a veth pair from `h{k}` in namespace `node` to `{peer}{k}` in
+/// the router's (`peer` is `xa` for the hop's lower-numbered node, `xb` for the other).
+fn add_hop_veth(k: usize, node: &str, peer: &str) -> Result<(), LabError> {
     run(&[
         "ip",
         "link",
         "add",
         &format!("h{k}"),
         "netns",
-        &na,
+        node,
         "type",
         "veth",
         "peer",
         "name",
-        &format!("xa{k}"),
+        &format!("{peer}{k}"),
         "netns",
         NS_ROUTER,
     ])?;
-    run(&[
-        "ip",
-        "link",
-        "add",
-        &format!("h{k}"),
-        "netns",
-        &nb,
-        "type",
-        "veth",
-        "peer",
-        "name",
-        &format!("xb{k}"),
-        "netns",
-        NS_ROUTER,
-    ])?;
+    Ok(())
+}
+
+/// Hop `k`'s addresses (nodes `na` and `nb` [`addr_a`] and [`addr_b`], the router .254
+/// on each side), its four interfaces up, and each node's host route to the other
+/// through the router.
+fn address_hop(k: usize, na: &str, nb: &str) -> Result<(), LabError> {
     let (aa, ab) = (addr_a(k), addr_b(k));
     let (ra, rb) = (
         format!("10.201.{}.254", 50 + k),
         format!("10.202.{}.254", 50 + k),
     );
-    sh(&na, &format!("ip addr add {aa}/24 dev h{k}"))?;
-    sh(&nb, &format!("ip addr add {ab}/24 dev h{k}"))?;
+    sh(na, &format!("ip addr add {aa}/24 dev h{k}"))?;
+    sh(nb, &format!("ip addr add {ab}/24 dev h{k}"))?;
     sh(NS_ROUTER, &format!("ip addr add {ra}/24 dev xa{k}"))?;
     sh(NS_ROUTER, &format!("ip addr add {rb}/24 dev xb{k}"))?;
-    for (n, d) in [(&na, format!("h{k}")), (&nb, format!("h{k}"))] {
+    for (n, d) in [(na, format!("h{k}")), (nb, format!("h{k}"))] {
         sh(n, &format!("ip link set dev {d} up"))?;
     }
     sh(NS_ROUTER, &format!("ip link set dev xa{k} up"))?;
     sh(NS_ROUTER, &format!("ip link set dev xb{k} up"))?;
     sh(
-        &na,
+        na,
         &format!("ip route add {ab}/32 via {ra} dev h{k} src {aa}"),
     )?;
     sh(
-        &nb,
+        nb,
         &format!("ip route add {aa}/32 via {rb} dev h{k} src {ab}"),
     )?;
+    Ok(())
+}
+
+/// Hop `k`'s rate: a tbf shaper at `rate_bps` on both of the router's ends.
+fn shape_hop(k: usize, rate_bps: u64) -> Result<(), LabError> {
     for dev in ["xa", "xb"] {
         sh(
             NS_ROUTER,
@@ -948,6 +954,37 @@ fn kill_run(
         "TCP through braid node, {ksecs} s, relay {victim} killed after {:.1} s",
         ksecs / 2.0
     ));
+    let (started, killed_at, v) = iperf_with_relay_kill(nodes, victim, ksecs)?;
+    let iv = intervals(&v);
+    // iperf3's intervals start after its connection set-up: align on its own end.
+    let total = iv.last().map_or(ksecs, |i| i.end_s);
+    let wall = started.elapsed().as_secs_f64();
+    let at = (killed_at - started).as_secs_f64() - (wall - total).max(0.0);
+    let (rec, stall, before, after) = recovery(&iv, at);
+    let dead = dead_route_after(src_lines, killed_at);
+    r.killed = Some(victim);
+    r.paths_at_kill = now_paths;
+    r.kill_at_s = at;
+    r.before_kill_bps = before;
+    r.after_kill_bps = after;
+    r.recovery_ms = rec;
+    r.stall_ms = stall;
+    r.reroute_ms = dead
+        .as_ref()
+        .map(|(t, _)| (*t - killed_at).as_secs_f64() * 1e3);
+    r.paths_after = dead.map(|(_, l)| split_paths(&l)).unwrap_or_default();
+    r.intervals = iv;
+    Ok(())
+}
+
+/// The kill run's flow: iperf3 through the overlay for `ksecs` seconds in 100 ms
+/// intervals, with relay `victim` killed (SIGKILL) halfway. Returns when the flow
+/// started, when the relay was killed, and iperf3's JSON report.
+fn iperf_with_relay_kill(
+    nodes: &mut [Option<NodeProc>],
+    victim: usize,
+    ksecs: f64,
+) -> Result<(Instant, Instant, Value), LabError> {
     let mut child = iperf_client(TUN_DST, None, ksecs, true)
         .spawn()
         .map_err(|e| LabError::Command {
@@ -973,27 +1010,20 @@ fn kill_run(
         reason: e.to_string(),
     })?;
     let v = iperf_json(out, "iperf3 kill run")?;
-    let iv = intervals(&v);
-    // iperf3's intervals start after its connection set-up: align on its own end.
-    let total = iv.last().map_or(ksecs, |i| i.end_s);
-    let wall = started.elapsed().as_secs_f64();
-    let at = (killed_at - started).as_secs_f64() - (wall - total).max(0.0);
-    let (rec, stall, before, after) = recovery(&iv, at);
-    let lines = src_lines.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    let dead = lines
+    Ok((started, killed_at, v))
+}
+
+/// The source's first route line at or after `killed_at` that marks a path dead: when
+/// it came and its text.
+fn dead_route_after(
+    src_lines: &Mutex<Vec<(Instant, String)>>,
+    killed_at: Instant,
+) -> Option<(Instant, String)> {
+    let lines = src_lines.lock().unwrap_or_else(|p| p.into_inner());
+    lines
         .iter()
-        .find(|(t, l)| *t >= killed_at && l.starts_with("route to 4:") && l.contains("[dead"));
-    r.killed = Some(victim);
-    r.paths_at_kill = now_paths;
-    r.kill_at_s = at;
-    r.before_kill_bps = before;
-    r.after_kill_bps = after;
-    r.recovery_ms = rec;
-    r.stall_ms = stall;
-    r.reroute_ms = dead.map(|(t, _)| (*t - killed_at).as_secs_f64() * 1e3);
-    r.paths_after = dead.map(|(_, l)| split_paths(l)).unwrap_or_default();
-    r.intervals = iv;
-    Ok(())
+        .find(|(t, l)| *t >= killed_at && l.starts_with("route to 4:") && l.contains("[dead"))
+        .cloned()
 }
 
 /// Draw the result: the two TCP flows as bars, the kill run over time.
@@ -1013,6 +1043,8 @@ pub fn draw(r: &OverlayResult, title: &str, path: &Path) -> Result<(), String> {
     }
 }
 
+/// The figure: the two TCP flows' goodput as bars on the left, the kill run's goodput
+/// over time on the right, under `title`.
 fn render<DB: plotters::prelude::DrawingBackend>(
     r: &OverlayResult,
     title: &str,
@@ -1023,12 +1055,26 @@ fn render<DB: plotters::prelude::DrawingBackend>(
     root.fill(&WHITE).map_err(e)?;
     let root = root.titled(title, ("sans-serif", 20)).map_err(e)?;
     let (left, right) = root.split_horizontally(360);
+    draw_goodput_bars(r, &left)?;
+    draw_kill_run(r, &right)?;
+    root.present().map_err(e)?;
+    Ok(())
+}
+
+/// Bars of the TCP goodput over the direct hop and through `braid node`, each labelled
+/// with its Mbit/s.
+fn draw_goodput_bars<DB: plotters::prelude::DrawingBackend>(
+    r: &OverlayResult,
+    area: &plotters::prelude::DrawingArea<DB, plotters::coord::Shift>,
+) -> Result<(), String> {
+    use plotters::prelude::*;
+    let e = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
     let bars = [
         ("direct", r.direct_bps, RGBColor(150, 150, 150)),
         ("braid node", r.overlay_bps, RGBColor(31, 119, 180)),
     ];
     let ymax = bars.iter().map(|b| b.1 / 1e6).fold(1.0, f64::max) * 1.2;
-    let mut c = ChartBuilder::on(&left)
+    let mut c = ChartBuilder::on(area)
         .margin(16)
         .x_label_area_size(30)
         .y_label_area_size(50)
@@ -1054,9 +1100,19 @@ fn render<DB: plotters::prelude::DrawingBackend>(
         )))
         .map_err(e)?;
     }
+    Ok(())
+}
+
+/// The kill run's goodput per 100 ms over time, with a vertical line at the kill.
+fn draw_kill_run<DB: plotters::prelude::DrawingBackend>(
+    r: &OverlayResult,
+    area: &plotters::prelude::DrawingArea<DB, plotters::coord::Shift>,
+) -> Result<(), String> {
+    use plotters::prelude::*;
+    let e = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
     let tmax = r.intervals.last().map_or(1.0, |i| i.end_s);
     let ymax2 = r.intervals.iter().map(|i| i.bps / 1e6).fold(1.0, f64::max) * 1.15;
-    let mut c2 = ChartBuilder::on(&right)
+    let mut c2 = ChartBuilder::on(area)
         .margin(16)
         .x_label_area_size(40)
         .y_label_area_size(50)
@@ -1086,7 +1142,6 @@ fn render<DB: plotters::prelude::DrawingBackend>(
         )))
         .map_err(e)?;
     }
-    root.present().map_err(e)?;
     Ok(())
 }
 

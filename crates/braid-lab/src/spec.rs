@@ -92,6 +92,35 @@ fn parse_percent(s: &str) -> Option<f64> {
     (0.0..=100.0).contains(&p).then_some(p / 100.0)
 }
 
+/// The bursty loss part `p` (`ge:P%:B`, `ge` the text after `ge:`) of link `text`: the
+/// Gilbert–Elliott process with average loss P % (below 100) and mean burst B packets
+/// (at least 1); no loss for 0 %.
+fn parse_bursty_loss(text: &str, p: &str, ge: &str) -> Result<Loss, SpecError> {
+    let (avg, burst) = ge
+        .split_once(':')
+        .ok_or_else(|| err(text, format!("bad bursty loss '{p}': expected ge:P%:B")))?;
+    let avg = parse_percent(avg)
+        .filter(|a| *a < 1.0)
+        .ok_or_else(|| err(text, format!("bad average loss '{avg}' in '{p}'")))?;
+    let burst: f64 = burst
+        .parse()
+        .ok()
+        .filter(|b: &f64| *b >= 1.0)
+        .ok_or_else(|| {
+            err(
+                text,
+                format!("bad mean burst '{burst}' in '{p}' (packets, >= 1)"),
+            )
+        })?;
+    let p_bg = 1.0 / burst;
+    let p_gb = avg * p_bg / (1.0 - avg);
+    Ok(if avg == 0.0 {
+        Loss::None
+    } else {
+        Loss::GilbertElliott { p_gb, p_bg }
+    })
+}
+
 impl LinkSpec {
     /// Parse one link.
     pub fn parse(text: &str) -> Result<LinkSpec, SpecError> {
@@ -121,30 +150,7 @@ impl LinkSpec {
                 jitter = parse_duration(j)
                     .ok_or_else(|| err(text, format!("bad jitter '{p}': expected e.g. j2ms")))?;
             } else if let Some(ge) = p.strip_prefix("ge:") {
-                let (avg, burst) = ge
-                    .split_once(':')
-                    .ok_or_else(|| err(text, format!("bad bursty loss '{p}': expected ge:P%:B")))?;
-                let avg = parse_percent(avg)
-                    .filter(|a| *a < 1.0)
-                    .ok_or_else(|| err(text, format!("bad average loss '{avg}' in '{p}'")))?;
-                let burst: f64 =
-                    burst
-                        .parse()
-                        .ok()
-                        .filter(|b: &f64| *b >= 1.0)
-                        .ok_or_else(|| {
-                            err(
-                                text,
-                                format!("bad mean burst '{burst}' in '{p}' (packets, >= 1)"),
-                            )
-                        })?;
-                let p_bg = 1.0 / burst;
-                let p_gb = avg * p_bg / (1.0 - avg);
-                loss = if avg == 0.0 {
-                    Loss::None
-                } else {
-                    Loss::GilbertElliott { p_gb, p_bg }
-                };
+                loss = parse_bursty_loss(text, p, ge)?;
             } else {
                 let l = parse_percent(p).ok_or_else(|| {
                     err(text, format!("unknown part '{p}': expected a loss like 1%, ge:2%:5 or a jitter like j2ms"))

@@ -293,65 +293,80 @@ pub fn sink(
 ) -> Result<SinkReport, String> {
     check_size(size)?;
     let mut r = SinkReport::default();
-    let mut seen = Vec::new();
-    let mut high = None;
     match from {
-        Endpoint::Stdio => {
-            let stdin = std::io::stdin();
-            let mut input = stdin.lock();
-            let mut rec = vec![0u8; size];
-            loop {
-                let mut got = 0;
-                while got < size {
-                    match input.read(&mut rec[got..]) {
-                        Ok(0) => break,
-                        Ok(n) => got += n,
-                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                        Err(e) => return Err(format!("reading standard input: {e}")),
-                    }
-                }
-                if got < size {
-                    r.corrupt += u64::from(got > 0);
-                    break;
-                }
-                r.record(&rec, &mut seen, &mut high);
-            }
-        }
-        Endpoint::Udp(a) => {
-            let s = UdpSocket::bind(a).map_err(|e| format!("binding {a}: {e}"))?;
-            s.set_read_timeout(Some(Duration::from_millis(50)))
-                .map_err(|e| format!("{a}: {e}"))?;
-            let mut buf = vec![0u8; MAX_RECORD + 1];
-            let start = Instant::now();
-            let mut last: Option<Instant> = None;
-            loop {
-                match s.recv(&mut buf) {
-                    Ok(n) if n == size => {
-                        last = Some(Instant::now());
-                        r.record(&buf[..n], &mut seen, &mut high);
-                    }
-                    Ok(_) => {
-                        last = Some(Instant::now());
-                        r.corrupt += 1;
-                    }
-                    Err(e)
-                        if matches!(
-                            e.kind(),
-                            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                        ) => {}
-                    Err(e) => return Err(format!("receiving on {a}: {e}")),
-                }
-                let quiet = match last {
-                    Some(t) => t.elapsed() >= idle,
-                    None => start.elapsed() >= wait,
-                };
-                if quiet {
-                    break;
-                }
-            }
-        }
+        Endpoint::Stdio => read_stdin_records(size, &mut r)?,
+        Endpoint::Udp(a) => receive_udp_records(a, size, idle, wait, &mut r)?,
     }
     Ok(r)
+}
+
+/// The sink on standard input: records of `size` bytes back to back until the end of
+/// the input; a partial record at the end counts as corrupt.
+fn read_stdin_records(size: usize, r: &mut SinkReport) -> Result<(), String> {
+    let (mut seen, mut high) = (Vec::new(), None);
+    let stdin = std::io::stdin();
+    let mut input = stdin.lock();
+    let mut rec = vec![0u8; size];
+    loop {
+        let mut got = 0;
+        while got < size {
+            match input.read(&mut rec[got..]) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(format!("reading standard input: {e}")),
+            }
+        }
+        if got < size {
+            r.corrupt += u64::from(got > 0);
+            return Ok(());
+        }
+        r.record(&rec, &mut seen, &mut high);
+    }
+}
+
+/// The sink on UDP: bind `a` and take each datagram of `size` bytes as a record (any
+/// other size is corrupt), until nothing has come for `idle` after the first datagram,
+/// or for `wait` before it.
+fn receive_udp_records(
+    a: SocketAddr,
+    size: usize,
+    idle: Duration,
+    wait: Duration,
+    r: &mut SinkReport,
+) -> Result<(), String> {
+    let (mut seen, mut high) = (Vec::new(), None);
+    let s = UdpSocket::bind(a).map_err(|e| format!("binding {a}: {e}"))?;
+    s.set_read_timeout(Some(Duration::from_millis(50)))
+        .map_err(|e| format!("{a}: {e}"))?;
+    let mut buf = vec![0u8; MAX_RECORD + 1];
+    let start = Instant::now();
+    let mut last: Option<Instant> = None;
+    loop {
+        match s.recv(&mut buf) {
+            Ok(n) if n == size => {
+                last = Some(Instant::now());
+                r.record(&buf[..n], &mut seen, &mut high);
+            }
+            Ok(_) => {
+                last = Some(Instant::now());
+                r.corrupt += 1;
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(e) => return Err(format!("receiving on {a}: {e}")),
+        }
+        let quiet = match last {
+            Some(t) => t.elapsed() >= idle,
+            None => start.elapsed() >= wait,
+        };
+        if quiet {
+            return Ok(());
+        }
+    }
 }
 
 /// Latency quantiles in milliseconds.
@@ -475,6 +490,33 @@ pub struct RunResult {
 }
 
 impl RunResult {
+    /// What the generator (`sent`) and the sink (`got`) measured of run `name` over
+    /// `path`; the protocol's own counters zero and no detail, for the caller to fill.
+    fn delivery(
+        name: String,
+        kind: &str,
+        path: String,
+        sent: &GenReport,
+        got: &SinkReport,
+    ) -> RunResult {
+        RunResult {
+            name,
+            kind: kind.into(),
+            path,
+            sent: sent.records,
+            delivered: got.unique,
+            duplicates: got.duplicates,
+            reordered: got.reordered,
+            corrupt: got.corrupt,
+            latency: Latency::of(&got.latency_us),
+            cdf_ms: cdf_ms(&got.latency_us),
+            retransmitted: 0,
+            data_packets: 0,
+            link_drops: 0,
+            detail: Value::Null,
+        }
+    }
+
     /// Delivered, in % of sent.
     pub fn delivered_pct(&self) -> f64 {
         100.0 * self.delivered as f64 / self.sent.max(1) as f64
@@ -863,11 +905,7 @@ fn measure(opt: &StreamOptions, progress: &mut impl FnMut(&str)) -> Result<Strea
         runs.push(braid_run(opt, t, &[b], &rtt_ms)?);
     }
     if opt.srt {
-        let latency = opt
-            .srt_latency
-            .unwrap_or_else(|| Duration::from_secs_f64(rtt_ms[b] * opt.srt_rtt_factor / 1e3));
-        // SRT's latency option is whole milliseconds.
-        let latency_ms = (latency.as_secs_f64() * 1e3).ceil().max(1.0) as u64;
+        let latency_ms = srt_latency_ms(opt, rtt_ms[b]);
         say(
             format!(
                 "SRT over link {b} ({}), latency {latency_ms} ms",
@@ -885,6 +923,15 @@ fn measure(opt: &StreamOptions, progress: &mut impl FnMut(&str)) -> Result<Strea
         duration_s: opt.duration.as_secs_f64(),
         runs,
     })
+}
+
+/// SRT's latency in whole milliseconds (its option's unit), at least 1: the one given,
+/// else `srt_rtt_factor` × `rtt_ms`, the round trip of the link SRT uses.
+fn srt_latency_ms(opt: &StreamOptions, rtt_ms: f64) -> u64 {
+    let latency = opt
+        .srt_latency
+        .unwrap_or_else(|| Duration::from_secs_f64(rtt_ms * opt.srt_rtt_factor / 1e3));
+    (latency.as_secs_f64() * 1e3).ceil().max(1.0) as u64
 }
 
 /// `[session]` and `[[channel]]` for one end of `braid send`/`recv`.
@@ -961,12 +1008,45 @@ fn braid_run(
     let rtt = used.iter().map(|&i| rtt_ms[i]).fold(1.0, f64::max);
     let drops_before = link_drops(opt.links.len());
     let tol = format!("{},{},{}", t[0], t[1], t[2]);
-    let (mut recv, mut sink) = start_braid_receiver(opt, &f)?;
+    let mut procs = start_braid_stream(opt, &f, &tol, rtt)?;
+    procs.wait(opt, &f, &tol)?;
+    let (sent, got) = read_reports(&f.gen_report, &f.sink_report)?;
+    let send_sum = json_summary(&f.send_log, "braid send")?;
+    let recv_sum = json_summary(&f.recv_log, "braid recv")?;
+    let drops = link_drops_since(&drops_before);
+    let (name, path) = braid_run_name(opt, &tol, used);
+    Ok(RunResult {
+        retransmitted: send_sum["retransmissions"].as_u64().unwrap_or(0),
+        data_packets: send_sum["packets"].as_u64().unwrap_or(0),
+        link_drops: drops,
+        detail: json!({"send": send_sum, "recv": recv_sum, "generator": sent.to_json()}),
+        ..RunResult::delivery(name, "braid", path, &sent, &got)
+    })
+}
+
+/// The processes of one braid run, stopped when dropped in field order: the generator,
+/// `braid send`, the sink, `braid recv`.
+struct BraidStream {
+    gen: Proc,
+    send: Proc,
+    sink: Proc,
+    recv: Proc,
+}
+
+/// Start a braid run: the receiving end (`braid recv` into the sink), then `braid send`
+/// reading a pipe, then, once the session is up, the generator writing into that pipe.
+fn start_braid_stream(
+    opt: &StreamOptions,
+    f: &BraidFiles,
+    tol: &str,
+    rtt: f64,
+) -> Result<BraidStream, LabError> {
+    let (recv, sink) = start_braid_receiver(opt, f)?;
     let (pipe_out, pipe_in) = std::io::pipe().map_err(|e| LabError::Command {
         cmd: "pipe".into(),
         reason: e.to_string(),
     })?;
-    let mut send = start_braid_sender(opt, &f, &tol, rtt, pipe_out)?;
+    let send = start_braid_sender(opt, f, tol, rtt, pipe_out)?;
     // The stream starts once the session is up (a few round trips; the slowest link's
     // is at most a few hundred ms here), as a live source joins a running transport.
     std::thread::sleep(Duration::from_millis(1500));
@@ -978,62 +1058,59 @@ fn braid_run(
     gen.stdin(Stdio::null())
         .stdout(Stdio::from(pipe_in))
         .stderr(Stdio::inherit());
-    let mut gen = Proc::new(gen, "braid lab stream-gen")?;
-
-    let until = Instant::now() + opt.duration + Duration::from_secs(40);
-    let gs = gen.wait_until(until)?;
-    let ss = send.wait_until(until)?;
-    let rs = recv.wait_until(until)?;
-    let ks = sink.wait_until(until)?;
-    for (ok, what, log) in [
-        (ss.success(), "braid send", Some(&f.send_log)),
-        (rs.success(), "braid recv", Some(&f.recv_log)),
-        (gs.success(), "braid lab stream-gen", None),
-        (ks.success(), "braid lab stream-sink", None),
-    ] {
-        if !ok {
-            return Err(LabError::Command {
-                cmd: format!("{what} (tolerance {tol})"),
-                reason: log.map_or("failed (see above)".into(), |l| log_tail(l)),
-            });
-        }
-    }
-    let (sent, got) = read_reports(&f.gen_report, &f.sink_report)?;
-    let summary = |p: &Path, what: &str| {
-        last_json_line(&fs::read_to_string(p).unwrap_or_default()).ok_or_else(|| {
-            LabError::Command {
-                cmd: what.into(),
-                reason: format!("no JSON summary: {}", log_tail(p)),
-            }
-        })
-    };
-    let send_sum = summary(&f.send_log, "braid send")?;
-    let recv_sum = summary(&f.recv_log, "braid recv")?;
-    // Let the emulator write its counters (once a second).
-    std::thread::sleep(Duration::from_millis(1200));
-    let drops_after = link_drops(opt.links.len());
-    let drops = drops_after
-        .iter()
-        .zip(&drops_before)
-        .map(|(a, b)| a.saturating_sub(*b))
-        .sum();
-    let (name, path) = braid_run_name(opt, &tol, used);
-    Ok(RunResult {
-        name,
-        kind: "braid".into(),
-        path,
-        sent: sent.records,
-        delivered: got.unique,
-        duplicates: got.duplicates,
-        reordered: got.reordered,
-        corrupt: got.corrupt,
-        latency: Latency::of(&got.latency_us),
-        cdf_ms: cdf_ms(&got.latency_us),
-        retransmitted: send_sum["retransmissions"].as_u64().unwrap_or(0),
-        data_packets: send_sum["packets"].as_u64().unwrap_or(0),
-        link_drops: drops,
-        detail: json!({"send": send_sum, "recv": recv_sum, "generator": sent.to_json()}),
+    let gen = Proc::new(gen, "braid lab stream-gen")?;
+    Ok(BraidStream {
+        gen,
+        send,
+        sink,
+        recv,
     })
+}
+
+impl BraidStream {
+    /// Wait for all four to end (at most the stream's length plus 40 s); an error names
+    /// the first that failed, with the tail of its log (`braid send`, `braid recv`).
+    fn wait(&mut self, opt: &StreamOptions, f: &BraidFiles, tol: &str) -> Result<(), LabError> {
+        let until = Instant::now() + opt.duration + Duration::from_secs(40);
+        let gs = self.gen.wait_until(until)?;
+        let ss = self.send.wait_until(until)?;
+        let rs = self.recv.wait_until(until)?;
+        let ks = self.sink.wait_until(until)?;
+        for (ok, what, log) in [
+            (ss.success(), "braid send", Some(&f.send_log)),
+            (rs.success(), "braid recv", Some(&f.recv_log)),
+            (gs.success(), "braid lab stream-gen", None),
+            (ks.success(), "braid lab stream-sink", None),
+        ] {
+            if !ok {
+                return Err(LabError::Command {
+                    cmd: format!("{what} (tolerance {tol})"),
+                    reason: log.map_or("failed (see above)".into(), |l| log_tail(l)),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The JSON summary `what` (`braid send` or `recv`) wrote last to its log `p`.
+fn json_summary(p: &Path, what: &str) -> Result<Value, LabError> {
+    last_json_line(&fs::read_to_string(p).unwrap_or_default()).ok_or_else(|| LabError::Command {
+        cmd: what.into(),
+        reason: format!("no JSON summary: {}", log_tail(p)),
+    })
+}
+
+/// Packets the emulator's loss process dropped, over all links, since it counted
+/// `before` (from [`link_drops`]). Waits 1.2 s first for the emulator to write its
+/// counters (once a second).
+fn link_drops_since(before: &[u64]) -> u64 {
+    std::thread::sleep(Duration::from_millis(1200));
+    link_drops(before.len())
+        .iter()
+        .zip(before)
+        .map(|(a, b)| a.saturating_sub(*b))
+        .sum()
 }
 
 /// The last five lines of a log, joined, for an error.
@@ -1164,6 +1241,8 @@ fn braid_run_name(opt: &StreamOptions, tol: &str, used: &[usize]) -> (String, St
     }
 }
 
+/// SRT with latency `latency_ms` over link `b`: the sink, both srt-live-transmit ends,
+/// then the generator; the counters from the caller's (sender's) last statistics.
 fn srt_run(opt: &StreamOptions, b: usize, latency_ms: u64) -> Result<RunResult, LabError> {
     let dir = topo::state_dir();
     let gen_report = dir.join("stream-gen-srt.json");
@@ -1172,25 +1251,11 @@ fn srt_run(opt: &StreamOptions, b: usize, latency_ms: u64) -> Result<RunResult, 
     let stats_rx = dir.join("srt-recv-stats.json");
     let drops_before = link_drops(opt.links.len());
     let wait = opt.duration + Duration::from_secs(30);
-    let mut sink = ns_cmd(
-        NS_SERVER,
-        &opt.exe,
-        &refs(&sink_args(opt, "127.0.0.1:9100", &sink_report, wait)),
-    );
-    sink.stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit());
-    let mut sink = Proc::new(sink, "braid lab stream-sink (SRT)")?;
+    let sink_argv = sink_args(opt, "127.0.0.1:9100", &sink_report, wait);
+    let mut sink = start_helper(opt, NS_SERVER, &sink_argv, "braid lab stream-sink (SRT)")?;
     let (mut rx, mut tx) = start_srt(opt, b, latency_ms, &stats_tx, &stats_rx)?;
-    let mut gen = ns_cmd(
-        NS_CLIENT,
-        &opt.exe,
-        &refs(&gen_args(opt, "127.0.0.1:9200", &gen_report)),
-    );
-    gen.stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit());
-    let mut gen = Proc::new(gen, "braid lab stream-gen (SRT)")?;
+    let gen_argv = gen_args(opt, "127.0.0.1:9200", &gen_report);
+    let mut gen = start_helper(opt, NS_CLIENT, &gen_argv, "braid lab stream-gen (SRT)")?;
     let until = Instant::now() + opt.duration + Duration::from_secs(40);
     let gs = gen.wait_until(until)?;
     let ks = sink.wait_until(until)?;
@@ -1212,23 +1277,10 @@ fn srt_run(opt: &StreamOptions, b: usize, latency_ms: u64) -> Result<RunResult, 
             reason: format!("no statistics in {}", stats_tx.display()),
         });
     };
-    std::thread::sleep(Duration::from_millis(1200));
-    let drops = link_drops(opt.links.len())
-        .iter()
-        .zip(&drops_before)
-        .map(|(a, b)| a.saturating_sub(*b))
-        .sum();
+    let drops = link_drops_since(&drops_before);
+    let name = format!("SRT, latency {latency_ms} ms");
+    let path = format!("link {b} ({})", opt.links[b].text);
     Ok(RunResult {
-        name: format!("SRT, latency {latency_ms} ms"),
-        kind: "srt".into(),
-        path: format!("link {b} ({})", opt.links[b].text),
-        sent: sent.records,
-        delivered: got.unique,
-        duplicates: got.duplicates,
-        reordered: got.reordered,
-        corrupt: got.corrupt,
-        latency: Latency::of(&got.latency_us),
-        cdf_ms: cdf_ms(&got.latency_us),
         retransmitted: st_tx["send"]["packetsRetransmitted"].as_u64().unwrap_or(0),
         data_packets: st_tx["send"]["packetsUnique"].as_u64().unwrap_or(0),
         link_drops: drops,
@@ -1239,7 +1291,23 @@ fn srt_run(opt: &StreamOptions, b: usize, latency_ms: u64) -> Result<RunResult, 
             "recv": st_rx.map(|v| v["recv"].clone()).unwrap_or(Value::Null),
             "note": "SRT statistics are written every 100 packets: the last line may miss up to 99",
         }),
+        ..RunResult::delivery(name, "srt", path, &sent, &got)
     })
+}
+
+/// `braid lab ARGS` (the stream's generator or sink) in namespace `ns`, with no standard
+/// input or output and its errors on ours; `what` names it in errors.
+fn start_helper(
+    opt: &StreamOptions,
+    ns: &str,
+    args: &[String],
+    what: &str,
+) -> Result<Proc, LabError> {
+    let mut c = ns_cmd(ns, &opt.exe, &refs(args));
+    c.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit());
+    Proc::new(c, what)
 }
 
 /// srt-live-transmit at both ends of link `b`: the listener in the server's namespace

@@ -204,25 +204,43 @@ fn bounds(lines: &[Series]) -> (f64, f64, f64, f64) {
     (x0, x1, y0, y1 * 1.08)
 }
 
+/// Draw the whole figure: the chart on the left, the legend in its own panel on the
+/// right (so it never hides a line), then write it out.
 fn render<DB: DrawingBackend>(
     sc: &Scenario,
     lines: &[Series],
     root: DrawingArea<DB, plotters::coord::Shift>,
 ) -> Result<(), PlotError> {
     root.fill(&WHITE).map_err(err)?;
-    // The legend gets its own panel on the right, so it never hides a line.
     let legend_font: TextStyle = ("sans-serif", 14).into_font().into();
+    let panel_w = legend_panel_width(lines, &root, &legend_font)?;
+    let (total_w, _) = root.dim_in_pixel();
+    let (plot_area, legend_area) = root.split_horizontally(total_w - panel_w);
+    draw_chart(sc, lines, &plot_area)?;
+    draw_legend(lines, &legend_area, &legend_font)?;
+    root.present().map_err(err)?;
+    Ok(())
+}
+
+/// The legend panel's width in pixels: the widest series name plus room for its colour
+/// sample, at most two fifths of the figure.
+fn legend_panel_width<DB: DrawingBackend>(
+    lines: &[Series],
+    root: &DrawingArea<DB, plotters::coord::Shift>,
+    legend_font: &TextStyle,
+) -> Result<u32, PlotError> {
     let mut text_w = 0u32;
     for s in lines {
-        let (w, _) = root
-            .estimate_text_size(&s.name, &legend_font)
-            .map_err(err)?;
+        let (w, _) = root.estimate_text_size(&s.name, legend_font).map_err(err)?;
         text_w = text_w.max(w);
     }
     let (total_w, _) = root.dim_in_pixel();
-    let panel_w = (text_w + 48).min(total_w * 2 / 5);
-    let (plot_area, legend_area) = root.split_horizontally(total_w - panel_w);
-    let (x0, x1, y0, y1) = bounds(lines);
+    Ok((text_w + 48).min(total_w * 2 / 5))
+}
+
+/// The chart's title and axis descriptions: the scenario's `[plot]` settings, else the
+/// scenario's name, the swept parameter and the metric's label.
+fn chart_texts(sc: &Scenario) -> (String, String, String) {
     let title = sc.plot.title.clone().unwrap_or_else(|| sc.name.clone());
     let xl = sc
         .plot
@@ -235,9 +253,21 @@ fn render<DB: DrawingBackend>(
         .y_label
         .clone()
         .unwrap_or_else(|| metric_label(&sc.plot.y));
+    (title, xl, yl)
+}
+
+/// The chart proper: caption, axes with their mesh, and each series as a line with a
+/// dot at every point, in palette order.
+fn draw_chart<DB: DrawingBackend>(
+    sc: &Scenario,
+    lines: &[Series],
+    plot_area: &DrawingArea<DB, plotters::coord::Shift>,
+) -> Result<(), PlotError> {
+    let (x0, x1, y0, y1) = bounds(lines);
+    let (title, xl, yl) = chart_texts(sc);
     // Long titles get a smaller font so they fit the width.
     let caption_size = if title.chars().count() > 60 { 14 } else { 24 };
-    let mut chart = ChartBuilder::on(&plot_area)
+    let mut chart = ChartBuilder::on(plot_area)
         .caption(title, ("sans-serif", caption_size))
         .margin(16)
         .x_label_area_size(48)
@@ -268,7 +298,15 @@ fn render<DB: DrawingBackend>(
             )
             .map_err(err)?;
     }
-    // Legend: a short line in the series colour, then its name, top to bottom.
+    Ok(())
+}
+
+/// The legend: a short line in the series colour, then its name, top to bottom.
+fn draw_legend<DB: DrawingBackend>(
+    lines: &[Series],
+    legend_area: &DrawingArea<DB, plotters::coord::Shift>,
+    legend_font: &TextStyle,
+) -> Result<(), PlotError> {
     let top = 60;
     for (i, s) in lines.iter().enumerate() {
         let color = PALETTE[i % PALETTE.len()];
@@ -283,7 +321,6 @@ fn render<DB: DrawingBackend>(
             .draw(&Text::new(s.name.clone(), (38, y - 7), legend_font.clone()))
             .map_err(err)?;
     }
-    root.present().map_err(err)?;
     Ok(())
 }
 

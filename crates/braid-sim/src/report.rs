@@ -192,6 +192,32 @@ pub fn seeded(job: &Job, seed: u64) -> engine::RunConfig {
     cfg
 }
 
+/// Run one job with `seed`: its report, or the error labelled with the run and its
+/// sweep point.
+fn run_job(job: &Job, seed: u64) -> Result<RunReport, JobError> {
+    engine::run(&seeded(job, seed))
+        .map(|r| to_report(job, r))
+        .map_err(|err| JobError {
+            label: job.label.clone(),
+            at: sweep_point(job),
+            err,
+        })
+}
+
+/// A job's sweep point for an error message: ` at k = v, ...`, empty when the job
+/// sweeps nothing.
+fn sweep_point(job: &Job) -> String {
+    if job.params.is_empty() {
+        return String::new();
+    }
+    let p: Vec<String> = job
+        .params
+        .iter()
+        .map(|(k, v)| format!("{k} = {v}"))
+        .collect();
+    format!(" at {}", p.join(", "))
+}
+
 /// Run every job of `sc` with `seed` on up to `threads` threads. `progress(done, total)`
 /// is called after each job. The result does not depend on `threads`.
 pub fn run_scenario(
@@ -209,23 +235,7 @@ pub fn run_scenario(
         if i >= n {
             break;
         }
-        let job = &sc.jobs[i];
-        let r = engine::run(&seeded(job, seed))
-            .map(|r| to_report(job, r))
-            .map_err(|err| JobError {
-                label: job.label.clone(),
-                at: if job.params.is_empty() {
-                    String::new()
-                } else {
-                    let p: Vec<String> = job
-                        .params
-                        .iter()
-                        .map(|(k, v)| format!("{k} = {v}"))
-                        .collect();
-                    format!(" at {}", p.join(", "))
-                },
-                err,
-            });
+        let r = run_job(&sc.jobs[i], seed);
         let failed = r.is_err();
         if let Ok(mut g) = results.lock() {
             g[i] = Some(r);

@@ -623,54 +623,14 @@ struct RunHead {
 
 const SCHEDULERS: &str = "srr, rr, grr, random, sqf, hash, sum (rr is also spelled brr)";
 
+/// The head of a `[[run]]`: its scheduler, receiver mode, weights, `set` overrides and
+/// label, checked in that order (the label defaults to `scheduler+receiver`).
 fn parse_run_head(r: &Tab) -> Result<RunHead, ScenarioError> {
     r.check_keys(&["label", "scheduler", "receiver", "weights", "set"])?;
-    let scheduler = r.str_opt("scheduler")?.ok_or_else(|| {
-        r.err(
-            "scheduler",
-            &format!("missing; expected one of {SCHEDULERS}"),
-        )
-    })?;
-    if scheduler != "sum" && units::parse_policy(scheduler).is_err() {
-        return Err(r.err(
-            "scheduler",
-            &format!("unknown scheduler \"{scheduler}\"; expected one of {SCHEDULERS}"),
-        ));
-    }
-    let receiver = r.str_opt("receiver")?.map(String::from);
-    if let Some(m) = &receiver {
-        if Mode::from_name(m).is_none() {
-            return Err(r.err(
-                "receiver",
-                &format!("unknown receiver mode \"{m}\"; expected one of none, logical, seq, trr"),
-            ));
-        }
-    }
-    let weights = match r.num_list("weights", "a whole number >= 1")? {
-        None => None,
-        Some(v) => Some(
-            v.iter()
-                .enumerate()
-                .map(|(i, &x)| {
-                    if x >= 1.0 && x.fract() == 0.0 && x <= f64::from(u32::MAX) {
-                        Ok(x as u32)
-                    } else {
-                        Err(r.err(
-                            &format!("weights[{i}]"),
-                            &format!("expected a whole number >= 1, found {x}"),
-                        ))
-                    }
-                })
-                .collect::<Result<Vec<_>, _>>()?,
-        ),
-    };
-    let mut set = Vec::new();
-    if let Some(t) = r.table("set")? {
-        for (k, v) in t.t {
-            parse_path(k).map_err(|m| t.err(&format!("\"{k}\""), &m))?;
-            set.push((k.clone(), v.clone()));
-        }
-    }
+    let scheduler = head_scheduler(r)?;
+    let receiver = head_receiver(r)?;
+    let weights = head_weights(r)?;
+    let set = head_set(r)?;
     let rx = receiver
         .clone()
         .unwrap_or_else(|| default_receiver(scheduler).into());
@@ -685,6 +645,70 @@ fn parse_run_head(r: &Tab) -> Result<RunHead, ScenarioError> {
         weights,
         set,
     })
+}
+
+/// A run's `scheduler`: required, one of [`SCHEDULERS`].
+fn head_scheduler<'a>(r: &Tab<'a>) -> Result<&'a str, ScenarioError> {
+    let scheduler = r.str_opt("scheduler")?.ok_or_else(|| {
+        r.err(
+            "scheduler",
+            &format!("missing; expected one of {SCHEDULERS}"),
+        )
+    })?;
+    if scheduler != "sum" && units::parse_policy(scheduler).is_err() {
+        return Err(r.err(
+            "scheduler",
+            &format!("unknown scheduler \"{scheduler}\"; expected one of {SCHEDULERS}"),
+        ));
+    }
+    Ok(scheduler)
+}
+
+/// A run's `receiver` mode, if given: a known mode name.
+fn head_receiver(r: &Tab) -> Result<Option<String>, ScenarioError> {
+    let receiver = r.str_opt("receiver")?.map(String::from);
+    if let Some(m) = &receiver {
+        if Mode::from_name(m).is_none() {
+            return Err(r.err(
+                "receiver",
+                &format!("unknown receiver mode \"{m}\"; expected one of none, logical, seq, trr"),
+            ));
+        }
+    }
+    Ok(receiver)
+}
+
+/// A run's `weights`, if given: whole numbers from 1 to `u32::MAX`.
+fn head_weights(r: &Tab) -> Result<Option<Vec<u32>>, ScenarioError> {
+    let Some(v) = r.num_list("weights", "a whole number >= 1")? else {
+        return Ok(None);
+    };
+    v.iter()
+        .enumerate()
+        .map(|(i, &x)| {
+            if x >= 1.0 && x.fract() == 0.0 && x <= f64::from(u32::MAX) {
+                Ok(x as u32)
+            } else {
+                Err(r.err(
+                    &format!("weights[{i}]"),
+                    &format!("expected a whole number >= 1, found {x}"),
+                ))
+            }
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(Some)
+}
+
+/// A run's `set` table: each key a valid settings path, with its value, in file order.
+fn head_set(r: &Tab) -> Result<Vec<(String, Value)>, ScenarioError> {
+    let mut set = Vec::new();
+    if let Some(t) = r.table("set")? {
+        for (k, v) in t.t {
+            parse_path(k).map_err(|m| t.err(&format!("\"{k}\""), &m))?;
+            set.push((k.clone(), v.clone()));
+        }
+    }
+    Ok(set)
 }
 
 fn default_receiver(scheduler: &str) -> &'static str {

@@ -80,8 +80,7 @@ pub fn table(
         return Err("--sizes: packet sizes must be at least 1 byte".into());
     }
     let mut s = striper(scheduler, weights, max_packet, seed)?;
-    let n = s.config().channels();
-    let mut bytes = vec![0u64; n];
+    let mut bytes = vec![0u64; s.config().channels()];
     w!(
         out,
         "{:>6} {:>6} {:>8} {:>8} {:>8}",
@@ -91,43 +90,57 @@ pub fn table(
         "round",
         "dc"
     );
-    let now = braid_proto::Instant::ZERO;
     for (i, &size) in sizes.iter().cycle().take(sizes.len() * repeat).enumerate() {
-        // The packets form one burst and no channel drains: a channel's queue holds
-        // every byte given to it so far (what shortest-queue-first reads).
-        for (c, b) in bytes.iter().enumerate() {
-            s.set_backlog(c, *b);
-        }
-        let pos = s.scheduler().map(|sch| sch.position(sch.select()));
-        let mut p = vec![0u8; size as usize];
-        p[0] = 0x45;
-        s.handle_packet(now, Bytes::from(p))
-            .map_err(|e| e.to_string())?;
-        while let Some(t) = s.poll_transmit() {
-            if t.kind != TransmitKind::Data {
-                continue;
-            }
-            bytes[t.channel] += t.len() as u64;
-            let (round, dc) = match pos {
-                Some(p) => (p.round.to_string(), p.dc.to_string()),
-                None => ("-".to_string(), "-".to_string()),
-            };
-            w!(
-                out,
-                "{:>6} {:>6} {:>8} {:>8} {:>8}",
-                i,
-                size,
-                t.channel,
-                round,
-                dc
-            );
-        }
+        stripe_packet(&mut s, &mut bytes, i, size, &mut out)?;
     }
     out.push('\n');
     for (c, b) in bytes.iter().enumerate() {
         w!(out, "channel {c}: {b} bytes");
     }
     Ok(out)
+}
+
+/// Stripe packet `i` of the burst (`size` bytes): tell the striper each channel's
+/// backlog (`bytes`, every byte given to it so far), hand it the packet, add what it sends
+/// to `bytes`, and write one row per data transmission with the scheduler's position
+/// (round, deficit counter) before the packet, or `-` for a baseline.
+fn stripe_packet(
+    s: &mut Striper,
+    bytes: &mut [u64],
+    i: usize,
+    size: u32,
+    out: &mut String,
+) -> Result<(), String> {
+    // The packets form one burst and no channel drains: a channel's queue holds
+    // every byte given to it so far (what shortest-queue-first reads).
+    for (c, b) in bytes.iter().enumerate() {
+        s.set_backlog(c, *b);
+    }
+    let pos = s.scheduler().map(|sch| sch.position(sch.select()));
+    let mut p = vec![0u8; size as usize];
+    p[0] = 0x45;
+    s.handle_packet(braid_proto::Instant::ZERO, Bytes::from(p))
+        .map_err(|e| e.to_string())?;
+    while let Some(t) = s.poll_transmit() {
+        if t.kind != TransmitKind::Data {
+            continue;
+        }
+        bytes[t.channel] += t.len() as u64;
+        let (round, dc) = match pos {
+            Some(p) => (p.round.to_string(), p.dc.to_string()),
+            None => ("-".to_string(), "-".to_string()),
+        };
+        w!(
+            out,
+            "{:>6} {:>6} {:>8} {:>8} {:>8}",
+            i,
+            size,
+            t.channel,
+            round,
+            dc
+        );
+    }
+    Ok(())
 }
 
 /// The striper of `braid schedule`: the scheduler (the random one seeded with `seed`)

@@ -271,6 +271,8 @@ fn measure_runs(
     Ok(BenchResult::from_runs(results).expect("at least one run"))
 }
 
+/// One run of every measurement: each link alone, the ceiling, braid in each mode, MPTCP
+/// (if asked), then the emulator's counters.
 fn measure(opt: &BenchOptions, progress: &mut impl FnMut(&str)) -> Result<BenchResult, LabError> {
     let n = opt.links.len();
     let secs = opt.duration.as_secs().max(1);
@@ -280,26 +282,14 @@ fn measure(opt: &BenchOptions, progress: &mut impl FnMut(&str)) -> Result<BenchR
         step += 1;
         progress(&format!("[{step}/{steps}] {what}"));
     };
-    start_server(NS_SERVER, &[], 5201)?;
-    for i in 0..n {
-        start_server(NS_SERVER, &[], 5210 + i as u16)?;
-    }
+    start_servers(n)?;
 
     let mut links = Vec::new();
     for (i, l) in opt.links.iter().enumerate() {
         say(format!("TCP over link {i} alone ({l})"), progress);
-        let c = tcp_client(
-            NS_CLIENT,
-            &[],
-            &server_addr(i),
-            Some(&client_addr(i)),
-            5201,
-            secs,
-        );
-        let bps = iperf_bps(&output(c, "iperf3 single link")?, "iperf3 single link")?;
         links.push(LinkResult {
             spec: l.text.clone(),
-            tcp_bps: bps,
+            tcp_bps: link_alone(i, secs)?,
         });
     }
     let sum_bps: f64 = links.iter().map(|l| l.tcp_bps).sum();
@@ -320,15 +310,6 @@ fn measure(opt: &BenchOptions, progress: &mut impl FnMut(&str)) -> Result<BenchR
     } else {
         (None, Vec::new())
     };
-    let dir = topo::state_dir();
-    let emulator = (0..n)
-        .map(|i| {
-            fs::read_to_string(dir.join(format!("emu-{i}.json")))
-                .ok()
-                .and_then(|t| serde_json::from_str(&t).ok())
-                .unwrap_or(Value::Null)
-        })
-        .collect();
     Ok(BenchResult {
         links,
         sum_bps,
@@ -336,10 +317,47 @@ fn measure(opt: &BenchOptions, progress: &mut impl FnMut(&str)) -> Result<BenchR
         braid,
         mptcp_bps,
         mptcp_series_bps,
-        emulator,
+        emulator: emulator_counters(n),
         payload: None,
         per_run: Vec::new(),
     })
+}
+
+/// The iperf3 servers in the server's namespace: port 5201 for one flow at a time
+/// (each link alone, the tunnel), 5210 + i for link i's flow of the ceiling.
+fn start_servers(n: usize) -> Result<(), LabError> {
+    start_server(NS_SERVER, &[], 5201)?;
+    for i in 0..n {
+        start_server(NS_SERVER, &[], 5210 + i as u16)?;
+    }
+    Ok(())
+}
+
+/// TCP goodput over link `i` alone for `secs` seconds, bit/s.
+fn link_alone(i: usize, secs: u64) -> Result<f64, LabError> {
+    let c = tcp_client(
+        NS_CLIENT,
+        &[],
+        &server_addr(i),
+        Some(&client_addr(i)),
+        5201,
+        secs,
+    );
+    iperf_bps(&output(c, "iperf3 single link")?, "iperf3 single link")
+}
+
+/// Each link's emulator counters (its `emu-I.json` in the state folder), null where
+/// there are none.
+fn emulator_counters(n: usize) -> Vec<Value> {
+    let dir = topo::state_dir();
+    (0..n)
+        .map(|i| {
+            fs::read_to_string(dir.join(format!("emu-{i}.json")))
+                .ok()
+                .and_then(|t| serde_json::from_str(&t).ok())
+                .unwrap_or(Value::Null)
+        })
+        .collect()
 }
 
 /// One TCP flow per link at once: the sum of their goodputs.
@@ -387,6 +405,18 @@ fn tunnel_config(opt: &BenchOptions, mode: &str, end_a: bool) -> String {
          [session]\nmode = \"{mode}\"\nscheduler = \"srr\"\nkey = \"f1njdwrpfIzRyXbWUPz15DmEK5AHdvKw7LmAZC4M6Rw=\"\n",
         topo::state_dir().display(),
     );
+    s += &session_options(opt);
+    s += "\n";
+    for (i, l) in opt.links.iter().enumerate() {
+        s += &channel_config(opt, i, l, end_a);
+    }
+    s
+}
+
+/// The `[session]` settings the bench's options set, one line each; the tunnel's
+/// defaults for the rest.
+fn session_options(opt: &BenchOptions) -> String {
+    let mut s = String::new();
     if let Some(on) = opt.aqm {
         s += &format!("aqm = {on}\n");
     }
@@ -415,40 +445,43 @@ fn tunnel_config(opt: &BenchOptions, mode: &str, end_a: bool) -> String {
     if !opt.return_path {
         s += "return_path = false\n";
     }
-    s += "\n";
-    for (i, l) in opt.links.iter().enumerate() {
-        let (local, remote) = if end_a {
-            (client_addr(i), server_addr(i))
-        } else {
-            (server_addr(i), client_addr(i))
-        };
-        let port = 7100 + i;
-        let weight = match &opt.weights {
-            Some(w) => u64::from(w[i]),
-            None => (l.rate_bps / 1_000_000).max(1),
-        };
-        s += &format!(
-            "[[channel]]\nname = \"link{i}\"\nlocal = \"{local}:{port}\"\nremote = \"{remote}:{port}\"\nweight = {weight}\nmtu = {LINK_MTU}\n"
-        );
-        match &opt.pace {
-            Pace::Default => {}
-            Pace::Off => s += "pace = \"off\"\n",
-            Pace::Auto => s += "pace = \"auto\"\n",
-            Pace::Rates(r) => match r.get(i).copied().flatten() {
-                Some(bps) => s += &format!("pace = \"{bps}\"\n"),
-                None => s += "pace = \"auto\"\n",
-            },
-            Pace::Share(share) => {
-                // The shaper counts IP bytes; the pacer adds 42 bytes of framing, so
-                // `share` of the rate leaves the tbf's queue empty.
-                s += &format!(
-                    "pace = \"{}\"\n",
-                    (l.rate_bps as f64 * share).round() as u64
-                );
-            }
+    s
+}
+
+/// The `[[channel]]` of link `i` (`l`) at end A (client) or B: its addresses, port
+/// 7100 + i, weight (given, else the link's rate in Mbit/s), MTU and pacing.
+fn channel_config(opt: &BenchOptions, i: usize, l: &LinkSpec, end_a: bool) -> String {
+    let (local, remote) = if end_a {
+        (client_addr(i), server_addr(i))
+    } else {
+        (server_addr(i), client_addr(i))
+    };
+    let port = 7100 + i;
+    let weight = match &opt.weights {
+        Some(w) => u64::from(w[i]),
+        None => (l.rate_bps / 1_000_000).max(1),
+    };
+    let mut s = format!(
+        "[[channel]]\nname = \"link{i}\"\nlocal = \"{local}:{port}\"\nremote = \"{remote}:{port}\"\nweight = {weight}\nmtu = {LINK_MTU}\n"
+    );
+    match &opt.pace {
+        Pace::Default => {}
+        Pace::Off => s += "pace = \"off\"\n",
+        Pace::Auto => s += "pace = \"auto\"\n",
+        Pace::Rates(r) => match r.get(i).copied().flatten() {
+            Some(bps) => s += &format!("pace = \"{bps}\"\n"),
+            None => s += "pace = \"auto\"\n",
+        },
+        Pace::Share(share) => {
+            // The shaper counts IP bytes; the pacer adds 42 bytes of framing, so
+            // `share` of the rate leaves the tbf's queue empty.
+            s += &format!(
+                "pace = \"{}\"\n",
+                (l.rate_bps as f64 * share).round() as u64
+            );
         }
-        s += "\n";
     }
+    s += "\n";
     s
 }
 
@@ -599,7 +632,26 @@ fn udp_through_tunnel(
     // UDP at 70 % of the sum of the links: below every bottleneck, so any loss or
     // misordering seen is the tunnel's (or the emulated links' own loss).
     let rate = format!("{}", (0.7 * sum_bps) as u64);
-    let sink = ns_cmd(
+    let sink = start_udp_sink(opt)?;
+    std::thread::sleep(Duration::from_millis(300));
+    // The sender and sink run in other namespaces, so in their own processes; their
+    // reports are braid-io's own types, read back whole.
+    let sent = udp_send(opt, &rate)?;
+    let out = sink.wait_with_output().map_err(|e| LabError::Command {
+        cmd: "braid bench udp-sink".into(),
+        reason: e.to_string(),
+    })?;
+    let got: SinkReport = serde_json::from_slice(&out.stdout).map_err(|e| LabError::Command {
+        cmd: "braid bench udp-sink".into(),
+        reason: format!("{e}: {}", String::from_utf8_lossy(&out.stderr)),
+    })?;
+    Ok((sent, got))
+}
+
+/// `braid bench udp-sink` on the tunnel's far end (10.99.0.2:6000) in the server's
+/// namespace, until 2 s without a datagram; its JSON report on its standard output.
+fn start_udp_sink(opt: &BenchOptions) -> Result<Child, LabError> {
+    ns_cmd(
         NS_SERVER,
         &[
             opt.exe.to_str().unwrap_or("braid"),
@@ -619,8 +671,12 @@ fn udp_through_tunnel(
     .map_err(|e| LabError::Command {
         cmd: "braid bench udp-sink".into(),
         reason: e.to_string(),
-    })?;
-    std::thread::sleep(Duration::from_millis(300));
+    })
+}
+
+/// `braid bench udp-send` from the client's namespace into the tunnel: 1200-byte
+/// datagrams at `rate` bit/s for 5 s to the sink; its report.
+fn udp_send(opt: &BenchOptions, rate: &str) -> Result<SendReport, LabError> {
     let send = ns_cmd(
         NS_CLIENT,
         &[
@@ -634,30 +690,16 @@ fn udp_through_tunnel(
             "--size",
             "1200",
             "--rate",
-            &rate,
+            rate,
             "--duration",
             "5s",
             "--json",
         ],
     );
-    // The sender and sink run in other namespaces, so in their own processes; their
-    // reports are braid-io's own types, read back whole.
-    let sent: SendReport =
-        serde_json::from_str(&output(send, "braid bench udp-send")?).map_err(|e| {
-            LabError::Command {
-                cmd: "braid bench udp-send".into(),
-                reason: format!("unreadable report: {e}"),
-            }
-        })?;
-    let out = sink.wait_with_output().map_err(|e| LabError::Command {
-        cmd: "braid bench udp-sink".into(),
-        reason: e.to_string(),
-    })?;
-    let got: SinkReport = serde_json::from_slice(&out.stdout).map_err(|e| LabError::Command {
-        cmd: "braid bench udp-sink".into(),
-        reason: format!("{e}: {}", String::from_utf8_lossy(&out.stderr)),
-    })?;
-    Ok((sent, got))
+    serde_json::from_str(&output(send, "braid bench udp-send")?).map_err(|e| LabError::Command {
+        cmd: "braid bench udp-send".into(),
+        reason: format!("unreadable report: {e}"),
+    })
 }
 
 /// A tunnel end's counters (its `braid status --json`), or null.
@@ -679,7 +721,26 @@ fn status_of(opt: &BenchOptions, ns: &str, sock: &str) -> Value {
         .unwrap_or(Value::Null)
 }
 
+/// One TCP flow over Linux MPTCP (`mptcpize`), a subflow per link: its goodput and
+/// per-second series.
 fn mptcp_run(opt: &BenchOptions, n: usize, secs: u64) -> Result<(f64, Vec<f64>), LabError> {
+    enable_mptcp(n)?;
+    add_subflow_endpoints(n)?;
+    start_server(NS_SERVER, &["mptcpize", "run"], 5202)?;
+    let c = tcp_client(
+        NS_CLIENT,
+        &["mptcpize", "run"],
+        &server_addr(0),
+        Some(&client_addr(0)),
+        5202,
+        secs,
+    );
+    let json = with_changes(opt, || output(c, "MPTCP iperf3"))?;
+    Ok((iperf_bps(&json, "MPTCP iperf3")?, iperf_series(&json)))
+}
+
+/// MPTCP on in both namespaces, with room for `n` subflows and `n` announced addresses.
+fn enable_mptcp(n: usize) -> Result<(), LabError> {
     let nn = n.to_string();
     for ns in [NS_CLIENT, NS_SERVER] {
         output(
@@ -703,6 +764,12 @@ fn mptcp_run(opt: &BenchOptions, n: usize, secs: u64) -> Result<(f64, Vec<f64>),
             "ip mptcp limits",
         )?;
     }
+    Ok(())
+}
+
+/// The client's subflow endpoints: one on each link after the first (the flow itself
+/// uses link 0).
+fn add_subflow_endpoints(n: usize) -> Result<(), LabError> {
     // Each run adds the subflow endpoints anew: those of an earlier run (--runs) go
     // first, or adding them fails as duplicates.
     output(
@@ -728,15 +795,5 @@ fn mptcp_run(opt: &BenchOptions, n: usize, secs: u64) -> Result<(f64, Vec<f64>),
             "ip mptcp endpoint",
         )?;
     }
-    start_server(NS_SERVER, &["mptcpize", "run"], 5202)?;
-    let c = tcp_client(
-        NS_CLIENT,
-        &["mptcpize", "run"],
-        &server_addr(0),
-        Some(&client_addr(0)),
-        5202,
-        secs,
-    );
-    let json = with_changes(opt, || output(c, "MPTCP iperf3"))?;
-    Ok((iperf_bps(&json, "MPTCP iperf3")?, iperf_series(&json)))
+    Ok(())
 }
