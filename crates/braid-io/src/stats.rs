@@ -3,7 +3,12 @@
 
 use std::fmt::Write;
 
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
+use std::sync::atomic::AtomicU64;
 
 /// Per-channel counters and state.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -540,8 +545,14 @@ impl SessionStats {
 
     /// Pacing and probes, credits and in-bond repair, each when in use.
     fn mechanism_lines(&self, s: &mut String) {
-        // Pacing and capacity probes, one line per channel, when any is paced or
-        // measured: what the probe found (or why it failed) and the pace now.
+        self.pacing_lines(s);
+        self.credit_line(s);
+        self.repair_line(s);
+    }
+
+    /// Pacing and capacity probes, one line per channel, when any is paced or
+    /// measured: what the probe found (or why it failed) and the pace now.
+    fn pacing_lines(&self, s: &mut String) {
         if self
             .channels
             .iter()
@@ -565,6 +576,10 @@ impl SessionStats {
                 let _ = writeln!(s, "pacing {} ({}): {detail}", c.index, c.name);
             }
         }
+    }
+
+    /// Credits, when the session lends them: each channel's balance and the totals.
+    fn credit_line(&self, s: &mut String) {
         if self.channels.iter().any(|c| c.credit_balance >= 0.0) {
             let balances: Vec<String> = self
                 .channels
@@ -582,6 +597,10 @@ impl SessionStats {
                 self.channels.iter().map(|c| c.overflow_drops).sum::<u64>(),
             );
         }
+    }
+
+    /// In-bond repair, once it had something to do: per channel and in total.
+    fn repair_line(&self, s: &mut String) {
         if self
             .channels
             .iter()
@@ -701,35 +720,7 @@ impl SessionStats {
             );
         }
         for p in &self.peers {
-            let _ = writeln!(
-                s,
-                "\npeer {}  key {}  allowed {}",
-                p.name,
-                p.public_key,
-                if p.allowed_ips.is_empty() {
-                    "(none)".to_string()
-                } else {
-                    p.allowed_ips.join(", ")
-                }
-            );
-            let _ = writeln!(
-                s,
-                "  {}  to TUN {}  source not allowed {}  before it connected {}  queue full {}",
-                if p.connected {
-                    "connected"
-                } else {
-                    "never connected"
-                },
-                p.to_tun,
-                p.source_not_allowed,
-                p.not_connected,
-                p.tx_queue_drops
-            );
-            if let Some(session) = &p.session {
-                for line in session.table().lines() {
-                    let _ = writeln!(s, "  {line}");
-                }
-            }
+            p.section(&mut s);
         }
         s
     }
@@ -790,42 +781,9 @@ impl SessionStats {
         if let Some(srv) = &self.server {
             return self.server_prometheus(srv);
         }
-        use prometheus_client::encoding::text::encode;
-        use prometheus_client::metrics::counter::Counter;
-        use prometheus_client::metrics::family::Family;
-        use prometheus_client::metrics::gauge::Gauge;
-        use prometheus_client::registry::Registry;
-        use std::sync::atomic::AtomicU64;
-
-        type Labels = Vec<(String, String)>;
         let mut reg = Registry::with_prefix("braid");
-        let info = Family::<Labels, Gauge<f64, AtomicU64>>::default();
-        info.get_or_create(&vec![
-            ("version".into(), env!("CARGO_PKG_VERSION").into()),
-            (
-                "git_commit".into(),
-                option_env!("BRAID_GIT_COMMIT").unwrap_or("unknown").into(),
-            ),
-            (
-                "profile".into(),
-                if cfg!(debug_assertions) {
-                    "debug"
-                } else {
-                    "release"
-                }
-                .into(),
-            ),
-        ])
-        .set(1.0);
-        reg.register(
-            "build_info",
-            "The braid build serving these metrics (value 1): its version, git commit and build profile",
-            info,
-        );
-        let Ok(serde_json::Value::Object(top)) = serde_json::to_value(self) else {
-            return String::new();
-        };
-        for (k, v) in &top {
+        register_build_info(&mut reg);
+        for (k, v) in &json_object(self) {
             let Some(x) = metric_value(v) else { continue };
             let m = metric_of(k, false);
             if m.gauge {
@@ -838,25 +796,18 @@ impl SessionStats {
                 reg.register(m.name, m.help, c);
             }
         }
-        let chans: Vec<serde_json::Map<String, serde_json::Value>> = self
-            .channels
-            .iter()
-            .filter_map(|c| match serde_json::to_value(c) {
-                Ok(serde_json::Value::Object(m)) => Some(m),
-                _ => None,
-            })
-            .collect();
         let labels = |c: &ChannelSnapshot| -> Labels {
             vec![
                 ("channel".into(), c.index.to_string()),
                 ("name".into(), c.name.clone()),
             ]
         };
-        let up = Family::<Labels, Gauge<f64, AtomicU64>>::default();
+        register_channel_up(
+            &mut reg,
+            self.channels.iter().map(|c| (labels(c), c.state == "up")),
+        );
         let probe = Family::<Labels, Gauge<f64, AtomicU64>>::default();
         for c in &self.channels {
-            up.get_or_create(&labels(c))
-                .set(f64::from(u8::from(c.state == "up")));
             for state in PROBE_STATES {
                 let mut l = labels(c);
                 l.push(("state".into(), state.into()));
@@ -866,41 +817,17 @@ impl SessionStats {
             }
         }
         reg.register(
-            "channel_up",
-            "1 while the peer is heard on the channel (state up), else 0",
-            up,
-        );
-        reg.register(
             "channel_probe_state",
             "The channel's capacity probe (pace = auto): 1 for its state (off, measuring, measured, capped: paced at its lower configured pace, failed: stays as configured), 0 for the others",
             probe,
         );
-        let Some(first) = chans.first() else {
-            return render(&reg, encode);
-        };
-        for k in first.keys() {
-            if k == "index" || metric_value(&first[k]).is_none() {
-                continue;
-            }
-            let m = metric_of(k, true);
-            let name = format!("channel_{}", m.name);
-            if m.gauge {
-                let fam = Family::<Labels, Gauge<f64, AtomicU64>>::default();
-                for (c, j) in self.channels.iter().zip(&chans) {
-                    fam.get_or_create(&labels(c))
-                        .set(m.convert(j.get(k).and_then(metric_value).unwrap_or(0.0)));
-                }
-                reg.register(name, m.help, fam);
-            } else {
-                let fam = Family::<Labels, Counter<u64>>::default();
-                for (c, j) in self.channels.iter().zip(&chans) {
-                    fam.get_or_create(&labels(c))
-                        .inc_by(j.get(k).and_then(metric_value).unwrap_or(0.0) as u64);
-                }
-                reg.register(name, m.help, fam);
-            }
-        }
-        render(&reg, encode)
+        let rows: Vec<Row> = self
+            .channels
+            .iter()
+            .map(|c| (labels(c), json_object(c)))
+            .collect();
+        register_fields(&mut reg, &rows, true);
+        render(&reg)
     }
 }
 
@@ -911,34 +838,8 @@ impl SessionStats {
     /// (`braid_delivered_packets_total{peer="site-a"}`,
     /// `braid_channel_up{peer,channel,name}`).
     fn server_prometheus(&self, srv: &ServerCounters) -> String {
-        use prometheus_client::encoding::text::encode;
-        use prometheus_client::metrics::counter::Counter;
-        use prometheus_client::metrics::family::Family;
-        use prometheus_client::metrics::gauge::Gauge;
-        use prometheus_client::registry::Registry;
-        use std::sync::atomic::AtomicU64;
-        type Labels = Vec<(String, String)>;
         let mut reg = Registry::with_prefix("braid");
-        let obj = |v: serde_json::Value| match v {
-            serde_json::Value::Object(m) => m,
-            _ => serde_json::Map::new(),
-        };
-        for (k, v) in obj(serde_json::to_value(srv).unwrap_or_default()) {
-            let Some(x) = metric_value(&v) else { continue };
-            let help = SERVER_HELP
-                .iter()
-                .find(|(f, _)| *f == k)
-                .map_or("server counter", |(_, h)| h);
-            if k == "peers" || k == "peers_connected" {
-                let g = Gauge::<f64, AtomicU64>::default();
-                g.set(x);
-                reg.register(format!("server_{k}"), help, g);
-            } else {
-                let c = Counter::<u64>::default();
-                c.inc_by(x as u64);
-                reg.register(format!("server_{k}"), help, c);
-            }
-        }
+        register_server_counters(&mut reg, srv);
         let peer = |p: &PeerStats| -> Labels { vec![("peer".into(), p.name.clone())] };
         let connected = Family::<Labels, Gauge<f64, AtomicU64>>::default();
         for p in &self.peers {
@@ -954,42 +855,20 @@ impl SessionStats {
         for (k, help) in PEER_HELP {
             let fam = Family::<Labels, Counter<u64>>::default();
             for p in &self.peers {
-                let v = obj(serde_json::to_value(p).unwrap_or_default());
+                let v = json_object(p);
                 fam.get_or_create(&peer(p))
                     .inc_by(v.get(*k).and_then(metric_value).unwrap_or(0.0) as u64);
             }
             reg.register(format!("peer_{k}"), *help, fam);
         }
         // Each connected peer's session, as a point-to-point tunnel's, with its label.
-        let sessions: Vec<(&PeerStats, serde_json::Map<String, serde_json::Value>)> = self
+        let sessions: Vec<Row> = self
             .peers
             .iter()
-            .filter_map(|p| Some((p, obj(serde_json::to_value(p.session.as_ref()?).ok()?))))
+            .filter_map(|p| Some((peer(p), json_object(p.session.as_ref()?))))
             .collect();
-        if let Some((_, first)) = sessions.first() {
-            for (k, v) in first {
-                if metric_value(v).is_none() {
-                    continue;
-                }
-                let m = metric_of(k, false);
-                if m.gauge {
-                    let fam = Family::<Labels, Gauge<f64, AtomicU64>>::default();
-                    for (p, j) in &sessions {
-                        fam.get_or_create(&peer(p))
-                            .set(m.convert(j.get(k).and_then(metric_value).unwrap_or(0.0)));
-                    }
-                    reg.register(m.name, m.help, fam);
-                } else {
-                    let fam = Family::<Labels, Counter<u64>>::default();
-                    for (p, j) in &sessions {
-                        fam.get_or_create(&peer(p))
-                            .inc_by(j.get(k).and_then(metric_value).unwrap_or(0.0) as u64);
-                    }
-                    reg.register(m.name, m.help, fam);
-                }
-            }
-        }
-        let chans: Vec<(Labels, serde_json::Map<String, serde_json::Value>, bool)> = self
+        register_fields(&mut reg, &sessions, false);
+        let chans: Vec<(Row, bool)> = self
             .peers
             .iter()
             .flat_map(|p| {
@@ -998,49 +877,158 @@ impl SessionStats {
                         let mut l = peer(p);
                         l.push(("channel".into(), c.index.to_string()));
                         l.push(("name".into(), c.name.clone()));
-                        (
-                            l,
-                            obj(serde_json::to_value(c).unwrap_or_default()),
-                            c.state == "up",
-                        )
+                        ((l, json_object(c)), c.state == "up")
                     })
                 })
             })
             .collect();
-        let up = Family::<Labels, Gauge<f64, AtomicU64>>::default();
-        for (l, _, is_up) in &chans {
-            up.get_or_create(l).set(f64::from(u8::from(*is_up)));
-        }
-        reg.register(
-            "channel_up",
-            "1 while the peer is heard on the channel (state up), else 0",
-            up,
+        register_channel_up(&mut reg, chans.iter().map(|((l, _), up)| (l.clone(), *up)));
+        let rows: Vec<Row> = chans.into_iter().map(|(r, _)| r).collect();
+        register_fields(&mut reg, &rows, true);
+        render(&reg)
+    }
+}
+
+impl PeerStats {
+    /// This peer's part of a server's table: who it is, its server-side counters,
+    /// then its session's table, indented.
+    fn section(&self, s: &mut String) {
+        let _ = writeln!(
+            s,
+            "\npeer {}  key {}  allowed {}",
+            self.name,
+            self.public_key,
+            if self.allowed_ips.is_empty() {
+                "(none)".to_string()
+            } else {
+                self.allowed_ips.join(", ")
+            }
         );
-        if let Some((_, first, _)) = chans.first() {
-            for (k, v) in first {
-                if k == "index" || metric_value(v).is_none() {
-                    continue;
-                }
-                let m = metric_of(k, true);
-                let name = format!("channel_{}", m.name);
-                if m.gauge {
-                    let fam = Family::<Labels, Gauge<f64, AtomicU64>>::default();
-                    for (l, j, _) in &chans {
-                        fam.get_or_create(l)
-                            .set(m.convert(j.get(k).and_then(metric_value).unwrap_or(0.0)));
-                    }
-                    reg.register(name, m.help, fam);
-                } else {
-                    let fam = Family::<Labels, Counter<u64>>::default();
-                    for (l, j, _) in &chans {
-                        fam.get_or_create(l)
-                            .inc_by(j.get(k).and_then(metric_value).unwrap_or(0.0) as u64);
-                    }
-                    reg.register(name, m.help, fam);
-                }
+        let _ = writeln!(
+            s,
+            "  {}  to TUN {}  source not allowed {}  before it connected {}  queue full {}",
+            if self.connected {
+                "connected"
+            } else {
+                "never connected"
+            },
+            self.to_tun,
+            self.source_not_allowed,
+            self.not_connected,
+            self.tx_queue_drops
+        );
+        if let Some(session) = &self.session {
+            for line in session.table().lines() {
+                let _ = writeln!(s, "  {line}");
             }
         }
-        render(&reg, encode)
+    }
+}
+
+/// A metric's labels, as `prometheus-client` takes them.
+type Labels = Vec<(String, String)>;
+/// One labelled series' source: its labels and the serialized snapshot it reads.
+type Row = (Labels, serde_json::Map<String, serde_json::Value>);
+
+/// A snapshot's fields by name (empty if it does not serialize to an object).
+fn json_object<T: Serialize + ?Sized>(v: &T) -> serde_json::Map<String, serde_json::Value> {
+    match serde_json::to_value(v) {
+        Ok(serde_json::Value::Object(m)) => m,
+        _ => serde_json::Map::new(),
+    }
+}
+
+/// `braid_build_info{version,git_commit,profile}`, always 1.
+fn register_build_info(reg: &mut Registry) {
+    let info = Family::<Labels, Gauge<f64, AtomicU64>>::default();
+    let profile = if cfg!(debug_assertions) {
+        "debug"
+    } else {
+        "release"
+    };
+    info.get_or_create(&vec![
+        ("version".into(), env!("CARGO_PKG_VERSION").into()),
+        (
+            "git_commit".into(),
+            option_env!("BRAID_GIT_COMMIT").unwrap_or("unknown").into(),
+        ),
+        ("profile".into(), profile.into()),
+    ])
+    .set(1.0);
+    reg.register(
+        "build_info",
+        "The braid build serving these metrics (value 1): its version, git commit and build profile",
+        info,
+    );
+}
+
+/// A server's own counters as `braid_server_NAME` (the peer counts as gauges).
+fn register_server_counters(reg: &mut Registry, srv: &ServerCounters) {
+    for (k, v) in json_object(srv) {
+        let Some(x) = metric_value(&v) else { continue };
+        let help = SERVER_HELP
+            .iter()
+            .find(|(f, _)| *f == k)
+            .map_or("server counter", |(_, h)| h);
+        if k == "peers" || k == "peers_connected" {
+            let g = Gauge::<f64, AtomicU64>::default();
+            g.set(x);
+            reg.register(format!("server_{k}"), help, g);
+        } else {
+            let c = Counter::<u64>::default();
+            c.inc_by(x as u64);
+            reg.register(format!("server_{k}"), help, c);
+        }
+    }
+}
+
+/// `braid_channel_up`: 1 for each (labels, up) whose channel is up, else 0.
+fn register_channel_up(reg: &mut Registry, channels: impl Iterator<Item = (Labels, bool)>) {
+    let up = Family::<Labels, Gauge<f64, AtomicU64>>::default();
+    for (l, is_up) in channels {
+        up.get_or_create(&l).set(f64::from(u8::from(is_up)));
+    }
+    reg.register(
+        "channel_up",
+        "1 while the peer is heard on the channel (state up), else 0",
+        up,
+    );
+}
+
+/// Every numeric field of the rows' snapshots (the first row's names) as one
+/// family with a series per row: `braid_NAME`, or `braid_channel_NAME` for channel
+/// snapshots (whose `index` is a label, not a metric); a gauge in base units or a
+/// counter, as [`metric_of`] says.
+fn register_fields(reg: &mut Registry, rows: &[Row], channel: bool) {
+    let Some((_, first)) = rows.first() else {
+        return;
+    };
+    for (k, v) in first {
+        if (channel && k == "index") || metric_value(v).is_none() {
+            continue;
+        }
+        let m = metric_of(k, channel);
+        let name = if channel {
+            format!("channel_{}", m.name)
+        } else {
+            m.name.clone()
+        };
+        let value = |j: &serde_json::Map<String, serde_json::Value>| {
+            j.get(k).and_then(metric_value).unwrap_or(0.0)
+        };
+        if m.gauge {
+            let fam = Family::<Labels, Gauge<f64, AtomicU64>>::default();
+            for (l, j) in rows {
+                fam.get_or_create(l).set(m.convert(value(j)));
+            }
+            reg.register(name, m.help, fam);
+        } else {
+            let fam = Family::<Labels, Counter<u64>>::default();
+            for (l, j) in rows {
+                fam.get_or_create(l).inc_by(value(j) as u64);
+            }
+            reg.register(name, m.help, fam);
+        }
     }
 }
 
@@ -1290,12 +1278,10 @@ fn metric_value(v: &serde_json::Value) -> Option<f64> {
     }
 }
 
-fn render(
-    reg: &prometheus_client::registry::Registry,
-    encode: fn(&mut String, &prometheus_client::registry::Registry) -> Result<(), std::fmt::Error>,
-) -> String {
+/// The registry in the Prometheus text format.
+fn render(reg: &Registry) -> String {
     let mut out = String::new();
-    let _ = encode(&mut out, reg);
+    let _ = prometheus_client::encoding::text::encode(&mut out, reg);
     out
 }
 
