@@ -87,55 +87,74 @@ pub async fn apply(
         return;
     }
     if let Some(w) = plan.weights {
-        let old: Vec<u32> = running.session.channels.iter().map(|c| c.weight).collect();
-        match stats.set_weights(w.clone()) {
-            Ok(true) => {
-                info!("reload: channel weights {old:?} -> {w:?}");
-                for (c, w) in running.session.channels.iter_mut().zip(&w) {
-                    c.weight = *w;
-                }
-            }
-            Ok(false) => {
-                warn!("reload: the session is busy; channel weights not changed, reload again")
-            }
-            Err(e) => warn!("reload: channel weights not changed: {e}"),
-        }
+        apply_weights(w, running, stats);
     }
     if let Some(peers) = plan.peers {
-        match stats.set_peers(peers.clone()).await {
-            Ok(what) => {
-                info!("reload: {what}");
-                running.peers = peers;
-            }
-            Err(e) => warn!("reload: peers not changed: {e}"),
-        }
+        apply_peers(peers, running, stats).await;
     }
     if let Some(level) = plan.log_level {
-        match set_log_level {
-            Some(set) => {
-                // Before and after the switch: one of the two shows at either level.
-                info!(
-                    "reload: changing the log level to {}",
-                    level.as_deref().unwrap_or("info (the default)")
-                );
-                match set(level.as_deref()) {
-                    Ok(m) => info!("reload: {m}"),
-                    Err(m) => warn!("reload: {m}"),
-                }
-            }
-            None => {
-                warn!("reload: tunnel.log_level not applied: the logger was not set up by braid")
-            }
-        }
-        if let Some(t) = &mut running.tunnel {
-            t.log_level = level;
-        }
+        apply_log_level(level, running, set_log_level);
     }
     if !plan.restart.is_empty() {
         warn!(
             "reload: {} changed; the running tunnel keeps the old value until it restarts (systemctl restart braid@NAME)",
             plan.restart.join(", ")
         );
+    }
+}
+
+/// New channel weights into the running session (and `running`, once taken).
+fn apply_weights(w: Vec<u32>, running: &mut FileConfig, stats: &StatsHandle) {
+    let old: Vec<u32> = running.session.channels.iter().map(|c| c.weight).collect();
+    match stats.set_weights(w.clone()) {
+        Ok(true) => {
+            info!("reload: channel weights {old:?} -> {w:?}");
+            for (c, w) in running.session.channels.iter_mut().zip(&w) {
+                c.weight = *w;
+            }
+        }
+        Ok(false) => {
+            warn!("reload: the session is busy; channel weights not changed, reload again")
+        }
+        Err(e) => warn!("reload: channel weights not changed: {e}"),
+    }
+}
+
+/// A server's new peer list into the running server (and `running`, once taken).
+async fn apply_peers(peers: Vec<PeerConfig>, running: &mut FileConfig, stats: &StatsHandle) {
+    match stats.set_peers(peers.clone()).await {
+        Ok(what) => {
+            info!("reload: {what}");
+            running.peers = peers;
+        }
+        Err(e) => warn!("reload: peers not changed: {e}"),
+    }
+}
+
+/// The new log level, through the logger braid set up (if it did).
+fn apply_log_level(
+    level: Option<String>,
+    running: &mut FileConfig,
+    set_log_level: Option<SetLogLevel<'_>>,
+) {
+    match set_log_level {
+        Some(set) => {
+            // Before and after the switch: one of the two shows at either level.
+            info!(
+                "reload: changing the log level to {}",
+                level.as_deref().unwrap_or("info (the default)")
+            );
+            match set(level.as_deref()) {
+                Ok(m) => info!("reload: {m}"),
+                Err(m) => warn!("reload: {m}"),
+            }
+        }
+        None => {
+            warn!("reload: tunnel.log_level not applied: the logger was not set up by braid")
+        }
+    }
+    if let Some(t) = &mut running.tunnel {
+        t.log_level = level;
     }
 }
 
@@ -164,30 +183,63 @@ fn tunnel_changes(a: &TunnelConfig, b: &TunnelConfig, p: &mut Plan) {
 
 fn session_changes(a: &SessionConfig, b: &SessionConfig, p: &mut Plan) {
     let before = p.restart.len();
+    channel_changes(a, b, p);
+    setting_changes(a, b, p);
+    let same_channels = a.channels.len() == b.channels.len();
+    // A setting added to the session later and not named above still shows.
+    let mut rest = b.clone();
+    if same_channels {
+        for (r, x) in rest.channels.iter_mut().zip(&a.channels) {
+            r.weight = x.weight;
+        }
+    }
+    if p.restart.len() == before && rest != *a {
+        p.restart.push("[session] settings".into());
+    }
+    let old_w: Vec<u32> = a.channels.iter().map(|c| c.weight).collect();
+    let new_w: Vec<u32> = b.channels.iter().map(|c| c.weight).collect();
+    if same_channels && old_w != new_w {
+        // The running session takes new weights only with the srr scheduler outside
+        // trr mode (as adaptive weights); otherwise they wait for a restart.
+        if a.core.scheduler == SchedulerKind::Srr && a.core.mode != Mode::Trr {
+            p.weights = Some(new_w);
+        } else {
+            p.restart.push("channel weights".into());
+        }
+    }
+}
+
+/// The channels' count, or each channel's addresses, device, MTU and pace (all
+/// need a restart; weights are [`session_changes`]' own).
+fn channel_changes(a: &SessionConfig, b: &SessionConfig, p: &mut Plan) {
     if a.channels.len() != b.channels.len() {
         p.restart.push(format!(
             "the number of channels ({} -> {})",
             a.channels.len(),
             b.channels.len()
         ));
-    } else {
-        for (i, (x, y)) in a.channels.iter().zip(&b.channels).enumerate() {
-            let mut differ = |name: &str, changed: bool| {
-                if changed {
-                    p.restart.push(format!("channel[{i}].{name}"));
-                }
-            };
-            differ("name", x.name != y.name);
-            differ("local", x.local != y.local);
-            differ("remote", x.remote != y.remote);
-            differ("device", x.device != y.device);
-            differ("mtu", x.mtu != y.mtu);
-            differ(
-                "pace",
-                x.pace_bps != y.pace_bps || x.pace_auto != y.pace_auto,
-            );
-        }
+        return;
     }
+    for (i, (x, y)) in a.channels.iter().zip(&b.channels).enumerate() {
+        let mut differ = |name: &str, changed: bool| {
+            if changed {
+                p.restart.push(format!("channel[{i}].{name}"));
+            }
+        };
+        differ("name", x.name != y.name);
+        differ("local", x.local != y.local);
+        differ("remote", x.remote != y.remote);
+        differ("device", x.device != y.device);
+        differ("mtu", x.mtu != y.mtu);
+        differ(
+            "pace",
+            x.pace_bps != y.pace_bps || x.pace_auto != y.pace_auto,
+        );
+    }
+}
+
+/// Each `[session]` setting that changed (all need a restart).
+fn setting_changes(a: &SessionConfig, b: &SessionConfig, p: &mut Plan) {
     let mut differ = |name: &str, changed: bool| {
         if changed {
             p.restart.push(format!("session.{name}"));
@@ -225,28 +277,6 @@ fn session_changes(a: &SessionConfig, b: &SessionConfig, p: &mut Plan) {
     differ("return_path", a.core.return_path != b.core.return_path);
     differ("pace_burst", a.pace_burst != b.pace_burst);
     differ("pace_codel", a.pace_codel != b.pace_codel);
-    let old_w: Vec<u32> = a.channels.iter().map(|c| c.weight).collect();
-    let new_w: Vec<u32> = b.channels.iter().map(|c| c.weight).collect();
-    let same_channels = a.channels.len() == b.channels.len();
-    // A setting added to the session later and not named above still shows.
-    let mut rest = b.clone();
-    if same_channels {
-        for (r, x) in rest.channels.iter_mut().zip(&a.channels) {
-            r.weight = x.weight;
-        }
-    }
-    if p.restart.len() == before && rest != *a {
-        p.restart.push("[session] settings".into());
-    }
-    if same_channels && old_w != new_w {
-        // The running session takes new weights only with the srr scheduler outside
-        // trr mode (as adaptive weights); otherwise they wait for a restart.
-        if a.core.scheduler == SchedulerKind::Srr && a.core.mode != Mode::Trr {
-            p.weights = Some(new_w);
-        } else {
-            p.restart.push("channel weights".into());
-        }
-    }
 }
 
 #[cfg(test)]
