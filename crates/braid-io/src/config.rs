@@ -617,7 +617,12 @@ fn parse_channels(raw: &[RawChannel]) -> Result<Vec<ChannelConfig>, Fault> {
         .collect()
 }
 
-fn parse_channel(i: usize, c: &RawChannel) -> Result<ChannelConfig, Fault> {
+/// A channel's local and remote address: a client's local may be left out (any
+/// free port, on the remote's family); an end without a remote waits on a fixed port.
+fn parse_channel_addresses(
+    i: usize,
+    c: &RawChannel,
+) -> Result<(SocketAddr, Option<SocketAddr>), Fault> {
     let k = |f: &str| format!("channel[{i}].{f}");
     let addr = |f: &str, v: &str| -> Result<SocketAddr, Fault> {
         v.parse()
@@ -648,6 +653,30 @@ fn parse_channel(i: usize, c: &RawChannel) -> Result<ChannelConfig, Fault> {
             format!("missing, and local {local} has no fixed port: the peer could not reach this channel; give remote, or a fixed local port to wait on"),
         ));
     }
+    Ok((local, remote))
+}
+
+/// A channel's `pace`: measured (`auto`, the default), `off`, or a rate.
+fn parse_pace(i: usize, pace: Option<&str>) -> Result<(Option<u64>, bool), Fault> {
+    Ok(match pace {
+        None | Some("auto") => (None, true),
+        Some("off") => (None, false),
+        Some(v) => (
+            Some(braid_proto::units::parse_rate(v).map_err(|e| {
+                (
+                    format!("channel[{i}].pace"),
+                    format!("{e} (or \"auto\": measure the link; \"off\": no pacing)"),
+                )
+            })?),
+            false,
+        ),
+    })
+}
+
+/// `[[channel]]` number `i`: its addresses, weight, MTU and pace, each checked.
+fn parse_channel(i: usize, c: &RawChannel) -> Result<ChannelConfig, Fault> {
+    let k = |f: &str| format!("channel[{i}].{f}");
+    let (local, remote) = parse_channel_addresses(i, c)?;
     let weight = c.weight.unwrap_or(1);
     if weight == 0 {
         return Err((k("weight"), "must be at least 1".into()));
@@ -656,20 +685,7 @@ fn parse_channel(i: usize, c: &RawChannel) -> Result<ChannelConfig, Fault> {
     if !(576..=65535).contains(&mtu) {
         return Err((k("mtu"), format!("{mtu} is outside 576..=65535")));
     }
-    // Measured (`auto`) unless a rate or `off` is given.
-    let (pace_bps, pace_auto) = match c.pace.as_deref() {
-        None | Some("auto") => (None, true),
-        Some("off") => (None, false),
-        Some(v) => (
-            Some(braid_proto::units::parse_rate(v).map_err(|e| {
-                (
-                    k("pace"),
-                    format!("{e} (or \"auto\": measure the link; \"off\": no pacing)"),
-                )
-            })?),
-            false,
-        ),
-    };
+    let (pace_bps, pace_auto) = parse_pace(i, c.pace.as_deref())?;
     Ok(ChannelConfig {
         name: c.name.clone().unwrap_or_else(|| format!("ch{i}")),
         local,
@@ -846,6 +862,38 @@ fn server_keys(
 }
 
 /// The `[tunnel]` section, checked against the session (the device MTU must fit).
+/// A `tunnel.mtu` must fit the channels and be at least 576.
+fn check_tunnel_mtu(m: u32, cfg: &SessionConfig) -> Result<(), Fault> {
+    let auto = cfg.max_inner() - cfg.data_overhead();
+    if m > auto {
+        return Err(fault(
+            "tunnel.mtu",
+            format!("{m} does not fit the channels: at most {auto} (smallest channel mtu less IP/UDP headers, the security envelope and the mode's header)"),
+        ));
+    }
+    if m < 576 {
+        return Err(fault("tunnel.mtu", format!("{m} is below 576")));
+    }
+    Ok(())
+}
+
+/// A `tunnel.log_level`: one of tracing's levels or `off`, in any case.
+fn parse_log_level(l: &str) -> Result<String, Fault> {
+    const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
+    LEVELS
+        .iter()
+        .find(|x| x.eq_ignore_ascii_case(l))
+        .map(|x| x.to_string())
+        .ok_or_else(|| {
+            fault(
+                "tunnel.log_level",
+                format!("'{l}' is not one of {}", LEVELS.join(", ")),
+            )
+        })
+}
+
+/// The `[tunnel]` section: device name, addresses, MTU, control and metrics
+/// sockets, log interval and level, each checked.
 fn parse_tunnel(t: RawTunnel, cfg: &SessionConfig) -> Result<TunnelConfig, Fault> {
     let name = t.name.unwrap_or_else(|| "braid0".into());
     if name.is_empty() || name.len() > 15 {
@@ -858,17 +906,8 @@ fn parse_tunnel(t: RawTunnel, cfg: &SessionConfig) -> Result<TunnelConfig, Fault
         None => (None, None),
         Some(a) => parse_addresses(a).map_err(|r| fault("tunnel.address", r))?,
     };
-    let auto = cfg.max_inner() - cfg.data_overhead();
     if let Some(m) = t.mtu {
-        if m > auto {
-            return Err(fault(
-                "tunnel.mtu",
-                format!("{m} does not fit the channels: at most {auto} (smallest channel mtu less IP/UDP headers, the security envelope and the mode's header)"),
-            ));
-        }
-        if m < 576 {
-            return Err(fault("tunnel.mtu", format!("{m} is below 576")));
-        }
+        check_tunnel_mtu(m, cfg)?;
     }
     let metrics = match &t.metrics {
         None => None,
@@ -888,21 +927,9 @@ fn parse_tunnel(t: RawTunnel, cfg: &SessionConfig) -> Result<TunnelConfig, Fault
         None => Duration::from_secs(10),
         Some(v) => parse_duration(v).map_err(|r| fault("tunnel.log_interval", r.to_string()))?,
     };
-    const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
     let log_level = match &t.log_level {
         None => None,
-        Some(l) => Some(
-            LEVELS
-                .iter()
-                .find(|x| x.eq_ignore_ascii_case(l))
-                .map(|x| x.to_string())
-                .ok_or_else(|| {
-                    fault(
-                        "tunnel.log_level",
-                        format!("'{l}' is not one of {}", LEVELS.join(", ")),
-                    )
-                })?,
-        ),
+        Some(l) => Some(parse_log_level(l)?),
     };
     Ok(TunnelConfig {
         name,
