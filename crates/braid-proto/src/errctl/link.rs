@@ -278,18 +278,11 @@ impl LinkReceiver {
         urgent: bool,
         out: &mut Vec<(Bytes, Instant)>,
     ) {
-        if urgent && self.key == Some(key) && counter < self.next {
-            if self.missing.remove(&counter).is_some() {
-                self.stats.repaired += 1;
-            }
-            out.push((inner, now));
-            self.release(now, out);
-            return;
-        }
-        if urgent && self.key == Some(key) && counter >= self.next && counter - self.next <= MAX_GAP
+        if urgent
+            && self.key == Some(key)
+            && (counter < self.next || counter - self.next <= MAX_GAP)
         {
-            self.open_gap(now, wait, counter);
-            out.push((inner, now));
+            self.pass_urgent(now, wait, counter, inner, out);
             return;
         }
         if self.key != Some(key) {
@@ -301,25 +294,83 @@ impl LinkReceiver {
                 }
                 return;
             }
-            // New keys: their counters start at 0. What waits under the old ones goes.
-            self.give_up_all(out);
-            self.prev_key = self.key;
-            self.key = Some(key);
-            self.next = 0;
+            self.take_new_key(key, out);
         }
         if counter < self.next {
-            if let Some(m) = self.missing.remove(&counter) {
-                self.stats.repaired += 1;
-                self.held.insert(counter, (inner, m.seen));
-                self.release(now, out);
-            } else if self.before_fence(key, counter) {
-                self.stats.stale += 1;
-            } else {
-                // Given up already (or never waited for): late, but deliver it.
-                out.push((inner, now));
-            }
-            return;
+            self.accept_behind(now, key, counter, inner, out);
+        } else {
+            self.accept_ahead(now, wait, counter, inner, out);
         }
+    }
+
+    /// Urgent control `inner` with `counter` under the current keys, behind `next` or
+    /// at most [`MAX_GAP`] ahead: it goes on at once. Behind, it may fill a gap (and
+    /// release what waited for it); ahead, the counters it skips are missing.
+    fn pass_urgent(
+        &mut self,
+        now: Instant,
+        wait: Duration,
+        counter: u64,
+        inner: Bytes,
+        out: &mut Vec<(Bytes, Instant)>,
+    ) {
+        if counter < self.next {
+            if self.missing.remove(&counter).is_some() {
+                self.stats.repaired += 1;
+            }
+            out.push((inner, now));
+            self.release(now, out);
+        } else {
+            self.open_gap(now, wait, counter);
+            out.push((inner, now));
+        }
+    }
+
+    /// New keys (index `key`): their counters start at 0. What waits under the old
+    /// ones goes on; the old ones become the keys before.
+    fn take_new_key(&mut self, key: u32, out: &mut Vec<(Bytes, Instant)>) {
+        self.give_up_all(out);
+        self.prev_key = self.key;
+        self.key = Some(key);
+        self.next = 0;
+    }
+
+    /// A datagram `inner` with `counter` under the current keys (index `key`), behind
+    /// `next`: a repair of a missing one is held in its place (and what it unblocks
+    /// released); one sealed before the epoch end is stale; else it is late (given up
+    /// already, or never waited for) and goes on as it comes.
+    fn accept_behind(
+        &mut self,
+        now: Instant,
+        key: u32,
+        counter: u64,
+        inner: Bytes,
+        out: &mut Vec<(Bytes, Instant)>,
+    ) {
+        if let Some(m) = self.missing.remove(&counter) {
+            self.stats.repaired += 1;
+            self.held.insert(counter, (inner, m.seen));
+            self.release(now, out);
+        } else if self.before_fence(key, counter) {
+            self.stats.stale += 1;
+        } else {
+            // Given up already (or never waited for): late, but deliver it.
+            out.push((inner, now));
+        }
+    }
+
+    /// A datagram `inner` with `counter` at or past `next` under the current keys: the
+    /// next one with nothing missing goes on; a gap over [`MAX_GAP`] gives up what
+    /// waits and goes on; else the counters skipped are missing and it is held (the
+    /// oldest gap given up when too much is held).
+    fn accept_ahead(
+        &mut self,
+        now: Instant,
+        wait: Duration,
+        counter: u64,
+        inner: Bytes,
+        out: &mut Vec<(Bytes, Instant)>,
+    ) {
         let gap = counter - self.next;
         if gap == 0 && self.missing.is_empty() {
             self.next = counter + 1;

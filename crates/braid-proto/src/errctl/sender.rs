@@ -404,47 +404,10 @@ impl Sender {
     /// Validate a SNAK against what was sent; on success queue every requested packet
     /// whose last copy left at least one round trip ago.
     fn handle_snak(&mut self, now: Instant, s: &SnakRepr) {
-        let cum = extend(s.cum_ack, self.base);
-        let seg = extend(s.segment, self.base);
-        if cum > self.base && !self.fully_sent(cum - 1) {
-            self.stats.snaks_rejected += 1;
-            return;
-        }
-        if seg < self.base.max(cum) {
-            self.release_below(cum);
-            self.pop_done();
-            self.stats.snaks_stale += 1;
-            return;
-        }
-        let Some(t) = self.segs.get((seg - self.base) as usize) else {
-            // Not yet sent, or beyond the window.
-            self.stats.snaks_rejected += 1;
+        let Some(seg) = self.snak_segment(s) else {
             return;
         };
-        if !ranges_valid(&s.ranges, t.extent) {
-            self.stats.snaks_rejected += 1;
-            return;
-        }
-        if t.done {
-            // Acknowledged (or given up) already, waiting for the ones before it.
-            self.release_below(cum);
-            self.pop_done();
-            self.stats.snaks_stale += 1;
-            return;
-        }
-        self.stats.snaks_received += 1;
-        self.release_below(cum);
-        self.pop_done();
-        // A round trip and a margin of one acknowledgement interval: the receiver
-        // repeats its SNAK every interval until the repair arrives, so the last one it
-        // sent before then reaches us up to a round trip after the repair left, later
-        // with any jitter; without the margin, about every repair went out twice over
-        // a bond (`docs/lab.md`).
-        let rtt = if self.cfg.adaptive_rtt {
-            self.rtt() + self.cfg.ack_interval
-        } else {
-            self.cfg.rtt
-        };
+        let rtt = self.resend_rtt();
         let Some(t) = seg
             .checked_sub(self.base)
             .and_then(|i| self.segs.get(i as usize))
@@ -464,6 +427,59 @@ impl Sender {
                     _ => self.stats.premature_requests += 1,
                 }
             }
+        }
+    }
+
+    /// A SNAK checked against what was sent (counted rejected or stale when it does
+    /// not pass), and what its cumulative acknowledgement covers released. Returns the
+    /// segment whose packets it asks for, when it is valid and the segment is not
+    /// done.
+    fn snak_segment(&mut self, s: &SnakRepr) -> Option<u64> {
+        let cum = extend(s.cum_ack, self.base);
+        let seg = extend(s.segment, self.base);
+        if cum > self.base && !self.fully_sent(cum - 1) {
+            self.stats.snaks_rejected += 1;
+            return None;
+        }
+        if seg < self.base.max(cum) {
+            self.release_below(cum);
+            self.pop_done();
+            self.stats.snaks_stale += 1;
+            return None;
+        }
+        let Some(t) = self.segs.get((seg - self.base) as usize) else {
+            // Not yet sent, or beyond the window.
+            self.stats.snaks_rejected += 1;
+            return None;
+        };
+        if !ranges_valid(&s.ranges, t.extent) {
+            self.stats.snaks_rejected += 1;
+            return None;
+        }
+        if t.done {
+            // Acknowledged (or given up) already, waiting for the ones before it.
+            self.release_below(cum);
+            self.pop_done();
+            self.stats.snaks_stale += 1;
+            return None;
+        }
+        self.stats.snaks_received += 1;
+        self.release_below(cum);
+        self.pop_done();
+        Some(seg)
+    }
+
+    /// How long after its last copy left a packet may be sent again on request.
+    fn resend_rtt(&self) -> Duration {
+        // A round trip and a margin of one acknowledgement interval: the receiver
+        // repeats its SNAK every interval until the repair arrives, so the last one it
+        // sent before then reaches us up to a round trip after the repair left, later
+        // with any jitter; without the margin, about every repair went out twice over
+        // a bond (`docs/lab.md`).
+        if self.cfg.adaptive_rtt {
+            self.rtt() + self.cfg.ack_interval
+        } else {
+            self.cfg.rtt
         }
     }
 }

@@ -395,6 +395,31 @@ impl NodeAuth {
 
     /// Take a HELLO (see the module's documentation).
     pub fn on_hello(&mut self, now: Instant, d: &[u8]) -> Result<HelloOutcome, AuthError> {
+        let (sender, pi) = self.authenticate_hello(d)?;
+        let ready = d[3] & 1 != 0;
+        let mut e = [0u8; 32];
+        e.copy_from_slice(&d[8..40]);
+        let echoes_me = d[40..72] == self.e_public;
+        let rekeyed = self.take_ephemeral(pi, sender, e, echoes_me)?;
+        let p = &mut self.peers[pi];
+        if let Some(k) = &mut p.keys {
+            if echoes_me && ready && k.peer_e == e {
+                k.confirmed = true;
+            }
+        }
+        let wants_answer = !echoes_me || !ready;
+        let reply = self.hello_reply(now, pi, sender, rekeyed, wants_answer);
+        Ok(HelloOutcome {
+            from: sender,
+            rekeyed,
+            reply,
+        })
+    }
+
+    /// A HELLO's checks before its contents are used: its length and form, that a
+    /// member other than us sent it to us, and its tag under that member's hello key.
+    /// Returns the sender and its index among the peers.
+    fn authenticate_hello(&self, d: &[u8]) -> Result<(NodeId, usize), AuthError> {
         if d.len() != HELLO_LEN {
             return Err(AuthError::Truncated);
         }
@@ -409,7 +434,6 @@ impl NodeAuth {
         if receiver != self.me {
             return Err(AuthError::NotForMe(receiver));
         }
-        let me_e = self.e_public;
         let pi = self
             .peers
             .iter()
@@ -428,49 +452,61 @@ impl NodeAuth {
         if diff != 0 {
             return Err(AuthError::BadTag);
         }
-        let ready = d[3] & 1 != 0;
-        let mut e = [0u8; 32];
-        e.copy_from_slice(&d[8..40]);
-        let echo = &d[40..72];
+        Ok((sender, pi))
+    }
+
+    /// Peer `pi`'s (node `sender`'s) ephemeral key `e` from an authentic HELLO: a
+    /// retired one is a replay; it is the one seen last; when the HELLO echoes ours
+    /// (`echoes_me`) and `e` is not the one our keys were made with, the old keys are
+    /// retired (a bounded number of restarts) and new ones derived. Returns whether
+    /// they were.
+    fn take_ephemeral(
+        &mut self,
+        pi: usize,
+        sender: NodeId,
+        e: [u8; 32],
+        echoes_me: bool,
+    ) -> Result<bool, AuthError> {
+        let p = &mut self.peers[pi];
         if p.retired.contains(&e) {
             return Err(AuthError::Replay);
         }
-        let echoes_me = echo == me_e;
-        let p = &mut self.peers[pi];
         p.seen_e = Some(e);
-        let mut rekeyed = false;
-        if echoes_me && p.keys.as_ref().map(|k| k.peer_e) != Some(e) {
-            if p.retired.len() >= MAX_RETIRED {
-                return Err(AuthError::TooManyRestarts(sender));
-            }
-            if let Some(old) = p.keys.take() {
-                p.retired.push(old.peer_e);
-            }
-            let keys = self.derive(pi, e);
-            self.peers[pi].keys = Some(keys);
-            rekeyed = true;
+        if !echoes_me || p.keys.as_ref().map(|k| k.peer_e) == Some(e) {
+            return Ok(false);
         }
+        if p.retired.len() >= MAX_RETIRED {
+            return Err(AuthError::TooManyRestarts(sender));
+        }
+        if let Some(old) = p.keys.take() {
+            p.retired.push(old.peer_e);
+        }
+        let keys = self.derive(pi, e);
+        self.peers[pi].keys = Some(keys);
+        Ok(true)
+    }
+
+    /// Our HELLO back to peer `pi` (node `sender`), if one is due: always on new keys
+    /// (`rekeyed`), else when the peer `wants_answer` (it did not echo us or is not
+    /// ready), at most every [`REPLY_EVERY`].
+    fn hello_reply(
+        &mut self,
+        now: Instant,
+        pi: usize,
+        sender: NodeId,
+        rekeyed: bool,
+        wants_answer: bool,
+    ) -> Option<Vec<u8>> {
         let p = &mut self.peers[pi];
-        if let Some(k) = &mut p.keys {
-            if echoes_me && ready && k.peer_e == e {
-                k.confirmed = true;
-            }
-        }
-        let wants_answer = !echoes_me || !ready;
         let may = p.last_reply.is_none_or(|t| now - t >= REPLY_EVERY);
-        let reply = if rekeyed || (wants_answer && may) {
+        if rekeyed || (wants_answer && may) {
             if !rekeyed {
                 p.last_reply = Some(now);
             }
             self.hello(sender)
         } else {
             None
-        };
-        Ok(HelloOutcome {
-            from: sender,
-            rekeyed,
-            reply,
-        })
+        }
     }
 
     fn derive(&self, pi: usize, peer_e: [u8; 32]) -> Keys {

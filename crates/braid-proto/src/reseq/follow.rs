@@ -75,62 +75,29 @@ impl Follower {
                 Follower::Srr(s) => s.select(),
                 Follower::Random { rfq, g, .. } => rfq.channel_of(*g),
             };
-            while let Some(&Item::Marker {
-                position: pos,
-                quantum,
-                ..
-            }) = bufs[c].front()
-            {
-                bufs[c].pop_front();
-                if self.apply_marker(c, pos, quantum) {
-                    stats.channels[c].resyncs += 1;
-                }
+            self.take_markers(c, &mut bufs[c], stats);
+            let ahead = match self {
+                Follower::Srr(s) => srr_skips(s, c, n, &mut skips),
+                Follower::Random { g, next, .. } => random_skips(g, next, c, n, &mut skips),
+            };
+            if !ahead {
+                return c;
             }
-            match self {
-                Follower::Srr(s) => {
-                    let p = s.position(c);
-                    let g = s.round();
-                    if p.round > g {
-                        s.advance();
-                        skips += 1;
-                        if skips >= n {
-                            // A full scan found every channel ahead: jump to the lowest.
-                            let min = (0..n).map(|i| s.position(i).round).min().unwrap_or(g);
-                            if min > s.round() {
-                                s.jump_to_round(min);
-                            }
-                            skips = 0;
-                        }
-                        continue;
-                    }
-                    if p.round < g {
-                        // Only a marker puts a channel below the global round: the
-                        // sender's channel rounds are never below its own (the visited
-                        // channel and those after it are at the global round, those
-                        // before it one above). So the sender is still in round
-                        // `p.round` here and we ran ahead of it (we gave up on packets
-                        // that were only late, or skipped past a channel whose round a
-                        // loss hid). Go back to that round at this channel. (Lifting the
-                        // channel to our round instead kept us a round ahead for good:
-                        // every later marker was undone, and each of this channel's
-                        // packets waited a whole round for the others'.)
-                        s.rewind(p.round, c);
-                    }
-                    return c;
-                }
-                Follower::Random { g, next, .. } => {
-                    if next[c] > *g {
-                        *g = g.saturating_add(1);
-                        skips += 1;
-                        if skips > n {
-                            let min = next.iter().copied().min().unwrap_or(*g);
-                            *g = (*g).max(min);
-                            skips = 0;
-                        }
-                        continue;
-                    }
-                    return c;
-                }
+        }
+    }
+
+    /// Consumes and applies the markers at the head of channel `c`'s buffer `buf`,
+    /// counting a resync for each that changes the state.
+    fn take_markers(&mut self, c: usize, buf: &mut VecDeque<Item>, stats: &mut Stats) {
+        while let Some(&Item::Marker {
+            position: pos,
+            quantum,
+            ..
+        }) = buf.front()
+        {
+            buf.pop_front();
+            if self.apply_marker(c, pos, quantum) {
+                stats.channels[c].resyncs += 1;
             }
         }
     }
@@ -209,4 +176,55 @@ impl Follower {
             }
         }
     }
+}
+
+/// SRR following, at channel `c` (of `n`) as the scheduler selects it: whether `c` is
+/// ahead of the global round (C1), so the scheduler moved past it (after `n` skips in
+/// a row, every channel is ahead: the round jumps to the lowest); else `c` is the
+/// expected channel, the scheduler rewound to its round if it was below.
+fn srr_skips(s: &mut Srr, c: usize, n: usize, skips: &mut usize) -> bool {
+    let p = s.position(c);
+    let g = s.round();
+    if p.round > g {
+        s.advance();
+        *skips += 1;
+        if *skips >= n {
+            // A full scan found every channel ahead: jump to the lowest.
+            let min = (0..n).map(|i| s.position(i).round).min().unwrap_or(g);
+            if min > s.round() {
+                s.jump_to_round(min);
+            }
+            *skips = 0;
+        }
+        return true;
+    }
+    if p.round < g {
+        // Only a marker puts a channel below the global round: the sender's channel
+        // rounds are never below its own (the visited channel and those after it are
+        // at the global round, those before it one above). So the sender is still in
+        // round `p.round` here and we ran ahead of it (we gave up on packets that were
+        // only late, or skipped past a channel whose round a loss hid). Go back to that
+        // round at this channel. (Lifting the channel to our round instead kept us a
+        // round ahead for good: every later marker was undone, and each of this
+        // channel's packets waited a whole round for the others'.)
+        s.rewind(p.round, c);
+    }
+    false
+}
+
+/// Random fair queueing following, at channel `c` (of `n`) for global index `g`:
+/// whether `c`'s next packet is above `g`, so `g` moves on (after more than `n` skips
+/// in a row, to the lowest next index); else `c` is the expected channel.
+fn random_skips(g: &mut u64, next: &[u64], c: usize, n: usize, skips: &mut usize) -> bool {
+    if next[c] > *g {
+        *g = g.saturating_add(1);
+        *skips += 1;
+        if *skips > n {
+            let min = next.iter().copied().min().unwrap_or(*g);
+            *g = (*g).max(min);
+            *skips = 0;
+        }
+        return true;
+    }
+    false
 }

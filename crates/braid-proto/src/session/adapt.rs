@@ -265,43 +265,18 @@ impl Adapt {
         if members.is_empty() || !members.iter().all(fresh) {
             return None;
         }
-        let rate = |c: usize| est[c].delivery_bps;
-        let load: f64 = members.iter().filter_map(|&c| rate(c)).sum();
+        let load: f64 = members.iter().filter_map(|&c| est[c].delivery_bps).sum();
         if self.pace.is_some() {
             return self.step_paced(now, members, est, load);
         }
-        let cong: Vec<bool> = members
-            .iter()
-            .map(|&c| load >= MIN_LOAD_BPS && congested(&est[c]))
-            .collect();
-        if !cong.iter().any(|&x| x) {
-            return None;
-        }
-        let targets = members
-            .iter()
-            .zip(&cong)
-            .map(|(&c, &congested)| {
-                Some(if congested {
-                    full(&est[c])? * DRAIN
-                } else {
-                    rate(c)? * PROBE
-                })
-            })
-            .collect::<Option<Vec<f64>>>()?;
-        let top = targets.iter().copied().fold(0.0, f64::max);
-        if top <= 0.0 {
-            return None;
-        }
-        let floor = top / MAX_RATIO;
-        let low = targets
-            .iter()
-            .map(|t| t.max(floor))
-            .fold(f64::MAX, f64::min);
-        let new: Vec<u32> = targets
-            .iter()
-            .map(|t| (f64::from(max_packet) * t.max(floor) / low).round() as u32)
-            .map(|q| q.max(max_packet))
-            .collect();
+        let targets = unpaced_targets(members, est, load)?;
+        let new = quanta_for(&targets, max_packet)?;
+        self.take_if_moved(members, new)
+    }
+
+    /// The new quanta of `members` (in member order) if any moved by more than a tenth
+    /// of its old one: then they are in force and returned.
+    fn take_if_moved(&mut self, members: &[usize], new: Vec<u32>) -> Option<Vec<u32>> {
         let moved = members.iter().zip(&new).any(|(&c, &q)| {
             let old = f64::from(self.quanta[c].max(1));
             (f64::from(q) - old).abs() > old / 10.0
@@ -338,60 +313,7 @@ impl Adapt {
         }
         let mut moved = false;
         for &c in members {
-            let old = p.rates[c];
-            // What the link carried, counted on the wire as the pacer counts.
-            let wire = full(&est[c]).map(|carried| {
-                est[c]
-                    .datagram_bytes
-                    .filter(|b| *b > 0.0)
-                    .map_or(carried, |b| carried * (b + p.overhead) / b)
-            });
-            let queue = est[c].queue.map(|q| q.as_micros());
-            if let Some(q) = queue {
-                p.floor[c] = p.floor[c].min(q);
-            }
-            let lossy = shortfall(&est[c]);
-            if !lossy {
-                match p.judge_trial(c, now, queue, &est[c]) {
-                    Verdict::Jitter => {
-                        moved = true;
-                        continue;
-                    }
-                    Verdict::Watching => continue,
-                    Verdict::Ours => {}
-                }
-            }
-            let above_floor = Estimate {
-                queue: queue.map(|q| Duration::from_micros(q.saturating_sub(p.floor[c]))),
-                ..est[c]
-            };
-            if lossy || standing_queue(&above_floor) {
-                p.calm[c] = 0;
-                let Some(wire) = wire else {
-                    continue;
-                };
-                let most = if lossy {
-                    PACE_MAX_CUT
-                } else {
-                    PACE_MAX_DELAY_CUT
-                };
-                p.rates[c] = (wire * PACE_DRAIN).max(old * most).min(old);
-                if !lossy && p.rates[c] < old {
-                    p.start_trial(c, now, queue, old, p.rates[c] / wire);
-                }
-            } else {
-                // Probe only a channel that uses its pace: one that carries less is
-                // held back by something else (the flow, another channel), and its
-                // calm says nothing of what its link could take. Its calm steps
-                // start over.
-                let busy = wire.is_some_and(|w| w >= PACE_BUSY * old);
-                p.calm[c] = if busy { p.calm[c].saturating_add(1) } else { 0 };
-                if p.calm[c] >= PACE_CALM_STEPS && old < p.max[c] {
-                    let more = 0.1 + 0.05 * f64::from(p.calm[c] - PACE_CALM_STEPS);
-                    p.rates[c] = (old * (1.0 + more.min(0.5))).min(p.max[c]);
-                }
-            }
-            moved |= (p.rates[c] - old).abs() > old / 100.0;
+            moved |= p.step_channel(c, now, &est[c]);
         }
         if !moved {
             return None;
@@ -415,6 +337,78 @@ impl Adapt {
 }
 
 impl Pace {
+    /// One paced step of channel `c` with its estimate `e`: a trial cut judged, then
+    /// the rate cut on loss or a standing queue (above the channel's floor), or probed
+    /// upwards after calm steps. Returns whether the rate moved by more than 1 % (or
+    /// went back, a trial cut having turned out the link's jitter).
+    fn step_channel(&mut self, c: usize, now: Instant, e: &Estimate) -> bool {
+        let old = self.rates[c];
+        let wire = self.on_wire(e);
+        let queue = e.queue.map(|q| q.as_micros());
+        if let Some(q) = queue {
+            self.floor[c] = self.floor[c].min(q);
+        }
+        let lossy = shortfall(e);
+        if !lossy {
+            match self.judge_trial(c, now, queue, e) {
+                Verdict::Jitter => return true,
+                Verdict::Watching => return false,
+                Verdict::Ours => {}
+            }
+        }
+        let above_floor = Estimate {
+            queue: queue.map(|q| Duration::from_micros(q.saturating_sub(self.floor[c]))),
+            ..*e
+        };
+        if lossy || standing_queue(&above_floor) {
+            self.calm[c] = 0;
+            let Some(wire) = wire else {
+                return false;
+            };
+            let most = if lossy {
+                PACE_MAX_CUT
+            } else {
+                PACE_MAX_DELAY_CUT
+            };
+            self.rates[c] = (wire * PACE_DRAIN).max(old * most).min(old);
+            if !lossy && self.rates[c] < old {
+                self.start_trial(c, now, queue, old, self.rates[c] / wire);
+            }
+        } else {
+            self.probe_up(c, wire, old);
+        }
+        (self.rates[c] - old).abs() > old / 100.0
+    }
+
+    /// What the link of a channel with estimate `e` carried, counted on the wire as
+    /// the pacer counts (with the per-datagram overhead).
+    fn on_wire(&self, e: &Estimate) -> Option<f64> {
+        full(e).map(|carried| {
+            e.datagram_bytes
+                .filter(|b| *b > 0.0)
+                .map_or(carried, |b| carried * (b + self.overhead) / b)
+        })
+    }
+
+    /// A step of channel `c` (paced at `old`, its link carrying `wire` on the wire)
+    /// without loss or a standing queue: one more calm step if it uses its pace, and
+    /// after [`PACE_CALM_STEPS`] of them its rate probes upwards, at most to its most.
+    fn probe_up(&mut self, c: usize, wire: Option<f64>, old: f64) {
+        // Probe only a channel that uses its pace: one that carries less is held back
+        // by something else (the flow, another channel), and its calm says nothing of
+        // what its link could take. Its calm steps start over.
+        let busy = wire.is_some_and(|w| w >= PACE_BUSY * old);
+        self.calm[c] = if busy {
+            self.calm[c].saturating_add(1)
+        } else {
+            0
+        };
+        if self.calm[c] >= PACE_CALM_STEPS && old < self.max[c] {
+            let more = 0.1 + 0.05 * f64::from(self.calm[c] - PACE_CALM_STEPS);
+            self.rates[c] = (old * (1.0 + more.min(0.5))).min(self.max[c]);
+        }
+    }
+
     /// A cut of channel `c` from `before` to `share` of what its link delivered, on a
     /// standing `queue`: the next steps judge it. A cut made on a queue that grew
     /// through an earlier one, unjudged, keeps the rate before the earlier one.
@@ -502,6 +496,53 @@ const TRIAL_TIME: Duration = Duration::from_millis(500);
 /// How late a queue's drain shows in its estimate (the one-way delay of the reports
 /// and the estimate's smoothing).
 const TRIAL_LAG: Duration = Duration::from_millis(200);
+
+/// Without pacing, when some member is congested (judged only while the bond carries
+/// `load` of at least [`MIN_LOAD_BPS`]), every member's target rate: a congested one
+/// what it carries less a tenth, the others a quarter more than they deliver. `None`
+/// when none is congested or a rate is not known.
+fn unpaced_targets(members: &[usize], est: &[Estimate], load: f64) -> Option<Vec<f64>> {
+    let rate = |c: usize| est[c].delivery_bps;
+    let cong: Vec<bool> = members
+        .iter()
+        .map(|&c| load >= MIN_LOAD_BPS && congested(&est[c]))
+        .collect();
+    if !cong.iter().any(|&x| x) {
+        return None;
+    }
+    members
+        .iter()
+        .zip(&cong)
+        .map(|(&c, &congested)| {
+            Some(if congested {
+                full(&est[c])? * DRAIN
+            } else {
+                rate(c)? * PROBE
+            })
+        })
+        .collect::<Option<Vec<f64>>>()
+}
+
+/// Quanta proportional to the target rates, none below `max_packet` and none
+/// further than [`MAX_RATIO`] below the highest; `None` when no target is above zero.
+fn quanta_for(targets: &[f64], max_packet: u32) -> Option<Vec<u32>> {
+    let top = targets.iter().copied().fold(0.0, f64::max);
+    if top <= 0.0 {
+        return None;
+    }
+    let floor = top / MAX_RATIO;
+    let low = targets
+        .iter()
+        .map(|t| t.max(floor))
+        .fold(f64::MAX, f64::min);
+    Some(
+        targets
+            .iter()
+            .map(|t| (f64::from(max_packet) * t.max(floor) / low).round() as u32)
+            .map(|q| q.max(max_packet))
+            .collect(),
+    )
+}
 
 /// Quanta for `members` proportional to their `rates` (indexed by physical channel):
 /// the slowest gets `least`, none more than [`MAX_RATIO`] times that.

@@ -1041,43 +1041,7 @@ impl std::fmt::Display for HandshakeFailure {
             F::Rejected {
                 reason,
                 static_keys,
-            } => {
-                write!(f, "the peer rejected our handshake")?;
-                match reason {
-                    secure::REJECT_UNAUTHENTICATED if static_keys => write!(
-                        f,
-                        ", which does not authenticate with its static key: the keys \
-                         differ; the peer public key configured here is not the other \
-                         end's public key (`braid pubkey < private.key` at the other end \
-                         prints it)"
-                    ),
-                    secure::REJECT_UNAUTHENTICATED => write!(
-                        f,
-                        ", which does not authenticate with its keys: the keys differ; \
-                         {KEYS_DIFFER_PSK}"
-                    ),
-                    secure::REJECT_UNKNOWN_KEY => write!(
-                        f,
-                        ": our public key is not the peer public key configured there: the \
-                         keys differ; {KEYS_DIFFER_STATIC}"
-                    ),
-                    secure::REJECT_KEY_KIND => write!(
-                        f,
-                        ": it uses {}: both ends must use the same kind of key",
-                        if static_keys {
-                            "a pre-shared key only, we use static keys"
-                        } else {
-                            "static keys, we use a pre-shared key only"
-                        }
-                    ),
-                    secure::REJECT_UNREADABLE => write!(
-                        f,
-                        ": it cannot read our settings: the two ends run different versions \
-                         of braid"
-                    ),
-                    r => write!(f, " (reason {r}, unknown to this version of braid)"),
-                }
-            }
+            } => fmt_rejected(f, reason, static_keys),
             F::ResponseUnauthenticated => write!(
                 f,
                 "the peer's handshake response does not authenticate with our keys: the keys \
@@ -1085,6 +1049,64 @@ impl std::fmt::Display for HandshakeFailure {
             ),
         }
     }
+}
+
+/// [`HandshakeFailure::Rejected`] in words: the peer rejected our handshake, and why
+/// by its `reason` code (`static_keys`: we use static keys).
+fn fmt_rejected(
+    f: &mut std::fmt::Formatter<'_>,
+    reason: u8,
+    static_keys: bool,
+) -> std::fmt::Result {
+    write!(f, "the peer rejected our handshake")?;
+    match reason {
+        secure::REJECT_UNAUTHENTICATED if static_keys => write!(
+            f,
+            ", which does not authenticate with its static key: the keys \
+             differ; the peer public key configured here is not the other \
+             end's public key (`braid pubkey < private.key` at the other end \
+             prints it)"
+        ),
+        secure::REJECT_UNAUTHENTICATED => write!(
+            f,
+            ", which does not authenticate with its keys: the keys differ; \
+             {KEYS_DIFFER_PSK}"
+        ),
+        secure::REJECT_UNKNOWN_KEY => write!(
+            f,
+            ": our public key is not the peer public key configured there: the \
+             keys differ; {KEYS_DIFFER_STATIC}"
+        ),
+        secure::REJECT_KEY_KIND => write!(
+            f,
+            ": it uses {}: both ends must use the same kind of key",
+            if static_keys {
+                "a pre-shared key only, we use static keys"
+            } else {
+                "static keys, we use a pre-shared key only"
+            }
+        ),
+        secure::REJECT_UNREADABLE => write!(
+            f,
+            ": it cannot read our settings: the two ends run different versions \
+             of braid"
+        ),
+        r => write!(f, " (reason {r}, unknown to this version of braid)"),
+    }
+}
+
+/// A handshake initiation as it came: the datagram and its parsed fields.
+struct InitMsg<'a> {
+    /// The whole datagram (its macs cover its bytes before them).
+    datagram: &'a Bytes,
+    /// The initiator uses static keys (else a pre-shared key only).
+    static_keys: bool,
+    /// The initiator's key index.
+    sender: u32,
+    /// The Noise handshake message.
+    noise: &'a [u8],
+    mac1: [u8; MAC_LEN],
+    mac2: [u8; MAC_LEN],
 }
 
 /// What a handshake message led to.
@@ -1519,17 +1541,17 @@ impl Crypto {
                 noise,
                 mac1,
                 mac2,
-            }) => self.on_init(
-                now,
-                c,
-                datagram,
-                static_keys,
-                sender,
-                noise,
-                mac1,
-                mac2,
-                &mut out,
-            ),
+            }) => {
+                let init = InitMsg {
+                    datagram,
+                    static_keys,
+                    sender,
+                    noise,
+                    mac1,
+                    mac2,
+                };
+                self.on_init(now, c, &init, &mut out)
+            }
             Ok(Handshake::Resp {
                 sender,
                 receiver,
@@ -1633,33 +1655,34 @@ impl Crypto {
     /// An initiation: the cheap checks (key kind, mac1, copies and replays of what we
     /// processed, mac2 under load, the source's rate), then the public-key work, now or
     /// by the driver.
-    #[allow(clippy::too_many_arguments)]
-    fn on_init(
-        &mut self,
-        now: Instant,
-        c: usize,
-        datagram: &Bytes,
-        static_keys: bool,
-        sender: u32,
-        noise: &[u8],
-        mac1: [u8; MAC_LEN],
-        mac2: [u8; MAC_LEN],
-        out: &mut Outcome,
-    ) {
+    fn on_init(&mut self, now: Instant, c: usize, m: &InitMsg, out: &mut Outcome) {
         if c >= self.sources.len() {
             return;
         }
-        let ours_static = self.keys.private.is_some();
-        if static_keys != ours_static {
-            let f = HandshakeFailure::KeyKind {
-                theirs_static: static_keys,
-            };
-            self.fail(now, c, f, out);
-            out.reply = self.reject(now, c, sender, noise, secure::REJECT_KEY_KIND);
+        if self.init_refused(now, c, m, out)
+            || self.init_copy(&m.mac1, out)
+            || !self.init_admitted(now, c, m, out)
+        {
             return;
         }
-        let at = datagram.len() - 2 * MAC_LEN;
-        if !self.macs.mac1_in_keyed.verify(&datagram[..at], &mac1) {
+        self.start_work(now, c, m, out);
+    }
+
+    /// Whether the initiation `m` on channel `c` is refused, and the peer told so by a
+    /// reject (rate-limited): it uses the other key kind, or its mac1 is not made with
+    /// our key (or it is junk), which needs no public-key work to see.
+    fn init_refused(&mut self, now: Instant, c: usize, m: &InitMsg, out: &mut Outcome) -> bool {
+        let ours_static = self.keys.private.is_some();
+        if m.static_keys != ours_static {
+            let f = HandshakeFailure::KeyKind {
+                theirs_static: m.static_keys,
+            };
+            self.fail(now, c, f, out);
+            out.reply = self.reject(now, c, m.sender, m.noise, secure::REJECT_KEY_KIND);
+            return true;
+        }
+        let at = m.datagram.len() - 2 * MAC_LEN;
+        if !self.macs.mac1_in_keyed.verify(&m.datagram[..at], &m.mac1) {
             // Not made with our key (or junk): no public-key work. Rejected (rate-limited,
             // smaller than the message) so that a peer with other keys is told.
             self.stats.mac1_failures += 1;
@@ -1667,56 +1690,76 @@ impl Crypto {
                 static_keys: ours_static,
             };
             self.fail(now, c, f, out);
-            out.reply = self.reject(now, c, sender, noise, secure::REJECT_UNAUTHENTICATED);
-            return;
+            out.reply = self.reject(now, c, m.sender, m.noise, secure::REJECT_UNAUTHENTICATED);
+            return true;
         }
+        false
+    }
+
+    /// Whether the initiation with this `mac1` is a copy of one answered, being
+    /// processed or processed already (a copy on another channel, or a replay); a copy
+    /// of the one we answered last gets the same answer again.
+    fn init_copy(&mut self, mac1: &[u8; MAC_LEN], out: &mut Outcome) -> bool {
         // A copy of the initiation we answered last: the same answer (smaller than it).
-        if let Some(p) = self.pending.as_ref().filter(|p| p.mac1 == mac1) {
+        if let Some(p) = self.pending.as_ref().filter(|p| p.mac1 == *mac1) {
             self.stats.answered += 1;
             out.reply = Some(p.response.clone());
-            return;
+            return true;
         }
-        if self.inflight.contains(&mac1) {
+        if self.inflight.contains(mac1) {
             // A copy (on another channel) of one being processed.
-            return;
+            return true;
         }
-        if self.seen.contains(&mac1) {
+        if self.seen.contains(mac1) {
             // Processed already (or being processed): a copy on another channel, or a
             // replay.
             self.stats.replays += 1;
-            return;
+            return true;
         }
+        false
+    }
+
+    /// Whether the public-key work of the initiation `m` on channel `c` may be done:
+    /// under load only with a valid mac2 (else a cookie reply, rate-limited), within
+    /// the source's rate and the bound on work in flight.
+    fn init_admitted(&mut self, now: Instant, c: usize, m: &InitMsg, out: &mut Outcome) -> bool {
         self.count_work(now);
         if self.under_load(now) {
-            let at = datagram.len() - MAC_LEN;
-            if !self.cookie(now, c).keyed.verify(&datagram[..at], &mac2) {
+            let at = m.datagram.len() - MAC_LEN;
+            if !self.cookie(now, c).keyed.verify(&m.datagram[..at], &m.mac2) {
                 if self.sources[c].take_cookie_reply(now) {
-                    out.reply = Some(self.cookie_reply(now, c, sender, &mac1));
+                    out.reply = Some(self.cookie_reply(now, c, m.sender, &m.mac1));
                 } else {
                     self.stats.rate_limited += 1;
                 }
-                return;
+                return false;
             }
         }
         if !self.sources[c].take(now) {
             self.stats.rate_limited += 1;
-            return;
+            return false;
         }
         if self.inflight.len() >= MAX_JOBS {
             self.stats.shed += 1;
-            return;
+            return false;
         }
+        true
+    }
+
+    /// The public-key work of the initiation `m` on channel `c`, remembered as seen
+    /// and in flight: a job the driver runs (offloaded), or run now.
+    fn start_work(&mut self, now: Instant, c: usize, m: &InitMsg, out: &mut Outcome) {
         if self.seen.len() >= SEEN {
             self.seen.pop_front();
         }
-        self.seen.push_back(mac1);
-        self.inflight.push(mac1);
+        self.seen.push_back(m.mac1);
+        self.inflight.push(m.mac1);
         let job = HandshakeJob {
             channel: c,
             source: self.source,
-            init: datagram.clone(),
-            mac1,
-            sender,
+            init: m.datagram.clone(),
+            mac1: m.mac1,
+            sender: m.sender,
             pattern: self.pattern,
             keys: self.keys.clone(),
             mac1_out: self.macs.mac1_out,
@@ -1808,19 +1851,7 @@ impl Crypto {
             .filter(|i| i.index == receiver && !i.refused)
             .filter(|_| self.macs.mac1_in_keyed.verify(&datagram[..at], &mac1))
         else {
-            // A copy of the response we already used (the initiation went out on every
-            // channel), or of one we refused, is no failure; anything else is.
-            let ours = self.current.as_ref().is_some_and(|k| k.local == receiver)
-                || self.init.as_ref().is_some_and(|i| i.index == receiver);
-            if !ours || !self.macs.mac1_in_keyed.verify(&datagram[..at], &mac1) {
-                self.stats.failed += 1;
-                if ours {
-                    self.stats.mac1_failures += 1;
-                }
-                if let Some(n) = self.failed_on.get_mut(c) {
-                    *n += 1;
-                }
-            }
+            self.on_other_resp(c, &datagram[..at], receiver, &mac1);
             return;
         };
         self.stats.responses += 1;
@@ -1859,6 +1890,24 @@ impl Crypto {
         self.init = None;
         out.authenticated = true;
         out.established = Some(self.install(keys));
+    }
+
+    /// A response on channel `c` (its bytes before the mac `signed`) that is not an
+    /// answer to our outstanding initiation from key index `receiver`: a copy of the
+    /// response we already used (the initiation went out on every channel), or of one
+    /// we refused, is no failure; anything else is counted one.
+    fn on_other_resp(&mut self, c: usize, signed: &[u8], receiver: u32, mac1: &[u8; MAC_LEN]) {
+        let ours = self.current.as_ref().is_some_and(|k| k.local == receiver)
+            || self.init.as_ref().is_some_and(|i| i.index == receiver);
+        if !ours || !self.macs.mac1_in_keyed.verify(signed, mac1) {
+            self.stats.failed += 1;
+            if ours {
+                self.stats.mac1_failures += 1;
+            }
+            if let Some(n) = self.failed_on.get_mut(c) {
+                *n += 1;
+            }
+        }
     }
 
     /// The peer rejected an initiation: ours if it names our outstanding one and

@@ -479,7 +479,7 @@ impl Session {
         self.send_ack_all();
         // What the new epoch sent while the old one drained, in arrival order.
         for (c, pkt, arrived) in std::mem::take(&mut self.rx.early) {
-            self.rx_core(c, pkt, now, arrived, false);
+            self.resequence(c, pkt, now, arrived, false);
         }
     }
 }

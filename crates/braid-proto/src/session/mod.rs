@@ -263,35 +263,9 @@ impl Config {
         if n > MAX_CHANNELS {
             return Err(format!("{n} channels configured; at most {MAX_CHANNELS}"));
         }
-        if !self.key.is_empty() && self.key.len() < KEY_LEN {
-            return Err(format!(
-                "the pre-shared key has {} bytes; at least {KEY_LEN} random bytes are needed \
-                 (`braid genkey` makes one)",
-                self.key.len()
-            ));
-        }
-        self.keys().check()?;
-        if self.rekey_after < Duration::from_secs(1) {
-            return Err("rekey_after must be at least 1 s".into());
-        }
-        for (i, c) in self.channels.iter().enumerate() {
-            if c.weight == 0 {
-                return Err(format!(
-                    "channel {i} ({}): weight must be at least 1",
-                    c.name
-                ));
-            }
-        }
-        if self.arq.is_some() && self.security == SecurityMode::None {
-            return Err(
-                "in-bond repair (arq) needs security `encrypt` or `auth`: it finds losses \
-                 by the sealing counter"
-                    .into(),
-            );
-        }
-        if self.arq.is_some_and(|a| a.wait == Duration::ZERO) {
-            return Err("the arq wait must be above zero".into());
-        }
+        self.check_keys()?;
+        self.check_weights()?;
+        self.check_arq()?;
         if let Some(c) = &self.credits {
             if self.mode == Mode::None {
                 return Err("credits need a resequencing mode (logical, seq or trr)".into());
@@ -322,6 +296,52 @@ impl Config {
             .map_err(|e| e.to_string())
     }
 
+    /// The keying settings: a pre-shared key long enough (or none), the keys the
+    /// security mode needs, a rekey interval of at least a second.
+    fn check_keys(&self) -> Result<(), String> {
+        if !self.key.is_empty() && self.key.len() < KEY_LEN {
+            return Err(format!(
+                "the pre-shared key has {} bytes; at least {KEY_LEN} random bytes are needed \
+                 (`braid genkey` makes one)",
+                self.key.len()
+            ));
+        }
+        self.keys().check()?;
+        if self.rekey_after < Duration::from_secs(1) {
+            return Err("rekey_after must be at least 1 s".into());
+        }
+        Ok(())
+    }
+
+    /// Every channel's weight is at least 1.
+    fn check_weights(&self) -> Result<(), String> {
+        for (i, c) in self.channels.iter().enumerate() {
+            if c.weight == 0 {
+                return Err(format!(
+                    "channel {i} ({}): weight must be at least 1",
+                    c.name
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// In-bond repair, if on: a security mode that seals (it finds losses by the
+    /// sealing counter) and a wait above zero.
+    fn check_arq(&self) -> Result<(), String> {
+        if self.arq.is_some() && self.security == SecurityMode::None {
+            return Err(
+                "in-bond repair (arq) needs security `encrypt` or `auth`: it finds losses \
+                 by the sealing counter"
+                    .into(),
+            );
+        }
+        if self.arq.is_some_and(|a| a.wait == Duration::ZERO) {
+            return Err("the arq wait must be above zero".into());
+        }
+        Ok(())
+    }
+
     /// Bytes the mode puts in front of a data packet (5 in seq mode, else 0).
     pub fn data_overhead(&self) -> u32 {
         if self.mode == Mode::Seq {
@@ -346,6 +366,28 @@ impl Config {
             private: self.private_key,
             peer_public: self.peer_public_key,
         }
+    }
+
+    /// The handshake and sealing state for this configuration, seeded with `seed`.
+    fn crypto(&self, seed: [u8; 32]) -> Result<Crypto, ConfigError> {
+        Crypto::new(
+            self.security,
+            self.keys(),
+            self.rekey_after,
+            self.settings(),
+            seed,
+        )
+        .map_err(ConfigError)
+    }
+
+    /// The weight adapter, when weights adapt: from the striping configuration `sc`'s
+    /// weights and the pacing rates and overhead, if pacing is on.
+    fn adapter(&self, sc: &StripeConfig, now: Instant) -> Option<adapt::Adapt> {
+        self.adapts().then(|| {
+            let rates = self.pacing.as_ref().map_or(&[][..], |p| &p.rates_bps[..]);
+            let overhead = self.pacing.as_ref().map_or(0, |p| p.overhead);
+            adapt::Adapt::new(sc.weights.clone(), rates, overhead, now)
+        })
     }
 
     /// The settings the peer must share, as the handshake carries them.
@@ -665,14 +707,7 @@ impl Session {
         let mut s = Session {
             n,
             all,
-            crypto: Crypto::new(
-                cfg.security,
-                cfg.keys(),
-                cfg.rekey_after,
-                cfg.settings(),
-                seed,
-            )
-            .map_err(ConfigError)?,
+            crypto: cfg.crypto(seed)?,
             chans: (0..n).map(|_| liveness::Chan::new(now)).collect(),
             tx: epoch::Tx::new(all, members, striper, n),
             rx: epoch::Rx::new(all, reseq, n),
@@ -682,11 +717,7 @@ impl Session {
             events: VecDeque::new(),
             hello_seq: 0,
             counters: stats::Counters::default(),
-            adapt: cfg.adapts().then(|| {
-                let rates = cfg.pacing.as_ref().map_or(&[][..], |p| &p.rates_bps[..]);
-                let overhead = cfg.pacing.as_ref().map_or(0, |p| p.overhead);
-                adapt::Adapt::new(sc.weights.clone(), rates, overhead, now)
-            }),
+            adapt: cfg.adapter(&sc, now),
             set_quanta: None,
             aqm: cfg.aqm.map(|a| Aqm::new(a, n)),
             arq_rx: (0..n).map(|_| arq::LinkReceiver::default()).collect(),
@@ -893,103 +924,21 @@ impl Session {
         });
     }
 
+    /// A datagram's walk in: counted on its channel, then by its first byte a
+    /// handshake message, a sealed one (open → repair → resequence → deliver), a bare
+    /// one in mode `none` (resequence → deliver), or refused.
     fn datagram(&mut self, now: Instant, c: usize, source: Option<SocketAddr>, d: Bytes) {
         self.clock = self.clock.max(now);
-        if c >= self.n {
-            return;
-        }
-        let n = &mut self.chans[c].n;
-        n.rx_datagrams += 1;
-        n.rx_bytes += d.len() as u64;
-        let Some(&first) = d.first() else {
-            n.malformed += 1;
+        let Some(first) = self.count_arrival(c, &d) else {
             return;
         };
         match first {
             wire::TYPE_HS_INIT | wire::TYPE_HS_RESP => self.on_handshake(now, c, source, &d),
-            wire::TYPE_SEALED | wire::TYPE_SIGNED => match self.open(c, &d) {
-                Ok((sealed_for, inner, established)) => {
-                    // Not a repair sealed for another channel, not a late one: where
-                    // the peer is now.
-                    if sealed_for == c && self.crypto.newest {
-                        self.learn(c, source);
-                    }
-                    if let Some(e) = established {
-                        self.on_established(now, e);
-                    }
-                    self.peer.last = Some(now);
-                    self.peer.silent_warned = false;
-                    self.heard(c, now);
-                    if sealed_for == c {
-                        self.chans[c].fb_rx.accepted(d.len());
-                        if let Some(aqm) = &mut self.aqm {
-                            aqm.on_bytes(now, c, d.len());
-                        }
-                        self.stamp(now, c, &inner);
-                    }
-                    match (self.cfg.arq, sealed_id(&d)) {
-                        (Some(a), Some((key, counter))) => {
-                            let mut out = Vec::new();
-                            let rx = &mut self.arq_rx[sealed_for];
-                            let (missing, stale) = (rx.stats.missing, rx.stats.stale);
-                            if inner.first() == Some(&wire::TYPE_SESSION)
-                                && inner.get(2) == Some(&wire::session::KIND_END)
-                            {
-                                rx.fence(key, counter);
-                            }
-                            // Control that needs no order is not held behind a gap.
-                            let urgent = match inner.first() {
-                                Some(&wire::TYPE_NAK) => true,
-                                Some(&wire::TYPE_SESSION) => {
-                                    inner.get(2) != Some(&wire::session::KIND_END)
-                                }
-                                // Credits, not checks: a check counts the data before it.
-                                Some(&wire::TYPE_CREDIT) => {
-                                    inner.get(2) == Some(&wire::credit::KIND_CREDIT)
-                                }
-                                _ => false,
-                            };
-                            self.arq_rx[sealed_for]
-                                .accept(now, a.wait, key, counter, inner, urgent, &mut out);
-                            let found = self.arq_rx[sealed_for].stats.missing - missing;
-                            // Sealed before an epoch end that is passed: the old
-                            // epoch's, too late for it.
-                            self.counters.stray_drops +=
-                                self.arq_rx[sealed_for].stats.stale - stale;
-                            if found > 0 {
-                                self.last_gap = Some(now);
-                                // Repaired or not, a drop behind a standing queue is
-                                // congestion: the AQM passes it on to the traffic, and
-                                // the feedback tells the sender (whose bad-link
-                                // demotion must not take it for a bad link).
-                                if let Some(aqm) = &mut self.aqm {
-                                    if aqm.on_loss(now, sealed_for, found) {
-                                        self.chans[sealed_for].fb_rx.congested += found;
-                                    }
-                                }
-                            }
-                            // A repair: it came on another channel than the one it
-                            // was sealed for. (Feedback is never held behind a gap, so
-                            // a report in `out` is this datagram's own.)
-                            let repaired = sealed_for != c;
-                            for (i, arrived) in out {
-                                self.on_inner(now, arrived, sealed_for, i, repaired);
-                            }
-                            self.arq_requests(now);
-                        }
-                        _ => self.on_inner(now, now, c, inner, false),
-                    }
+            wire::TYPE_SEALED | wire::TYPE_SIGNED => {
+                if let Some((sealed_for, inner)) = self.open_sealed(now, c, source, &d) {
+                    self.repair(now, c, sealed_for, &d, inner);
                 }
-                Err(r) => {
-                    let n = &mut self.chans[c].n;
-                    match r {
-                        Reject::Unauthenticated => n.unauthenticated += 1,
-                        Reject::BadTag => n.auth_failures += 1,
-                        Reject::Replay => n.replays += 1,
-                        Reject::Malformed => n.malformed += 1,
-                    }
-                }
-            },
+            }
             // Mode `none`: data travel bare. They go to the resequencer but do not count
             // as hearing the peer (anyone can send them).
             _ if self.crypto.mode == SecurityMode::None
@@ -997,9 +946,157 @@ impl Session {
             {
                 self.chans[c].n.rx_data += 1;
                 self.chans[c].fb_rx.accepted(d.len());
-                self.rx_core(c, d, now, now, false);
+                self.resequence(c, d, now, now, false);
             }
             _ => self.chans[c].n.unauthenticated += 1,
+        }
+    }
+
+    /// Counts a datagram that came on channel `c` and returns its first byte (its
+    /// type); `None` when it is not a known channel or the datagram is empty (counted
+    /// malformed).
+    fn count_arrival(&mut self, c: usize, d: &Bytes) -> Option<u8> {
+        if c >= self.n {
+            return None;
+        }
+        let n = &mut self.chans[c].n;
+        n.rx_datagrams += 1;
+        n.rx_bytes += d.len() as u64;
+        let first = d.first().copied();
+        if first.is_none() {
+            n.malformed += 1;
+        }
+        first
+    }
+
+    /// The open stage: a sealed (or signed) datagram that came on channel `c` from
+    /// `source`, opened and checked. Returns the channel it was sealed for and its
+    /// contents, after noting what an authentic datagram tells;
+    /// `None` when it is refused (counted by why).
+    fn open_sealed(
+        &mut self,
+        now: Instant,
+        c: usize,
+        source: Option<SocketAddr>,
+        d: &Bytes,
+    ) -> Option<(usize, Bytes)> {
+        match self.open(c, d) {
+            Ok((sealed_for, inner, established)) => {
+                self.on_authentic(now, c, source, sealed_for, established);
+                if sealed_for == c {
+                    self.on_channel_own(now, c, d.len(), &inner);
+                }
+                Some((sealed_for, inner))
+            }
+            Err(r) => {
+                let n = &mut self.chans[c].n;
+                match r {
+                    Reject::Unauthenticated => n.unauthenticated += 1,
+                    Reject::BadTag => n.auth_failures += 1,
+                    Reject::Replay => n.replays += 1,
+                    Reject::Malformed => n.malformed += 1,
+                }
+                None
+            }
+        }
+    }
+
+    /// What an authentic datagram, come on channel `c` from `source` and sealed for
+    /// channel `sealed_for`, tells of the peer: where it is, a (re)established
+    /// session, that it and the channel are alive.
+    fn on_authentic(
+        &mut self,
+        now: Instant,
+        c: usize,
+        source: Option<SocketAddr>,
+        sealed_for: usize,
+        established: Option<Established>,
+    ) {
+        // Not a repair sealed for another channel, not a late one: where the peer is
+        // now.
+        if sealed_for == c && self.crypto.newest {
+            self.learn(c, source);
+        }
+        if let Some(e) = established {
+            self.on_established(now, e);
+        }
+        self.peer.last = Some(now);
+        self.peer.silent_warned = false;
+        self.heard(c, now);
+    }
+
+    /// An authentic datagram of `len` bytes sealed for channel `c` came on `c` (not
+    /// as a repair): its bytes count for the feedback and the AQM, and a marker's or
+    /// trigger's send time is the AQM's sample.
+    fn on_channel_own(&mut self, now: Instant, c: usize, len: usize, inner: &Bytes) {
+        self.chans[c].fb_rx.accepted(len);
+        if let Some(aqm) = &mut self.aqm {
+            aqm.on_bytes(now, c, len);
+        }
+        self.stamp(now, c, inner);
+    }
+
+    /// The repair stage: with in-bond repair, the opened datagram `d` (come on channel
+    /// `c`, sealed for `sealed_for`) goes through its channel's repair receiver, which
+    /// passes on, in counter order, what is no longer held behind a gap; without it (or
+    /// when `d` carries no counters) its contents go straight on.
+    fn repair(&mut self, now: Instant, c: usize, sealed_for: usize, d: &Bytes, inner: Bytes) {
+        match (self.cfg.arq, sealed_id(d)) {
+            (Some(a), Some(id)) => self.repair_in_order(now, c, sealed_for, a, id, inner),
+            _ => self.on_inner(now, now, c, inner, false),
+        }
+    }
+
+    /// In-bond repair of one opened datagram, numbered `(key, counter)` = `id`, come
+    /// on channel `c` and sealed for `sealed_for`: held or passed on by the repair
+    /// receiver with what it released, gaps it found noted, and requests for missing
+    /// datagrams sent.
+    fn repair_in_order(
+        &mut self,
+        now: Instant,
+        c: usize,
+        sealed_for: usize,
+        a: ArqConfig,
+        (key, counter): (u32, u64),
+        inner: Bytes,
+    ) {
+        let mut out = Vec::new();
+        let rx = &mut self.arq_rx[sealed_for];
+        let (missing, stale) = (rx.stats.missing, rx.stats.stale);
+        if inner.first() == Some(&wire::TYPE_SESSION)
+            && inner.get(2) == Some(&wire::session::KIND_END)
+        {
+            rx.fence(key, counter);
+        }
+        // Control that needs no order is not held behind a gap.
+        let urgent = needs_no_order(&inner);
+        self.arq_rx[sealed_for].accept(now, a.wait, key, counter, inner, urgent, &mut out);
+        let found = self.arq_rx[sealed_for].stats.missing - missing;
+        // Sealed before an epoch end that is passed: the old epoch's, too late for it.
+        self.counters.stray_drops += self.arq_rx[sealed_for].stats.stale - stale;
+        if found > 0 {
+            self.on_gaps(now, sealed_for, found);
+        }
+        // A repair: it came on another channel than the one it was sealed for.
+        // (Feedback is never held behind a gap, so a report in `out` is this
+        // datagram's own.)
+        let repaired = sealed_for != c;
+        for (i, arrived) in out {
+            self.on_inner(now, arrived, sealed_for, i, repaired);
+        }
+        self.arq_requests(now);
+    }
+
+    /// In-bond repair found `found` datagrams sealed for channel `c` missing.
+    fn on_gaps(&mut self, now: Instant, c: usize, found: u64) {
+        self.last_gap = Some(now);
+        // Repaired or not, a drop behind a standing queue is congestion: the AQM passes
+        // it on to the traffic, and the feedback tells the sender (whose bad-link
+        // demotion must not take it for a bad link).
+        if let Some(aqm) = &mut self.aqm {
+            if aqm.on_loss(now, c, found) {
+                self.chans[c].fb_rx.congested += found;
+            }
         }
     }
 
@@ -1103,8 +1200,9 @@ impl Session {
         self.pump(now);
     }
 
-    /// An authenticated datagram's contents; `arrived` is when it came (earlier than
-    /// `now` when in-bond repair held it).
+    /// An authenticated datagram's contents, by kind: control to its handler, data
+    /// (markers, triggers) to the resequence stage; `arrived` is when it came (earlier
+    /// than `now` when in-bond repair held it).
     /// `repaired`: it came as an in-bond repair, later than it was sent.
     fn on_inner(&mut self, now: Instant, arrived: Instant, c: usize, inner: Bytes, repaired: bool) {
         match inner.first().copied() {
@@ -1119,15 +1217,15 @@ impl Session {
             }
             Some(wire::TYPE_MARKER) => {
                 self.chans[c].n.rx_markers += 1;
-                self.rx_core(c, inner, now, arrived, repaired)
+                self.resequence(c, inner, now, arrived, repaired)
             }
             Some(wire::TYPE_TRIGGER) => {
                 self.chans[c].n.rx_triggers += 1;
-                self.rx_core(c, inner, now, arrived, repaired)
+                self.resequence(c, inner, now, arrived, repaired)
             }
             Some(_) => {
                 self.chans[c].n.rx_data += 1;
-                self.rx_core(c, inner, now, arrived, repaired)
+                self.resequence(c, inner, now, arrived, repaired)
             }
             None => self.chans[c].n.malformed += 1,
         }
@@ -1594,6 +1692,9 @@ impl Session {
         }
     }
 
+    /// The deliver stage: what the resequencer has put in order goes to the
+    /// application (past the AQM, which may mark or drop it), the credits that are
+    /// due go out, and so do NAKs for the losses it asks to have repaired.
     fn drain_deliver(&mut self, now: Instant) {
         while let Some(b) = self.rx.reseq.poll_deliver() {
             match &mut self.aqm {
@@ -1620,9 +1721,10 @@ impl Session {
         }
     }
 
-    /// A packet for the resequencer; `repaired`: it came as an in-bond repair (after
+    /// The resequence stage: a packet for the resequencer (then the deliver stage,
+    /// [`Session::drain_deliver`]); `repaired`: it came as an in-bond repair (after
     /// the datagrams sent after it, so no FIFO order tells its epoch).
-    fn rx_core(&mut self, c: usize, pkt: Bytes, now: Instant, arrived: Instant, repaired: bool) {
+    fn resequence(&mut self, c: usize, pkt: Bytes, now: Instant, arrived: Instant, repaired: bool) {
         if self.rx.pending.is_some() && self.rx.end_seen & bit(c) != 0 {
             // After the old epoch's end on `c`: the new epoch's, once acknowledged (a
             // late repair is the old epoch's, too late for it).
@@ -1702,6 +1804,18 @@ impl Session {
 fn sealed_id(d: &[u8]) -> Option<(u32, u64)> {
     let h = wire::secure::Header::parse(d).ok()?;
     Some((h.index, h.counter))
+}
+
+/// Whether a datagram's contents `inner` are control that needs no order, so in-bond
+/// repair does not hold them behind a gap: a NAK, a session message other than an
+/// epoch end, a credit (not a check: a check counts the data before it).
+fn needs_no_order(inner: &[u8]) -> bool {
+    match inner.first() {
+        Some(&wire::TYPE_NAK) => true,
+        Some(&wire::TYPE_SESSION) => inner.get(2) != Some(&wire::session::KIND_END),
+        Some(&wire::TYPE_CREDIT) => inner.get(2) == Some(&wire::credit::KIND_CREDIT),
+        _ => false,
+    }
 }
 
 /// Least spacing of the answers to requests for one datagram, while the repair path's

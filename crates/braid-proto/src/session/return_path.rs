@@ -39,6 +39,7 @@
 
 use std::collections::VecDeque;
 
+use super::feedback::Estimate;
 use super::{bit, LinkState, Session};
 use crate::time::{Duration, Instant};
 
@@ -101,6 +102,22 @@ pub(crate) struct ReturnPath {
 }
 
 impl ReturnPath {
+    /// A sample `(now, sent bytes, delivered bytes)` into the window, which keeps the
+    /// newest sample at least `hold` old and those after it; then our send and receive
+    /// rates over the window ([`ReturnPath::rates`]).
+    fn sample(&mut self, sample: (Instant, u64, u64), hold: Duration) -> Option<(f64, f64)> {
+        let now = sample.0;
+        self.samples.push_back(sample);
+        while self
+            .samples
+            .get(1)
+            .is_some_and(|s| now.saturating_since(s.0) >= hold)
+        {
+            self.samples.pop_front();
+        }
+        self.rates(hold)
+    }
+
     /// Our send and receive rates (bit/s) over the window, once it spans at least half
     /// of `hold`.
     fn rates(&self, hold: Duration) -> Option<(f64, f64)> {
@@ -122,7 +139,7 @@ impl Session {
     }
 
     /// Can channel `c` carry the return direction?
-    fn return_candidate(&self, c: usize, est: &super::feedback::Estimate) -> bool {
+    fn return_candidate(&self, c: usize, est: &Estimate) -> bool {
         self.chans[c].state == LinkState::Up
             && self.chans[c].demote.role == super::Role::Active
             && self.peer.mask & bit(c) != 0
@@ -130,58 +147,79 @@ impl Session {
             && est.loss.is_none_or(|l| l <= MAX_LOSS)
     }
 
-    /// One judgement (each heartbeat, before the set is chosen).
+    /// One judgement (each heartbeat, before the set is chosen): with our send and
+    /// receive rates over the window, the return path in force is kept or ended, or
+    /// one is chosen.
     pub(super) fn return_path_step(&mut self, now: Instant) {
         let Some(cfg) = self.cfg.return_path else {
             return;
         };
         let sample = (now, self.counters.sent_bytes, self.delivered_bytes());
-        let rp = &mut self.return_path;
-        rp.samples.push_back(sample);
-        while rp
-            .samples
-            .get(1)
-            .is_some_and(|s| now.saturating_since(s.0) >= cfg.hold)
-        {
-            rp.samples.pop_front();
-        }
-        let Some((tx, rx)) = rp.rates(cfg.hold) else {
+        let Some((tx, rx)) = self.return_path.sample(sample, cfg.hold) else {
             return;
         };
         let est: Vec<_> = self.chans.iter().map(|c| c.fb_tx.estimate()).collect();
         if let Some(c) = self.return_path.on {
-            let congested = est[c].loss.is_some_and(|l| l > MAX_LOSS);
-            let gone = !self.return_candidate(c, &est[c]) && !congested;
-            let heavy = tx * 4.0 > rx;
-            let ended = rx < cfg.min_rx_bps / 2.0;
-            if congested || gone || heavy || ended {
-                let rp = &mut self.return_path;
-                rp.on = None;
-                rp.light_since = None;
-                if congested {
-                    rp.not_before =
-                        Some(now + Duration::from_micros(cfg.hold.as_micros() * BACKOFF_HOLDS));
-                }
-                let why = if congested {
-                    "congestion on it"
-                } else if gone {
-                    "it is no longer usable"
-                } else if heavy {
-                    "we send more than a quarter of what we receive"
-                } else {
-                    "the peer's flow ended"
-                };
-                self.events.push_back(super::Event::ReturnPath {
-                    channel: None,
-                    reason: format!(
-                        "{why} (sending {:.2} Mbit/s, receiving {:.2} Mbit/s)",
-                        tx / 1e6,
-                        rx / 1e6
-                    ),
-                });
-            }
+            self.return_path_review(now, &cfg, c, &est, (tx, rx));
+        } else {
+            self.return_path_choose(now, &cfg, &est, (tx, rx));
+        }
+    }
+
+    /// The return path is on channel `c` (estimates `est`, our send and receive rates
+    /// `tx`, `rx`): it ends, with an event that says why, on congestion on it (and
+    /// none is chosen again for a while), when `c` is no longer usable, when we send
+    /// more than a quarter of what we receive, or when the peer's flow ended.
+    fn return_path_review(
+        &mut self,
+        now: Instant,
+        cfg: &ReturnPathConfig,
+        c: usize,
+        est: &[Estimate],
+        (tx, rx): (f64, f64),
+    ) {
+        let congested = est[c].loss.is_some_and(|l| l > MAX_LOSS);
+        let gone = !self.return_candidate(c, &est[c]) && !congested;
+        let heavy = tx * 4.0 > rx;
+        let ended = rx < cfg.min_rx_bps / 2.0;
+        if !(congested || gone || heavy || ended) {
             return;
         }
+        let rp = &mut self.return_path;
+        rp.on = None;
+        rp.light_since = None;
+        if congested {
+            rp.not_before = Some(now + Duration::from_micros(cfg.hold.as_micros() * BACKOFF_HOLDS));
+        }
+        let why = if congested {
+            "congestion on it"
+        } else if gone {
+            "it is no longer usable"
+        } else if heavy {
+            "we send more than a quarter of what we receive"
+        } else {
+            "the peer's flow ended"
+        };
+        self.events.push_back(super::Event::ReturnPath {
+            channel: None,
+            reason: format!(
+                "{why} (sending {:.2} Mbit/s, receiving {:.2} Mbit/s)",
+                tx / 1e6,
+                rx / 1e6
+            ),
+        });
+    }
+
+    /// No return path is in force (estimates `est`, our send and receive rates `tx`,
+    /// `rx`): once our direction has been light for the hold, the usable channel with
+    /// the smallest round trip becomes it, with an event.
+    fn return_path_choose(
+        &mut self,
+        now: Instant,
+        cfg: &ReturnPathConfig,
+        est: &[Estimate],
+        (tx, rx): (f64, f64),
+    ) {
         let light = self.n >= 2 && rx >= cfg.min_rx_bps && tx > 0.0 && tx * cfg.ratio <= rx;
         let rp = &mut self.return_path;
         if !light || rp.not_before.is_some_and(|t| now < t) {

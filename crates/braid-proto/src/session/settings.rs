@@ -226,27 +226,26 @@ impl Settings {
     /// The first setting in which `theirs` differs from ours in a way the session
     /// cannot work with (see the module docs), with both values.
     pub fn mismatch(&self, theirs: &Settings) -> Option<Mismatch> {
-        let m = |setting, ours: String, theirs: String| {
-            Some(Mismatch {
-                setting,
-                ours,
-                theirs,
-                hint: "",
-            })
-        };
-        let hint = |hint, m: Option<Mismatch>| m.map(|m| Mismatch { hint, ..m });
+        self.setting_mismatch(theirs)
+            .or_else(|| self.quanta_mismatch(theirs))
+    }
+
+    /// The first of the settings that must be equal at both ends (the number of
+    /// channels, mode, security, the scheduler when the mode resequences, credits) in
+    /// which `theirs` differs from ours.
+    fn setting_mismatch(&self, theirs: &Settings) -> Option<Mismatch> {
         if self.weights.len() != theirs.weights.len() {
-            return m(
+            return differs(
                 "number of channels",
                 self.weights.len().to_string(),
                 theirs.weights.len().to_string(),
             );
         }
         if self.mode != theirs.mode {
-            return m("mode", quote(self.mode.name()), quote(theirs.mode.name()));
+            return differs("mode", quote(self.mode.name()), quote(theirs.mode.name()));
         }
         if self.security != theirs.security {
-            return m(
+            return differs(
                 "security",
                 quote(self.security.name()),
                 quote(theirs.security.name()),
@@ -257,47 +256,66 @@ impl Settings {
                 SchedulerKind::Random { seed } => format!("\"random\" (seed {seed})"),
                 s => quote(s.name()),
             };
-            return m("scheduler", name(self.scheduler), name(theirs.scheduler));
+            return differs("scheduler", name(self.scheduler), name(theirs.scheduler));
         }
         if self.credits != theirs.credits {
-            return m(
+            return differs(
                 "credits",
                 credits_str(&self.credits),
                 credits_str(&theirs.credits),
             );
         }
-        if matches!(self.mode, Mode::Logical | Mode::Trr) {
-            let q = |s: &Settings| quanta(s.scheduler, s.max_packet, &s.weights);
-            if q(self) != q(theirs) {
-                // Same quanta from other weights is no mismatch (2:4 is 1:2); name what
-                // makes them differ.
-                let same_ratio = quanta(SchedulerKind::Srr, 1 << 16, &self.weights)
-                    == quanta(SchedulerKind::Srr, 1 << 16, &theirs.weights);
-                if same_ratio && self.max_packet != theirs.max_packet {
-                    return hint(
-                        " (the channels' smallest mtu, less the IP/UDP headers and the \
-                         security envelope): the SRR quanta are multiples of it, and in this \
-                         mode the receiver follows the sender's scheduler with them",
-                        m(
-                            "largest datagram",
-                            format!("{} bytes", self.max_packet),
-                            format!("{} bytes", theirs.max_packet),
-                        ),
-                    );
-                }
-                return hint(
-                    " (in the same ratios): in this mode the receiver follows the sender's \
-                     scheduler with them",
-                    m(
-                        "channel weights",
-                        list(&self.weights),
-                        list(&theirs.weights),
-                    ),
-                );
-            }
-        }
         None
     }
+
+    /// In a mode whose receiver follows the sender's scheduler (logical, trr): the
+    /// quanta must be the same at both ends; if they are not, what makes them differ
+    /// (the largest datagram when the weights have the same ratios, else the weights).
+    fn quanta_mismatch(&self, theirs: &Settings) -> Option<Mismatch> {
+        if !matches!(self.mode, Mode::Logical | Mode::Trr) {
+            return None;
+        }
+        let q = |s: &Settings| quanta(s.scheduler, s.max_packet, &s.weights);
+        if q(self) == q(theirs) {
+            return None;
+        }
+        let hint = |hint, m: Option<Mismatch>| m.map(|m| Mismatch { hint, ..m });
+        // Same quanta from other weights is no mismatch (2:4 is 1:2); name what makes
+        // them differ.
+        let same_ratio = quanta(SchedulerKind::Srr, 1 << 16, &self.weights)
+            == quanta(SchedulerKind::Srr, 1 << 16, &theirs.weights);
+        if same_ratio && self.max_packet != theirs.max_packet {
+            return hint(
+                " (the channels' smallest mtu, less the IP/UDP headers and the \
+                 security envelope): the SRR quanta are multiples of it, and in this \
+                 mode the receiver follows the sender's scheduler with them",
+                differs(
+                    "largest datagram",
+                    format!("{} bytes", self.max_packet),
+                    format!("{} bytes", theirs.max_packet),
+                ),
+            );
+        }
+        hint(
+            " (in the same ratios): in this mode the receiver follows the sender's \
+             scheduler with them",
+            differs(
+                "channel weights",
+                list(&self.weights),
+                list(&theirs.weights),
+            ),
+        )
+    }
+}
+
+/// A mismatch in `setting`, with our value and the peer's, and no hint.
+fn differs(setting: &'static str, ours: String, theirs: String) -> Option<Mismatch> {
+    Some(Mismatch {
+        setting,
+        ours,
+        theirs,
+        hint: "",
+    })
 }
 
 #[cfg(test)]

@@ -242,14 +242,7 @@ impl Session {
         ts: &Stats,
         balances: Option<&[u64]>,
     ) -> ChannelInfo {
-        let mut t = self.tx.base[i].clone();
-        if let Some(k) = self.tx.members.iter().position(|&m| m == i) {
-            t += &ts.channels[k];
-        }
-        let mut r = self.rx.base[i].clone();
-        if let Some(k) = self.rx.index[i] {
-            r += &rs.channels[k];
-        }
+        let (t, r) = self.epoch_counters(i, rs, ts);
         let c = &self.chans[i];
         let quantum = self.quantum(i);
         let in_tx_set = self.tx.set & bit(i) != 0;
@@ -278,12 +271,7 @@ impl Session {
             pace_bps: self.pacer.as_ref().and_then(|p| p.rate_bps(i)),
             measured_bps: self.probes.measured(i),
             probe: self.probes.state(i),
-            pace_configured_bps: self
-                .cfg
-                .pacing
-                .as_ref()
-                .and_then(|p| p.rates_bps.get(i).copied())
-                .filter(|r| *r > 0.0),
+            pace_configured_bps: self.configured_rate(i),
             role: c.demote.role,
             role_since: now.saturating_since(c.demote.since),
             demotions: c.demote.demotions,
@@ -302,6 +290,31 @@ impl Session {
             arq: self.arq_rx[i].stats.merged(&self.arq_tx[i].stats),
             credit_balance: balances.map(|b| b[i]),
         }
+    }
+
+    /// Channel `i`'s striper and resequencer counters over every epoch: those of
+    /// earlier epochs, plus the current striper's `ts` and resequencer's `rs` where
+    /// `i` is one of their channels.
+    fn epoch_counters(&self, i: usize, rs: &Stats, ts: &Stats) -> (ChannelStats, ChannelStats) {
+        let mut t = self.tx.base[i].clone();
+        if let Some(k) = self.tx.members.iter().position(|&m| m == i) {
+            t += &ts.channels[k];
+        }
+        let mut r = self.rx.base[i].clone();
+        if let Some(k) = self.rx.index[i] {
+            r += &rs.channels[k];
+        }
+        (t, r)
+    }
+
+    /// Channel `i`'s configured pacing rate (bit/s on the wire), if pacing is on and
+    /// one is configured (not learnt by probing).
+    fn configured_rate(&self, i: usize) -> Option<f64> {
+        self.cfg
+            .pacing
+            .as_ref()
+            .and_then(|p| p.rates_bps.get(i).copied())
+            .filter(|r| *r > 0.0)
     }
 
     /// Channel `i`'s quantum: adapted, else set by `set_weights`, else as configured.

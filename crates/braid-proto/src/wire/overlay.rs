@@ -354,29 +354,7 @@ impl Repr {
             }
             Repr::Provision {
                 src, dst, paths, ..
-            } => {
-                if !node_ok(*src) || !node_ok(*dst) || src == dst {
-                    return Err(WireError::Invalid);
-                }
-                if paths.is_empty() || paths.len() > MAX_PROVISION_PATHS {
-                    return Err(WireError::Invalid);
-                }
-                for (i, p) in paths.iter().enumerate() {
-                    if p.weight == 0 || p.relay.is_some_and(|r| r == *src || r == *dst) {
-                        return Err(WireError::Invalid);
-                    }
-                    if p.slot as usize >= MAX_PROVISION_PATHS {
-                        return Err(WireError::Invalid);
-                    }
-                    if paths[..i]
-                        .iter()
-                        .any(|q| q.relay == p.relay || q.slot == p.slot)
-                    {
-                        return Err(WireError::Invalid);
-                    }
-                }
-                Ok(())
-            }
+            } => validate_provision(*src, *dst, paths),
             Repr::Teardown { src, dst, .. } => {
                 if !node_ok(*src) || !node_ok(*dst) || src == dst {
                     return Err(WireError::Invalid);
@@ -467,6 +445,33 @@ impl Repr {
         self.emit(&mut v)?;
         Ok(v)
     }
+}
+
+/// A PROVISION's fields as [`Repr::validate`] checks them: two distinct nodes, one to
+/// [`MAX_PROVISION_PATHS`] paths, each with a weight, a relay other than the two ends
+/// (or none) and a slot in range, no two with the same relay or slot.
+fn validate_provision(src: NodeId, dst: NodeId, paths: &[ProvisionPath]) -> Result<(), WireError> {
+    if src == NO_RELAY || dst == NO_RELAY || src == dst {
+        return Err(WireError::Invalid);
+    }
+    if paths.is_empty() || paths.len() > MAX_PROVISION_PATHS {
+        return Err(WireError::Invalid);
+    }
+    for (i, p) in paths.iter().enumerate() {
+        if p.weight == 0 || p.relay.is_some_and(|r| r == src || r == dst) {
+            return Err(WireError::Invalid);
+        }
+        if p.slot as usize >= MAX_PROVISION_PATHS {
+            return Err(WireError::Invalid);
+        }
+        if paths[..i]
+            .iter()
+            .any(|q| q.relay == p.relay || q.slot == p.slot)
+        {
+            return Err(WireError::Invalid);
+        }
+    }
+    Ok(())
 }
 
 /// An UPDATE's kind, header and entries into `b` (zeroed, of the right length).

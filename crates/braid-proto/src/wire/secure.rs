@@ -227,6 +227,13 @@ fn u32_at(b: &[u8], at: usize) -> u32 {
     u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
 }
 
+/// The mac at `at` in `b` (there are [`MAC_LEN`] bytes from `at`).
+fn mac_at(b: &[u8], at: usize) -> [u8; MAC_LEN] {
+    let mut m = [0u8; MAC_LEN];
+    m.copy_from_slice(&b[at..at + MAC_LEN]);
+    m
+}
+
 impl<'a> Handshake<'a> {
     /// Parse a handshake message. Never panics.
     pub fn parse(b: &'a [u8]) -> Result<Handshake<'a>, SecureError> {
@@ -236,65 +243,76 @@ impl<'a> Handshake<'a> {
         if b[1] != HS_VERSION || b[2] > 2 {
             return Err(SecureError::Unknown);
         }
-        let mac = |at: usize| {
-            let mut m = [0u8; MAC_LEN];
-            m.copy_from_slice(&b[at..at + MAC_LEN]);
-            m
-        };
         match b[0] {
-            TYPE_HS_INIT if b[3] == 0 && b[2] <= 1 => {
-                if b.len() < INIT_HEADER_LEN + 2 * MAC_LEN {
-                    return Err(SecureError::Truncated);
-                }
-                let end = b.len() - 2 * MAC_LEN;
-                Ok(Handshake::Init {
-                    static_keys: b[2] == 1,
-                    sender: u32_at(b, 4),
-                    noise: &b[INIT_HEADER_LEN..end],
-                    mac1: mac(end),
-                    mac2: mac(end + MAC_LEN),
-                })
-            }
-            TYPE_HS_RESP if b[2] == 1 => {
-                if b.len() != REJECT_LEN || b[4..8] != [0; 4] {
-                    return Err(SecureError::Truncated);
-                }
-                let mut echo = [0u8; ECHO_LEN];
-                echo.copy_from_slice(&b[RESP_HEADER_LEN..]);
-                Ok(Handshake::Reject {
-                    reason: b[3],
-                    receiver: u32_at(b, 8),
-                    echo,
-                })
-            }
-            TYPE_HS_RESP if b[2] == 2 && b[3] == 0 => {
-                if b.len() != COOKIE_REPLY_LEN {
-                    return Err(SecureError::Truncated);
-                }
-                let mut nonce = [0u8; COOKIE_NONCE_LEN];
-                nonce.copy_from_slice(&b[8..8 + COOKIE_NONCE_LEN]);
-                let mut sealed = [0u8; COOKIE_SEALED_LEN];
-                sealed.copy_from_slice(&b[8 + COOKIE_NONCE_LEN..]);
-                Ok(Handshake::Cookie {
-                    receiver: u32_at(b, 4),
-                    nonce,
-                    sealed,
-                })
-            }
-            TYPE_HS_RESP if b[2] == 0 && b[3] == 0 => {
-                if b.len() < RESP_HEADER_LEN + MAC_LEN {
-                    return Err(SecureError::Truncated);
-                }
-                let end = b.len() - MAC_LEN;
-                Ok(Handshake::Resp {
-                    sender: u32_at(b, 4),
-                    receiver: u32_at(b, 8),
-                    noise: &b[RESP_HEADER_LEN..end],
-                    mac1: mac(end),
-                })
-            }
+            TYPE_HS_INIT if b[3] == 0 && b[2] <= 1 => Self::parse_init(b),
+            TYPE_HS_RESP if b[2] == 1 => Self::parse_reject(b),
+            TYPE_HS_RESP if b[2] == 2 && b[3] == 0 => Self::parse_cookie(b),
+            TYPE_HS_RESP if b[2] == 0 && b[3] == 0 => Self::parse_resp(b),
             _ => Err(SecureError::Unknown),
         }
+    }
+
+    /// An initiation (its header checked): the Noise message between the header and
+    /// the two macs.
+    fn parse_init(b: &'a [u8]) -> Result<Handshake<'a>, SecureError> {
+        if b.len() < INIT_HEADER_LEN + 2 * MAC_LEN {
+            return Err(SecureError::Truncated);
+        }
+        let end = b.len() - 2 * MAC_LEN;
+        Ok(Handshake::Init {
+            static_keys: b[2] == 1,
+            sender: u32_at(b, 4),
+            noise: &b[INIT_HEADER_LEN..end],
+            mac1: mac_at(b, end),
+            mac2: mac_at(b, end + MAC_LEN),
+        })
+    }
+
+    /// A reject (its header checked): exactly [`REJECT_LEN`] bytes, the reason, the
+    /// key index of the initiation rejected and its echoed first bytes.
+    fn parse_reject(b: &'a [u8]) -> Result<Handshake<'a>, SecureError> {
+        if b.len() != REJECT_LEN || b[4..8] != [0; 4] {
+            return Err(SecureError::Truncated);
+        }
+        let mut echo = [0u8; ECHO_LEN];
+        echo.copy_from_slice(&b[RESP_HEADER_LEN..]);
+        Ok(Handshake::Reject {
+            reason: b[3],
+            receiver: u32_at(b, 8),
+            echo,
+        })
+    }
+
+    /// A cookie reply (its header checked): exactly [`COOKIE_REPLY_LEN`] bytes, the
+    /// nonce and the sealed cookie.
+    fn parse_cookie(b: &'a [u8]) -> Result<Handshake<'a>, SecureError> {
+        if b.len() != COOKIE_REPLY_LEN {
+            return Err(SecureError::Truncated);
+        }
+        let mut nonce = [0u8; COOKIE_NONCE_LEN];
+        nonce.copy_from_slice(&b[8..8 + COOKIE_NONCE_LEN]);
+        let mut sealed = [0u8; COOKIE_SEALED_LEN];
+        sealed.copy_from_slice(&b[8 + COOKIE_NONCE_LEN..]);
+        Ok(Handshake::Cookie {
+            receiver: u32_at(b, 4),
+            nonce,
+            sealed,
+        })
+    }
+
+    /// A response (its header checked): the Noise message between the header and the
+    /// mac.
+    fn parse_resp(b: &'a [u8]) -> Result<Handshake<'a>, SecureError> {
+        if b.len() < RESP_HEADER_LEN + MAC_LEN {
+            return Err(SecureError::Truncated);
+        }
+        let end = b.len() - MAC_LEN;
+        Ok(Handshake::Resp {
+            sender: u32_at(b, 4),
+            receiver: u32_at(b, 8),
+            noise: &b[RESP_HEADER_LEN..end],
+            mac1: mac_at(b, end),
+        })
     }
 
     /// The message's bytes.
