@@ -15,6 +15,9 @@
 # BASE=/path/to/an/older/braid runs every tunnel row a second time with that binary
 # (labelled base-...), so before and after are compared in one run.
 #
+# PERF=FILE records a perf profile (perf record -g, both tunnel processes) of the first
+# TCP row through the tunnel with this build into FILE (if FILE does not exist yet).
+#
 # Needs root. Usage: sudo [BASE=old-braid] scripts/bench-tunnel.sh [DURATION [JSON-FILE]]
 # DURATION defaults to 4s; the JSON (every row, the ratios, the load) goes to JSON-FILE
 # if given.
@@ -25,8 +28,9 @@ DUR=${1:-4s}
 JSON_OUT=${2:-}
 SECS=${DUR%s}
 cargo build --release -q -p braid
-B=$PWD/target/release/braid
+B=${CARGO_TARGET_DIR:-$PWD/target}/release/braid
 BASE=${BASE:-}
+PERF=${PERF:-}
 MODES=${MODES:-encrypt auth none}
 N1=bfw1-$$; N2=bfw2-$$
 TMP=$(mktemp -d)
@@ -131,7 +135,14 @@ tcp() { # label ip
     local sp=$!
     sleep 0.5
     local c0; c0=$(cpu_ticks)
+    local perf_pid=
+    if [ -n "$PERF" ] && [ "${#TPIDS[@]}" -gt 0 ] && [ "${label#base-}" = "$label" ] && [ ! -e "$PERF" ]; then
+        # Both tunnel processes, from 0.5 s in to 0.5 s before the end of the run.
+        (sleep 0.5; exec perf record -q -F 999 -g -o "$PERF" -p "$(IFS=,; echo "${TPIDS[*]}")" -- sleep "$(echo "$SECS - 1" | bc)") >/dev/null 2>&1 &
+        perf_pid=$!
+    fi
     ip netns exec "$N1" iperf3 -c "$ip" -p 5201 -t "$SECS" -J > "$TMP/iperf.json" 2>"$TMP/iperf.err" || true
+    [ -n "$perf_pid" ] && { wait "$perf_pid" || true; echo "perf profile of the tcp $label row: $PERF"; }
     local c1; c1=$(cpu_ticks)
     wait $sp 2>/dev/null || true
     python3 - "$label" "$TMP/iperf.json" "$(( (c1 - c0) ))" "$HZ" >> "$TMP/results" <<'PY'

@@ -53,6 +53,16 @@ s.sendall(data); s.close()
 print(len(data), hashlib.sha256(data).hexdigest())
 "#;
 
+/// From a tunnel's log: how many reads of its TUN device were super-segments it cut.
+fn super_segments_cut(log: &str) -> u64 {
+    let line = log
+        .lines()
+        .find(|l| l.contains("packets read from the TUN device in"))
+        .unwrap_or_else(|| panic!("no read summary in the log: {log}"));
+    let (_, rest) = line.split_once(" reads (").unwrap();
+    rest.split_whitespace().next().unwrap().parse().unwrap()
+}
+
 #[test]
 fn tunnel_carries_tcp_between_namespaces() {
     if let Some(why) = skip_reason() {
@@ -143,12 +153,17 @@ fn tunnel_carries_tcp_between_namespaces() {
     for c in &lab.children {
         sh(&["kill", "-TERM", &c.id().to_string()]);
     }
+    let mut cut = 0;
     for c in std::mem::take(&mut lab.children) {
         let out = c.wait_with_output().unwrap();
         let log = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "tunnel exit: {log}");
         assert!(log.contains("SIGTERM: shutting down"), "{log}");
+        cut += super_segments_cut(&log);
     }
+    // The sending end's kernel handed its TUN reader whole TCP super-segments (transmit
+    // offload), which braid cut into packets: the stream above went through that path.
+    assert!(cut > 0, "no TCP super-segment read from the TUN device");
     assert!(!ca.exists() && !cb.exists());
 
     // Without CAP_NET_ADMIN the error says what is missing.
