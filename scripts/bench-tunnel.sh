@@ -15,6 +15,15 @@
 # BASE=/path/to/an/older/braid runs every tunnel row a second time with that binary
 # (labelled base-...), so before and after are compared in one run.
 #
+# PACE=off (or a rate) sets the channel's `pace`; unset, the default ("auto": the tunnel
+# times a train when the channel comes up and paces at 0.97 of what it measured, which on
+# a loaded machine can be far below what the unshaped veth carries and then caps the
+# TCP rows). PACE=off measures the data path alone. Each TCP row through the tunnel
+# records the sending end's pace (pace_bps in the JSON; -1: unpaced).
+#
+# PERF=FILE records a perf profile (perf record -g, both tunnel processes) of the first
+# TCP row through the tunnel with this build into FILE (if FILE does not exist yet).
+#
 # Needs root. Usage: sudo [BASE=old-braid] scripts/bench-tunnel.sh [DURATION [JSON-FILE]]
 # DURATION defaults to 4s; the JSON (every row, the ratios, the load) goes to JSON-FILE
 # if given.
@@ -25,8 +34,10 @@ DUR=${1:-4s}
 JSON_OUT=${2:-}
 SECS=${DUR%s}
 cargo build --release -q -p braid
-B=$PWD/target/release/braid
+B=${CARGO_TARGET_DIR:-$PWD/target}/release/braid
 BASE=${BASE:-}
+PERF=${PERF:-}
+PACE=${PACE:-}
 MODES=${MODES:-encrypt auth none}
 N1=bfw1-$$; N2=bfw2-$$
 TMP=$(mktemp -d)
@@ -67,6 +78,7 @@ $( [ "$1" = none ] && echo "allow_insecure = true" )
 [[channel]]
 local = "10.203.0.$end:7000"
 remote = "10.203.0.$other:7000"
+$( [ -n "$PACE" ] && echo "pace = \"$PACE\"" )
 CFG
         chmod 600 "$TMP/t$end.toml"
     done
@@ -131,12 +143,25 @@ tcp() { # label ip
     local sp=$!
     sleep 0.5
     local c0; c0=$(cpu_ticks)
+    local perf_pid=
+    if [ -n "$PERF" ] && [ "${#TPIDS[@]}" -gt 0 ] && [ "${label#base-}" = "$label" ] && [ ! -e "$PERF" ]; then
+        # Both tunnel processes, from 0.5 s in to 0.5 s before the end of the run.
+        (sleep 0.5; exec perf record -q -F 999 -g -o "$PERF" -p "$(IFS=,; echo "${TPIDS[*]}")" -- sleep "$(echo "$SECS - 1" | bc)") >/dev/null 2>&1 &
+        perf_pid=$!
+    fi
     ip netns exec "$N1" iperf3 -c "$ip" -p 5201 -t "$SECS" -J > "$TMP/iperf.json" 2>"$TMP/iperf.err" || true
+    [ -n "$perf_pid" ] && { wait "$perf_pid" || true; echo "perf profile of the tcp $label row: $PERF"; }
     local c1; c1=$(cpu_ticks)
     wait $sp 2>/dev/null || true
-    python3 - "$label" "$TMP/iperf.json" "$(( (c1 - c0) ))" "$HZ" >> "$TMP/results" <<'PY'
+    # The sending end's pace (bit/s, 0: unpaced): a measured pace caps the row.
+    local pace=0
+    if [ -S "$TMP/t1.sock" ] && [ "${#TPIDS[@]}" -gt 0 ]; then
+        pace=$("$B" status --control "$TMP/t1.sock" --json 2>/dev/null \
+            | python3 -c 'import json,sys; print(json.load(sys.stdin)["channels"][0].get("pace_bps", 0))' 2>/dev/null || echo 0)
+    fi
+    python3 - "$label" "$TMP/iperf.json" "$(( (c1 - c0) ))" "$HZ" "$pace" >> "$TMP/results" <<'PY'
 import json, sys
-label, path, ticks, hz = sys.argv[1:]
+label, path, ticks, hz, pace = sys.argv[1:]
 try:
     j = json.load(open(path))
     bps = j["end"]["sum_received"]["bits_per_second"]
@@ -144,9 +169,9 @@ try:
     secs = j["end"]["sum_received"]["seconds"]
 except (KeyError, ValueError):
     bps, retr, secs = 0.0, 0, 1.0
-print(f"tcp {label} 0 0 0 {bps} {retr} {int(ticks) / int(hz)}")
+print(f"tcp {label} 0 0 0 {bps} {retr} {int(ticks) / int(hz)} {float(pace)}")
 PY
-    tail -1 "$TMP/results" | awk -v s="$SECS" '{g=$6/1e9; printf "%-6s %-16s %5s %10s %10s %8.3f %7s %7.2f  %s\n", $1, $2, "-", "-", "-", g, $7" rtx", $8, (g>0 && $8>0) ? sprintf("%.2f CPU-s/s per Gbit/s", $8/s/g) : ""}'
+    tail -1 "$TMP/results" | awk -v s="$SECS" '{g=$6/1e9; printf "%-6s %-16s %5s %10s %10s %8.3f %7s %7.2f  %s%s\n", $1, $2, "-", "-", "-", g, $7" rtx", $8, (g>0 && $8>0) ? sprintf("%.2f CPU-s/s per Gbit/s", $8/s/g) : "", ($9>0) ? sprintf(", paced at %.0f Mbit/s", $9/1e6) : ""}'
 }
 
 wg_up() { # -> 0 if wireguard-go is running in both namespaces
@@ -174,7 +199,7 @@ wg_up() { # -> 0 if wireguard-go is running in both namespaces
     ip netns exec "$N1" ping -c 1 -W 2 10.79.0.2 > /dev/null 2>&1 || return 1
 }
 
-echo "braid forwarding cost over one unshaped veth pair ($(nproc) cores, ${DUR} per run, backlogged senders)"
+echo "braid forwarding cost over one unshaped veth pair ($(nproc) cores, ${DUR} per run, backlogged senders, pace ${PACE:-default})"
 echo "load: $(cat /proc/loadavg)"
 LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 printf "%-6s %-16s %5s %10s %10s %8s %7s %7s\n" kind path bytes "sent kpps" "recv kpps" "Gbit/s" "loss %" "cpu s"
@@ -214,8 +239,11 @@ path, dur, cores, load0, load1, out = sys.argv[1:]
 secs = float(dur.rstrip("s"))
 rows = []
 for l in open(path):
-    kind, label, size, sent, pps, bps, x, cpu = l.split()
+    f = l.split()
+    kind, label, size, sent, pps, bps, x, cpu = f[:8]
     r = {"kind": kind, "path": label, "cpu_s": float(cpu)}
+    if len(f) > 8:
+        r["pace_bps"] = float(f[8])
     if kind == "udp":
         r.update(size=int(size), sent_pps=float(sent), recv_pps=float(pps),
                  recv_bps=float(bps), loss=float(x))
@@ -234,7 +262,8 @@ for r in rows:
     if r["kind"] == "tcp" and r["path"] != "plain" and plain:
         r["vs_plain"] = r["bps"] / plain
         c = f", {r['cpu_per_gbps']:.2f} CPU-seconds per second per Gbit/s" if r["cpu_per_gbps"] else ""
-        print(f"  tcp {r['path']:<16} {r['bps'] / 1e9:.3f} Gbit/s = {r['vs_plain']:.3f} x plain TCP{c}")
+        p = f" (paced at {r['pace_bps'] / 1e6:.0f} Mbit/s)" if r.get("pace_bps", 0) > 0 else ""
+        print(f"  tcp {r['path']:<16} {r['bps'] / 1e9:.3f} Gbit/s = {r['vs_plain']:.3f} x plain TCP{c}{p}")
 for r in rows:
     if r["path"].startswith("base-"):
         now = next((x for x in rows if x["kind"] == r["kind"] and x["path"] == r["path"][5:]

@@ -38,6 +38,7 @@ pub mod observe;
 pub mod offload;
 pub mod relay;
 pub mod reload;
+pub mod segment;
 pub mod server;
 pub mod session;
 pub mod stats;

@@ -16,6 +16,25 @@ const TUNSETIFF: libc::Ioctl = 0x4004_54ca;
 const IFF_TUN: libc::c_short = 0x0001;
 const IFF_NO_PI: libc::c_short = 0x1000;
 const IFF_VNET_HDR: libc::c_short = 0x4000;
+/// `_IOW('T', 208, unsigned int)`: which offloads the reader takes.
+const TUNSETOFFLOAD: libc::Ioctl = 0x4004_54d0;
+const TUN_F_CSUM: libc::c_ulong = 0x01;
+const TUN_F_TSO4: libc::c_ulong = 0x02;
+const TUN_F_TSO6: libc::c_ulong = 0x04;
+const TUN_F_USO4: libc::c_ulong = 0x20;
+const TUN_F_USO6: libc::c_ulong = 0x40;
+
+/// What a device made with virtio-net headers hands its reader (see
+/// [`crate::segment`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Offload {
+    /// One packet per read, checksums complete (no `TUNSETOFFLOAD`).
+    None,
+    /// TCP super-segments (IPv4 and IPv6) with partial checksums.
+    Tso,
+    /// TCP super-segments and UDP GSO trains (Linux 6.2 and later).
+    TsoUso,
+}
 
 /// Why a TUN device could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -226,6 +245,44 @@ impl TunDevice {
 }
 
 impl TunDevice {
+    /// Turn on transmit offloads: TSO for TCP over IPv4 and IPv6 with partial
+    /// checksums, and UDP segmentation where the kernel has it (older kernels refuse
+    /// `TUN_F_USO*` with `EINVAL`: then without). Only for a device made with `vnet`.
+    pub fn set_offload(&self) -> io::Result<Offload> {
+        if !self.vnet {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "offloads need a device with virtio-net headers",
+            ));
+        }
+        let tso = TUN_F_CSUM | TUN_F_TSO4 | TUN_F_TSO6;
+        for (flags, what) in [
+            (tso | TUN_F_USO4 | TUN_F_USO6, Offload::TsoUso),
+            (tso, Offload::Tso),
+        ] {
+            // SAFETY: TUNSETOFFLOAD takes its flags by value.
+            if unsafe { libc::ioctl(self.fd.as_raw_fd(), TUNSETOFFLOAD, flags) } == 0 {
+                return Ok(what);
+            }
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EINVAL) {
+                return Err(e);
+            }
+        }
+        Err(io::Error::from_raw_os_error(libc::EINVAL))
+    }
+
+    /// Read one frame: on a device with virtio-net headers as the kernel hands it, on
+    /// one without, an all-zero header and the packet.
+    pub fn recv_frame(&self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.vnet {
+            return self.read(buf);
+        }
+        let hdr = crate::offload::VNET_HDR_LEN.min(buf.len());
+        buf[..hdr].fill(0);
+        Ok(hdr + self.read(&mut buf[hdr..])?)
+    }
+
     fn send_frame(&self, frame: &[u8]) -> io::Result<usize> {
         let (h, b) = frame.split_at(frame.len().min(crate::offload::VNET_HDR_LEN));
         self.send2(h, b)
@@ -376,6 +433,24 @@ impl Tun {
         loop {
             let mut g = self.fd.readable().await?;
             let r = g.try_io(|dev| dev.get_ref().recv(buf));
+            if let Ok(r) = r {
+                return r;
+            }
+        }
+    }
+
+    /// Turn on transmit offloads ([`TunDevice::set_offload`]): from then on a read
+    /// ([`Tun::recv_frame`]) may return a TCP super-segment to be cut with
+    /// [`crate::segment::Segmenter`].
+    pub fn set_offload(&self) -> io::Result<Offload> {
+        self.fd.get_ref().set_offload()
+    }
+
+    /// Read one frame, a virtio-net header and a packet ([`TunDevice::recv_frame`]).
+    pub async fn recv_frame(&self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            let mut g = self.fd.readable().await?;
+            let r = g.try_io(|dev| dev.get_ref().recv_frame(buf));
             if let Ok(r) = r {
                 return r;
             }

@@ -4,6 +4,7 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -14,6 +15,7 @@ use crate::config::{SessionConfig, TunnelConfig};
 use crate::icmp::TooBig;
 use crate::observe::{serve_control, serve_metrics, ControlServer};
 use crate::offload;
+use crate::segment::Segmenter;
 use crate::session::{Session, SessionError, SessionSender, StatsHandle};
 use crate::tun::{Tun, TunError};
 
@@ -299,32 +301,8 @@ pub(crate) async fn forward(
     session: &mut Session,
     shutdown: std::pin::Pin<&mut impl std::future::Future<Output = &'static str>>,
 ) -> Result<(), TunnelError> {
-    let sender = session.sender();
-    // The largest inner packet the bond carries: TCP SYNs entering the tunnel announce
-    // no larger a segment (crate::mss).
-    let bond_mtu = sender.max_message();
-    let mut reader = {
-        let tun = tun.clone();
-        tokio::spawn(async move {
-            let mut buf = vec![0u8; 65536];
-            let mut too_big = TooBigCounts::default();
-            loop {
-                let n = tun.recv(&mut buf).await?;
-                if n == 0 {
-                    continue;
-                }
-                crate::mss::clamp(&mut buf[..n], bond_mtu);
-                match sender.send(Bytes::copy_from_slice(&buf[..n])).await {
-                    Ok(()) => {}
-                    Err(SessionError::Closed) => return Ok(()),
-                    Err(SessionError::TooLarge { .. }) => {
-                        too_big.handle(&tun, &sender, &buf[..n], bond_mtu).await;
-                    }
-                    Err(e) => debug!("packet not sent: {e}"),
-                }
-            }
-        })
-    };
+    let counts = Arc::new(ReadCounts::default());
+    let mut reader = tokio::spawn(read_tun(tun.clone(), session.sender(), counts.clone()));
     let mut write_errors = Throttle::new(Duration::from_secs(5));
     let mut shutdown = shutdown;
     let mut batch: Vec<Bytes> = Vec::with_capacity(offload::MAX_SEGMENTS);
@@ -365,10 +343,94 @@ pub(crate) async fn forward(
     };
     reader.abort();
     info!("{packets} packets written to the TUN device in {frames} writes");
+    info!("{}", counts.line());
     let why = outcome?;
     info!("{why}: shutting down");
     Ok(())
 }
+
+/// What the TUN reader has done, for the log at the end.
+#[derive(Default)]
+struct ReadCounts {
+    reads: AtomicU64,
+    gso: AtomicU64,
+    packets: AtomicU64,
+    refused: AtomicU64,
+}
+
+impl ReadCounts {
+    fn line(&self) -> String {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        format!(
+            "{} packets read from the TUN device in {} reads ({} of them TCP/UDP super-segments cut by braid, {} malformed reads dropped)",
+            get(&self.packets),
+            get(&self.reads),
+            get(&self.gso),
+            get(&self.refused)
+        )
+    }
+}
+
+/// The TUN device's reader: each read (with transmit offload, up to 64 KiB of one TCP
+/// flow) cut into packets that fit the bond (`crate::segment`), MSS-clamped, handed to
+/// the session back to back, so that the driver finds them together and sends each
+/// channel's share as GSO trains. Returns on a read error or when the session closes.
+async fn read_tun(
+    tun: Arc<Tun>,
+    sender: SessionSender,
+    counts: Arc<ReadCounts>,
+) -> std::io::Result<()> {
+    // The largest inner packet the bond carries: TCP SYNs entering the tunnel announce
+    // no larger a segment (crate::mss), and super-segments are cut to it.
+    let bond_mtu = sender.max_message();
+    match tun.set_offload() {
+        Ok(o) => info!("TUN {}: transmit offload {o:?}", tun.name()),
+        Err(e) => info!(
+            "TUN {}: no transmit offload ({e}): one packet per read",
+            tun.name()
+        ),
+    }
+    let mut buf = vec![0u8; READ_BUF];
+    let mut seg = Segmenter::new();
+    let mut pkts: Vec<Bytes> = Vec::with_capacity(64);
+    let mut too_big = TooBigCounts::default();
+    let mut refused = Throttle::new(Duration::from_secs(10));
+    loop {
+        let n = tun.recv_frame(&mut buf).await?;
+        counts.reads.fetch_add(1, Ordering::Relaxed);
+        let clamp = |p: &mut [u8]| {
+            crate::mss::clamp(p, bond_mtu);
+        };
+        if let Err(why) = seg.split(&mut buf[..n], bond_mtu, &mut pkts, clamp) {
+            counts.refused.fetch_add(1, Ordering::Relaxed);
+            if let Some(more) = refused.allow() {
+                warn!(
+                    "TUN {}: read of {n} bytes dropped: {why} ({more} more not shown)",
+                    tun.name()
+                );
+            }
+            continue;
+        }
+        counts.gso.store(seg.gso_frames, Ordering::Relaxed);
+        counts
+            .packets
+            .fetch_add(pkts.len() as u64, Ordering::Relaxed);
+        for p in pkts.drain(..) {
+            match sender.send(p.clone()).await {
+                Ok(()) => {}
+                Err(SessionError::Closed) => return Ok(()),
+                Err(SessionError::TooLarge { .. }) => {
+                    too_big.handle(&tun, &sender, &p, bond_mtu).await;
+                }
+                Err(e) => debug!("packet not sent: {e}"),
+            }
+        }
+    }
+}
+
+/// A read's buffer: a virtio-net header and the largest super-segment (64 KiB), with
+/// room to spare.
+const READ_BUF: usize = 1 << 17;
 
 /// Inner packets larger than the bond carries (`crate::icmp`): answered, fragmented or
 /// dropped, counted, and logged at most every 10 s.
