@@ -347,7 +347,13 @@ fn server_config(plan: &Plan, key_file: &Path, ctl: &Path, clients: &[[u8; 32]])
         key_file.display()
     );
     if let Some(h) = &plan.heartbeat {
-        s += &format!("heartbeat = \"{h}\"\n");
+        // dead_after as the clients have it: six heartbeats, at least the default.
+        let hb = dur(h, "--heartbeat").unwrap_or_default();
+        let dead = (hb * 6).max(Duration::from_millis(300));
+        s += &format!(
+            "heartbeat = \"{h}\"\ndead_after = \"{}ms\"\n",
+            dead.as_millis()
+        );
     }
     for c in 0..plan.channels {
         s += &format!(
@@ -381,7 +387,7 @@ fn client_config(plan: &Plan, private: [u8; 32], server: [u8; 32]) -> Result<Ses
     cfg.peer_public_key = Some(server);
     if let Some(h) = &plan.heartbeat {
         cfg.heartbeat = dur(h, "--heartbeat")?;
-        cfg.dead_after = cfg.dead_after.max(cfg.heartbeat * 6);
+        cfg.dead_after = (cfg.heartbeat * 6).max(Duration::from_millis(300));
     }
     cfg.validate().map_err(|e| anyhow!("client session: {e}"))?;
     Ok(cfg)
@@ -437,12 +443,24 @@ async fn server_up(lab: &mut Lab) -> Result<ServerCounters> {
     }
 }
 
+/// The server's counters (the control socket's `server` command: the whole snapshot
+/// asks every peer's session, which with a thousand peers takes longer than
+/// `braid status` waits).
 async fn server_counters(lab: &Lab) -> Result<ServerCounters> {
-    crate::observe::query_control(&lab.control())
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let path = lab.control();
+    let ask = async {
+        let mut conn = tokio::net::UnixStream::connect(&path).await?;
+        conn.write_all(b"server\n").await?;
+        let mut buf = String::new();
+        conn.read_to_string(&mut buf).await?;
+        Ok::<_, std::io::Error>(buf)
+    };
+    let text = tokio::time::timeout(Duration::from_secs(30), ask)
         .await
-        .map_err(|e| anyhow!("server status: {e}"))?
-        .server
-        .ok_or_else(|| anyhow!("the server is not serving [[peer]]s"))
+        .map_err(|_| anyhow!("server status ({}): no answer within 30 s", path.display()))?
+        .with_context(|| format!("server status ({})", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("server status: {}", text.trim()))
 }
 
 /// `VmRSS` of a process, in bytes.

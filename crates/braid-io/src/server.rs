@@ -251,9 +251,12 @@ const SOURCE_RATE: u64 = 20;
 const SOURCE_BURST: u64 = 5;
 /// Sources tracked at most (the oldest forgotten past it).
 const SOURCES: usize = 16384;
-/// Cookie replies per second from the whole server, after a burst.
-const REPLY_RATE: u64 = 20_000;
-const REPLY_BURST: u64 = 1000;
+/// Cookie replies per second from the whole server, after a burst: a sanity cap, far
+/// above a flood one machine sends. (A reply is cheaper than the initiation it
+/// answers, and smaller; a low cap would let a forged flood use it all up, and a
+/// genuine client would get no cookie.)
+const REPLY_RATE: u64 = 200_000;
+const REPLY_BURST: u64 = 10_000;
 /// Initiations remembered as read.
 const KNOWN_INITIATIONS: usize = 4096;
 /// At most one warning per kind this often.
@@ -548,34 +551,46 @@ impl ServerHandle {
             .zip(sessions)
             .map(|(p, session)| peer_stats(p, session))
             .collect();
-        let k = &s.counters;
-        let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
         SessionStats {
             uptime_s: s.started.elapsed().as_secs_f64(),
             security: s.base.security.name().into(),
-            server: Some(ServerCounters {
-                peers: out.len() as u64,
-                peers_connected: out.iter().filter(|p| p.connected).count() as u64,
-                unknown_peer: n(&k.unknown_peer),
-                unreadable_initiations: n(&k.unreadable_initiations),
-                initiation_mac1_failures: n(&k.initiation_mac1_failures),
-                initiations_shed: n(&k.initiations_shed),
-                initiation_copies: n(&k.initiation_copies),
-                cookie_replies: n(&k.cookie_replies),
-                stale_cookies: n(&k.stale_cookies),
-                initiations_rate_limited: n(&k.initiations_rate_limited),
-                oversized: n(&k.oversized),
-                unknown_index: n(&k.unknown_index),
-                unroutable: n(&k.unroutable),
-                no_route: n(&k.no_route),
-                source_not_allowed: n(&k.source_not_allowed),
-                not_ip: n(&k.not_ip),
-                peers_added: n(&k.peers_added),
-                peers_removed: n(&k.peers_removed),
-                listen: s.channels.locals.iter().map(|a| a.to_string()).collect(),
-            }),
+            server: Some(self.counters()),
             peers: out,
             ..SessionStats::default()
+        }
+    }
+
+    /// The server's own counters, without asking the peers' sessions (cheap with any
+    /// number of peers).
+    pub(crate) fn counters(&self) -> ServerCounters {
+        let s = &self.shared;
+        let table = s.table();
+        let k = &s.counters;
+        let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        ServerCounters {
+            peers: table.by_slot.len() as u64,
+            peers_connected: table
+                .by_slot
+                .values()
+                .filter(|p| p.running.get().is_some())
+                .count() as u64,
+            unknown_peer: n(&k.unknown_peer),
+            unreadable_initiations: n(&k.unreadable_initiations),
+            initiation_mac1_failures: n(&k.initiation_mac1_failures),
+            initiations_shed: n(&k.initiations_shed),
+            initiation_copies: n(&k.initiation_copies),
+            cookie_replies: n(&k.cookie_replies),
+            stale_cookies: n(&k.stale_cookies),
+            initiations_rate_limited: n(&k.initiations_rate_limited),
+            oversized: n(&k.oversized),
+            unknown_index: n(&k.unknown_index),
+            unroutable: n(&k.unroutable),
+            no_route: n(&k.no_route),
+            source_not_allowed: n(&k.source_not_allowed),
+            not_ip: n(&k.not_ip),
+            peers_added: n(&k.peers_added),
+            peers_removed: n(&k.peers_removed),
+            listen: s.channels.locals.iter().map(|a| a.to_string()).collect(),
         }
     }
 
@@ -1029,10 +1044,14 @@ fn initiation(
         shared.pass_on(key, channel, at, from, Bytes::copy_from_slice(d));
         return;
     }
+    // The gate's clock is now, not the datagram's arrival: the two channels' readers
+    // take their batches at different moments, and a rate limit that saw time go back
+    // by a batch's wait refused everything until it caught up.
+    let now = std::time::Instant::now();
     let (verdict, loaded) = match shared.gate.lock() {
         Ok(mut g) => {
-            let loaded = g.load_until.is_some_and(|t| at < t);
-            (g.check(at, channel, from, d, &shared.counters), loaded)
+            let loaded = g.load_until.is_some_and(|t| now < t);
+            (g.check(now, channel, from, d, &shared.counters), loaded)
         }
         Err(_) => (Verdict::Drop, false),
     };
