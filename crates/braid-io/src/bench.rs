@@ -30,6 +30,10 @@ enum Role {
     UdpSend(UdpSendArgs),
     /// Baseline: receive plain UDP and report.
     UdpSink(UdpSinkArgs),
+    /// Many client sessions against a real server process (`braid tunnel` with a
+    /// `[[peer]]` each), over loopback in a namespace of its own: handshakes per
+    /// second, the server's memory with every peer connected, forwarding (root).
+    Peers(crate::peers_bench::PeersArgs),
 }
 
 impl BenchArgs {
@@ -44,6 +48,7 @@ impl BenchArgs {
                 let r = traffic::udp_send(a.to, a.bind, &pattern, stop).await?;
                 Ok(render_send(&r, a.json))
             }
+            Role::Peers(a) => a.run().await,
             Role::UdpSink(a) => {
                 let idle = units::parse_duration(&a.idle).context("--idle")?;
                 let deadline = stop_after(&a.max_duration)?;

@@ -34,7 +34,27 @@ impl Drop for ControlServer {
     }
 }
 
-/// Serve `stats` requests on a Unix socket at `path`.
+/// The control socket's answer to one command line.
+async fn answer(command: &str, stats: &StatsHandle) -> String {
+    match command {
+        "stats" => match stats.get().await {
+            Ok(s) => serde_json::to_string(&s).unwrap_or_default(),
+            Err(e) => format!("{{\"error\":\"{e}\"}}"),
+        },
+        // A server's own counters only (`stats` asks every peer's session).
+        "server" => match stats.server_counters() {
+            Some(c) => serde_json::to_string(&c).unwrap_or_default(),
+            None => "{\"error\":\"not a server\"}".into(),
+        },
+        other => format!(
+            "{{\"error\":\"unknown command '{}'\"}}",
+            other.escape_default()
+        ),
+    }
+}
+
+/// Serve `stats` requests (and, on a server, `server`: its own counters only) on a Unix
+/// socket at `path`.
 pub fn serve_control(path: &Path, stats: StatsHandle) -> io::Result<ControlServer> {
     if let Some(dir) = path.parent() {
         if !dir.as_os_str().is_empty() {
@@ -76,16 +96,7 @@ pub fn serve_control(path: &Path, stats: StatsHandle) -> io::Result<ControlServe
                     let _ = w.shutdown().await;
                     return;
                 }
-                let reply = match line.trim() {
-                    "stats" => match stats.get().await {
-                        Ok(s) => serde_json::to_string(&s).unwrap_or_default(),
-                        Err(e) => format!("{{\"error\":\"{e}\"}}"),
-                    },
-                    other => format!(
-                        "{{\"error\":\"unknown command '{}'\"}}",
-                        other.escape_default()
-                    ),
-                };
+                let reply = answer(line.trim(), &stats).await;
                 let _ = w.write_all(reply.as_bytes()).await;
                 let _ = w.shutdown().await;
             });

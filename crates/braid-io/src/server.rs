@@ -29,7 +29,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Duration;
 
-use braid_proto::session::{index_prefix, receiver_index, InitiationReader};
+use braid_proto::session::{
+    address_bytes, index_prefix, receiver_index, InitiationReader, ServerCookies,
+};
 use braid_proto::wire;
 use bytes::Bytes;
 use ipnet::IpNet;
@@ -142,6 +144,11 @@ struct Counters {
     unreadable_initiations: AtomicU64,
     initiation_mac1_failures: AtomicU64,
     initiations_shed: AtomicU64,
+    initiation_copies: AtomicU64,
+    cookie_replies: AtomicU64,
+    stale_cookies: AtomicU64,
+    initiations_rate_limited: AtomicU64,
+    oversized: AtomicU64,
     unknown_index: AtomicU64,
     unroutable: AtomicU64,
     no_route: AtomicU64,
@@ -165,6 +172,49 @@ struct Logs {
     unknown_peer: Throttle,
     spoofed: Throttle,
     no_route: Throttle,
+    load: Throttle,
+}
+
+/// What an initiation must pass before its key is read (public-key work), for the
+/// whole server: the handshake-security issue's defences, in front of every peer's
+/// session (`docs/security.md`, "What a server checks").
+struct Gate {
+    cookies: ServerCookies,
+    /// Initiations asked to be read in the current second, and when it started.
+    window: (std::time::Instant, u32),
+    /// Under load until then: an initiation needs a mac2 over our cookie.
+    load_until: Option<std::time::Instant>,
+    /// Per source (channel, address): the GCRA's theoretical arrival time.
+    sources: HashMap<(usize, SocketAddr), Option<std::time::Instant>>,
+    /// The cookie replies' GCRA.
+    replies: Option<std::time::Instant>,
+    /// The cookies' clock starts here.
+    epoch: std::time::Instant,
+}
+
+/// The initiations read lately (mac1 -> the initiator's key): the copies a client sends
+/// on its other channels, and replays, reach its session without public-key work.
+#[derive(Default)]
+struct Known {
+    keys: HashMap<[u8; 16], [u8; 32]>,
+    order: std::collections::VecDeque<[u8; 16]>,
+}
+
+impl Known {
+    fn get(&self, mac1: &[u8; 16]) -> Option<[u8; 32]> {
+        self.keys.get(mac1).copied()
+    }
+
+    fn insert(&mut self, mac1: [u8; 16], key: [u8; 32]) {
+        if self.keys.insert(mac1, key).is_none() {
+            self.order.push_back(mac1);
+        }
+        while self.order.len() > KNOWN_INITIATIONS {
+            if let Some(old) = self.order.pop_front() {
+                self.keys.remove(&old);
+            }
+        }
+    }
 }
 
 /// What every task of the server shares.
@@ -176,6 +226,8 @@ pub(crate) struct Shared {
     table: RwLock<Arc<Table>>,
     counters: Counters,
     identified: mpsc::Sender<Identified>,
+    gate: Mutex<Gate>,
+    known: Mutex<Known>,
     logs: Mutex<Logs>,
     started: std::time::Instant,
     tun: Arc<Tun>,
@@ -189,10 +241,72 @@ const IDENTIFIED_QUEUE: usize = 256;
 /// The handshake thread's queue on a server: every peer's handshakes and the reading
 /// of initiations share it.
 const SERVER_HS_QUEUE: usize = 64;
+/// Initiations asked to be read in one second above which the server is under load
+/// (about a tenth of what its handshake thread reads in a second).
+const LOAD_RATE: u32 = 256;
+/// How long the load lasts after the last time it was over.
+const LOAD_HOLD: Duration = Duration::from_secs(1);
+/// Reads per second one source (channel and address) may ask for, after a burst.
+const SOURCE_RATE: u64 = 20;
+const SOURCE_BURST: u64 = 5;
+/// Sources tracked at most (the oldest forgotten past it).
+const SOURCES: usize = 16384;
+/// Cookie replies per second from the whole server, after a burst: a sanity cap, far
+/// above a flood one machine sends. (A reply is cheaper than the initiation it
+/// answers, and smaller; a low cap would let a forged flood use it all up, and a
+/// genuine client would get no cookie.)
+const REPLY_RATE: u64 = 200_000;
+const REPLY_BURST: u64 = 10_000;
+/// Initiations remembered as read.
+const KNOWN_INITIATIONS: usize = 4096;
 /// At most one warning per kind this often.
 const LOG_EVERY: Duration = Duration::from_secs(5);
 
 impl Shared {
+    /// The state every task shares, with the channels bound and the handshake thread
+    /// started; the receiving end of the initiations read, for the control task.
+    fn new(
+        base: SessionConfig,
+        peers: &[PeerConfig],
+        tun: Arc<Tun>,
+    ) -> Result<(Arc<Shared>, mpsc::Receiver<Identified>), SessionError> {
+        let Some(private) = base.core.private_key else {
+            return Err(SessionError::Config(
+                "a server needs its static private key (session.private_key_file)".into(),
+            ));
+        };
+        if let Some(p) = peers.first() {
+            p.session(&base).validate().map_err(SessionError::Config)?;
+        }
+        let channels = Channels::bind(&base)?;
+        let pool = HandshakePool::start(SERVER_HS_QUEUE)
+            .map_err(|e| SessionError::Config(format!("cannot start the handshake thread: {e}")))?;
+        let (identified, identified_rx) = mpsc::channel(IDENTIFIED_QUEUE);
+        let logs = Logs {
+            unknown_peer: Throttle::new(LOG_EVERY),
+            spoofed: Throttle::new(LOG_EVERY),
+            no_route: Throttle::new(LOG_EVERY),
+            load: Throttle::new(LOG_EVERY),
+        };
+        let shared = Arc::new(Shared {
+            initiations: InitiationReader::new(private),
+            gate: Mutex::new(Gate::new(&private)),
+            known: Mutex::new(Known::default()),
+            channels,
+            pool,
+            table: RwLock::new(Arc::new(Table::default())),
+            counters: Counters::default(),
+            identified,
+            logs: Mutex::new(logs),
+            started: std::time::Instant::now(),
+            tun,
+            bond_mtu: (base.max_inner() - base.data_overhead()) as usize,
+            next_slot: Mutex::new(random_slot()),
+            base,
+        });
+        Ok((shared, identified_rx))
+    }
+
     fn table(&self) -> Arc<Table> {
         self.table.read().map(|t| t.clone()).unwrap_or_default()
     }
@@ -300,37 +414,7 @@ impl Server {
         peers: &[PeerConfig],
         tun: Arc<Tun>,
     ) -> Result<Server, SessionError> {
-        let Some(private) = base.core.private_key else {
-            return Err(SessionError::Config(
-                "a server needs its static private key (session.private_key_file)".into(),
-            ));
-        };
-        if let Some(p) = peers.first() {
-            p.session(&base).validate().map_err(SessionError::Config)?;
-        }
-        let channels = Channels::bind(&base)?;
-        let pool = HandshakePool::start(SERVER_HS_QUEUE)
-            .map_err(|e| SessionError::Config(format!("cannot start the handshake thread: {e}")))?;
-        let (identified, identified_rx) = mpsc::channel(IDENTIFIED_QUEUE);
-        let bond_mtu = (base.max_inner() - base.data_overhead()) as usize;
-        let shared = Arc::new(Shared {
-            initiations: InitiationReader::new(private),
-            channels,
-            pool,
-            table: RwLock::new(Arc::new(Table::default())),
-            counters: Counters::default(),
-            identified,
-            logs: Mutex::new(Logs {
-                unknown_peer: Throttle::new(LOG_EVERY),
-                spoofed: Throttle::new(LOG_EVERY),
-                no_route: Throttle::new(LOG_EVERY),
-            }),
-            started: std::time::Instant::now(),
-            tun,
-            bond_mtu,
-            next_slot: Mutex::new(random_slot()),
-            base,
-        });
+        let (shared, identified_rx) = Shared::new(base, peers, tun)?;
         let (table, _) = build_table(&shared, &Table::default(), peers);
         *shared.table.write().expect("not poisoned") = Arc::new(table);
         let mut tasks = Vec::new();
@@ -340,17 +424,13 @@ impl Server {
         let (ctl, ctl_rx) = mpsc::channel(8);
         tasks.push(tokio::spawn(control(shared.clone(), identified_rx, ctl_rx)));
         let tun_reader = tokio::spawn(route_from_tun(shared.clone()));
-        info!(
-            "serving {} peers on {}",
-            peers.len(),
-            shared
-                .channels
-                .locals
-                .iter()
-                .map(|a| a.to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
+        let listen: Vec<String> = shared
+            .channels
+            .locals
+            .iter()
+            .map(|a| a.to_string())
+            .collect();
+        info!("serving {} peers on {}", peers.len(), listen.join(", "));
         Ok(Server {
             shared,
             ctl,
@@ -394,6 +474,52 @@ fn random_slot() -> u16 {
     u16::from_be_bytes(b)
 }
 
+/// Every future's output, in order, the futures polled together (not spawned).
+async fn all<F: std::future::Future>(futures: Vec<F>) -> Vec<F::Output> {
+    let mut futures: Vec<_> = futures.into_iter().map(Box::pin).collect();
+    let mut out: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (f, o) in futures.iter_mut().zip(out.iter_mut()) {
+            if o.is_none() {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => *o = Some(v),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    out.into_iter().flatten().collect()
+}
+
+/// What `braid status` shows of one peer.
+fn peer_stats(p: &Peer, session: Option<SessionStats>) -> PeerStats {
+    let cfg = p.cfg.lock().map(|c| c.clone()).ok();
+    let c = &p.counters;
+    PeerStats {
+        name: cfg.as_ref().map(|c| c.name.clone()).unwrap_or_default(),
+        public_key: cfg
+            .as_ref()
+            .map(|c| keys::encode(&c.public_key))
+            .unwrap_or_default(),
+        allowed_ips: cfg
+            .map(|c| c.allowed_ips.iter().map(|n| n.to_string()).collect())
+            .unwrap_or_default(),
+        connected: p.running.get().is_some(),
+        source_not_allowed: c.source_not_allowed.load(Ordering::Relaxed),
+        not_connected: c.not_connected.load(Ordering::Relaxed),
+        tx_queue_drops: c.tx_queue_drops.load(Ordering::Relaxed),
+        to_tun: c.to_tun.load(Ordering::Relaxed),
+        session,
+    }
+}
+
 /// Reads and stats of a running server (inside [`crate::session::StatsHandle`]).
 #[derive(Clone)]
 pub(crate) struct ServerHandle {
@@ -406,56 +532,65 @@ impl ServerHandle {
     pub(crate) async fn get(&self) -> SessionStats {
         let s = &self.shared;
         let table = s.table();
-        let mut peers: Vec<&Arc<Peer>> = table.by_slot.values().collect();
+        let mut peers: Vec<Arc<Peer>> = table.by_slot.values().cloned().collect();
         peers.sort_by_key(|p| p.name());
-        let mut out = Vec::with_capacity(peers.len());
-        for p in peers {
-            let cfg = p.cfg.lock().map(|c| c.clone()).ok();
-            let session = match p.running.get() {
-                Some(r) => r.stats.get().await.ok(),
-                None => None,
-            };
-            let c = &p.counters;
-            out.push(PeerStats {
-                name: cfg.as_ref().map(|c| c.name.clone()).unwrap_or_default(),
-                public_key: cfg
-                    .as_ref()
-                    .map(|c| keys::encode(&c.public_key))
-                    .unwrap_or_default(),
-                allowed_ips: cfg
-                    .map(|c| c.allowed_ips.iter().map(|n| n.to_string()).collect())
-                    .unwrap_or_default(),
-                connected: p.running.get().is_some(),
-                source_not_allowed: c.source_not_allowed.load(Ordering::Relaxed),
-                not_connected: c.not_connected.load(Ordering::Relaxed),
-                tx_queue_drops: c.tx_queue_drops.load(Ordering::Relaxed),
-                to_tun: c.to_tun.load(Ordering::Relaxed),
-                session,
-            });
-        }
-        let k = &s.counters;
-        let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        // Every running session is asked at once: one after the other, a thousand
+        // peers took longer than `braid status` waits.
+        let asked = peers.iter().map(|p| {
+            let h = p.running.get().map(|r| r.stats.clone());
+            async move {
+                match h {
+                    Some(h) => h.get().await.ok(),
+                    None => None,
+                }
+            }
+        });
+        let sessions = all(asked.collect()).await;
+        let out: Vec<PeerStats> = peers
+            .iter()
+            .zip(sessions)
+            .map(|(p, session)| peer_stats(p, session))
+            .collect();
         SessionStats {
             uptime_s: s.started.elapsed().as_secs_f64(),
             security: s.base.core.security.name().into(),
-            server: Some(ServerCounters {
-                peers: out.len() as u64,
-                peers_connected: out.iter().filter(|p| p.connected).count() as u64,
-                unknown_peer: n(&k.unknown_peer),
-                unreadable_initiations: n(&k.unreadable_initiations),
-                initiation_mac1_failures: n(&k.initiation_mac1_failures),
-                initiations_shed: n(&k.initiations_shed),
-                unknown_index: n(&k.unknown_index),
-                unroutable: n(&k.unroutable),
-                no_route: n(&k.no_route),
-                source_not_allowed: n(&k.source_not_allowed),
-                not_ip: n(&k.not_ip),
-                peers_added: n(&k.peers_added),
-                peers_removed: n(&k.peers_removed),
-                listen: s.channels.locals.iter().map(|a| a.to_string()).collect(),
-            }),
+            server: Some(self.counters()),
             peers: out,
             ..SessionStats::default()
+        }
+    }
+
+    /// The server's own counters, without asking the peers' sessions (cheap with any
+    /// number of peers).
+    pub(crate) fn counters(&self) -> ServerCounters {
+        let s = &self.shared;
+        let table = s.table();
+        let k = &s.counters;
+        let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        ServerCounters {
+            peers: table.by_slot.len() as u64,
+            peers_connected: table
+                .by_slot
+                .values()
+                .filter(|p| p.running.get().is_some())
+                .count() as u64,
+            unknown_peer: n(&k.unknown_peer),
+            unreadable_initiations: n(&k.unreadable_initiations),
+            initiation_mac1_failures: n(&k.initiation_mac1_failures),
+            initiations_shed: n(&k.initiations_shed),
+            initiation_copies: n(&k.initiation_copies),
+            cookie_replies: n(&k.cookie_replies),
+            stale_cookies: n(&k.stale_cookies),
+            initiations_rate_limited: n(&k.initiations_rate_limited),
+            oversized: n(&k.oversized),
+            unknown_index: n(&k.unknown_index),
+            unroutable: n(&k.unroutable),
+            no_route: n(&k.no_route),
+            source_not_allowed: n(&k.source_not_allowed),
+            not_ip: n(&k.not_ip),
+            peers_added: n(&k.peers_added),
+            peers_removed: n(&k.peers_removed),
+            listen: s.channels.locals.iter().map(|a| a.to_string()).collect(),
         }
     }
 
@@ -697,7 +832,7 @@ async fn demux(channel: usize, shared: Arc<Shared>) {
         rx.next(channel, |at, from, d, _| {
             let table = current.get_or_insert_with(|| shared.table());
             if d.len() > datagram {
-                shared.counters.unroutable.fetch_add(1, Ordering::Relaxed);
+                shared.counters.oversized.fetch_add(1, Ordering::Relaxed);
                 return;
             }
             if d.first() == Some(&wire::TYPE_HS_INIT) {
@@ -737,8 +872,154 @@ async fn demux(channel: usize, shared: Arc<Shared>) {
     }
 }
 
-/// An initiation: the cheap check here, then whose it is on the handshake thread, then
-/// to the control task (which starts the peer's session if need be).
+/// What the gate says of an initiation.
+enum Verdict {
+    /// Read its key (public-key work).
+    Read,
+    /// Send this cookie reply to its source instead.
+    Reply(Bytes),
+    /// Nothing (counted).
+    Drop,
+}
+
+/// A GCRA rate limit: `rate` per second after a burst of `burst`; true if one more is
+/// allowed now (and counted).
+fn gcra(
+    tat: &mut Option<std::time::Instant>,
+    now: std::time::Instant,
+    rate: u64,
+    burst: u64,
+) -> bool {
+    let interval = Duration::from_micros(1_000_000 / rate);
+    let next = tat.map_or(now, |t| t.max(now)) + interval;
+    if next.duration_since(now) > interval * burst as u32 {
+        return false;
+    }
+    *tat = Some(next);
+    true
+}
+
+impl Gate {
+    fn new(private: &[u8; 32]) -> Gate {
+        let mut seed = [0u8; 32];
+        let _ = getrandom::fill(&mut seed);
+        let now = std::time::Instant::now();
+        Gate {
+            cookies: ServerCookies::new(private, seed),
+            epoch: now,
+            window: (now, 0),
+            load_until: None,
+            sources: HashMap::new(),
+            replies: None,
+        }
+    }
+
+    /// Count one more initiation asking to be read; true if the server is under load
+    /// (and whether it just went under load).
+    fn under_load(&mut self, now: std::time::Instant) -> (bool, bool) {
+        let (start, n) = &mut self.window;
+        if now.saturating_duration_since(*start) >= Duration::from_secs(1) {
+            *start = now;
+            *n = 0;
+        }
+        *n += 1;
+        let was = self.load_until.is_some_and(|t| now < t);
+        if *n > LOAD_RATE {
+            self.load_until = Some(now + LOAD_HOLD);
+        }
+        let is = self.load_until.is_some_and(|t| now < t);
+        (is, is && !was)
+    }
+
+    /// Under load, the initiation needs a mac2 over our cookie for its source (else a
+    /// cookie reply, rate-limited); then its source's rate.
+    fn check(
+        &mut self,
+        now: std::time::Instant,
+        channel: usize,
+        from: SocketAddr,
+        d: &[u8],
+        c: &Counters,
+    ) -> Verdict {
+        let n = |a: &AtomicU64| {
+            a.fetch_add(1, Ordering::Relaxed);
+        };
+        if self.under_load(now).0 {
+            let t = braid_proto::time::Instant::ZERO
+                + braid_proto::time::Duration::from_micros(
+                    now.saturating_duration_since(self.epoch).as_micros() as u64,
+                );
+            let addr = address_bytes(from);
+            if !self.cookies.mac2_ok(t, channel, &addr, d) {
+                if d.len() >= 16 && d[d.len() - 16..] != [0; 16] {
+                    n(&c.stale_cookies);
+                }
+                if !gcra(&mut self.replies, now, REPLY_RATE, REPLY_BURST) {
+                    n(&c.initiations_rate_limited);
+                    return Verdict::Drop;
+                }
+                n(&c.cookie_replies);
+                return self
+                    .cookies
+                    .reply(t, channel, &addr, d)
+                    .map_or(Verdict::Drop, Verdict::Reply);
+            }
+        }
+        if self.sources.len() >= SOURCES {
+            self.sources.retain(|_, tat| tat.is_some_and(|t| t > now));
+        }
+        let tat = self.sources.entry((channel, from)).or_default();
+        if !gcra(tat, now, SOURCE_RATE, SOURCE_BURST) {
+            n(&c.initiations_rate_limited);
+            return Verdict::Drop;
+        }
+        Verdict::Read
+    }
+}
+
+impl Shared {
+    /// An initiation whose sender's key is known: to the control task, which starts
+    /// the peer's session if need be (an unknown key is counted and dropped).
+    fn pass_on(
+        &self,
+        key: [u8; 32],
+        channel: usize,
+        at: std::time::Instant,
+        from: SocketAddr,
+        datagram: Bytes,
+    ) {
+        if !self.table().by_key.contains_key(&key) {
+            self.counters.unknown_peer.fetch_add(1, Ordering::Relaxed);
+            self.warn_unknown_peer(&key, from);
+            return;
+        }
+        let i = Identified {
+            key,
+            channel,
+            at,
+            from,
+            datagram,
+        };
+        if self.identified.try_send(i).is_err() {
+            self.counters
+                .initiations_shed
+                .fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn warn_load(&self, channel: usize) {
+        let allow = self.logs.lock().ok().and_then(|mut l| l.load.allow());
+        if let Some(more) = allow {
+            warn!(
+                "channel {channel}: over {LOAD_RATE} handshake initiations in a second: under load, each now needs a cookie for its address (proof of address) ({more} more not shown)"
+            );
+        }
+    }
+}
+
+/// An initiation: the cheap check (mac1), a copy of one already read passed on at once,
+/// then the gate (under load, a cookie for the source; the source's rate), then whose
+/// it is on the handshake thread (public-key work), then to the control task.
 fn initiation(
     shared: &Arc<Shared>,
     channel: usize,
@@ -753,6 +1034,49 @@ fn initiation(
             .fetch_add(1, Ordering::Relaxed);
         return;
     }
+    let mut mac1 = [0u8; 16];
+    mac1.copy_from_slice(&d[d.len() - 32..d.len() - 16]);
+    if let Some(key) = shared.known.lock().ok().and_then(|k| k.get(&mac1)) {
+        shared
+            .counters
+            .initiation_copies
+            .fetch_add(1, Ordering::Relaxed);
+        shared.pass_on(key, channel, at, from, Bytes::copy_from_slice(d));
+        return;
+    }
+    // The gate's clock is now, not the datagram's arrival: the two channels' readers
+    // take their batches at different moments, and a rate limit that saw time go back
+    // by a batch's wait refused everything until it caught up.
+    let now = std::time::Instant::now();
+    let (verdict, loaded) = match shared.gate.lock() {
+        Ok(mut g) => {
+            let loaded = g.load_until.is_some_and(|t| now < t);
+            (g.check(now, channel, from, d, &shared.counters), loaded)
+        }
+        Err(_) => (Verdict::Drop, false),
+    };
+    match verdict {
+        Verdict::Read => read_key(shared, channel, at, from, d, mac1),
+        Verdict::Reply(r) => {
+            if !loaded {
+                shared.warn_load(channel);
+            }
+            let _ = shared.channels.socks[channel].try_send_to(&r, from);
+        }
+        Verdict::Drop => {}
+    }
+}
+
+/// Read the initiator's key on the handshake thread (shed, counted, when its queue is
+/// full), remember it, and pass the initiation on.
+fn read_key(
+    shared: &Arc<Shared>,
+    channel: usize,
+    at: std::time::Instant,
+    from: SocketAddr,
+    d: &[u8],
+    mac1: [u8; 16],
+) {
     let datagram = Bytes::copy_from_slice(d);
     let s = shared.clone();
     let queued = shared.pool.try_run(Box::new(move || {
@@ -762,21 +1086,10 @@ fn initiation(
                 .fetch_add(1, Ordering::Relaxed);
             return;
         };
-        if !s.table().by_key.contains_key(&key) {
-            s.counters.unknown_peer.fetch_add(1, Ordering::Relaxed);
-            s.warn_unknown_peer(&key, from);
-            return;
+        if let Ok(mut k) = s.known.lock() {
+            k.insert(mac1, key);
         }
-        let i = Identified {
-            key,
-            channel,
-            at,
-            from,
-            datagram,
-        };
-        if s.identified.try_send(i).is_err() {
-            s.counters.initiations_shed.fetch_add(1, Ordering::Relaxed);
-        }
+        s.pass_on(key, channel, at, from, datagram);
     }));
     if !queued {
         shared

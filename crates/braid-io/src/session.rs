@@ -724,6 +724,15 @@ impl StatsHandle {
         }
     }
 
+    /// A server's own counters (not its peers' sessions: cheap with many peers); None
+    /// for a point-to-point session.
+    pub fn server_counters(&self) -> Option<crate::stats::ServerCounters> {
+        match &self.0 {
+            Handle::Session(_) => None,
+            Handle::Server(s) => Some(s.counters()),
+        }
+    }
+
     /// A snapshot, or `Closed`.
     pub async fn get(&self) -> Result<SessionStats, SessionError> {
         match &self.0 {

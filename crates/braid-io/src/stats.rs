@@ -365,9 +365,27 @@ pub struct ServerCounters {
     /// Initiations not read because the handshake thread was busy (the initiator tries
     /// again).
     pub initiations_shed: u64,
+    /// Copies (on the other channels) and replays of initiations already read: passed
+    /// on without public-key work.
+    #[serde(default)]
+    pub initiation_copies: u64,
+    /// Cookie replies sent: under load, initiations without a valid mac2 for their
+    /// source, not read.
+    #[serde(default)]
+    pub cookie_replies: u64,
+    /// Of those, initiations whose mac2 was over a stale cookie (an old secret, or
+    /// another address: the client moved).
+    #[serde(default)]
+    pub stale_cookies: u64,
+    /// Initiations dropped by their source's rate or the cookie replies' rate.
+    #[serde(default)]
+    pub initiations_rate_limited: u64,
+    /// Datagrams larger than the channels carry, dropped.
+    #[serde(default)]
+    pub oversized: u64,
     /// Sealed datagrams (or handshake answers) whose key index is no running peer's.
     pub unknown_index: u64,
-    /// Datagrams that are neither sealed nor a handshake message (or too large).
+    /// Datagrams that are neither sealed nor a handshake message.
     pub unroutable: u64,
     /// Packets from the TUN whose destination is in no peer's allowed IPs.
     pub no_route: u64,
@@ -711,6 +729,15 @@ impl SessionStats {
             srv.no_route,
             srv.source_not_allowed,
             srv.not_ip
+        );
+        let _ = writeln!(
+            s,
+            "handshake load: copies {}  cookie replies {}  stale cookies {}  rate-limited {}  oversized {}",
+            srv.initiation_copies,
+            srv.cookie_replies,
+            srv.stale_cookies,
+            srv.initiations_rate_limited,
+            srv.oversized
         );
         if srv.peers_added + srv.peers_removed > 0 {
             let _ = writeln!(
@@ -1057,8 +1084,28 @@ const SERVER_HELP: &[(&str, &str)] = &[
         "Sealed datagrams or handshake answers whose key index is no running peer's, dropped",
     ),
     (
+        "initiation_copies",
+        "Copies and replays of initiations already read, passed on without public-key work",
+    ),
+    (
+        "cookie_replies",
+        "Cookie replies sent under load to initiations without a valid mac2, not read",
+    ),
+    (
+        "stale_cookies",
+        "Initiations under load whose mac2 was over a stale cookie (old secret or address)",
+    ),
+    (
+        "initiations_rate_limited",
+        "Initiations dropped by their source's rate or the cookie replies' rate",
+    ),
+    (
+        "oversized",
+        "Datagrams larger than the channels carry, dropped",
+    ),
+    (
         "unroutable",
-        "Datagrams neither sealed nor a handshake message, or too large, dropped",
+        "Datagrams neither sealed nor a handshake message, dropped",
     ),
     (
         "no_route",

@@ -873,6 +873,90 @@ impl InitiationReader {
     }
 }
 
+/// A server's cookies, checked before an initiation's key is read (the step
+/// [`InitiationReader::initiator`] makes, with public-key work): under load, an
+/// initiation must carry a mac2 over a cookie bound to its source (the channel and the
+/// address it came from), as a session asks of its peer (`docs/security.md`); one
+/// without it gets a cookie reply instead, which the initiator opens and answers as any
+/// session's (the same format and keys: the reply is sealed under a key from the
+/// server's public key, with the initiation's mac1 as associated data). A forged
+/// source never receives its cookie, so it gets no public-key work.
+pub struct ServerCookies {
+    /// Seals the cookie replies.
+    seal: [u8; 32],
+    /// The secret and when it was made; replaced after [`COOKIE_ROTATE`].
+    secret: Option<([u8; 32], Instant)>,
+    drbg: Drbg,
+}
+
+impl ServerCookies {
+    /// For the server's static private key; `seed` feeds the secrets and nonces.
+    pub fn new(private: &[u8; KEY_LEN], seed: [u8; 32]) -> ServerCookies {
+        ServerCookies {
+            seal: derive(LABEL_COOKIE, &public_key(private)),
+            secret: None,
+            drbg: Drbg::new(seed),
+        }
+    }
+
+    /// The cookie for this source now (a new secret every [`COOKIE_ROTATE`]).
+    fn cookie(&mut self, now: Instant, channel: usize, addr: &[u8]) -> [u8; MAC_LEN] {
+        let secret = match self.secret {
+            Some((s, t)) if now - t < COOKIE_ROTATE => s,
+            _ => {
+                let s = self.drbg.seed();
+                self.secret = Some((s, now));
+                s
+            }
+        };
+        let mut id = vec![channel as u8];
+        id.extend_from_slice(addr);
+        mac16(&secret, &id)
+    }
+
+    /// Does the initiation `datagram` from `addr` ([`address_bytes`]) on `channel`
+    /// carry a mac2 over our current cookie for that source?
+    pub fn mac2_ok(&mut self, now: Instant, channel: usize, addr: &[u8], datagram: &[u8]) -> bool {
+        let Ok(Handshake::Init { mac2, .. }) = Handshake::parse(datagram) else {
+            return false;
+        };
+        let cookie = self.cookie(now, channel, addr);
+        KeyedMac::new(&cookie).verify(&datagram[..datagram.len() - MAC_LEN], &mac2)
+    }
+
+    /// The cookie reply to the initiation `datagram` from that source (64 bytes,
+    /// smaller than the initiation), or None if it is no initiation.
+    pub fn reply(
+        &mut self,
+        now: Instant,
+        channel: usize,
+        addr: &[u8],
+        datagram: &[u8],
+    ) -> Option<Bytes> {
+        let Ok(Handshake::Init { sender, mac1, .. }) = Handshake::parse(datagram) else {
+            return None;
+        };
+        let cookie = self.cookie(now, channel, addr);
+        let mut nonce = [0u8; COOKIE_NONCE_LEN];
+        self.drbg.fill(&mut nonce);
+        let payload = Payload {
+            msg: &cookie,
+            aad: &mac1,
+        };
+        let v = XChaCha20Poly1305::new(&self.seal.into())
+            .encrypt(XNonce::from_slice(&nonce), payload)
+            .ok()?;
+        let mut sealed = [0u8; COOKIE_SEALED_LEN];
+        sealed.copy_from_slice(&v);
+        let reply = Handshake::Cookie {
+            receiver: sender,
+            nonce,
+            sealed,
+        };
+        Some(Bytes::from(reply.to_vec()))
+    }
+}
+
 /// An address as the bytes a cookie is bound to: the IP address's octets, then the
 /// port.
 pub fn address_bytes(a: SocketAddr) -> Vec<u8> {
@@ -2140,6 +2224,47 @@ mod tests {
         let (inner, e) = b.open(Instant::ZERO, 0, &d).unwrap();
         assert_eq!(&inner[..], b"hello");
         assert!(e.is_some());
+    }
+
+    #[test]
+    fn a_servers_cookie_reply_is_taken_and_its_mac2_holds_for_that_source_only() {
+        let server = [9u8; 32];
+        let client = Keys {
+            psk: None,
+            private: Some([3; 32]),
+            peer_public: Some(public_key(&server)),
+        };
+        let ours = Keys {
+            psk: None,
+            private: Some(server),
+            peer_public: Some(public_key(&[3; 32])),
+        };
+        let (mut a, _b) = pair(client, ours);
+        let mut jar = ServerCookies::new(&server, [5; 32]);
+        let here = address_bytes("192.0.2.1:4000".parse().unwrap());
+        let there = address_bytes("192.0.2.9:4000".parse().unwrap());
+        let t = Instant::ZERO;
+        let init = a.initiation(t).unwrap();
+        assert!(!jar.mac2_ok(t, 0, &here, &init), "no cookie yet");
+        let reply = jar.reply(t, 0, &here, &init).unwrap();
+        assert_eq!(reply.len(), secure::COOKIE_REPLY_LEN);
+        assert!(reply.len() < init.len());
+        // The client opens it as any session's and sends its initiation again, with mac2.
+        let again = a
+            .on_handshake(t, 0, &reply)
+            .reply
+            .expect("sent again at once");
+        assert!(jar.mac2_ok(t, 0, &here, &again));
+        // Another address, another channel, or after the secret rotates: no.
+        assert!(!jar.mac2_ok(t, 0, &there, &again));
+        assert!(!jar.mac2_ok(t, 1, &here, &again));
+        let later = t + COOKIE_ROTATE + Duration::from_secs(1);
+        assert!(!jar.mac2_ok(later, 0, &here, &again));
+        // A reply for another server's key does not open: the client sends nothing.
+        let mut other = ServerCookies::new(&[8; 32], [5; 32]);
+        let init2 = a.initiation(later).unwrap();
+        let forged = other.reply(later, 0, &here, &init2).unwrap();
+        assert!(a.on_handshake(later, 0, &forged).reply.is_none());
     }
 
     #[test]

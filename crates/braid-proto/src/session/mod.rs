@@ -76,8 +76,8 @@ use crate::errctl::link as arq;
 pub use crate::errctl::link::{ArqChannelStats, ArqConfig};
 pub use credits::{CreditConfig, CreditCounters};
 pub use crypto::{
-    index_prefix, receiver_index, HandshakeDone, HandshakeFailure, HandshakeJob, HandshakeStats,
-    InitiationReader, SecurityMode, KEY_LEN,
+    address_bytes, index_prefix, receiver_index, HandshakeDone, HandshakeFailure, HandshakeJob,
+    HandshakeStats, InitiationReader, SecurityMode, ServerCookies, KEY_LEN,
 };
 use crypto::{Crypto, Established, Keys, Reject};
 pub use demote::{DemoteConfig, Role};
