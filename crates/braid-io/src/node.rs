@@ -841,7 +841,12 @@ impl Node {
     /// replacing the running end if any; errors are logged, not returned.
     async fn start_flow_end(&mut self, peer: NodeId, spec: crate::node_flow::EndSpec) {
         let flow = spec.flow;
-        let (keys, auth, fc, replaced) = self.take_endpoint(peer);
+        let EndInputs {
+            keys,
+            auth,
+            fc,
+            replaced,
+        } = self.take_endpoint(peer);
         let Some(keys) = keys else { return };
         if replaced {
             // A new flow (the source restarted): the old end's tasks were
@@ -864,19 +869,8 @@ impl Node {
     }
 
     /// Take the running flow end out of the state, and what a new end with `peer`
-    /// needs from it: the key pair (ours, the peer's public key; `None` for an unknown
-    /// peer), the shared authenticator, the `[flow]` config, and whether an end was
-    /// running.
-    #[allow(clippy::type_complexity)]
-    fn take_endpoint(
-        &self,
-        peer: NodeId,
-    ) -> (
-        Option<([u8; 32], [u8; 32])>,
-        Arc<Mutex<NodeAuth>>,
-        Option<FlowConfig>,
-        bool,
-    ) {
+    /// needs from it.
+    fn take_endpoint(&self, peer: NodeId) -> EndInputs {
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let old = s.endpoint.take();
         let peer_public = s
@@ -885,12 +879,12 @@ impl Node {
             .iter()
             .find(|p| p.id == peer)
             .map(|p| p.public_key);
-        (
-            peer_public.map(|pk| (s.cfg.private_key, pk)),
-            s.auth.clone(),
-            s.cfg.flow.clone(),
-            old.is_some(),
-        )
+        EndInputs {
+            keys: peer_public.map(|pk| (s.cfg.private_key, pk)),
+            auth: s.auth.clone(),
+            fc: s.cfg.flow.clone(),
+            replaced: old.is_some(),
+        }
     }
 
     /// The application side for a new end of `flow`, or `None` (logged) if there is
@@ -909,6 +903,18 @@ impl Node {
         }
         Some(app)
     }
+}
+
+/// What a new flow end needs from the node's state ([`Node::take_endpoint`]).
+struct EndInputs {
+    /// Our private key and the peer's public key; `None` for an unknown peer.
+    keys: Option<([u8; 32], [u8; 32])>,
+    /// The authenticator shared with the end's tasks.
+    auth: Arc<Mutex<NodeAuth>>,
+    /// The `[flow]` config.
+    fc: Option<FlowConfig>,
+    /// Whether an end was running (and was taken out).
+    replaced: bool,
 }
 
 /// A random flow id (it only has to differ from the last run's).
