@@ -16,37 +16,69 @@ const OPT_MSS: u8 = 2;
 /// fix the TCP checksum (incrementally, RFC 1624). Returns whether it changed.
 /// Anything else, or anything malformed, is left alone.
 pub fn clamp(pkt: &mut [u8], mtu: usize) -> bool {
-    let (tcp_at, ip_hdr) = match pkt.first().map(|b| b >> 4) {
-        Some(4) if pkt.len() >= 20 => {
-            let ihl = usize::from(pkt[0] & 0x0f) * 4;
-            let fragment = u16::from_be_bytes([pkt[6], pkt[7]]) & 0x1fff != 0;
-            if pkt[9] != TCP || ihl < 20 || fragment {
-                return false;
-            }
-            (ihl, 20)
-        }
-        Some(6) if pkt.len() >= 40 => {
-            if pkt[6] != TCP {
-                return false;
-            }
-            (40, 40)
-        }
-        _ => return false,
+    let Some((tcp_at, ip_hdr)) = tcp_offset(pkt) else {
+        return false;
     };
     let Some(tcp) = pkt.get_mut(tcp_at..) else {
         return false;
     };
-    if tcp.len() < 20 || tcp[13] & SYN == 0 {
+    let Some(doff) = syn_header_len(tcp) else {
         return false;
-    }
-    let doff = usize::from(tcp[12] >> 4) * 4;
-    if doff < 20 || doff > tcp.len() {
-        return false;
-    }
+    };
     let Some(fits) = mtu.checked_sub(ip_hdr + 20) else {
         return false;
     };
     let fits = fits.min(usize::from(u16::MAX)) as u16;
+    let Some(i) = find_mss(tcp, doff) else {
+        return false;
+    };
+    let old = u16::from_be_bytes([tcp[i + 2], tcp[i + 3]]);
+    if old <= fits {
+        return false;
+    }
+    set_mss(tcp, i, old, fits);
+    true
+}
+
+/// Where the TCP header of `pkt` starts, and the size of the fixed IP header the MSS
+/// must leave room for: `None` unless `pkt` is TCP over IPv4 (not a fragment) or over
+/// IPv6 (TCP as the next header).
+fn tcp_offset(pkt: &[u8]) -> Option<(usize, usize)> {
+    match pkt.first().map(|b| b >> 4) {
+        Some(4) if pkt.len() >= 20 => {
+            let ihl = usize::from(pkt[0] & 0x0f) * 4;
+            let fragment = u16::from_be_bytes([pkt[6], pkt[7]]) & 0x1fff != 0;
+            if pkt[9] != TCP || ihl < 20 || fragment {
+                return None;
+            }
+            Some((ihl, 20))
+        }
+        Some(6) if pkt.len() >= 40 => {
+            if pkt[6] != TCP {
+                return None;
+            }
+            Some((40, 40))
+        }
+        _ => None,
+    }
+}
+
+/// The length of the TCP header `tcp` (its data offset) if it is a SYN with a sane
+/// data offset, else `None`.
+fn syn_header_len(tcp: &[u8]) -> Option<usize> {
+    if tcp.len() < 20 || tcp[13] & SYN == 0 {
+        return None;
+    }
+    let doff = usize::from(tcp[12] >> 4) * 4;
+    if doff < 20 || doff > tcp.len() {
+        return None;
+    }
+    Some(doff)
+}
+
+/// Where the 4-byte MSS option starts among the options of the `doff`-byte TCP header
+/// `tcp`; `None` if there is none before the end of the options or a malformed one.
+fn find_mss(tcp: &[u8], doff: usize) -> Option<usize> {
     let mut i = 20;
     while i < doff {
         match tcp[i] {
@@ -59,32 +91,33 @@ pub fn clamp(pkt: &mut [u8], mtu: usize) -> bool {
                     break;
                 }
                 if kind == OPT_MSS && len == 4 {
-                    let old = u16::from_be_bytes([tcp[i + 2], tcp[i + 3]]);
-                    if old <= fits {
-                        return false;
-                    }
-                    tcp[i + 2..i + 4].copy_from_slice(&fits.to_be_bytes());
-                    // The option's word starts at an even offset only if `i` is even;
-                    // the checksum sums 16-bit words from the header's start.
-                    let (o, n) = if i.is_multiple_of(2) {
-                        (old, fits)
-                    } else {
-                        (old.rotate_left(8), fits.rotate_left(8))
-                    };
-                    let ck = u16::from_be_bytes([tcp[16], tcp[17]]);
-                    // HC' = ~(~HC + ~m + m'), one's complement.
-                    let mut sum = u32::from(!ck) + u32::from(!o) + u32::from(n);
-                    while sum > 0xffff {
-                        sum = (sum & 0xffff) + (sum >> 16);
-                    }
-                    tcp[16..18].copy_from_slice(&(!(sum as u16)).to_be_bytes());
-                    return true;
+                    return Some(i);
                 }
                 i += len;
             }
         }
     }
-    false
+    None
+}
+
+/// Write `fits` over the MSS `old` of the option at `i` of the TCP header `tcp`, and
+/// fix the TCP checksum incrementally (RFC 1624).
+fn set_mss(tcp: &mut [u8], i: usize, old: u16, fits: u16) {
+    tcp[i + 2..i + 4].copy_from_slice(&fits.to_be_bytes());
+    // The option's word starts at an even offset only if `i` is even;
+    // the checksum sums 16-bit words from the header's start.
+    let (o, n) = if i.is_multiple_of(2) {
+        (old, fits)
+    } else {
+        (old.rotate_left(8), fits.rotate_left(8))
+    };
+    let ck = u16::from_be_bytes([tcp[16], tcp[17]]);
+    // HC' = ~(~HC + ~m + m'), one's complement.
+    let mut sum = u32::from(!ck) + u32::from(!o) + u32::from(n);
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    tcp[16..18].copy_from_slice(&(!(sum as u16)).to_be_bytes());
 }
 
 #[cfg(test)]

@@ -34,7 +34,7 @@ use braid_proto::overlay::{
     ProbeConfig, ProbeSchedule, RelayEntry, RerouteConfig, Rerouter, Role, RouteConfig,
 };
 use braid_proto::wire::overlay::{
-    DataHeader, Repr, UpdateEntry, LOSS_SCALE, MAX_PING_PAD, PING_LEN,
+    DataHeader, ProvisionPath, Repr, UpdateEntry, LOSS_SCALE, MAX_PING_PAD, PING_LEN,
 };
 use braid_proto::{Duration, Instant};
 use serde::Serialize;
@@ -158,21 +158,8 @@ impl NodeConfig {
         let root: Table = toml::from_str(text).map_err(|e| format!("not valid TOML: {e}"))?;
         check_keys(&root, "", TOP_KEYS)?;
         let id = num(&root, "id", None, 0.0, MAX_NODE_ID as f64)? as NodeId;
-        let listen = root
-            .get("listen")
-            .and_then(Value::as_str)
-            .ok_or("`listen` is required: the address to bind, e.g. \"0.0.0.0:7400\"")?
-            .parse::<SocketAddr>()
-            .map_err(|e| format!("`listen`: {e}"))?;
-        if root.contains_key("key_file") || root.contains_key("key") {
-            return Err("`key_file` / `key`: the overlay no longer uses one key shared by all nodes (any member could speak for any other); give this node its own key pair instead: `private_key_file = \"node.key\"` (`braid genkey > node.key; chmod 600 node.key`) and, in every [[peer]], `public_key = \"...\"` (`braid pubkey < that node's key`); see docs/overlay.md".into());
-        }
-        let private_key = match root.get("private_key_file") {
-            Some(Value::String(f)) => crate::keys::read_file(&dir.join(f))
-                .map_err(|e| format!("`private_key_file`: {e}"))?,
-            Some(v) => return Err(format!("`private_key_file`: expected a file name, found {v}")),
-            None => return Err("`private_key_file` is required: this node's private key (`braid genkey > node.key; chmod 600 node.key`; give the other nodes `braid pubkey < node.key`)".into()),
-        };
+        let listen = parse_listen(&root)?;
+        let private_key = parse_private_key(&root, dir)?;
         let own_public = crate::keys::public_key(&private_key);
         let peers = parse_peers(&root, id, &own_public)?;
         let empty = Table::new();
@@ -186,17 +173,8 @@ impl NodeConfig {
         let route = sub_table(&root, "route", &empty)?;
         check_keys(route, "route.", ROUTE_KEYS)?;
         let mut routes = parse_route_to(route, &peers)?;
-        let metric = match route.get("metric").map(|v| v.as_str()) {
-            None => Metric::Throughput,
-            Some(Some(s)) => Metric::from_name(s)
-                .ok_or("route.metric: expected \"throughput\", \"delay\" or \"loss\"")?,
-            Some(None) => return Err("route.metric: expected a string".into()),
-        };
-        let flow = match root.get("flow") {
-            None => None,
-            Some(Value::Table(t)) => Some(parse_flow(t, &peers)?),
-            Some(_) => return Err("`flow`: expected a [flow] table".into()),
-        };
+        let metric = parse_metric(route)?;
+        let flow = parse_flow_table(&root, &peers)?;
         if let Some(d) = flow.as_ref().and_then(|f| f.to) {
             if !routes.contains(&d) {
                 routes.push(d);
@@ -224,6 +202,49 @@ impl NodeConfig {
             consecutive: num(route, "consecutive", Some(3.0), 1.0, 1000.0)? as u32,
         })
     }
+}
+
+/// `listen`: the address to bind.
+fn parse_listen(root: &Table) -> Result<SocketAddr, String> {
+    root.get("listen")
+        .and_then(Value::as_str)
+        .ok_or("`listen` is required: the address to bind, e.g. \"0.0.0.0:7400\"")?
+        .parse::<SocketAddr>()
+        .map_err(|e| format!("`listen`: {e}"))
+}
+
+/// `private_key_file`: this node's static private key, read from that file (relative
+/// to `dir`); the old shared `key_file` / `key` are refused with what to do instead.
+fn parse_private_key(root: &Table, dir: &Path) -> Result<[u8; 32], String> {
+    if root.contains_key("key_file") || root.contains_key("key") {
+        return Err("`key_file` / `key`: the overlay no longer uses one key shared by all nodes (any member could speak for any other); give this node its own key pair instead: `private_key_file = \"node.key\"` (`braid genkey > node.key; chmod 600 node.key`) and, in every [[peer]], `public_key = \"...\"` (`braid pubkey < that node's key`); see docs/overlay.md".into());
+    }
+    let private_key = match root.get("private_key_file") {
+            Some(Value::String(f)) => crate::keys::read_file(&dir.join(f))
+                .map_err(|e| format!("`private_key_file`: {e}"))?,
+            Some(v) => return Err(format!("`private_key_file`: expected a file name, found {v}")),
+            None => return Err("`private_key_file` is required: this node's private key (`braid genkey > node.key; chmod 600 node.key`; give the other nodes `braid pubkey < node.key`)".into()),
+        };
+    Ok(private_key)
+}
+
+/// `route.metric`: what the QRE optimizes (throughput unless given).
+fn parse_metric(route: &Table) -> Result<Metric, String> {
+    Ok(match route.get("metric").map(|v| v.as_str()) {
+        None => Metric::Throughput,
+        Some(Some(s)) => Metric::from_name(s)
+            .ok_or("route.metric: expected \"throughput\", \"delay\" or \"loss\"")?,
+        Some(None) => return Err("route.metric: expected a string".into()),
+    })
+}
+
+/// The `[flow]` table, if any.
+fn parse_flow_table(root: &Table, peers: &[Peer]) -> Result<Option<FlowConfig>, String> {
+    Ok(match root.get("flow") {
+        None => None,
+        Some(Value::Table(t)) => Some(parse_flow(t, peers)?),
+        Some(_) => return Err("`flow`: expected a [flow] table".into()),
+    })
 }
 
 /// The keys of a node configuration, its `[probe]` and its `[route]`.
@@ -351,6 +372,7 @@ fn fresh_secret() -> std::io::Result<[u8; 32]> {
     })
 }
 
+/// The `[flow]` table: this node is an end of striped flows (to `flow.to`, if given).
 fn parse_flow(t: &Table, peers: &[Peer]) -> Result<FlowConfig, String> {
     check_keys(
         t,
@@ -374,7 +396,28 @@ fn parse_flow(t: &Table, peers: &[Peer]) -> Result<FlowConfig, String> {
                 .ok_or_else(|| format!("flow.to: {v} is not a peer's id"))?,
         ),
     };
-    let tun = match t.get("tun") {
+    let tun = parse_flow_tun(t)?;
+    let address = parse_flow_address(t)?;
+    let adaptive = match t.get("adaptive") {
+        None => false,
+        Some(Value::Boolean(b)) => *b,
+        Some(v) => return Err(format!("flow.adaptive: expected true or false, found {v}")),
+    };
+    let session = flow_session(t.get("session"))?;
+    Ok(FlowConfig {
+        session,
+        to,
+        tun,
+        address,
+        path_mtu: num(t, "path_mtu", Some(1500.0), 576.0, 9000.0)? as u32,
+        settle: Duration::from_millis(num(t, "settle_ms", Some(10_000.0), 0.0, 3_600_000.0)? as u64),
+        adaptive,
+    })
+}
+
+/// `flow.tun`: the name of the flow's TUN device, if any.
+fn parse_flow_tun(t: &Table) -> Result<Option<String>, String> {
+    Ok(match t.get("tun") {
         None => None,
         Some(Value::String(s)) if !s.is_empty() && s.len() < 16 => Some(s.clone()),
         Some(v) => {
@@ -382,8 +425,13 @@ fn parse_flow(t: &Table, peers: &[Peer]) -> Result<FlowConfig, String> {
                 "flow.tun: expected a device name of 1 to 15 characters, found {v}"
             ))
         }
-    };
-    let address = match t.get("address") {
+    })
+}
+
+/// `flow.address`: the TUN device's IPv4 address and prefix length (`ADDRESS/PREFIX`),
+/// if any.
+fn parse_flow_address(t: &Table) -> Result<Option<(std::net::Ipv4Addr, u8)>, String> {
+    Ok(match t.get("address") {
         None => None,
         Some(Value::String(s)) => {
             let (a, l) = s
@@ -400,21 +448,6 @@ fn parse_flow(t: &Table, peers: &[Peer]) -> Result<FlowConfig, String> {
             Some((a, l))
         }
         Some(v) => return Err(format!("flow.address: expected a string, found {v}")),
-    };
-    let adaptive = match t.get("adaptive") {
-        None => false,
-        Some(Value::Boolean(b)) => *b,
-        Some(v) => return Err(format!("flow.adaptive: expected true or false, found {v}")),
-    };
-    let session = flow_session(t.get("session"))?;
-    Ok(FlowConfig {
-        session,
-        to,
-        tun,
-        address,
-        path_mtu: num(t, "path_mtu", Some(1500.0), 576.0, 9000.0)? as u32,
-        settle: Duration::from_millis(num(t, "settle_ms", Some(10_000.0), 0.0, 3_600_000.0)? as u64),
-        adaptive,
     })
 }
 
@@ -769,19 +802,10 @@ impl Node {
 }
 
 impl Node {
+    /// Carry out what the state asked of the flow end: stop it, or (re)start it.
     async fn flow_cmd(&mut self, c: FlowCmd) {
         match c {
-            FlowCmd::Stop => {
-                let e = self
-                    .state
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .endpoint
-                    .take();
-                if let Some(e) = e {
-                    tracing::info!(flow = e.flow, "flow end stopped");
-                }
-            }
+            FlowCmd::Stop => self.stop_flow_end(),
             FlowCmd::Start {
                 flow,
                 peer,
@@ -789,59 +813,108 @@ impl Node {
                 weights,
                 hops,
             } => {
-                let (keys, auth, fc, replaced) = {
-                    let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
-                    let old = s.endpoint.take();
-                    let peer_public = s
-                        .cfg
-                        .peers
-                        .iter()
-                        .find(|p| p.id == peer)
-                        .map(|p| p.public_key);
-                    (
-                        peer_public.map(|pk| (s.cfg.private_key, pk)),
-                        s.auth.clone(),
-                        s.cfg.flow.clone(),
-                        old.is_some(),
-                    )
-                };
-                let Some(keys) = keys else { return };
-                if replaced {
-                    // A new flow (the source restarted): the old end's tasks were
-                    // aborted; let them close its TUN device before it is made again.
-                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-                }
-                let Some(fc) = fc else { return };
-                let Some(app) = self.app.take() else {
-                    tracing::warn!(
-                        flow,
-                        "flow not started: this node has no application side (no [flow] tun, or its queues were used by an earlier flow)"
-                    );
-                    return;
-                };
-                // A TUN device can be opened again for a later flow.
-                if let AppSide::Tun(t) = &app {
-                    self.app = Some(AppSide::Tun(t.clone()));
-                }
                 let spec = crate::node_flow::EndSpec {
                     flow,
                     reverse,
                     weights,
                     hops,
                 };
-                match crate::node_flow::start(spec, keys, &fc, app, self.socket.clone(), auth).await
-                {
-                    Ok(e) => {
-                        self.state
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .endpoint = Some(Arc::new(e));
-                    }
-                    Err(e) => tracing::error!(flow, "flow end not started: {e}"),
-                }
+                self.start_flow_end(peer, spec).await;
             }
         }
     }
+
+    /// Drop the running flow end, if any.
+    fn stop_flow_end(&mut self) {
+        let e = self
+            .state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .endpoint
+            .take();
+        if let Some(e) = e {
+            tracing::info!(flow = e.flow, "flow end stopped");
+        }
+    }
+
+    /// Start this node's end of the flow `spec` with the node `peer` at its other end,
+    /// replacing the running end if any; errors are logged, not returned.
+    async fn start_flow_end(&mut self, peer: NodeId, spec: crate::node_flow::EndSpec) {
+        let flow = spec.flow;
+        let EndInputs {
+            keys,
+            auth,
+            fc,
+            replaced,
+        } = self.take_endpoint(peer);
+        let Some(keys) = keys else { return };
+        if replaced {
+            // A new flow (the source restarted): the old end's tasks were
+            // aborted; let them close its TUN device before it is made again.
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+        let Some(fc) = fc else { return };
+        let Some(app) = self.take_app(flow) else {
+            return;
+        };
+        match crate::node_flow::start(spec, keys, &fc, app, self.socket.clone(), auth).await {
+            Ok(e) => {
+                self.state
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .endpoint = Some(Arc::new(e));
+            }
+            Err(e) => tracing::error!(flow, "flow end not started: {e}"),
+        }
+    }
+
+    /// Take the running flow end out of the state, and what a new end with `peer`
+    /// needs from it.
+    fn take_endpoint(&self, peer: NodeId) -> EndInputs {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let old = s.endpoint.take();
+        let peer_public = s
+            .cfg
+            .peers
+            .iter()
+            .find(|p| p.id == peer)
+            .map(|p| p.public_key);
+        EndInputs {
+            keys: peer_public.map(|pk| (s.cfg.private_key, pk)),
+            auth: s.auth.clone(),
+            fc: s.cfg.flow.clone(),
+            replaced: old.is_some(),
+        }
+    }
+
+    /// The application side for a new end of `flow`, or `None` (logged) if there is
+    /// none; a TUN device is kept so that a later flow can open it again.
+    fn take_app(&mut self, flow: u32) -> Option<AppSide> {
+        let Some(app) = self.app.take() else {
+            tracing::warn!(
+                flow,
+                "flow not started: this node has no application side (no [flow] tun, or its queues were used by an earlier flow)"
+            );
+            return None;
+        };
+        // A TUN device can be opened again for a later flow.
+        if let AppSide::Tun(t) = &app {
+            self.app = Some(AppSide::Tun(t.clone()));
+        }
+        Some(app)
+    }
+}
+
+/// What a new flow end needs from the node's state ([`Node::take_endpoint`]).
+struct EndInputs {
+    /// Our private key and the peer's public key; `None` for an unknown peer.
+    keys: Option<([u8; 32], [u8; 32])>,
+    /// The authenticator shared with the end's tasks.
+    auth: Arc<Mutex<NodeAuth>>,
+    /// The `[flow]` config.
+    fc: Option<FlowConfig>,
+    /// Whether an end was running (and was taken out).
+    replaced: bool,
 }
 
 /// A random flow id (it only has to differ from the last run's).
@@ -873,69 +946,28 @@ fn slot_path(c: &Option<Choice>) -> Option<String> {
     c.as_ref().map(path_text)
 }
 
+/// The weight of every slot a PROVISION names; slots it does not name get its
+/// smallest weight.
+fn provision_weights(paths: &[ProvisionPath]) -> [u32; SLOTS] {
+    let min = paths.iter().map(|p| p.weight).min().unwrap_or(1);
+    let mut weights = [min; SLOTS];
+    for p in paths {
+        if let Some(w) = weights.get_mut(p.slot as usize) {
+            *w = p.weight;
+        }
+    }
+    weights
+}
+
 impl State {
     /// A node's state at `now` (the wall clock), with 32 fresh random bytes for this
     /// run's ephemeral key.
     fn new(cfg: NodeConfig, now: Instant, ephemeral: [u8; 32]) -> std::io::Result<State> {
-        let mut ids: Vec<NodeId> = cfg.peers.iter().map(|p| p.id).collect();
-        ids.push(cfg.id);
-        let nodes = *ids.iter().max().unwrap_or(&0) as usize + 1;
-        let sched = ProbeSchedule::new(
-            ids,
-            cfg.id,
-            ProbeConfig {
-                slot: cfg.slot,
-                probe: cfg.slot,
-                epoch: Instant::ZERO,
-                ping_every: cfg.ping,
-            },
-        )
-        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
-        let route_cfg = RouteConfig {
-            metric: cfg.metric,
-            max_paths: cfg.max_paths,
-            max_age: cfg.dead_after,
-            ..RouteConfig::default()
-        };
-        let reroute = RerouteConfig {
-            threshold: cfg.threshold,
-            consecutive: cfg.consecutive,
-            dead_after: cfg.dead_after,
-        };
-        let rerouters = cfg
-            .routes
-            .iter()
-            .map(|&d| {
-                (
-                    d,
-                    Rerouter::new(cfg.id, d, route_cfg.clone(), reroute),
-                    Vec::new(),
-                )
-            })
-            .collect();
-        let peers = cfg
-            .peers
-            .iter()
-            .map(|p| PeerState {
-                id: p.id,
-                addr: p.addr,
-                rtt: None,
-                loss: 0.0,
-                throughput: None,
-                outstanding: None,
-                last_heard: None,
-                train: None,
-            })
-            .collect();
+        let (sched, nodes) = probe_schedule(&cfg)?;
+        let rerouters = rerouters(&cfg);
+        let peers = peer_states(&cfg.peers);
         let probe = sched.next_probe(now);
-        let src_flow = cfg.flow.as_ref().and_then(|f| f.to).map(|dst| SrcFlow {
-            dst,
-            flow: flow_id(),
-            first_route: None,
-            slots: Vec::new(),
-            relays: Vec::new(),
-            next_provision: now,
-        });
+        let src_flow = src_flow(&cfg, now);
         let auth = NodeAuth::new(cfg.id, &cfg.private_key, &members(&cfg.peers), ephemeral)
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
         Ok(State {
@@ -962,6 +994,81 @@ impl State {
             cfg,
         })
     }
+}
+
+/// The overlay-wide probe schedule over this node and its peers, and the size of the
+/// accessibility table (one past the largest node id).
+fn probe_schedule(cfg: &NodeConfig) -> std::io::Result<(ProbeSchedule, usize)> {
+    let mut ids: Vec<NodeId> = cfg.peers.iter().map(|p| p.id).collect();
+    ids.push(cfg.id);
+    let nodes = *ids.iter().max().unwrap_or(&0) as usize + 1;
+    let sched = ProbeSchedule::new(
+        ids,
+        cfg.id,
+        ProbeConfig {
+            slot: cfg.slot,
+            probe: cfg.slot,
+            epoch: Instant::ZERO,
+            ping_every: cfg.ping,
+        },
+    )
+    .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
+    Ok((sched, nodes))
+}
+
+/// A [`Rerouter`] for every configured destination, with no current paths yet.
+fn rerouters(cfg: &NodeConfig) -> Vec<(NodeId, Rerouter, Vec<Choice>)> {
+    let route_cfg = RouteConfig {
+        metric: cfg.metric,
+        max_paths: cfg.max_paths,
+        max_age: cfg.dead_after,
+        ..RouteConfig::default()
+    };
+    let reroute = RerouteConfig {
+        threshold: cfg.threshold,
+        consecutive: cfg.consecutive,
+        dead_after: cfg.dead_after,
+    };
+    cfg.routes
+        .iter()
+        .map(|&d| {
+            (
+                d,
+                Rerouter::new(cfg.id, d, route_cfg.clone(), reroute),
+                Vec::new(),
+            )
+        })
+        .collect()
+}
+
+/// Every configured peer, with nothing measured or heard yet.
+fn peer_states(peers: &[Peer]) -> Vec<PeerState> {
+    peers
+        .iter()
+        .map(|p| PeerState {
+            id: p.id,
+            addr: p.addr,
+            rtt: None,
+            loss: 0.0,
+            throughput: None,
+            outstanding: None,
+            last_heard: None,
+            train: None,
+        })
+        .collect()
+}
+
+/// The flow this node sources, if its config has `[flow] to = D`: a fresh flow id, not
+/// provisioned yet, the first PROVISION due at `now`.
+fn src_flow(cfg: &NodeConfig, now: Instant) -> Option<SrcFlow> {
+    cfg.flow.as_ref().and_then(|f| f.to).map(|dst| SrcFlow {
+        dst,
+        flow: flow_id(),
+        first_route: None,
+        slots: Vec::new(),
+        relays: Vec::new(),
+        next_provision: now,
+    })
 }
 
 impl State {
@@ -1194,70 +1301,16 @@ impl State {
 
     /// An authenticated PROVISION or TEARDOWN.
     fn on_flow_control(&mut self, now: Instant, sender: NodeId, r: &Repr) {
-        let role = match self.flows.handle(now, sender, r) {
-            Ok(role) => role,
-            Err(e) => {
-                tracing::debug!("flow message refused: {e}");
-                self.stats.flow_refused += 1;
-                return;
-            }
+        let Some(role) = self.accept_flow_control(now, sender, r) else {
+            return;
         };
-        match r {
-            Repr::Provision { .. } => self.stats.provisions += 1,
-            _ => self.stats.teardowns += 1,
-        }
         match (r, role) {
             (
                 Repr::Provision {
                     flow, src, paths, ..
                 },
                 Role::Destination { paths: slots },
-            ) => {
-                if self.cfg.flow.is_none() {
-                    self.stats.flow_refused += 1;
-                    return;
-                }
-                let mut hops = [None; SLOTS];
-                for (slot, relay) in &slots {
-                    if let Some(h) = hops.get_mut(*slot as usize) {
-                        *h = self.hop(relay.unwrap_or(*src));
-                    }
-                }
-                let same = self
-                    .dst_flow
-                    .as_ref()
-                    .is_some_and(|f| f.flow == *flow && f.src == *src);
-                let min = paths.iter().map(|p| p.weight).min().unwrap_or(1);
-                let mut weights = [min; SLOTS];
-                for p in paths {
-                    if let Some(w) = weights.get_mut(p.slot as usize) {
-                        *w = p.weight;
-                    }
-                }
-                if same {
-                    if let Some(e) = &self.endpoint {
-                        e.set_hops(hops);
-                        let moved = self.dst_flow.as_ref().is_some_and(|f| f.paths != slots);
-                        if moved {
-                            e.set_weights(weights);
-                        }
-                    }
-                } else {
-                    tracing::info!(flow, src, "flow arriving; starting its end");
-                    self.cmds.push(FlowCmd::Start {
-                        flow: *flow,
-                        peer: *src,
-                        reverse: true,
-                        weights,
-                        hops,
-                    });
-                }
-                self.dst_flow = Some(DstFlow {
-                    src: *src,
-                    flow: *flow,
-                    paths: slots,
-                });
-            }
+            ) => self.on_provision_to_us(*flow, *src, paths, slots),
             (Repr::Teardown { flow, src, .. }, _)
                 if self
                     .dst_flow
@@ -1270,6 +1323,81 @@ impl State {
             }
             _ => {}
         }
+    }
+
+    /// Hand a PROVISION or TEARDOWN to the flow table and count it: this node's role in
+    /// the flow, or `None` (counted as refused) if the table refused the message.
+    fn accept_flow_control(&mut self, now: Instant, sender: NodeId, r: &Repr) -> Option<Role> {
+        let role = match self.flows.handle(now, sender, r) {
+            Ok(role) => role,
+            Err(e) => {
+                tracing::debug!("flow message refused: {e}");
+                self.stats.flow_refused += 1;
+                return None;
+            }
+        };
+        match r {
+            Repr::Provision { .. } => self.stats.provisions += 1,
+            _ => self.stats.teardowns += 1,
+        }
+        Some(role)
+    }
+
+    /// A PROVISION of flow `flow` from `src` with this node as its destination: refused
+    /// without a `[flow]` section; for the flow already running, its paths (and, if
+    /// they moved, its weights) are updated in place; otherwise its end is started.
+    fn on_provision_to_us(
+        &mut self,
+        flow: u32,
+        src: NodeId,
+        paths: &[ProvisionPath],
+        slots: Vec<(u8, Option<NodeId>)>,
+    ) {
+        if self.cfg.flow.is_none() {
+            self.stats.flow_refused += 1;
+            return;
+        }
+        let hops = self.slot_hops(src, &slots);
+        let same = self
+            .dst_flow
+            .as_ref()
+            .is_some_and(|f| f.flow == flow && f.src == src);
+        let weights = provision_weights(paths);
+        if same {
+            if let Some(e) = &self.endpoint {
+                e.set_hops(hops);
+                let moved = self.dst_flow.as_ref().is_some_and(|f| f.paths != slots);
+                if moved {
+                    e.set_weights(weights);
+                }
+            }
+        } else {
+            tracing::info!(flow, src, "flow arriving; starting its end");
+            self.cmds.push(FlowCmd::Start {
+                flow,
+                peer: src,
+                reverse: true,
+                weights,
+                hops,
+            });
+        }
+        self.dst_flow = Some(DstFlow {
+            src,
+            flow,
+            paths: slots,
+        });
+    }
+
+    /// The previous hop of every `(slot, relay)` path of a flow from `src`: the relay,
+    /// or `src` itself for a direct path.
+    fn slot_hops(&self, src: NodeId, slots: &[(u8, Option<NodeId>)]) -> [Option<Hop>; SLOTS] {
+        let mut hops = [None; SLOTS];
+        for (slot, relay) in slots {
+            if let Some(h) = hops.get_mut(*slot as usize) {
+                *h = self.hop(relay.unwrap_or(src));
+            }
+        }
+        hops
     }
 
     /// Seal `r` for peer `to` and queue it to the peer's configured address.

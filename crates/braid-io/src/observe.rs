@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::{TcpListener, UnixListener, UnixStream};
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::task::JoinHandle;
 use tracing::debug;
 
@@ -61,7 +61,25 @@ pub fn serve_control(path: &Path, stats: StatsHandle) -> io::Result<ControlServe
             std::fs::create_dir_all(dir)?;
         }
     }
-    // A stale socket from a crashed run: refuse if something still answers on it.
+    remove_stale_socket(path)?;
+    let listener = UnixListener::bind(path)?;
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((conn, _)) = listener.accept().await else {
+                continue;
+            };
+            tokio::spawn(answer_control(conn, stats.clone()));
+        }
+    });
+    Ok(ControlServer {
+        path: path.to_path_buf(),
+        task,
+    })
+}
+
+/// Remove a stale socket file at `path` left by a crashed run; refuse (address in
+/// use) if something still answers on it.
+fn remove_stale_socket(path: &Path) -> io::Result<()> {
     if path.exists() {
         if std::os::unix::net::UnixStream::connect(path).is_ok() {
             return Err(io::Error::new(
@@ -71,41 +89,31 @@ pub fn serve_control(path: &Path, stats: StatsHandle) -> io::Result<ControlServe
         }
         std::fs::remove_file(path)?;
     }
-    let listener = UnixListener::bind(path)?;
-    let task = tokio::spawn(async move {
-        loop {
-            let Ok((conn, _)) = listener.accept().await else {
-                continue;
-            };
-            let stats = stats.clone();
-            tokio::spawn(async move {
-                let (r, mut w) = conn.into_split();
-                let mut line = String::new();
-                // One short command line: anything longer is not a command, and must not
-                // grow memory.
-                let read = tokio::time::timeout(
-                    Duration::from_secs(2),
-                    BufReader::new(r.take(MAX_REQUEST)).read_line(&mut line),
-                )
-                .await;
-                if !matches!(read, Ok(Ok(n)) if n > 0 && (line.ends_with('\n') || (n as u64) < MAX_REQUEST))
-                {
-                    let _ = w
-                        .write_all(b"{\"error\":\"request too long or incomplete\"}")
-                        .await;
-                    let _ = w.shutdown().await;
-                    return;
-                }
-                let reply = answer(line.trim(), &stats).await;
-                let _ = w.write_all(reply.as_bytes()).await;
-                let _ = w.shutdown().await;
-            });
-        }
-    });
-    Ok(ControlServer {
-        path: path.to_path_buf(),
-        task,
-    })
+    Ok(())
+}
+
+/// One control connection: read its command line (short, within 2 s), answer it
+/// with the stats as JSON or an error document, and close.
+async fn answer_control(conn: UnixStream, stats: StatsHandle) {
+    let (r, mut w) = conn.into_split();
+    let mut line = String::new();
+    // One short command line: anything longer is not a command, and must not
+    // grow memory.
+    let read = tokio::time::timeout(
+        Duration::from_secs(2),
+        BufReader::new(r.take(MAX_REQUEST)).read_line(&mut line),
+    )
+    .await;
+    if !matches!(read, Ok(Ok(n)) if n > 0 && (line.ends_with('\n') || (n as u64) < MAX_REQUEST)) {
+        let _ = w
+            .write_all(b"{\"error\":\"request too long or incomplete\"}")
+            .await;
+        let _ = w.shutdown().await;
+        return;
+    }
+    let reply = answer(line.trim(), &stats).await;
+    let _ = w.write_all(reply.as_bytes()).await;
+    let _ = w.shutdown().await;
 }
 
 /// Ask a control socket for stats.
@@ -142,72 +150,91 @@ pub async fn serve_metrics(
     let local = listener.local_addr()?;
     let task = tokio::spawn(async move {
         loop {
-            let Ok((mut conn, peer)) = listener.accept().await else {
+            let Ok((conn, peer)) = listener.accept().await else {
                 continue;
             };
-            let stats = stats.clone();
-            tokio::spawn(async move {
-                let mut req = Vec::with_capacity(1024);
-                let mut buf = [0u8; 1024];
-                let head = tokio::time::timeout(Duration::from_secs(2), async {
-                    while !req.windows(4).any(|w| w == b"\r\n\r\n") && req.len() < 8192 {
-                        match conn.read(&mut buf).await {
-                            Ok(0) | Err(_) => return false,
-                            Ok(n) => req.extend_from_slice(&buf[..n]),
-                        }
-                    }
-                    true
-                })
-                .await;
-                if !matches!(head, Ok(true)) {
-                    debug!(%peer, "metrics: incomplete request");
-                    return;
-                }
-                let first = String::from_utf8_lossy(&req);
-                let first = first.lines().next().unwrap_or("");
-                let mut parts = first.split_whitespace();
-                let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-                let (status, body, ctype) = if method != "GET" {
-                    (
-                        "405 Method Not Allowed",
-                        "only GET\n".to_string(),
-                        "text/plain",
-                    )
-                } else if target == "/metrics" {
-                    match stats.get().await {
-                        Ok(s) => ("200 OK", s.prometheus(), "text/plain; version=0.0.4"),
-                        Err(e) => ("503 Service Unavailable", format!("{e}\n"), "text/plain"),
-                    }
-                } else if target == "/stats.json" {
-                    match stats.get().await {
-                        Ok(s) => (
-                            "200 OK",
-                            serde_json::to_string(&s).unwrap_or_default(),
-                            "application/json",
-                        ),
-                        Err(e) => ("503 Service Unavailable", format!("{e}\n"), "text/plain"),
-                    }
-                } else if target == "/" {
-                    (
-                        "200 OK",
-                        STATUS_PAGE.to_string(),
-                        "text/html; charset=utf-8",
-                    )
-                } else {
-                    (
-                        "404 Not Found",
-                        "try / (the status page), /metrics or /stats.json\n".to_string(),
-                        "text/plain",
-                    )
-                };
-                let resp = format!(
-                    "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-                let _ = conn.write_all(resp.as_bytes()).await;
-                let _ = conn.shutdown().await;
-            });
+            tokio::spawn(answer_http(conn, peer, stats.clone()));
         }
     });
     Ok((local, task))
+}
+
+/// One HTTP connection: read the request head (within 2 s, at most about 8 KiB),
+/// answer its request line, and close.
+async fn answer_http(mut conn: TcpStream, peer: SocketAddr, stats: StatsHandle) {
+    let Some(req) = read_head(&mut conn).await else {
+        debug!(%peer, "metrics: incomplete request");
+        return;
+    };
+    let first = String::from_utf8_lossy(&req);
+    let first = first.lines().next().unwrap_or("");
+    let mut parts = first.split_whitespace();
+    let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let (status, body, ctype) = http_reply(method, target, &stats).await;
+    let resp = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = conn.write_all(resp.as_bytes()).await;
+    let _ = conn.shutdown().await;
+}
+
+/// An HTTP request's head (up to its blank line, or past 8 KiB), or `None` if the
+/// connection closed or failed first or it took over 2 s.
+async fn read_head(conn: &mut TcpStream) -> Option<Vec<u8>> {
+    let mut req = Vec::with_capacity(1024);
+    let mut buf = [0u8; 1024];
+    let head = tokio::time::timeout(Duration::from_secs(2), async {
+        while !req.windows(4).any(|w| w == b"\r\n\r\n") && req.len() < 8192 {
+            match conn.read(&mut buf).await {
+                Ok(0) | Err(_) => return false,
+                Ok(n) => req.extend_from_slice(&buf[..n]),
+            }
+        }
+        true
+    })
+    .await;
+    matches!(head, Ok(true)).then_some(req)
+}
+
+/// The status line, body and content type answering `method` `target`: the metrics,
+/// the JSON snapshot, the status page, or an error.
+async fn http_reply(
+    method: &str,
+    target: &str,
+    stats: &StatsHandle,
+) -> (&'static str, String, &'static str) {
+    if method != "GET" {
+        (
+            "405 Method Not Allowed",
+            "only GET\n".to_string(),
+            "text/plain",
+        )
+    } else if target == "/metrics" {
+        match stats.get().await {
+            Ok(s) => ("200 OK", s.prometheus(), "text/plain; version=0.0.4"),
+            Err(e) => ("503 Service Unavailable", format!("{e}\n"), "text/plain"),
+        }
+    } else if target == "/stats.json" {
+        match stats.get().await {
+            Ok(s) => (
+                "200 OK",
+                serde_json::to_string(&s).unwrap_or_default(),
+                "application/json",
+            ),
+            Err(e) => ("503 Service Unavailable", format!("{e}\n"), "text/plain"),
+        }
+    } else if target == "/" {
+        (
+            "200 OK",
+            STATUS_PAGE.to_string(),
+            "text/html; charset=utf-8",
+        )
+    } else {
+        (
+            "404 Not Found",
+            "try / (the status page), /metrics or /stats.json\n".to_string(),
+            "text/plain",
+        )
+    }
 }

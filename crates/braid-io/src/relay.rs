@@ -29,6 +29,60 @@ struct Chan {
     dropped: AtomicU64,
 }
 
+/// One end of a channel: a socket on 127.0.0.1 with an ephemeral port, large buffers
+/// and a short read timeout (so that its thread sees `stop`).
+fn bind_half() -> std::io::Result<Half> {
+    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, None)?;
+    // Large buffers: the relay thread must not be the bottleneck in tests.
+    let _ = s.set_recv_buffer_size(8 << 20);
+    let _ = s.set_send_buffer_size(8 << 20);
+    s.bind(&"127.0.0.1:0".parse::<SocketAddr>().expect("addr").into())?;
+    let sock: UdpSocket = s.into();
+    sock.set_read_timeout(Some(Duration::from_millis(20)))?;
+    Ok(Half {
+        sock,
+        learned: Mutex::new(None),
+        last_ctrl: Mutex::new(None),
+    })
+}
+
+/// A forwarding thread's loop until `stop`: each datagram to channel `ch`'s end A
+/// (`from_a`) or B goes out of the other end to the address last heard there, unless
+/// the channel is silenced (then it is counted and dropped); the last sealed or
+/// control datagram from each side is kept for replays.
+fn forward(ch: &Chan, from_a: bool, stop: &AtomicBool) {
+    let mut buf = vec![0u8; 65536];
+    let (src, dst) = if from_a {
+        (&ch.a, &ch.b)
+    } else {
+        (&ch.b, &ch.a)
+    };
+    while !stop.load(Ordering::Relaxed) {
+        let Ok((n, from)) = src.sock.recv_from(&mut buf) else {
+            continue;
+        };
+        *src.learned.lock().unwrap() = Some(from);
+        if ch.silenced.load(Ordering::Relaxed) {
+            ch.dropped.fetch_add(1, Ordering::Relaxed);
+            continue;
+        }
+        // Sealed datagrams (any, in modes encrypt and auth), or bare
+        // control; never bare data (repairs, 0xB6, are data).
+        if n > 0
+            && (wire::is_authenticated_control(buf[0])
+                || matches!(buf[0], wire::TYPE_SEALED | wire::TYPE_SIGNED))
+        {
+            *src.last_ctrl.lock().unwrap() = Some(buf[..n].to_vec());
+        }
+        let to = *dst.learned.lock().unwrap();
+        if let Some(to) = to {
+            if dst.sock.send_to(&buf[..n], to).is_ok() {
+                ch.forwarded.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
 /// A running relay; stops when dropped.
 pub struct Relay {
     chans: Vec<Arc<Chan>>,
@@ -52,23 +106,9 @@ impl Relay {
         let mut chans = Vec::new();
         let mut threads = Vec::new();
         for _ in 0..n {
-            let mk = || -> std::io::Result<Half> {
-                let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, None)?;
-                // Large buffers: the relay thread must not be the bottleneck in tests.
-                let _ = s.set_recv_buffer_size(8 << 20);
-                let _ = s.set_send_buffer_size(8 << 20);
-                s.bind(&"127.0.0.1:0".parse::<SocketAddr>().expect("addr").into())?;
-                let sock: UdpSocket = s.into();
-                sock.set_read_timeout(Some(Duration::from_millis(20)))?;
-                Ok(Half {
-                    sock,
-                    learned: Mutex::new(None),
-                    last_ctrl: Mutex::new(None),
-                })
-            };
             let ch = Arc::new(Chan {
-                a: mk()?,
-                b: mk()?,
+                a: bind_half()?,
+                b: bind_half()?,
                 silenced: AtomicBool::new(false),
                 forwarded: AtomicU64::new(0),
                 dropped: AtomicU64::new(0),
@@ -76,38 +116,7 @@ impl Relay {
             for from_a in [true, false] {
                 let ch = ch.clone();
                 let stop = stop.clone();
-                threads.push(std::thread::spawn(move || {
-                    let mut buf = vec![0u8; 65536];
-                    let (src, dst) = if from_a {
-                        (&ch.a, &ch.b)
-                    } else {
-                        (&ch.b, &ch.a)
-                    };
-                    while !stop.load(Ordering::Relaxed) {
-                        let Ok((n, from)) = src.sock.recv_from(&mut buf) else {
-                            continue;
-                        };
-                        *src.learned.lock().unwrap() = Some(from);
-                        if ch.silenced.load(Ordering::Relaxed) {
-                            ch.dropped.fetch_add(1, Ordering::Relaxed);
-                            continue;
-                        }
-                        // Sealed datagrams (any, in modes encrypt and auth), or bare
-                        // control; never bare data (repairs, 0xB6, are data).
-                        if n > 0
-                            && (wire::is_authenticated_control(buf[0])
-                                || matches!(buf[0], wire::TYPE_SEALED | wire::TYPE_SIGNED))
-                        {
-                            *src.last_ctrl.lock().unwrap() = Some(buf[..n].to_vec());
-                        }
-                        let to = *dst.learned.lock().unwrap();
-                        if let Some(to) = to {
-                            if dst.sock.send_to(&buf[..n], to).is_ok() {
-                                ch.forwarded.fetch_add(1, Ordering::Relaxed);
-                            }
-                        }
-                    }
-                }));
+                threads.push(std::thread::spawn(move || forward(&ch, from_a, &stop)));
             }
             chans.push(ch);
         }

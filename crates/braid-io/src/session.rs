@@ -1181,6 +1181,10 @@ impl Driver {
         Instant::from_micros(t.saturating_duration_since(self.origin).as_micros() as u64)
     }
 
+    /// The driver's loop: wait for what comes first (a command, datagrams, the
+    /// application's packets, a finished handshake, the machine's next deadline), hand
+    /// it to the machine, then carry out what the machine asks; until the session
+    /// closes or the command channel is gone.
     async fn run(
         mut self,
         mut net: mpsc::Receiver<Received>,
@@ -1194,42 +1198,19 @@ impl Driver {
         let mut hs_done = self.hs_done.take().expect("run once");
         let mut hs_open = true;
         loop {
-            let deadline = self.machine.poll_timeout();
-            let at = tokio::time::Instant::from_std(
-                self.origin + StdDuration::from_micros(deadline.as_micros()),
-            );
+            let at = self.wake_at();
             tokio::select! {
                 _ = close.wait_for(|&c| c) => closing = true,
                 c = cmd.recv() => match c {
-                    Some(Cmd::Stats(reply)) => { let _ = reply.send(self.snapshot()); }
-                    Some(Cmd::Weights(w)) => match self.machine.set_weights(&w) {
-                        Ok(()) => info!("channel weights now {w:?}"),
-                        Err(e) => warn!("{e}"),
-                    },
+                    Some(c) => self.on_cmd(c),
                     None => break,
                 },
                 d = net.recv() => {
                     let Some((c, batch)) = d else { break };
-                    self.take_datagrams(c, batch);
-                    // Take what else is already waiting, up to a few batches.
-                    for _ in 0..8 {
-                        match net.try_recv() {
-                            Ok((c, batch)) => self.take_datagrams(c, batch),
-                            Err(_) => break,
-                        }
-                    }
+                    self.take_datagram_burst(c, batch, &mut net);
                 }
                 m = data.recv(), if app_open => match m {
-                    Some(m) => {
-                        let now = self.now();
-                        self.machine.handle_packet(now, m);
-                        for _ in 0..64 {
-                            match data.try_recv() {
-                                Ok(m) => self.machine.handle_packet(now, m),
-                                Err(_) => break,
-                            }
-                        }
-                    }
+                    Some(m) => self.take_packet_burst(m, &mut data),
                     None => app_open = false,
                 },
                 d = hs_done.recv(), if hs_open => match d {
@@ -1242,21 +1223,82 @@ impl Driver {
                 _ = tokio::time::sleep_until(at) => {}
             }
             if closing {
-                // On purpose: the peer is told, so it does not warn of the silence.
-                self.machine.close(self.now());
-                self.send_out().await;
+                self.close_now().await;
                 break;
             }
-            let now = self.now();
-            self.machine.handle_timeout(now);
-            self.dispatch_handshakes();
-            self.deliver_out();
-            self.log_events();
-            self.send_out().await;
+            self.carry_out().await;
         }
         for r in readers {
             r.abort();
         }
+    }
+
+    /// When the machine next needs a timeout, on tokio's clock.
+    fn wake_at(&self) -> tokio::time::Instant {
+        let deadline = self.machine.poll_timeout();
+        tokio::time::Instant::from_std(self.origin + StdDuration::from_micros(deadline.as_micros()))
+    }
+
+    /// A command from the session's handle: a statistics snapshot, or new weights.
+    fn on_cmd(&mut self, c: Cmd) {
+        match c {
+            Cmd::Stats(reply) => {
+                let _ = reply.send(self.snapshot());
+            }
+            Cmd::Weights(w) => match self.machine.set_weights(&w) {
+                Ok(()) => info!("channel weights now {w:?}"),
+                Err(e) => warn!("{e}"),
+            },
+        }
+    }
+
+    /// A batch of datagrams from channel `c`'s reader, and what else is already
+    /// waiting, up to a few batches.
+    fn take_datagram_burst(
+        &mut self,
+        c: usize,
+        batch: Vec<(std::time::Instant, SocketAddr, Bytes)>,
+        net: &mut mpsc::Receiver<Received>,
+    ) {
+        self.take_datagrams(c, batch);
+        // Take what else is already waiting, up to a few batches.
+        for _ in 0..8 {
+            match net.try_recv() {
+                Ok((c, batch)) => self.take_datagrams(c, batch),
+                Err(_) => break,
+            }
+        }
+    }
+
+    /// A packet from the application, and up to 64 more already waiting, all at one
+    /// reading of the clock.
+    fn take_packet_burst(&mut self, m: Bytes, data: &mut mpsc::Receiver<Bytes>) {
+        let now = self.now();
+        self.machine.handle_packet(now, m);
+        for _ in 0..64 {
+            match data.try_recv() {
+                Ok(m) => self.machine.handle_packet(now, m),
+                Err(_) => break,
+            }
+        }
+    }
+
+    /// Close the session and send the peer what the machine has to say.
+    async fn close_now(&mut self) {
+        // On purpose: the peer is told, so it does not warn of the silence.
+        self.machine.close(self.now());
+        self.send_out().await;
+    }
+
+    /// After an input: run the machine's timers, then carry out what it asks
+    /// (handshakes to compute, packets to deliver, events to log, datagrams to send).
+    async fn carry_out(&mut self) {
+        let now = self.now();
+        self.machine.handle_timeout(now);
+        self.dispatch_handshakes();
+        self.deliver_out();
+        self.log_events();
+        self.send_out().await;
     }
 
     fn deliver_out(&mut self) {
@@ -1398,11 +1440,11 @@ impl Driver {
                 e @ (Event::ChannelDown { .. }
                 | Event::EndpointChanged { .. }
                 | Event::ChannelUp { .. }
-                | Event::ChannelDemoted { .. }
+                | Event::PeerHearsUs { .. }) => self.log_channel_reachability(e),
+                e @ (Event::ChannelDemoted { .. }
                 | Event::ChannelPromoted { .. }
                 | Event::ChannelMeasured { .. }
-                | Event::ChannelProbeFailed { .. }
-                | Event::PeerHearsUs { .. }) => self.log_channel_event(e),
+                | Event::ChannelProbeFailed { .. }) => self.log_channel_role(e),
                 e @ (Event::TxSwitchStarted { .. }
                 | Event::TxRetarget { .. }
                 | Event::TxEpoch { .. }
@@ -1462,8 +1504,9 @@ impl Driver {
         }
     }
 
-    /// A channel's state, endpoint, demotion or measurement changed.
-    fn log_channel_event(&self, e: Event) {
+    /// A channel went down or came up, its peer moved, or the peer stopped or started
+    /// hearing us on it.
+    fn log_channel_reachability(&self, e: Event) {
         let name = |c: usize| self.cfg.channels[c].name.as_str();
         match e {
             Event::ChannelDown { channel, silent } => warn!(
@@ -1493,6 +1536,34 @@ impl Driver {
             Event::ChannelUp { channel } => {
                 info!(channel, "channel {channel} ({}) up again", name(channel))
             }
+            Event::PeerHearsUs {
+                channel,
+                hears: true,
+            } => {
+                info!(
+                    channel,
+                    "peer hears us again on channel {channel} ({})",
+                    name(channel)
+                )
+            }
+            Event::PeerHearsUs {
+                channel,
+                hears: false,
+            } => {
+                warn!(
+                    channel,
+                    "peer no longer hears us on channel {channel} ({})",
+                    name(channel)
+                )
+            }
+            _ => {}
+        }
+    }
+
+    /// A channel was demoted or promoted, or its rate measured (or not).
+    fn log_channel_role(&self, e: Event) {
+        let name = |c: usize| self.cfg.channels[c].name.as_str();
+        match e {
             Event::ChannelDemoted { channel, reason } => warn!(
                 channel,
                 "channel {channel} ({}) demoted: {reason}; it carries only probes until it recovers",
@@ -1529,12 +1600,6 @@ impl Driver {
                     None => "unpaced".into(),
                 }
             ),
-            Event::PeerHearsUs { channel, hears: true } => {
-                info!(channel, "peer hears us again on channel {channel} ({})", name(channel))
-            }
-            Event::PeerHearsUs { channel, hears: false } => {
-                warn!(channel, "peer no longer hears us on channel {channel} ({})", name(channel))
-            }
             _ => {}
         }
     }
@@ -1582,6 +1647,8 @@ impl Driver {
         }
     }
 
+    /// The session's statistics now: its peer and epochs, and (each from its helper)
+    /// its traffic, handshakes, queueing and pacing, and the sums over its channels.
     fn snapshot(&self) -> SessionStats {
         let s = self.machine.stats(self.now());
         let channels: Vec<ChannelSnapshot> = s
@@ -1590,6 +1657,10 @@ impl Driver {
             .enumerate()
             .map(|(i, c)| self.channel_snapshot(&s, i, c))
             .collect();
+        let base = self.traffic_stats(&s, SessionStats::default());
+        let base = self.handshake_stats(&s, base);
+        let base = queueing_stats(&s, base);
+        let base = channel_totals(&channels, base);
         SessionStats {
             uptime_s: self.origin.elapsed().as_secs_f64(),
             peer_seen: s.peer_seen,
@@ -1600,6 +1671,21 @@ impl Driver {
             switching: s.switching,
             tx_epoch_changes: s.tx_epoch_changes,
             rx_epoch_changes: s.rx_epoch_changes,
+            return_path_channel: s.return_path.map_or(-1, |c| c as i64),
+            rx_waiting_channel: s.rx_waiting.map_or(-1, |(c, _)| c as i64),
+            rx_waiting_s: s.rx_waiting.map_or(0.0, |(_, d)| d.as_secs_f64()),
+            return_path_cuts: s.return_path_cuts,
+            channels,
+            server: None,
+            peers: Vec::new(),
+            ..base
+        }
+    }
+
+    /// `base` with the session's packet and byte counts, drops, delivery rate and
+    /// transmit queue filled in.
+    fn traffic_stats(&self, s: &machine::SessionStats, base: SessionStats) -> SessionStats {
+        SessionStats {
             sent_packets: s.sent_packets,
             sent_bytes: s.sent_bytes,
             delivered_packets: s.receiver.delivered_packets,
@@ -1611,9 +1697,16 @@ impl Driver {
             queue_drops: s.queue_drops,
             deliver_drops: self.deliver_drops,
             stray_drops: s.stray_drops,
-            auth_failures: channels.iter().map(|c| c.auth_failures).sum(),
-            unauthenticated: channels.iter().map(|c| c.unauthenticated).sum(),
-            replays: channels.iter().map(|c| c.replays).sum(),
+            delivered_bps: s.delivered_bps,
+            quanta_changes: s.quanta_changes,
+            tx_queued: s.queued as f64,
+            ..base
+        }
+    }
+
+    /// `base` with the session's security mode and handshake counters filled in.
+    fn handshake_stats(&self, s: &machine::SessionStats, base: SessionStats) -> SessionStats {
+        SessionStats {
             security: self.cfg.core.security.name().into(),
             handshakes: s.handshakes.completed,
             handshake_failures: s.handshakes.failed,
@@ -1624,43 +1717,21 @@ impl Driver {
             handshakes_rate_limited: s.handshakes.rate_limited,
             handshakes_shed: s.handshakes.shed,
             handshake_replays: s.handshakes.replays,
-            malformed: channels.iter().map(|c| c.malformed).sum::<u64>(),
-            resyncs: channels.iter().map(|c| c.resyncs).sum(),
-            delivered_bps: s.delivered_bps,
-            quanta_changes: s.quanta_changes,
-            arq_missing: channels.iter().map(|c| c.arq_missing).sum(),
-            arq_repaired: channels.iter().map(|c| c.arq_repaired).sum(),
-            aqm_ce_marks: s.aqm.as_ref().map_or(0, |a| a.ce_marks),
-            aqm_drops: s.aqm.as_ref().map_or(0, |a| a.drops),
-            aqm_spared: s.aqm.as_ref().map_or(0, |a| a.spared),
-            aqm_loss_signals: s.aqm.as_ref().map_or(0, |a| a.loss_signals),
-            pacing_waits: s.pacing.map_or(0, |p| p.waits),
-            pacing_ce_marks: s.pacing.map_or(0, |p| p.ce_marks),
-            pacing_drops: s.pacing.map_or(0, |p| p.drops),
-            probe_trains: s.probes.trains_sent,
-            probe_reports: s.probes.reports,
-            return_path_channel: s.return_path.map_or(-1, |c| c as i64),
-            rx_waiting_channel: s.rx_waiting.map_or(-1, |(c, _)| c as i64),
-            rx_waiting_s: s.rx_waiting.map_or(0.0, |(_, d)| d.as_secs_f64()),
-            return_path_cuts: s.return_path_cuts,
-            tx_queued: s.queued as f64,
-            credit_stalls: s.credits.map_or(0, |c| c.stalls),
-            credits_sent: s.credits.map_or(0, |c| c.credits_sent),
-            credit_refused: s.credits.map_or(0, |c| c.refused),
-            channels,
-            server: None,
-            peers: Vec::new(),
+            ..base
         }
     }
 
     /// Channel `i`'s part of [`Driver::snapshot`] (`c`: its part of the machine's
-    /// statistics `s`).
+    /// statistics `s`): who and where it is, then (each from its helper) its traffic
+    /// and its estimates and scheduling.
     fn channel_snapshot(
         &self,
         s: &machine::SessionStats,
         i: usize,
         c: &machine::ChannelInfo,
     ) -> ChannelSnapshot {
+        let base = self.channel_traffic(i, c, ChannelSnapshot::default());
+        let base = channel_estimates(s, i, c, base);
         ChannelSnapshot {
             index: i,
             name: self.cfg.channels[i].name.clone(),
@@ -1675,6 +1746,19 @@ impl Driver {
             peer_hears_us: c.peer_hears_us,
             in_tx_set: c.in_tx_set,
             in_rx_set: c.in_rx_set,
+            ..base
+        }
+    }
+
+    /// `base` with channel `i`'s datagram, byte and packet counts each way, its drops
+    /// and errors, and its resequencing and security counters filled in.
+    fn channel_traffic(
+        &self,
+        i: usize,
+        c: &machine::ChannelInfo,
+        base: ChannelSnapshot,
+    ) -> ChannelSnapshot {
+        ChannelSnapshot {
             tx_datagrams: c.tx_datagrams - self.tx_errors[i],
             tx_bytes: c.tx_bytes,
             tx_data_packets: c.tx_data_packets,
@@ -1697,43 +1781,91 @@ impl Driver {
             replays: c.replays,
             handshake_failures: c.handshake_failures,
             malformed: c.malformed,
-            tx_bps: c.tx_bps,
-            rx_bps: c.rx_bps,
-            rx_feedback: c.rx_feedback,
-            srtt_ms: c.estimate.srtt.map_or(-1.0, |d| d.as_secs_f64() * 1e3),
-            rtt_min_ms: c.estimate.rtt_min.map_or(-1.0, |d| d.as_secs_f64() * 1e3),
-            delivery_bps: c.estimate.delivery_bps.unwrap_or(-1.0),
-            loss_ratio: c.estimate.loss.unwrap_or(-1.0),
-            quantum: u64::from(c.quantum),
-            role: match c.state {
-                braid_proto::session::LinkState::Up => c.role.name().into(),
-                other => other.name().into(),
-            },
-            weight: u64::from(c.weight),
-            demoted: c.role != braid_proto::session::Role::Active,
-            probing: c.role == braid_proto::session::Role::Probing,
-            return_path: s.return_path == Some(i),
-            role_since_s: c.role_since.as_secs_f64(),
-            demotions: c.demotions,
-            window_loss_ratio: c.window_loss.unwrap_or(-1.0),
-            queue_delay_ms: s
-                .aqm
-                .as_ref()
-                .and_then(|a| a.queue_delay_us[i])
-                .map_or(-1.0, |us| us as f64 / 1e3),
-            arq_missing: c.arq.missing,
-            arq_repaired: c.arq.repaired,
-            arq_given_up: c.arq.given_up,
-            arq_resent: c.arq.resent,
-            arq_premature: c.arq.premature,
-            arq_expired: c.arq.expired,
-            arq_rejected: c.arq.rejected,
-            credit_balance: c.credit_balance.map_or(-1.0, |b| b as f64),
-            pace_bps: c.pace_bps.unwrap_or(-1.0),
-            measured_bps: c.measured_bps.unwrap_or(-1.0),
-            probe: probe_name(c).into(),
-            probe_detail: probe_detail(c),
+            ..base
         }
+    }
+}
+
+/// `base` with the session's AQM, pacing, probe-train and credit counters filled in.
+fn queueing_stats(s: &machine::SessionStats, base: SessionStats) -> SessionStats {
+    SessionStats {
+        aqm_ce_marks: s.aqm.as_ref().map_or(0, |a| a.ce_marks),
+        aqm_drops: s.aqm.as_ref().map_or(0, |a| a.drops),
+        aqm_spared: s.aqm.as_ref().map_or(0, |a| a.spared),
+        aqm_loss_signals: s.aqm.as_ref().map_or(0, |a| a.loss_signals),
+        pacing_waits: s.pacing.map_or(0, |p| p.waits),
+        pacing_ce_marks: s.pacing.map_or(0, |p| p.ce_marks),
+        pacing_drops: s.pacing.map_or(0, |p| p.drops),
+        probe_trains: s.probes.trains_sent,
+        probe_reports: s.probes.reports,
+        credit_stalls: s.credits.map_or(0, |c| c.stalls),
+        credits_sent: s.credits.map_or(0, |c| c.credits_sent),
+        credit_refused: s.credits.map_or(0, |c| c.refused),
+        ..base
+    }
+}
+
+/// `base` with the sums over the session's channels (authentication and replay
+/// failures, malformed datagrams, resyncs, ARQ) filled in.
+fn channel_totals(channels: &[ChannelSnapshot], base: SessionStats) -> SessionStats {
+    SessionStats {
+        auth_failures: channels.iter().map(|c| c.auth_failures).sum(),
+        unauthenticated: channels.iter().map(|c| c.unauthenticated).sum(),
+        replays: channels.iter().map(|c| c.replays).sum(),
+        malformed: channels.iter().map(|c| c.malformed).sum::<u64>(),
+        resyncs: channels.iter().map(|c| c.resyncs).sum(),
+        arq_missing: channels.iter().map(|c| c.arq_missing).sum(),
+        arq_repaired: channels.iter().map(|c| c.arq_repaired).sum(),
+        ..base
+    }
+}
+
+/// `base` with channel `i`'s rate, delay and loss estimates, its scheduling role and
+/// weight, and its ARQ, credit, pacing and probe state filled in.
+fn channel_estimates(
+    s: &machine::SessionStats,
+    i: usize,
+    c: &machine::ChannelInfo,
+    base: ChannelSnapshot,
+) -> ChannelSnapshot {
+    ChannelSnapshot {
+        tx_bps: c.tx_bps,
+        rx_bps: c.rx_bps,
+        rx_feedback: c.rx_feedback,
+        srtt_ms: c.estimate.srtt.map_or(-1.0, |d| d.as_secs_f64() * 1e3),
+        rtt_min_ms: c.estimate.rtt_min.map_or(-1.0, |d| d.as_secs_f64() * 1e3),
+        delivery_bps: c.estimate.delivery_bps.unwrap_or(-1.0),
+        loss_ratio: c.estimate.loss.unwrap_or(-1.0),
+        quantum: u64::from(c.quantum),
+        role: match c.state {
+            braid_proto::session::LinkState::Up => c.role.name().into(),
+            other => other.name().into(),
+        },
+        weight: u64::from(c.weight),
+        demoted: c.role != braid_proto::session::Role::Active,
+        probing: c.role == braid_proto::session::Role::Probing,
+        return_path: s.return_path == Some(i),
+        role_since_s: c.role_since.as_secs_f64(),
+        demotions: c.demotions,
+        window_loss_ratio: c.window_loss.unwrap_or(-1.0),
+        queue_delay_ms: s
+            .aqm
+            .as_ref()
+            .and_then(|a| a.queue_delay_us[i])
+            .map_or(-1.0, |us| us as f64 / 1e3),
+        arq_missing: c.arq.missing,
+        arq_repaired: c.arq.repaired,
+        arq_given_up: c.arq.given_up,
+        arq_resent: c.arq.resent,
+        arq_premature: c.arq.premature,
+        arq_expired: c.arq.expired,
+        arq_rejected: c.arq.rejected,
+        credit_balance: c.credit_balance.map_or(-1.0, |b| b as f64),
+        pace_bps: c.pace_bps.unwrap_or(-1.0),
+        measured_bps: c.measured_bps.unwrap_or(-1.0),
+        probe: probe_name(c).into(),
+        probe_detail: probe_detail(c),
+        ..base
     }
 }
 

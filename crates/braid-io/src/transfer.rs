@@ -643,7 +643,61 @@ struct Tx<'a> {
     report: Reporter<'a>,
 }
 
-impl Tx<'_> {
+impl<'a> Tx<'a> {
+    /// A sender of `chunk`-byte chunks (`live`: stamped, sent as they come) starting
+    /// at `start`, reporting to `progress`.
+    fn new(
+        ec: Sender,
+        chunk: usize,
+        live: bool,
+        progress: Option<&'a watch::Sender<Progress>>,
+        start: TokioInstant,
+    ) -> Tx<'a> {
+        Tx {
+            ec,
+            clock: Clock(start),
+            buf: vec![0; STAMP_LEN + chunk],
+            filled: 0,
+            live,
+            eof: false,
+            bytes: 0,
+            packets: 0,
+            heard: start,
+            report: Reporter {
+                tx: progress,
+                start,
+                last: None,
+            },
+        }
+    }
+
+    /// The last progress report, and the summary of a transfer that began at `start`.
+    fn finish(&mut self, start: TokioInstant, cfg: &TransferConfig) -> SendSummary {
+        let duration_s = start.elapsed().as_secs_f64();
+        let (bytes, repaired) = (self.bytes, self.ec.stats().retransmissions);
+        self.report.update(true, || Progress {
+            bytes,
+            repaired,
+            ..Progress::default()
+        });
+        let s = self.ec.stats().clone();
+        SendSummary {
+            role: "send",
+            bytes: self.bytes,
+            packets: self.packets,
+            retransmissions: s.retransmissions,
+            segments_expired: s.segments_expired,
+            premature_requests: s.premature_requests,
+            rtt_ms: self.ec.rtt().as_micros() as f64 / 1e3,
+            complete: self.ec.is_done(),
+            duration_s,
+            rate_bps: rate(self.bytes, duration_s),
+            tolerance: [cfg.tolerance.w, cfg.tolerance.e, cfg.tolerance.b],
+            deadline_ms: cfg.deadline.map(|d| d.as_secs_f64() * 1e3),
+            errctl: s,
+        }
+    }
+
     fn on_input(&mut self, r: std::io::Result<usize>) -> Result<(), TransferError> {
         let n = r.map_err(TransferError::Read)?;
         let now = self.clock.now();
@@ -717,22 +771,7 @@ pub async fn send<R: AsyncRead + Unpin>(
     let chunk = chunk_len(cfg, session.sender().max_message())?;
     offer(session, Bytes::from(cfg.offer(&ec)), cfg.peer_timeout).await?;
     let start = TokioInstant::now();
-    let mut tx = Tx {
-        ec: Sender::new(ec),
-        clock: Clock(start),
-        buf: vec![0; STAMP_LEN + chunk],
-        filled: 0,
-        live: cfg.live,
-        eof: false,
-        bytes: 0,
-        packets: 0,
-        heard: start,
-        report: Reporter {
-            tx: progress,
-            start,
-            last: None,
-        },
-    };
+    let mut tx = Tx::new(Sender::new(ec), chunk, cfg.live, progress, start);
     loop {
         tx.flush(session).await?;
         if tx.ec.is_done() {
@@ -762,29 +801,7 @@ pub async fn send<R: AsyncRead + Unpin>(
             }
         }
     }
-    let duration_s = start.elapsed().as_secs_f64();
-    let (bytes, repaired) = (tx.bytes, tx.ec.stats().retransmissions);
-    tx.report.update(true, || Progress {
-        bytes,
-        repaired,
-        ..Progress::default()
-    });
-    let s = tx.ec.stats().clone();
-    Ok(SendSummary {
-        role: "send",
-        bytes: tx.bytes,
-        packets: tx.packets,
-        retransmissions: s.retransmissions,
-        segments_expired: s.segments_expired,
-        premature_requests: s.premature_requests,
-        rtt_ms: tx.ec.rtt().as_micros() as f64 / 1e3,
-        complete: tx.ec.is_done(),
-        duration_s,
-        rate_bps: rate(tx.bytes, duration_s),
-        tolerance: [cfg.tolerance.w, cfg.tolerance.e, cfg.tolerance.b],
-        deadline_ms: cfg.deadline.map(|d| d.as_secs_f64() * 1e3),
-        errctl: s,
-    })
+    Ok(tx.finish(start, cfg))
 }
 
 fn rate(bytes: u64, secs: f64) -> f64 {
@@ -839,6 +856,24 @@ struct Rx<W> {
 }
 
 impl<W: AsyncWrite + Unpin> Rx<W> {
+    /// A receiver of the stream `ec` offered (`live`: packets delivered as they
+    /// come) starting at `start`, writing to `output`.
+    fn new(ec: Config, live: bool, start: TokioInstant, output: W) -> Rx<W> {
+        let mut ec = Receiver::new(ec);
+        ec.set_live(live);
+        Rx {
+            ec,
+            clock: Clock(start),
+            out: Some(BufWriter::with_capacity(1 << 16, output)),
+            bytes: 0,
+            packets: 0,
+            lost: 0,
+            first: None,
+            last_write: None,
+            latency: Histogram::new(),
+        }
+    }
+
     async fn write_segment(&mut self, s: Segment) -> Result<(), TransferError> {
         let out = self.out.as_mut().expect("open until complete");
         let now = wall_us();
@@ -910,19 +945,7 @@ pub async fn recv<W: AsyncWrite + Unpin>(
         start,
         last: None,
     };
-    let mut ec = Receiver::new(ec);
-    ec.set_live(cfg.live);
-    let mut rx = Rx {
-        ec,
-        clock: Clock(start),
-        out: Some(BufWriter::with_capacity(1 << 16, output)),
-        bytes: 0,
-        packets: 0,
-        lost: 0,
-        first: None,
-        last_write: None,
-        latency: Histogram::new(),
-    };
+    let mut rx = Rx::new(ec, cfg.live, start, output);
     let mut heard = start;
     loop {
         rx.flush(session).await?;
@@ -1258,36 +1281,42 @@ pub async fn open_output(path: &str, overwrite: bool) -> Result<Output, Transfer
             mode: None,
         },
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let dir = match p.parent() {
-                Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-                _ => PathBuf::from("."),
-            };
-            match tokio::fs::metadata(&dir).await {
-                Ok(m) if m.is_dir() => {}
-                Ok(_) => {
-                    return Err(TransferError::Config(format!(
-                        "output '{path}': '{}' is not a folder",
-                        dir.display()
-                    )))
-                }
-                Err(e) => {
-                    return Err(TransferError::Config(format!(
-                        "output '{path}': folder '{}': {e}",
-                        dir.display()
-                    )))
-                }
-            }
-            Target {
-                target: p,
-                temp: true,
-                overwrite,
-                mode: None,
-            }
+            new_file_target(path, p, overwrite).await?
         }
         Err(e) => return Err(bad(e)),
     };
     Ok(Output {
         state: OutState::Pending(state),
+    })
+}
+
+/// The target for `p` (given as `path`), a file that does not exist yet: written
+/// through a temporary file, once its folder is checked to exist and be a folder.
+async fn new_file_target(path: &str, p: PathBuf, overwrite: bool) -> Result<Target, TransferError> {
+    let dir = match p.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    match tokio::fs::metadata(&dir).await {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => {
+            return Err(TransferError::Config(format!(
+                "output '{path}': '{}' is not a folder",
+                dir.display()
+            )))
+        }
+        Err(e) => {
+            return Err(TransferError::Config(format!(
+                "output '{path}': folder '{}': {e}",
+                dir.display()
+            )))
+        }
+    }
+    Ok(Target {
+        target: p,
+        temp: true,
+        overwrite,
+        mode: None,
     })
 }
 
