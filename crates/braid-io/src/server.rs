@@ -718,8 +718,9 @@ async fn to_tun(
     mut stop: watch::Receiver<bool>,
 ) {
     let tun = shared.tun.clone();
-    let mut batch: Vec<Bytes> = Vec::with_capacity(crate::offload::MAX_SEGMENTS);
-    let mut frame = Vec::with_capacity(1 << 16);
+    // Grown on the first packets: an idle peer costs no frame buffer.
+    let mut batch: Vec<Bytes> = Vec::new();
+    let mut frame = Vec::new();
     let mut write_errors = Throttle::new(LOG_EVERY);
     loop {
         tokio::select! {

@@ -712,7 +712,7 @@ impl Session {
             tx: epoch::Tx::new(all, members, striper, n),
             rx: epoch::Rx::new(all, reseq, n),
             peer: liveness::Peer::new(all),
-            out: VecDeque::with_capacity(256),
+            out: VecDeque::new(),
             deliver: VecDeque::new(),
             events: VecDeque::new(),
             hello_seq: 0,
