@@ -249,6 +249,16 @@ impl Estimator {
         (us > 0 && self.intervals.len() >= MIN_INTERVALS).then(|| bytes as f64 * 8e6 / us as f64)
     }
 
+    /// The smoothed round trip alone (`estimate().srtt`, without the rest's work).
+    pub fn srtt(&self) -> Option<Duration> {
+        self.srtt
+    }
+
+    /// The base round trip alone (`estimate().rtt_min`, without the rest's work).
+    pub fn rtt_min(&self) -> Option<Duration> {
+        self.rtts.iter().min().copied()
+    }
+
     /// The current estimates.
     pub fn estimate(&self) -> Estimate {
         let (got, missing, bytes) = self
@@ -260,7 +270,7 @@ impl Estimator {
         Estimate {
             reported_at: self.last_at,
             srtt: self.srtt,
-            rtt_min: self.rtts.iter().min().copied(),
+            rtt_min: self.rtt_min(),
             queue: self.queues.iter().min().map(|&q| Duration::from_micros(q)),
             delivery_bps: self.rate_over(RATE_WINDOW),
             recent_bps: self.rate_over(RECENT_WINDOW),

@@ -340,8 +340,7 @@ impl Session {
     /// AQM's, among those we receive on.
     fn scale_codels(&mut self) {
         let slowest = |set: &mut dyn Iterator<Item = usize>| {
-            set.filter_map(|c| self.chans[c].fb_tx.estimate().rtt_min)
-                .max()
+            set.filter_map(|c| self.chans[c].fb_tx.rtt_min()).max()
         };
         let tx = slowest(&mut self.tx.members.iter().copied());
         let rx = slowest(&mut super::members_of(self.rx.set).into_iter());

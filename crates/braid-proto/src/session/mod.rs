@@ -1289,11 +1289,7 @@ impl Session {
                 (
                     Some(c) == avoid,
                     self.chans[c].demote.role != Role::Active,
-                    self.chans[c]
-                        .fb_tx
-                        .estimate()
-                        .srtt
-                        .unwrap_or(Duration::from_secs(1)),
+                    self.chans[c].fb_tx.srtt().unwrap_or(Duration::from_secs(1)),
                     c,
                 )
             })
@@ -1313,7 +1309,7 @@ impl Session {
             // at least three asks within the wait.
             let wait = self.cfg.arq.map_or(Duration::ZERO, |a| a.wait);
             let every = via
-                .and_then(|c| self.chans[c].fb_tx.estimate().rtt_min)
+                .and_then(|c| self.chans[c].fb_tx.rtt_min())
                 .map_or(Duration::from_millis(50), |r| {
                     Duration::from_micros(r.as_micros() * 3 / 2 + 5_000)
                 })
@@ -1390,7 +1386,7 @@ impl Session {
         }
         let rtt = self
             .fastest(None)
-            .and_then(|c| self.chans[c].fb_tx.estimate().rtt_min);
+            .and_then(|c| self.chans[c].fb_tx.rtt_min());
         if let Some(r) = rtt {
             self.rx.reseq.set_hold_margin(r + Duration::from_millis(5));
         }
@@ -1411,8 +1407,7 @@ impl Session {
         // trip after the repair left.
         let srtt = self.chans[via]
             .fb_tx
-            .estimate()
-            .srtt
+            .srtt()
             .unwrap_or(RESEND_HOLDOFF)
             .max(RESEND_HOLDOFF);
         let rtt = srtt + Duration::from_micros(srtt.as_micros() / 4);
