@@ -23,7 +23,7 @@ use bytes::Bytes;
 use quinn_udp::{RecvMeta, UdpSocketState};
 use tokio::io::Interest;
 use tokio::net::UdpSocket;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 use tokio::task::JoinHandle;
 use tracing::{debug, error, info, warn};
 
@@ -237,13 +237,15 @@ fn diagnose(l: &Link) -> String {
 /// A cloneable handle that sends into a [`Session`].
 #[derive(Clone)]
 pub struct SessionSender {
-    data: mpsc::Sender<Bytes>,
+    data: AppTx,
     max_datagram: usize,
     overhead: usize,
 }
 
 impl SessionSender {
-    fn check(&self, m: &Bytes) -> Result<(), SessionError> {
+    /// Whether the session can take `m`: not empty and not larger than a datagram
+    /// carries ([`SessionError::TooLarge`] says how large a message may be).
+    pub fn check(&self, m: &Bytes) -> Result<(), SessionError> {
         if m.is_empty() {
             return Err(SessionError::Empty);
         }
@@ -260,23 +262,132 @@ impl SessionSender {
     /// Send one message; waits while the session's input queue is full.
     pub async fn send(&self, m: Bytes) -> Result<(), SessionError> {
         self.check(&m)?;
-        self.data.send(m).await.map_err(|_| SessionError::Closed)
+        self.data.send(AppMsg::One(m)).await
+    }
+
+    /// Send messages in order as one batch: the driver takes them all before it sends,
+    /// so each channel's share leaves as long GSO trains (a TUN read's segments). Waits
+    /// while the input queue, counted in messages, has no room for them all; a batch
+    /// longer than the whole queue goes in pieces. If one message cannot be sent
+    /// ([`SessionSender::check`]), none is.
+    pub async fn send_batch(&self, mut ms: Vec<Bytes>) -> Result<(), SessionError> {
+        for m in &ms {
+            self.check(m)?;
+        }
+        while ms.len() > self.data.cap {
+            let rest = ms.split_off(self.data.cap);
+            self.data.send(AppMsg::Batch(ms)).await?;
+            ms = rest;
+        }
+        if ms.is_empty() {
+            return Ok(());
+        }
+        self.data.send(AppMsg::Batch(ms)).await
     }
 
     /// Send without waiting; `Ok(false)` if the input queue is full.
     pub fn try_send(&self, m: Bytes) -> Result<bool, SessionError> {
         self.check(&m)?;
-        match self.data.try_send(m) {
-            Ok(()) => Ok(true),
-            Err(mpsc::error::TrySendError::Full(_)) => Ok(false),
-            Err(mpsc::error::TrySendError::Closed(_)) => Err(SessionError::Closed),
-        }
+        self.data.try_send(AppMsg::One(m))
     }
 
     /// The largest message that does not start with a byte `0xB0..=0xBF` (those need a
     /// one-byte escape in the header-free modes, so one byte less).
     pub fn max_message(&self) -> usize {
         self.max_datagram - self.overhead
+    }
+}
+
+/// The application's messages on their way to the driver: one, or a batch that the
+/// driver takes whole (a TUN read's segments).
+enum AppMsg {
+    One(Bytes),
+    Batch(Vec<Bytes>),
+}
+
+impl AppMsg {
+    fn len(&self) -> usize {
+        match self {
+            AppMsg::One(_) => 1,
+            AppMsg::Batch(v) => v.len(),
+        }
+    }
+}
+
+/// Messages the application may have queued for the driver, at most (a batch counts
+/// as its messages).
+const APP_QUEUE: usize = 1024;
+
+/// The sending end of the application's queue to the driver. Bounded in messages, not
+/// in batches: a sender takes room for each message of a batch before it queues it,
+/// and the driver gives the room back as it takes them.
+#[derive(Clone)]
+struct AppTx {
+    tx: mpsc::UnboundedSender<AppMsg>,
+    room: Arc<Semaphore>,
+    /// The bound: no batch may be longer.
+    cap: usize,
+}
+
+/// The driver's end of the application's queue; when it goes, senders see `Closed`.
+struct AppRx {
+    rx: mpsc::UnboundedReceiver<AppMsg>,
+    room: Arc<Semaphore>,
+}
+
+/// A queue of at most `cap` messages from the application to the driver.
+fn app_queue(cap: usize) -> (AppTx, AppRx) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let room = Arc::new(Semaphore::new(cap));
+    let rx = AppRx {
+        rx,
+        room: room.clone(),
+    };
+    (AppTx { tx, room, cap }, rx)
+}
+
+impl AppTx {
+    /// Queue `m` (at most `cap` messages), waiting for room.
+    async fn send(&self, m: AppMsg) -> Result<(), SessionError> {
+        let n = u32::try_from(m.len()).map_err(|_| SessionError::Closed)?;
+        let permit = self.room.acquire_many(n).await;
+        permit.map_err(|_| SessionError::Closed)?.forget();
+        self.tx.send(m).map_err(|_| SessionError::Closed)
+    }
+
+    /// Queue `m` if there is room now; `Ok(false)` if not.
+    fn try_send(&self, m: AppMsg) -> Result<bool, SessionError> {
+        let n = u32::try_from(m.len()).map_err(|_| SessionError::Closed)?;
+        match self.room.try_acquire_many(n) {
+            Ok(p) => p.forget(),
+            Err(tokio::sync::TryAcquireError::NoPermits) => return Ok(false),
+            Err(tokio::sync::TryAcquireError::Closed) => return Err(SessionError::Closed),
+        }
+        self.tx.send(m).map_err(|_| SessionError::Closed)?;
+        Ok(true)
+    }
+}
+
+impl AppRx {
+    /// The next message or batch; its room is free again.
+    async fn recv(&mut self) -> Option<AppMsg> {
+        let m = self.rx.recv().await?;
+        self.room.add_permits(m.len());
+        Some(m)
+    }
+
+    /// The next message or batch if one is waiting.
+    fn try_recv(&mut self) -> Option<AppMsg> {
+        let m = self.rx.try_recv().ok()?;
+        self.room.add_permits(m.len());
+        Some(m)
+    }
+}
+
+impl Drop for AppRx {
+    fn drop(&mut self) {
+        // Senders waiting for room would otherwise wait for ever.
+        self.room.close();
     }
 }
 
@@ -534,7 +645,7 @@ impl Session {
             .saturating_mul(2)
             .max(StdDuration::from_millis(300));
         let channel_names = cfg.channels.iter().map(|c| c.name.clone()).collect();
-        let (data_tx, data_rx) = mpsc::channel(1024);
+        let (data_tx, data_rx) = app_queue(APP_QUEUE);
         let (deliver_tx, deliver_rx) = mpsc::channel(8192);
         let (cmd_tx, cmd_rx) = mpsc::channel(64);
         let (close_tx, close_rx) = watch::channel(false);
@@ -748,6 +859,10 @@ impl StatsHandle {
         }
     }
 }
+
+/// The application's messages the driver takes per wake-up, about: it stops taking
+/// more once it has this many (a batch is taken whole).
+const APP_BURST: usize = 128;
 
 /// Datagrams queued from all readers to the driver, at most (shared out per channel).
 const RX_QUEUE_PACKETS: usize = 8192;
@@ -1188,7 +1303,7 @@ impl Driver {
     async fn run(
         mut self,
         mut net: mpsc::Receiver<Received>,
-        mut data: mpsc::Receiver<Bytes>,
+        mut data: AppRx,
         mut cmd: mpsc::Receiver<Cmd>,
         mut close: watch::Receiver<bool>,
         readers: Vec<JoinHandle<()>>,
@@ -1270,15 +1385,34 @@ impl Driver {
         }
     }
 
-    /// A packet from the application, and up to 64 more already waiting, all at one
-    /// reading of the clock.
-    fn take_packet_burst(&mut self, m: Bytes, data: &mut mpsc::Receiver<Bytes>) {
+    /// A message or batch from the application, and what else is already waiting up to
+    /// [`APP_BURST`] messages, all at one reading of the clock: the machine has them
+    /// all before the driver polls its transmits, so each channel's share leaves as
+    /// GSO trains.
+    fn take_packet_burst(&mut self, m: AppMsg, data: &mut AppRx) {
         let now = self.now();
-        self.machine.handle_packet(now, m);
-        for _ in 0..64 {
+        let mut taken = self.take_app(now, m);
+        while taken < APP_BURST {
             match data.try_recv() {
-                Ok(m) => self.machine.handle_packet(now, m),
-                Err(_) => break,
+                Some(m) => taken += self.take_app(now, m),
+                None => break,
+            }
+        }
+    }
+
+    /// Hand the machine a message or a batch; how many messages that was.
+    fn take_app(&mut self, now: Instant, m: AppMsg) -> usize {
+        match m {
+            AppMsg::One(b) => {
+                self.machine.handle_packet(now, b);
+                1
+            }
+            AppMsg::Batch(v) => {
+                let n = v.len();
+                for b in v {
+                    self.machine.handle_packet(now, b);
+                }
+                n
             }
         }
     }
@@ -1964,5 +2098,83 @@ mod reader_tests {
         assert_eq!(arrived_at(future, wall, read_at), read_at);
         let old = Some(since_epoch - StdDuration::from_secs(30));
         assert_eq!(arrived_at(old, wall, read_at), read_at);
+    }
+}
+
+#[cfg(test)]
+mod app_queue_tests {
+    use super::*;
+
+    fn batch(n: usize) -> AppMsg {
+        AppMsg::Batch((0..n).map(|i| Bytes::from(vec![i as u8; 1])).collect())
+    }
+
+    #[test]
+    fn the_bound_counts_a_batch_as_its_messages() {
+        let (tx, mut rx) = app_queue(4);
+        assert!(tx.try_send(batch(3)).unwrap());
+        // One message of room left: a batch of two does not fit, one message does.
+        assert!(!tx.try_send(batch(2)).unwrap());
+        assert!(tx.try_send(AppMsg::One(Bytes::from_static(b"x"))).unwrap());
+        assert!(!tx.try_send(AppMsg::One(Bytes::from_static(b"y"))).unwrap());
+        // Taking the batch frees its three.
+        assert_eq!(rx.try_recv().map(|m| m.len()), Some(3));
+        assert!(tx.try_send(batch(3)).unwrap());
+        assert!(!tx.try_send(batch(1)).unwrap());
+    }
+
+    #[tokio::test]
+    async fn senders_see_closed_when_the_driver_goes() {
+        let (tx, rx) = app_queue(2);
+        assert!(tx.try_send(batch(2)).unwrap());
+        let waiting = tokio::spawn({
+            let tx = tx.clone();
+            async move { tx.send(batch(1)).await }
+        });
+        tokio::task::yield_now().await;
+        drop(rx);
+        assert!(matches!(waiting.await.unwrap(), Err(SessionError::Closed)));
+        assert!(matches!(tx.try_send(batch(1)), Err(SessionError::Closed)));
+    }
+
+    #[tokio::test]
+    async fn a_batch_longer_than_the_queue_goes_in_order_in_pieces() {
+        let (data, mut rx) = app_queue(4);
+        let sender = SessionSender {
+            data,
+            max_datagram: 100,
+            overhead: 10,
+        };
+        let ms: Vec<Bytes> = (0..10u8).map(|i| Bytes::from(vec![i; 5])).collect();
+        let send = tokio::spawn(async move { sender.send_batch(ms).await });
+        let mut got = Vec::new();
+        while got.len() < 10 {
+            match rx.recv().await.expect("sender alive") {
+                AppMsg::Batch(v) => {
+                    assert!(v.len() <= 4, "a piece of {} in a queue of 4", v.len());
+                    got.extend(v.iter().map(|b| b[0]));
+                }
+                AppMsg::One(_) => panic!("a batch arrived as single messages"),
+            }
+        }
+        send.await.unwrap().unwrap();
+        assert_eq!(got, (0..10u8).collect::<Vec<_>>());
+    }
+
+    #[tokio::test]
+    async fn a_batch_with_one_unfit_message_sends_none() {
+        let (data, mut rx) = app_queue(4);
+        let sender = SessionSender {
+            data,
+            max_datagram: 100,
+            overhead: 10,
+        };
+        let ms = vec![Bytes::from_static(b"ok"), Bytes::from(vec![1u8; 91])];
+        let r = sender.send_batch(ms).await;
+        assert!(
+            matches!(r, Err(SessionError::TooLarge { max: 90, .. })),
+            "{r:?}"
+        );
+        assert!(rx.try_recv().is_none());
     }
 }

@@ -373,8 +373,9 @@ impl ReadCounts {
 
 /// The TUN device's reader: each read (with transmit offload, up to 64 KiB of one TCP
 /// flow) cut into packets that fit the bond (`crate::segment`), MSS-clamped, handed to
-/// the session back to back, so that the driver finds them together and sends each
-/// channel's share as GSO trains. Returns on a read error or when the session closes.
+/// the session as one batch, so that the driver takes them all before it sends and
+/// each channel's share leaves as GSO trains. Returns on a read error or when the
+/// session closes.
 async fn read_tun(
     tun: Arc<Tun>,
     sender: SessionSender,
@@ -393,6 +394,7 @@ async fn read_tun(
     let mut buf = vec![0u8; READ_BUF];
     let mut seg = Segmenter::new();
     let mut pkts: Vec<Bytes> = Vec::with_capacity(64);
+    let mut unfit: Vec<Bytes> = Vec::new();
     let mut too_big = TooBigCounts::default();
     let mut refused = Throttle::new(Duration::from_secs(10));
     loop {
@@ -415,15 +417,38 @@ async fn read_tun(
         counts
             .packets
             .fetch_add(pkts.len() as u64, Ordering::Relaxed);
-        for p in pkts.drain(..) {
-            match sender.send(p.clone()).await {
-                Ok(()) => {}
-                Err(SessionError::Closed) => return Ok(()),
-                Err(SessionError::TooLarge { .. }) => {
-                    too_big.handle(&tun, &sender, &p, bond_mtu).await;
-                }
-                Err(e) => debug!("packet not sent: {e}"),
-            }
+        if !hand_over(&sender, &mut pkts, &mut unfit).await {
+            return Ok(());
+        }
+        // Answered, fragmented or dropped after the rest.
+        for p in unfit.drain(..) {
+            too_big.handle(&tun, &sender, &p, bond_mtu).await;
+        }
+    }
+}
+
+/// Hand a read's packets to the session as one batch (the driver takes it whole
+/// before it sends); those the bond cannot carry as they are (not TCP segments braid
+/// cut: those fit) are moved to `unfit`. False once the session has closed.
+async fn hand_over(sender: &SessionSender, pkts: &mut Vec<Bytes>, unfit: &mut Vec<Bytes>) -> bool {
+    pkts.retain(|p| {
+        let fits = sender.check(p).is_ok();
+        if !fits {
+            unfit.push(p.clone());
+        }
+        fits
+    });
+    if pkts.is_empty() {
+        return true;
+    }
+    // One allocation per read, not per packet.
+    let batch = std::mem::replace(pkts, Vec::with_capacity(64));
+    match sender.send_batch(batch).await {
+        Ok(()) => true,
+        Err(SessionError::Closed) => false,
+        Err(e) => {
+            debug!("packets not sent: {e}");
+            true
         }
     }
 }
