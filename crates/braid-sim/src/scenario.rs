@@ -683,20 +683,25 @@ fn head_weights(r: &Tab) -> Result<Option<Vec<u32>>, ScenarioError> {
     let Some(v) = r.num_list("weights", "a whole number >= 1")? else {
         return Ok(None);
     };
+    whole_numbers(r, "weights", "a whole number >= 1", &v).map(Some)
+}
+
+/// The list `v` of key `key` as whole numbers from 1 to `u32::MAX`; an error names
+/// the first that is not (`key[i]`: expected `what`).
+fn whole_numbers(t: &Tab, key: &str, what: &str, v: &[f64]) -> Result<Vec<u32>, ScenarioError> {
     v.iter()
         .enumerate()
         .map(|(i, &x)| {
             if x >= 1.0 && x.fract() == 0.0 && x <= f64::from(u32::MAX) {
                 Ok(x as u32)
             } else {
-                Err(r.err(
-                    &format!("weights[{i}]"),
-                    &format!("expected a whole number >= 1, found {x}"),
+                Err(t.err(
+                    &format!("{key}[{i}]"),
+                    &format!("expected {what}, found {x}"),
                 ))
             }
         })
-        .collect::<Result<Vec<_>, _>>()
-        .map(Some)
+        .collect()
 }
 
 /// A run's `set` table: each key a valid settings path, with its value, in file order.
@@ -1889,19 +1894,7 @@ fn parse_alternating(tr: &Tab) -> Result<Vec<u32>, ScenarioError> {
     if v.is_empty() {
         return Err(tr.err("bytes", "expected a non-empty list of sizes"));
     }
-    v.iter()
-        .enumerate()
-        .map(|(i, &x)| {
-            if x >= 1.0 && x.fract() == 0.0 && x <= f64::from(u32::MAX) {
-                Ok(x as u32)
-            } else {
-                Err(tr.err(
-                    &format!("bytes[{i}]"),
-                    &format!("expected {SIZE_WHAT}, found {x}"),
-                ))
-            }
-        })
-        .collect()
+    whole_numbers(tr, "bytes", SIZE_WHAT, &v)
 }
 
 /// `mix` of sizes "mix": [size_bytes, weight] pairs, at least one.
