@@ -26,6 +26,7 @@
 #![warn(missing_docs)]
 
 pub mod aqm;
+pub(crate) mod arena;
 pub mod config;
 pub mod credit;
 pub mod errctl;

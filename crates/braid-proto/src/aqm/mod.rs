@@ -405,12 +405,29 @@ impl Aqm {
     /// `p` is about to be delivered at `now`: mark it CE if CoDel says so (in place),
     /// or tell the caller to drop it.
     pub fn on_deliver(&mut self, now: Instant, p: &mut [u8]) -> Verdict {
+        if self.signals(now) {
+            self.signal(p)
+        } else {
+            Verdict::Deliver
+        }
+    }
+
+    /// A packet is about to be delivered at `now`: whether CoDel signals congestion on
+    /// it ([`Aqm::signal`] then marks or drops it). Most packets are passed untouched,
+    /// so the caller need not make them writable first.
+    pub fn signals(&mut self, now: Instant) -> bool {
         let delay = self.queue_delay(now);
         let codel = self.codel.on_dequeue(now, delay);
         if !codel && !std::mem::take(&mut self.pending) {
-            return Verdict::Deliver;
+            return false;
         }
         self.pending = false;
+        true
+    }
+
+    /// Signal congestion on `p`, which [`Aqm::signals`] chose: marked CE in place if
+    /// it is ECN-capable, else dropped.
+    pub fn signal(&mut self, p: &mut [u8]) -> Verdict {
         match ecn::signal(p) {
             Signalled::Marked => {
                 self.stats.ce_marks += 1;

@@ -57,6 +57,10 @@ pub(crate) struct Equalizer {
     /// Held datagrams per channel: release time, datagram.
     held: Vec<VecDeque<(Instant, Bytes)>>,
     held_total: usize,
+    /// Arrival lists of finished batches, to use again (no allocation per marker).
+    spare: Vec<Vec<Option<Instant>>>,
+    /// Room to sort one channel's samples in.
+    scratch: Vec<f64>,
     /// Added to every channel's hold (a playout margin; zero by default).
     margin: Duration,
 }
@@ -70,6 +74,8 @@ impl Equalizer {
             batches: VecDeque::with_capacity(BATCHES),
             held: (0..n).map(|_| VecDeque::new()).collect(),
             held_total: 0,
+            spare: Vec::new(),
+            scratch: Vec::new(),
             margin: Duration::ZERO,
         }
     }
@@ -97,9 +103,14 @@ impl Equalizer {
             Some(i) => i,
             None => {
                 if self.batches.len() == BATCHES {
-                    self.batches.pop_front();
+                    if let Some((_, a)) = self.batches.pop_front() {
+                        self.spare.push(a);
+                    }
                 }
-                self.batches.push_back((batch, vec![None; n]));
+                let mut arrivals = self.spare.pop().unwrap_or_default();
+                arrivals.clear();
+                arrivals.resize(n, None);
+                self.batches.push_back((batch, arrivals));
                 self.batches.len() - 1
             }
         };
@@ -107,14 +118,14 @@ impl Equalizer {
             return; // a duplicate
         }
         self.batches[i].1[channel] = Some(now);
-        let active: Vec<bool> = (0..n).map(|c| self.active(now, c)).collect();
         let arrivals = &self.batches[i].1;
-        let complete = (0..n).all(|c| arrivals[c].is_some() || !active[c]);
+        let complete = (0..n).all(|c| arrivals[c].is_some() || !self.active(now, c));
         if !complete {
             return;
         }
         let (_, arrivals) = self.batches.remove(i).expect("batch exists");
         let Some(first) = arrivals.iter().flatten().min().copied() else {
+            self.spare.push(arrivals);
             return;
         };
         for (c, t) in arrivals.iter().enumerate() {
@@ -128,12 +139,15 @@ impl Equalizer {
                 {
                     q.pop_front();
                 }
-                let mut v: Vec<f64> = q.iter().map(|(_, v)| *v).collect();
+                let v = &mut self.scratch;
+                v.clear();
+                v.extend(q.iter().map(|(_, v)| *v));
                 let k = v.len() / 5;
                 let (_, p20, _) = v.select_nth_unstable_by(k, f64::total_cmp);
                 self.offset[c] = Some(*p20);
             }
         }
+        self.spare.push(arrivals);
     }
 
     /// How long to hold a datagram arriving now on `channel`.

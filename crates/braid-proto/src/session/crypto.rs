@@ -61,6 +61,7 @@ use snow::types::{Cipher, Dh, Hash, Random};
 use std::net::SocketAddr;
 
 use super::settings::{Mismatch, Settings};
+use crate::arena::Arena;
 use crate::time::{Duration, Instant};
 use crate::wire::secure::{
     self, Handshake, Header, Timestamp, COOKIE_NONCE_LEN, COOKIE_SEALED_LEN, ECHO_LEN, HEADER_LEN,
@@ -1246,6 +1247,8 @@ struct Load {
 /// The security state of one session end.
 pub(crate) struct Crypto {
     pub mode: SecurityMode,
+    /// Where sealed and opened datagrams are written (no allocation per packet).
+    pub arena: Arena,
     keys: Keys,
     macs: MacKeys,
     pattern: &'static str,
@@ -1319,6 +1322,7 @@ impl Crypto {
         let next_index = drbg.u64() as u32;
         Ok(Crypto {
             mode,
+            arena: Arena::new(),
             macs: MacKeys::new(&keys),
             keys,
             pattern,
@@ -2083,9 +2087,16 @@ impl Crypto {
         e
     }
 
-    /// Seal `inner` for channel `c` with the current keys; `None` without keys, or
-    /// with keys past their reject-after age or count.
-    pub fn seal(&mut self, now: Instant, c: usize, inner: &[u8], encrypt: bool) -> Option<Bytes> {
+    /// Seal `parts` (one after the other: the inner datagram) for channel `c` with
+    /// the current keys; `None` without keys, or with keys past their reject-after age
+    /// or count.
+    pub fn seal(
+        &mut self,
+        now: Instant,
+        c: usize,
+        parts: &[&[u8]],
+        encrypt: bool,
+    ) -> Option<Bytes> {
         let reject_after = self.reject_after();
         let k = self.current.as_mut()?;
         let counter = k.counters[c];
@@ -2099,17 +2110,20 @@ impl Crypto {
             counter,
         }
         .to_bytes();
-        let mut v = Vec::with_capacity(HEADER_LEN + inner.len() + TAG_LEN);
+        let inner_len: usize = parts.iter().map(|p| p.len()).sum();
+        let v = self.arena.start(now, HEADER_LEN + inner_len + TAG_LEN);
         v.extend_from_slice(&header);
-        v.extend_from_slice(inner);
+        for p in parts {
+            v.extend_from_slice(p);
+        }
         let tag = if encrypt {
             k.send
                 .seal(nonce(c, counter), &header, &mut v[HEADER_LEN..])
         } else {
-            k.send.seal(nonce(c, counter), &v, &mut [])
+            k.send.seal(nonce(c, counter), v, &mut [])
         };
         v.extend_from_slice(&tag);
-        Some(Bytes::from(v))
+        Some(self.arena.finish())
     }
 
     /// Open a sealed datagram received on channel `c`: the inner datagram, and whether
@@ -2130,7 +2144,13 @@ impl Crypto {
         let tag = &d[body_end..];
         let n = nonce(c, h.counter);
         let reject_after = self.reject_after();
-        let (slot, k) = self.find(h.index).ok_or(Reject::Unauthenticated)?;
+        let (slot, k) = Self::find(
+            &mut self.current,
+            &mut self.older,
+            &mut self.pending,
+            h.index,
+        )
+        .ok_or(Reject::Unauthenticated)?;
         if now - k.created >= reject_after {
             return Err(Reject::Unauthenticated);
         }
@@ -2138,9 +2158,14 @@ impl Crypto {
             return Err(Reject::Replay);
         }
         let inner = if h.encrypted {
-            let mut body = d[HEADER_LEN..body_end].to_vec();
-            k.recv.open(n, &d[..HEADER_LEN], &mut body, tag)?;
-            Bytes::from(body)
+            let body = &d[HEADER_LEN..body_end];
+            let v = self.arena.start(now, body.len());
+            v.extend_from_slice(body);
+            if let Err(e) = k.recv.open(n, &d[..HEADER_LEN], v, tag) {
+                self.arena.abandon();
+                return Err(e);
+            }
+            self.arena.finish()
         } else {
             k.recv.open(n, &d[..body_end], &mut [], tag)?;
             d.slice(HEADER_LEN..body_end)
@@ -2156,14 +2181,21 @@ impl Crypto {
         Ok((inner, established))
     }
 
-    fn find(&mut self, index: u32) -> Option<(Slot, &mut Keypair)> {
-        if self.current.as_ref().is_some_and(|k| k.local == index) {
-            return self.current.as_mut().map(|k| (Slot::Current, k));
+    /// The keys whose local index is `index`, and which they are (a function of the
+    /// three fields, not of `self`, so that the arena stays free to use beside them).
+    fn find<'a>(
+        current: &'a mut Option<Keypair>,
+        older: &'a mut std::collections::VecDeque<Keypair>,
+        pending: &'a mut Option<Pending>,
+        index: u32,
+    ) -> Option<(Slot, &'a mut Keypair)> {
+        if current.as_ref().is_some_and(|k| k.local == index) {
+            return current.as_mut().map(|k| (Slot::Current, k));
         }
-        if let Some(i) = self.older.iter().position(|k| k.local == index) {
-            return Some((Slot::Older, &mut self.older[i]));
+        if let Some(i) = older.iter().position(|k| k.local == index) {
+            return Some((Slot::Older, &mut older[i]));
         }
-        let p = self.pending.as_mut().filter(|p| p.keys.local == index)?;
+        let p = pending.as_mut().filter(|p| p.keys.local == index)?;
         Some((Slot::Pending, &mut p.keys))
     }
 }
@@ -2220,7 +2252,7 @@ mod tests {
         assert!(o.reply.is_none() && o.failure.is_none() && o.mismatch.is_none());
         assert!(o.established.is_some());
         // B confirms on A's first sealed datagram.
-        let d = a.seal(Instant::ZERO, 0, b"hello", true).unwrap();
+        let d = a.seal(Instant::ZERO, 0, &[b"hello"], true).unwrap();
         let (inner, e) = b.open(Instant::ZERO, 0, &d).unwrap();
         assert_eq!(&inner[..], b"hello");
         assert!(e.is_some());
@@ -2308,10 +2340,10 @@ mod tests {
             .on_handshake(Instant::ZERO, 0, &resp)
             .established
             .is_some());
-        let d = a.seal(Instant::ZERO, 0, b"hi", true).unwrap();
+        let d = a.seal(Instant::ZERO, 0, &[b"hi"], true).unwrap();
         assert_eq!(receiver_index(&d).map(index_prefix), Some(0xBEEF));
         b.open(Instant::ZERO, 0, &d).unwrap();
-        let back = b.seal(Instant::ZERO, 0, b"ho", true).unwrap();
+        let back = b.seal(Instant::ZERO, 0, &[b"ho"], true).unwrap();
         assert_eq!(receiver_index(&back), Some(a_index));
         // Many indices later the prefix still holds.
         for _ in 0..70_000 {
@@ -2339,7 +2371,7 @@ mod tests {
     fn psk_and_static_handshakes_give_working_keys_both_ways() {
         let (mut a, mut b) = pair(psk_keys(), psk_keys());
         handshake(&mut a, &mut b, Instant::ZERO);
-        let d = b.seal(Instant::ZERO, 1, b"back", true).unwrap();
+        let d = b.seal(Instant::ZERO, 1, &[b"back"], true).unwrap();
         assert_eq!(&a.open(Instant::ZERO, 1, &d).unwrap().0[..], b"back");
         let (pa, pb) = ([3u8; 32], [4u8; 32]);
         let ka = Keys {
@@ -2413,7 +2445,7 @@ mod tests {
 
         let (mut a, mut b) = pair(psk_keys(), psk_keys());
         handshake(&mut a, &mut b, Instant::ZERO);
-        let d = a.seal(Instant::ZERO, 0, b"payload", true).unwrap();
+        let d = a.seal(Instant::ZERO, 0, &[b"payload"], true).unwrap();
         assert_eq!(b.open(Instant::ZERO, 1, &d), Err(Reject::BadTag));
         let mut t = d.to_vec();
         t[HEADER_LEN] ^= 1;
@@ -2424,7 +2456,7 @@ mod tests {
         assert!(b.open(Instant::ZERO, 0, &d).is_ok());
         assert_eq!(b.open(Instant::ZERO, 0, &d), Err(Reject::Replay));
         // Encrypted: the body is not in clear.
-        let d = a.seal(Instant::ZERO, 0, b"secret words", true).unwrap();
+        let d = a.seal(Instant::ZERO, 0, &[b"secret words"], true).unwrap();
         assert!(!d.windows(12).any(|w| w == b"secret words"));
     }
 
@@ -2487,10 +2519,10 @@ mod tests {
             Some(resp.clone())
         );
         // The genuine handshake completes; B's keys were never disturbed meanwhile.
-        let d = a.seal(at(120_002), 0, b"old keys", true).unwrap();
+        let d = a.seal(at(120_002), 0, &[b"old keys"], true).unwrap();
         assert_eq!(b.open(at(120_002), 0, &d).unwrap().1, None);
         assert!(a.on_handshake(at(120_003), 0, &resp).established.is_some());
-        let d = a.seal(at(120_003), 0, b"new keys", true).unwrap();
+        let d = a.seal(at(120_003), 0, &[b"new keys"], true).unwrap();
         assert!(b.open(at(120_003), 0, &d).unwrap().1.is_some());
         assert_eq!(b.stats.completed, 2);
         // Replaying the genuine initiation now: nothing.
@@ -2818,9 +2850,9 @@ mod tests {
         assert_eq!(r, Duration::from_secs(180 + 60));
         let r = Instant::ZERO + r;
         let before = Instant::from_micros(r.as_micros() - 1);
-        assert!(a.seal(before, 0, b"x", true).is_some());
-        assert!(a.seal(r, 0, b"x", true).is_none());
-        let d = b.seal(at(1), 0, b"y", true).unwrap();
+        assert!(a.seal(before, 0, &[b"x"], true).is_some());
+        assert!(a.seal(r, 0, &[b"x"], true).is_none());
+        let d = b.seal(at(1), 0, &[b"y"], true).unwrap();
         assert_eq!(a.open(r, 0, &d), Err(Reject::Unauthenticated));
         // Silence: B heard A at time 0; after REHANDSHAKE_AFTER_SILENCE, B initiates
         // although its keys are far from rekey_after.
@@ -2858,7 +2890,7 @@ mod tests {
         let init = a2.initiation(at(5000)).unwrap();
         let resp = b.on_handshake(Instant::ZERO, 0, &init).reply;
         a2.on_handshake(Instant::ZERO, 0, &resp.unwrap());
-        let d = a2.seal(Instant::ZERO, 0, b"x", true).unwrap();
+        let d = a2.seal(Instant::ZERO, 0, &[b"x"], true).unwrap();
         let e = b.open(Instant::ZERO, 0, &d).unwrap().1.unwrap();
         assert!(e.restart && !e.first);
     }
@@ -2871,7 +2903,7 @@ mod tests {
         let init = a.initiation(Instant::ZERO).unwrap();
         let resp = b.on_handshake(Instant::ZERO, 0, &init).reply.unwrap();
         a.on_handshake(Instant::ZERO, 0, &resp);
-        let d = a.seal(Instant::ZERO, 0, b"visible text", false).unwrap();
+        let d = a.seal(Instant::ZERO, 0, &[b"visible text"], false).unwrap();
         assert_eq!(&d[HEADER_LEN..HEADER_LEN + 12], b"visible text");
         let mut t = d.to_vec();
         t[HEADER_LEN] ^= 1;

@@ -661,6 +661,8 @@ pub struct Session {
     aqm: Option<Aqm>,
     /// In-bond repair: per channel, what we receive and what we sent.
     arq_rx: Vec<arq::LinkReceiver>,
+    /// What the repair receiver released for one datagram (kept empty between them).
+    arq_released: Vec<(Bytes, Instant)>,
     /// When in-bond repair last found a datagram missing on any channel.
     last_gap: Option<Instant>,
     arq_tx: Vec<arq::LinkSender>,
@@ -721,6 +723,7 @@ impl Session {
             set_quanta: None,
             aqm: cfg.aqm.map(|a| Aqm::new(a, n)),
             arq_rx: (0..n).map(|_| arq::LinkReceiver::default()).collect(),
+            arq_released: Vec::new(),
             // Until the channels have shown they lose nothing, they may: the margin is on.
             last_gap: Some(now),
             arq_tx: (0..n).map(|_| arq::LinkSender::default()).collect(),
@@ -1060,7 +1063,8 @@ impl Session {
         (key, counter): (u32, u64),
         inner: Bytes,
     ) {
-        let mut out = Vec::new();
+        // The list of what was released is kept between datagrams (no allocation).
+        let mut out = std::mem::take(&mut self.arq_released);
         let rx = &mut self.arq_rx[sealed_for];
         let (missing, stale) = (rx.stats.missing, rx.stats.stale);
         if inner.first() == Some(&wire::TYPE_SESSION)
@@ -1081,9 +1085,10 @@ impl Session {
         // (Feedback is never held behind a gap, so a report in `out` is this
         // datagram's own.)
         let repaired = sealed_for != c;
-        for (i, arrived) in out {
+        for (i, arrived) in out.drain(..) {
             self.on_inner(now, arrived, sealed_for, i, repaired);
         }
+        self.arq_released = out;
         self.arq_requests(now);
     }
 
@@ -1596,7 +1601,7 @@ impl Session {
     pub fn seal_for_fuzzing(&mut self, c: usize, inner: &[u8]) -> Option<Bytes> {
         let encrypt = self.crypto.mode != SecurityMode::Auth;
         self.crypto
-            .seal(self.clock, c.min(self.n - 1), inner, encrypt)
+            .seal(self.clock, c.min(self.n - 1), &[inner], encrypt)
     }
 
     /// The next datagram to send. With addresses ([`Session::set_endpoint`]), what
@@ -1630,12 +1635,26 @@ impl Session {
     /// Put a datagram on channel `c` through the security layer: sealed, or bare for
     /// data in mode `none`. Without keys yet, it is not sent (counted).
     fn emit(&mut self, c: usize, kind: DatagramKind, inner: Bytes) {
+        self.emit_parts(c, kind, &[], inner);
+    }
+
+    /// [`Session::emit`] of the datagram `header` then `payload`, sealed from the two
+    /// parts (no copy of them joined first).
+    fn emit_parts(&mut self, c: usize, kind: DatagramKind, header: &[u8], payload: Bytes) {
         let bytes = match (self.crypto.mode, kind) {
-            (SecurityMode::None, DatagramKind::Data | DatagramKind::Repair) => inner,
-            (mode, _) => match self
-                .crypto
-                .seal(self.clock, c, &inner, mode != SecurityMode::Auth)
-            {
+            (SecurityMode::None, DatagramKind::Data | DatagramKind::Repair) => {
+                if header.is_empty() {
+                    payload
+                } else {
+                    self.crypto.arena.join(self.clock, &[header, &payload])
+                }
+            }
+            (mode, _) => match self.crypto.seal(
+                self.clock,
+                c,
+                &[header, &payload],
+                mode != SecurityMode::Auth,
+            ) {
                 Some(b) => b,
                 None => {
                     self.counters.unsent += 1;
@@ -1664,7 +1683,7 @@ impl Session {
     }
 
     fn take_transmits(&mut self) {
-        while let Some(t) = self.tx.striper.poll_transmit() {
+        while let Some(mut t) = self.tx.striper.poll_transmit() {
             let phys = self.tx.members[t.channel];
             let n = &mut self.chans[phys].n;
             let kind = match t.kind {
@@ -1683,7 +1702,8 @@ impl Session {
                     ct.send.count_unmetered(phys);
                 }
             }
-            self.emit(phys, kind, t.to_bytes());
+            let payload = std::mem::take(&mut t.payload);
+            self.emit_parts(phys, kind, t.header(), payload);
         }
     }
 
@@ -1695,10 +1715,14 @@ impl Session {
             match &mut self.aqm {
                 None => self.deliver.push_back(b),
                 Some(aqm) => {
-                    // CoDel may mark the packet CE in place: take it back as owned bytes
-                    // (no copy when nothing else holds it).
+                    if !aqm.signals(now) {
+                        self.deliver.push_back(b);
+                        continue;
+                    }
+                    // CoDel marks the packet CE in place: take it back as owned bytes
+                    // (a copy when others share its buffer, as opened datagrams do).
                     let mut m = bytes::BytesMut::from(b);
-                    if aqm.on_deliver(now, &mut m) == aqm::Verdict::Deliver {
+                    if aqm.signal(&mut m) == aqm::Verdict::Deliver {
                         self.deliver.push_back(m.freeze());
                     }
                 }

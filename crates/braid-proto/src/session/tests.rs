@@ -920,7 +920,7 @@ fn arq_rejects_requests_for_datagrams_never_sent() {
         key_index,
         counters: vec![counter + 1_000, counter + 1_001],
     });
-    let forged = p.b.crypto.seal(p.now, 0, &m.to_vec(), true).unwrap();
+    let forged = p.b.crypto.seal(p.now, 0, &[&m.to_vec()], true).unwrap();
     let before = p.a.stats(p.now).channels[1].arq;
     p.a.handle_datagram(p.now, 0, forged);
     let after = p.a.stats(p.now).channels[1].arq;

@@ -14,6 +14,7 @@ use std::collections::VecDeque;
 
 use bytes::Bytes;
 
+use crate::arena::Arena;
 use crate::config::{ConfigError, MarkerPosition, Mode, Policy, StripeConfig};
 use crate::sched::baseline::Baseline;
 use crate::sched::Sched;
@@ -125,6 +126,8 @@ pub struct Striper {
     announce_quanta: bool,
     /// The latest `now` given to us (markers are stamped with it).
     clock: Instant,
+    /// Where markers and triggers are written.
+    arena: Arena,
     stats: Stats,
 }
 
@@ -159,6 +162,7 @@ impl Striper {
             pending_quanta: None,
             announce_quanta: false,
             clock: Instant::ZERO,
+            arena: Arena::new(),
             stats: Stats::new(n),
             cfg,
         })
@@ -559,7 +563,9 @@ impl Striper {
                 kind: TransmitKind::Marker,
                 header: [0; wire::seq::HEADER_LEN],
                 header_len: 0,
-                payload: Bytes::from(repr.to_vec()),
+                payload: self
+                    .arena
+                    .fill(self.clock, repr.buffer_len(), |b| repr.emit(b)),
             });
         }
     }
@@ -595,7 +601,9 @@ impl Striper {
                 kind: TransmitKind::Trigger,
                 header: [0; wire::seq::HEADER_LEN],
                 header_len: 0,
-                payload: Bytes::from(repr.to_vec()),
+                payload: self
+                    .arena
+                    .fill(self.clock, repr.buffer_len(), |b| repr.emit(b)),
             });
         }
     }
