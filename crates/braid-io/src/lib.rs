@@ -26,6 +26,7 @@
 
 pub mod args;
 pub mod bench;
+mod chunks;
 pub mod config;
 pub mod icmp;
 pub mod keys;

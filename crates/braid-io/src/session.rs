@@ -27,6 +27,7 @@ use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 use tokio::task::JoinHandle;
 use tracing::{debug, error, info, warn};
 
+use crate::chunks::Chunks;
 use crate::config::SessionConfig;
 use crate::stats::{ChannelSnapshot, SessionStats};
 
@@ -1038,8 +1039,11 @@ async fn reader(
     limits: Limits,
 ) {
     let mut rx = BatchRecv::new(sock, state, limits.datagram);
+    let mut chunks = Chunks::default();
+    // Sized as the last batch was, so that it is allocated once and not grown.
+    let mut size = RX_BATCH;
     loop {
-        let mut batch = Vec::new();
+        let mut batch = Vec::with_capacity(size);
         rx.next(channel, |at, from, d, stride| {
             if d.len() > limits.datagram || stride > limits.datagram {
                 budget.oversize.fetch_add(1, Ordering::Relaxed);
@@ -1053,9 +1057,10 @@ async fn reader(
             }
             budget.packets.fetch_add(1, Ordering::Relaxed);
             budget.bytes.fetch_add(d.len(), Ordering::Relaxed);
-            batch.push((at, from, Bytes::copy_from_slice(d)));
+            batch.push((at, from, chunks.copy(d)));
         })
         .await;
+        size = batch.len().max(RX_BATCH);
         if !batch.is_empty() && out.send((channel, batch)).await.is_err() {
             return;
         }
