@@ -533,7 +533,14 @@ async fn pace_auto_on_an_unshaped_link_says_why_it_is_not_measured() {
                     c.probe_detail
                 );
             }
-            assert_eq!(s.probe_trains, 6, "three trains per channel");
+            // Three trains per channel (probe::tests checks the count in virtual
+            // time); more when a channel went down and up on a loaded machine, which
+            // measures it again.
+            assert!(
+                s.probe_trains >= 6,
+                "three trains per channel: {}",
+                s.probe_trains
+            );
             let t = s.table();
             assert!(t.contains("pacing 0 (c0): probe failed: "), "{t}");
             let m = s.prometheus();
