@@ -48,6 +48,7 @@ pub mod traffic;
 pub mod transfer;
 pub mod tun;
 pub mod tunnel;
+pub(crate) mod uplink;
 
 pub use config::{
     ChannelConfig, ConfigFileError, FileConfig, PeerConfig, SessionConfig, TunnelConfig,
