@@ -36,6 +36,7 @@ pub mod node_flow;
 pub mod node_report;
 pub mod observe;
 pub mod offload;
+pub mod peer_file;
 pub mod peers_bench;
 pub mod relay;
 pub mod reload;

@@ -67,67 +67,101 @@ pub type SetLogLevel<'a> = &'a mut (dyn FnMut(Option<&str>) -> Result<String, St
 /// One reload: re-read `path`, apply what the running tunnel can take (channel
 /// weights, a server's peers, the log level through `set_log_level`, which answers
 /// what it did) and log what needs a restart. `running` keeps what is in force.
+/// What it did, in words (as logged), or, if the file could not be read or a change
+/// that applies at once did not, why (the rest is still applied).
 pub async fn apply(
     path: &Path,
     running: &mut FileConfig,
     stats: &StatsHandle,
     set_log_level: Option<SetLogLevel<'_>>,
-) {
+) -> Result<String, String> {
     info!("reload: reading {}", path.display());
     let new = match FileConfig::load(path) {
         Ok(c) => c,
         Err(e) => {
-            error!("reload: {e}; the tunnel keeps running with the settings it has");
-            return;
+            let m = format!("{e}; the tunnel keeps running with the settings it has");
+            error!("reload: {m}");
+            return Err(m);
         }
     };
     let plan = plan(running, &new);
     if plan.is_empty() {
         info!("reload: nothing changed");
-        return;
+        return Ok("nothing changed".into());
     }
+    let mut done = Vec::new();
+    let mut failed = Vec::new();
+    let mut note = |r: Result<String, String>| match r {
+        Ok(m) => done.push(m),
+        Err(m) => failed.push(m),
+    };
     if let Some(w) = plan.weights {
-        apply_weights(w, running, stats);
+        note(apply_weights(w, running, stats));
     }
     if let Some(peers) = plan.peers {
-        apply_peers(peers, running, stats).await;
+        note(apply_peers(peers, running, stats).await);
     }
     if let Some(level) = plan.log_level {
         apply_log_level(level, running, set_log_level);
+        done.push("log level changed".into());
     }
     if !plan.restart.is_empty() {
-        warn!(
-            "reload: {} changed; the running tunnel keeps the old value until it restarts (systemctl restart braid@NAME)",
+        let m = format!(
+            "{} changed; the running tunnel keeps the old value until it restarts (systemctl restart braid@NAME)",
             plan.restart.join(", ")
         );
+        warn!("reload: {m}");
+        done.push(m);
+    }
+    if failed.is_empty() {
+        Ok(done.join("; "))
+    } else {
+        Err(failed.join("; "))
     }
 }
 
 /// New channel weights into the running session (and `running`, once taken).
-fn apply_weights(w: Vec<u32>, running: &mut FileConfig, stats: &StatsHandle) {
+fn apply_weights(
+    w: Vec<u32>,
+    running: &mut FileConfig,
+    stats: &StatsHandle,
+) -> Result<String, String> {
     let old: Vec<u32> = running.session.channels.iter().map(|c| c.weight).collect();
-    match stats.set_weights(w.clone()) {
+    let r = match stats.set_weights(w.clone()) {
         Ok(true) => {
-            info!("reload: channel weights {old:?} -> {w:?}");
             for (c, w) in running.session.channels.iter_mut().zip(&w) {
                 c.weight = *w;
             }
+            Ok(format!("channel weights {old:?} -> {w:?}"))
         }
         Ok(false) => {
-            warn!("reload: the session is busy; channel weights not changed, reload again")
+            Err("the session is busy; channel weights not changed, reload again".to_string())
         }
-        Err(e) => warn!("reload: channel weights not changed: {e}"),
+        Err(e) => Err(format!("channel weights not changed: {e}")),
+    };
+    match &r {
+        Ok(m) => info!("reload: {m}"),
+        Err(m) => warn!("reload: {m}"),
     }
+    r
 }
 
 /// A server's new peer list into the running server (and `running`, once taken).
-async fn apply_peers(peers: Vec<PeerConfig>, running: &mut FileConfig, stats: &StatsHandle) {
+async fn apply_peers(
+    peers: Vec<PeerConfig>,
+    running: &mut FileConfig,
+    stats: &StatsHandle,
+) -> Result<String, String> {
     match stats.set_peers(peers.clone()).await {
         Ok(what) => {
             info!("reload: {what}");
             running.peers = peers;
+            Ok(what)
         }
-        Err(e) => warn!("reload: peers not changed: {e}"),
+        Err(e) => {
+            warn!("reload: peers not changed: {e}");
+            Err(format!("peers not changed: {e}"))
+        }
     }
 }
 
