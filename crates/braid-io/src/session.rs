@@ -111,6 +111,12 @@ pub enum SessionError {
 enum Cmd {
     Stats(oneshot::Sender<SessionStats>),
     Weights(Vec<u32>),
+    /// Channel `.0`'s new addresses or device (a reload): what was done, or why not.
+    Channel(
+        usize,
+        Box<crate::config::ChannelConfig>,
+        oneshot::Sender<Result<String, String>>,
+    ),
 }
 
 /// A striping session over a set of UDP channels.
@@ -835,6 +841,29 @@ impl StatsHandle {
         }
     }
 
+    /// A reload: channel `i` moves to `c`'s local address, device or remote address
+    /// (a new socket where the first two change; no new handshake). What was done, or
+    /// why not (a server's shared sockets need a restart).
+    pub async fn set_channel(
+        &self,
+        i: usize,
+        c: crate::config::ChannelConfig,
+    ) -> Result<String, String> {
+        match &self.0 {
+            Handle::Session(cmd) => {
+                let (tx, rx) = oneshot::channel();
+                cmd.send(Cmd::Channel(i, Box::new(c), tx))
+                    .await
+                    .map_err(|_| "the session has stopped".to_string())?;
+                rx.await
+                    .map_err(|_| "the session has stopped".to_string())?
+            }
+            Handle::Server(_) => Err(
+                "a server's channel sockets are shared by every peer: a restart applies it".into(),
+            ),
+        }
+    }
+
     /// A server's reload: serve exactly `peers` from now on (added ones start being
     /// served, removed ones are closed, the others keep their sessions); what changed,
     /// in words. `Err(Config)` for a point-to-point tunnel.
@@ -1265,6 +1294,8 @@ struct Own {
     next_look: tokio::time::Instant,
     /// Not looked at yet: the sockets bound at the start are kept as they are.
     first: bool,
+    /// The periodic look's interval while nothing waits.
+    idle_look: std::time::Duration,
 }
 
 impl Own {
@@ -1275,16 +1306,16 @@ impl Own {
         readers: Vec<Option<JoinHandle<()>>>,
     ) -> Own {
         let uplinks: Vec<_> = cfg.channels.iter().map(crate::uplink::Uplink::of).collect();
-        let watch = uplinks.iter().any(Option::is_some).then(|| {
-            let (w, err) = crate::uplink::Watch::start();
-            if let Some(e) = err {
-                info!(
-                    "no interface notifications ({e}): channels' uplinks are looked at every {} s",
-                    crate::uplink::SAFETY_NET.as_secs()
-                );
-            }
-            w
-        });
+        // Also without an uplink to watch now: a reload may give a channel one.
+        let (watch, err) = crate::uplink::Watch::start();
+        if let Some(e) = err.filter(|_| uplinks.iter().any(Option::is_some)) {
+            info!(
+                "no interface notifications ({e}): channels' uplinks are looked at every {} s",
+                crate::uplink::SAFETY_NET.as_secs()
+            );
+        }
+        let idle_look = watch.idle_look();
+        let watch = Some(watch);
         Own {
             net_tx,
             limits,
@@ -1295,6 +1326,7 @@ impl Own {
             watch,
             next_look: tokio::time::Instant::now(),
             first: true,
+            idle_look,
         }
     }
 }
@@ -1394,6 +1426,7 @@ impl Driver {
             let at = self.wake_at();
             let look_at = self.own.as_ref().map_or(at, |o| o.next_look);
             let mut look = false;
+            let mut change = None;
             tokio::select! {
                 _ = async { watch.as_mut().expect("checked").rung().await }, if watch.is_some() => {
                     look = true;
@@ -1401,6 +1434,7 @@ impl Driver {
                 _ = tokio::time::sleep_until(look_at), if watch.is_some() => look = true,
                 _ = close.wait_for(|&c| c) => closing = true,
                 c = cmd.recv() => match c {
+                    Some(Cmd::Channel(i, c, reply)) => change = Some((i, c, reply)),
                     Some(c) => self.on_cmd(c),
                     None => break,
                 },
@@ -1427,6 +1461,10 @@ impl Driver {
             }
             if look {
                 self.look_at_uplinks().await;
+            }
+            if let Some((i, c, reply)) = change {
+                let r = self.change_channel(i, *c).await;
+                let _ = reply.send(r);
             }
             self.carry_out().await;
         }
@@ -1512,7 +1550,7 @@ impl Driver {
             let wait = if pending {
                 crate::uplink::RETRY
             } else {
-                crate::uplink::SAFETY_NET
+                own.idle_look
             };
             own.next_look = tokio::time::Instant::now() + wait;
         }
@@ -1557,7 +1595,64 @@ impl Driver {
                 Ok(()) => info!("channel weights now {w:?}"),
                 Err(e) => warn!("{e}"),
             },
+            Cmd::Channel(_, _, reply) => {
+                let _ = reply.send(Err("not here".into()));
+            }
         }
+    }
+
+    /// Channel `i` moves to `new`'s local address, device or remote address (a
+    /// reload): a new remote is where we send from now on; a new local address or
+    /// device gets a new socket, bound as configured (the peer follows its new source
+    /// from our next authenticated datagram, as it follows a NAT). No handshake, and
+    /// the other channels are not touched. What was done, or why not.
+    async fn change_channel(
+        &mut self,
+        i: usize,
+        new: crate::config::ChannelConfig,
+    ) -> Result<String, String> {
+        let Some(old) = self.cfg.channels.get(i).cloned() else {
+            return Err(format!("there is no channel {i}"));
+        };
+        let mut done = Vec::new();
+        if new.remote != old.remote {
+            if let Some(r) = new.remote {
+                self.machine.set_endpoint(i, Some(r));
+                done.push(format!("sends to {r}"));
+            }
+        }
+        let rebind = new.local != old.local || new.device != old.device;
+        self.cfg.channels[i].remote = new.remote;
+        if !rebind {
+            return Ok(done.join(", "));
+        }
+        if self.own.is_none() {
+            return Err("a server's channel sockets are shared by every peer: a restart applies a new local address or device".into());
+        }
+        self.cfg.channels[i].local = new.local;
+        self.cfg.channels[i].device = new.device.clone();
+        let uplink = crate::uplink::Uplink::of(&new);
+        let watched = uplink.is_some();
+        {
+            let own = self.own.as_mut().expect("own sockets");
+            own.uplinks[i] = uplink;
+            own.bound[i] = None;
+            own.bind_warned[i] = false;
+        }
+        self.close_socket(i).await;
+        if watched {
+            // Bound now if its uplink is there, else it waits for it (gone).
+            self.look_at_uplinks().await;
+        } else if let Err(e) = self.rebind(i) {
+            let now = self.now();
+            self.machine.set_uplink(now, i, false);
+            return Err(format!("{e}; the channel is out of the bond"));
+        }
+        match &self.socks[i] {
+            Some(_) => done.push(format!("socket bound anew at {}", self.locals[i])),
+            None => done.push("its uplink is not there: out of the bond until it is".into()),
+        }
+        Ok(done.join(", "))
     }
 
     /// A batch of datagrams from channel `c`'s reader, and what else is already

@@ -110,7 +110,8 @@ pub(crate) struct Uplink {
 impl Uplink {
     /// Channel `c`'s uplink, if it has one to watch.
     pub(crate) fn of(c: &ChannelConfig) -> Option<Uplink> {
-        let address = Some(c.local.ip()).filter(|a| !a.is_unspecified());
+        // The loopback interface does not come and go.
+        let address = Some(c.local.ip()).filter(|a| !a.is_unspecified() && !a.is_loopback());
         (c.device.is_some() || address.is_some()).then(|| Uplink {
             device: c.device.clone(),
             address,
@@ -152,9 +153,11 @@ impl Uplink {
 }
 
 /// How often the interfaces are looked at without a notification: while a channel
-/// waits for its socket (a bind that failed), and otherwise.
+/// waits for its socket (a bind that failed), without notifications, and with them
+/// (in case one was lost without the socket saying so).
 pub(crate) const RETRY: Duration = Duration::from_millis(250);
 pub(crate) const SAFETY_NET: Duration = Duration::from_secs(2);
+pub(crate) const SUBSCRIBED: Duration = Duration::from_secs(30);
 
 /// The kernel's link and address notifications, as a doorbell.
 pub(crate) struct Watch {
@@ -181,6 +184,15 @@ impl Watch {
                 },
                 Some(e),
             ),
+        }
+    }
+
+    /// The periodic look's interval when nothing waits (see [`RETRY`]).
+    pub(crate) fn idle_look(&self) -> Duration {
+        if self.sock.is_some() {
+            SUBSCRIBED
+        } else {
+            SAFETY_NET
         }
     }
 
@@ -293,6 +305,8 @@ mod tests {
         c.device = None;
         c.local = "[2001:db8::2]:7000".parse().unwrap();
         assert!(Uplink::of(&c).is_some_and(|u| u.address.is_some()));
+        c.local = "127.0.0.1:7000".parse().unwrap();
+        assert_eq!(Uplink::of(&c), None, "loopback does not come and go");
     }
 
     #[test]

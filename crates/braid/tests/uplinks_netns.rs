@@ -5,8 +5,10 @@
 //! The uplink is created again (same name, a new interface index): the client binds
 //! the channel's socket anew and the channel carries traffic again within about a
 //! second, without a restart. (Before, the socket stayed bound to the deleted
-//! interface's index and the channel never came back.) Needs root, /dev/net/tun, `ip`
-//! and `ping`; without them the test says why it is skipped.
+//! interface's index and the channel never came back.) Then a reload moves the channel
+//! to a third uplink (new device and remote) without a handshake (before, that needed a
+//! restart). Needs root, /dev/net/tun, `ip` and `ping`; without them the test says why
+//! it is skipped.
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -199,6 +201,50 @@ fn a_channel_whose_uplink_goes_leaves_at_once_and_rejoins_when_it_returns() {
         "{s}"
     );
 
+    // Channel two moves to a third uplink at run time: a reload (SIGHUP) with its new
+    // device and remote. Its socket is bound anew; no handshake; the server follows
+    // the new source from the next authenticated datagram.
+    uplink(3);
+    let hs0 = status(&ctl_c).unwrap()["handshakes"].as_u64();
+    let moved = client
+        .replace(
+            &format!("device = \"{}\"", dev(2, "c")),
+            &format!("device = \"{}\"", dev(3, "c")),
+        )
+        .replace("10.232.2.1:7101", "10.232.3.1:7101");
+    common::write_private(&lab.dir.join("c.toml"), &moved);
+    sh(&["kill", "-HUP", &lab.children[1].id().to_string()]);
+    let t0 = Instant::now();
+    let on_three = |c: &Value, s: &Value| {
+        chan(served(s), 1)["remote"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("10.232.3.2:"))
+            && chan(c, 1)["in_tx_set"] == true
+            && chan(served(s), 1)["in_tx_set"] == true
+    };
+    let moved_in = until(&ctl_c, &ctl_s, Duration::from_secs(5), on_three);
+    let (c, s) = (status(&ctl_c).unwrap(), status(&ctl_s).unwrap());
+    let moved_in = moved_in.unwrap_or_else(|| {
+        panic!(
+            "channel two did not move to uplink three within 5 s ({:?}): client {c}\nserver {s}",
+            t0.elapsed()
+        )
+    });
+    eprintln!(
+        "channel two moved to uplink three by a reload: the server follows after {moved_in:?}"
+    );
+    // Nothing more on the old uplink; traffic flows; the same session.
+    sh(&["ip", "-n", &ns_c, "link", "del", &dev(2, "c")]);
+    let rx0 = chan(served(&s), 1)["rx_data_packets"].as_u64();
+    assert_eq!(pings(&ns_c, "10.91.0.1", 40, 1200), 40);
+    let s = status(&ctl_s).unwrap();
+    assert!(chan(served(&s), 1)["rx_data_packets"].as_u64() > rx0, "{s}");
+    assert_eq!(
+        status(&ctl_c).unwrap()["handshakes"].as_u64(),
+        hs0,
+        "a new handshake"
+    );
+
     // The client's log says what happened, once each, without a stream of errors.
     let mut child = lab.children.pop().unwrap();
     sh(&["kill", "-TERM", &child.id().to_string()]);
@@ -206,6 +252,10 @@ fn a_channel_whose_uplink_goes_leaves_at_once_and_rejoins_when_it_returns() {
     let log = String::from_utf8_lossy(&child.wait_with_output().unwrap().stderr).to_string();
     assert_eq!(log.matches("uplink gone").count(), 1, "{log}");
     assert_eq!(log.matches("uplink back").count(), 1, "{log}");
+    assert!(
+        log.contains("reload: channel 1 (two): sends to 10.232.3.1:7101, socket bound anew at"),
+        "{log}"
+    );
     let warnings = log.lines().filter(|l| l.contains("WARN")).count();
     assert!(warnings <= 3, "{warnings} warnings:\n{log}");
 }
