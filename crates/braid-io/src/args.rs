@@ -245,6 +245,7 @@ impl SessionArgs {
             control: self.control.clone(),
             metrics: self.metrics,
             log_interval: parse_timeout(&self.log_interval, "--log-interval")?.unwrap_or_default(),
+            reload: None,
         };
         let ctl = crate::tunnel::start_observers(&observers, session.stats_handle()).await?;
         let timeout = parse_timeout(&self.peer_timeout, "--peer-timeout")?

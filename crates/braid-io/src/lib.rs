@@ -37,6 +37,7 @@ pub mod node_flow;
 pub mod node_report;
 pub mod observe;
 pub mod offload;
+pub mod peer_file;
 pub mod peers_bench;
 pub mod relay;
 pub mod reload;
@@ -49,6 +50,7 @@ pub mod traffic;
 pub mod transfer;
 pub mod tun;
 pub mod tunnel;
+pub(crate) mod uplink;
 
 pub use config::{
     ChannelConfig, ConfigFileError, FileConfig, PeerConfig, SessionConfig, TunnelConfig,

@@ -2,8 +2,11 @@
 //! `braid status`, and a minimal HTTP endpoint: Prometheus metrics, the JSON snapshot
 //! and a live status page.
 //!
-//! Control protocol (Unix stream socket): the client writes one line, `stats`, and
-//! reads one JSON document ([`SessionStats`]) until the server closes the connection.
+//! Control protocol (Unix stream socket): the client writes one line and reads one
+//! JSON document until the server closes the connection: `stats` ([`SessionStats`]),
+//! `server` (a server's own counters), or `reload` (re-read the configuration file as
+//! on SIGHUP, where the tunnel was started from one: `{"ok":"what changed"}` or
+//! `{"error":"why"}`).
 
 use std::io;
 use std::net::SocketAddr;
@@ -21,6 +24,13 @@ use crate::stats::SessionStats;
 /// The longest control request line, in bytes.
 const MAX_REQUEST: u64 = 256;
 
+/// How a control connection asks the running tunnel to re-read its configuration
+/// file: the reply says what changed, or why not.
+pub type Reloader = tokio::sync::mpsc::Sender<tokio::sync::oneshot::Sender<Result<String, String>>>;
+
+/// How long a `reload` may take before the control socket answers that it did not.
+const RELOAD_WAIT: Duration = Duration::from_secs(10);
+
 /// A running control socket; the socket file is removed when this is dropped.
 pub struct ControlServer {
     path: PathBuf,
@@ -35,8 +45,27 @@ impl Drop for ControlServer {
 }
 
 /// The control socket's answer to one command line.
-async fn answer(command: &str, stats: &StatsHandle) -> String {
+async fn answer(command: &str, stats: &StatsHandle, reload: Option<&Reloader>) -> String {
     match command {
+        "reload" => {
+            let json = |k: &str, m: &str| serde_json::json!({ k: m }).to_string();
+            let Some(r) = reload else {
+                return json(
+                    "error",
+                    "this process does not reload (only `braid tunnel --config FILE` does)",
+                );
+            };
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            if r.send(tx).await.is_err() {
+                return json("error", "the tunnel is stopping");
+            }
+            match tokio::time::timeout(RELOAD_WAIT, rx).await {
+                Ok(Ok(Ok(m))) => json("ok", &m),
+                Ok(Ok(Err(m))) => json("error", &m),
+                Ok(Err(_)) => json("error", "the tunnel is stopping"),
+                Err(_) => json("error", "the reload did not finish within 10 s"),
+            }
+        }
         "stats" => match stats.get().await {
             Ok(s) => serde_json::to_string(&s).unwrap_or_default(),
             Err(e) => format!("{{\"error\":\"{e}\"}}"),
@@ -56,6 +85,15 @@ async fn answer(command: &str, stats: &StatsHandle) -> String {
 /// Serve `stats` requests (and, on a server, `server`: its own counters only) on a Unix
 /// socket at `path`.
 pub fn serve_control(path: &Path, stats: StatsHandle) -> io::Result<ControlServer> {
+    serve_control_with(path, stats, None)
+}
+
+/// [`serve_control`], and `reload` requests through `reload`.
+pub fn serve_control_with(
+    path: &Path,
+    stats: StatsHandle,
+    reload: Option<Reloader>,
+) -> io::Result<ControlServer> {
     if let Some(dir) = path.parent() {
         if !dir.as_os_str().is_empty() {
             std::fs::create_dir_all(dir)?;
@@ -68,7 +106,7 @@ pub fn serve_control(path: &Path, stats: StatsHandle) -> io::Result<ControlServe
             let Ok((conn, _)) = listener.accept().await else {
                 continue;
             };
-            tokio::spawn(answer_control(conn, stats.clone()));
+            tokio::spawn(answer_control(conn, stats.clone(), reload.clone()));
         }
     });
     Ok(ControlServer {
@@ -94,7 +132,7 @@ fn remove_stale_socket(path: &Path) -> io::Result<()> {
 
 /// One control connection: read its command line (short, within 2 s), answer it
 /// with the stats as JSON or an error document, and close.
-async fn answer_control(conn: UnixStream, stats: StatsHandle) {
+async fn answer_control(conn: UnixStream, stats: StatsHandle, reload: Option<Reloader>) {
     let (r, mut w) = conn.into_split();
     let mut line = String::new();
     // One short command line: anything longer is not a command, and must not
@@ -111,9 +149,46 @@ async fn answer_control(conn: UnixStream, stats: StatsHandle) {
         let _ = w.shutdown().await;
         return;
     }
-    let reply = answer(line.trim(), &stats).await;
+    let reply = answer(line.trim(), &stats, reload.as_ref()).await;
     let _ = w.write_all(reply.as_bytes()).await;
     let _ = w.shutdown().await;
+}
+
+/// Ask the tunnel behind a control socket to re-read its configuration file: what
+/// changed, or why not. `Err(None)`: nothing answers on `path` (no tunnel runs with
+/// it); `Err(Some(why))`: it answered that the reload failed, or the socket failed.
+pub async fn request_reload(path: &Path) -> Result<String, Option<String>> {
+    let mut conn = match UnixStream::connect(path).await {
+        Ok(c) => c,
+        Err(e)
+            if matches!(
+                e.kind(),
+                io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused
+            ) =>
+        {
+            return Err(None)
+        }
+        Err(e) => return Err(Some(format!("cannot connect to {}: {e}", path.display()))),
+    };
+    let fail = |e: String| Some(format!("{}: {e}", path.display()));
+    conn.write_all(b"reload\n")
+        .await
+        .map_err(|e| fail(e.to_string()))?;
+    let mut buf = String::new();
+    tokio::time::timeout(
+        RELOAD_WAIT + Duration::from_secs(2),
+        conn.read_to_string(&mut buf),
+    )
+    .await
+    .map_err(|_| fail("no answer to the reload".into()))?
+    .map_err(|e| fail(e.to_string()))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&buf).map_err(|e| fail(format!("bad answer ({e}): {buf}")))?;
+    match (v["ok"].as_str(), v["error"].as_str()) {
+        (Some(m), _) => Ok(m.to_string()),
+        (_, Some(e)) => Err(Some(e.to_string())),
+        _ => Err(fail(format!("bad answer: {buf}"))),
+    }
 }
 
 /// Ask a control socket for stats.

@@ -8,7 +8,7 @@ use std::path::Path;
 use braid_proto::{Mode, SchedulerKind};
 use tracing::{error, info, warn};
 
-use crate::config::{PeerConfig, SessionConfig, TunnelConfig};
+use crate::config::{ChannelConfig, PeerConfig, SessionConfig, TunnelConfig};
 use crate::session::StatsHandle;
 use crate::FileConfig;
 
@@ -22,6 +22,10 @@ pub struct Plan {
     /// A server's new `[[peer]]` list, applied to the running server (peers added,
     /// removed, their allowed IPs or names changed).
     pub peers: Option<Vec<PeerConfig>>,
+    /// Channels (index, new settings) whose `local`, `remote` or `device` changed, on
+    /// a tunnel that is no server: applied to the running session (a new socket for
+    /// the channel, no new handshake).
+    pub channels: Vec<(usize, ChannelConfig)>,
     /// The changed settings that only a restart applies, by name as in the file.
     pub restart: Vec<String>,
 }
@@ -32,6 +36,7 @@ impl Plan {
         self.weights.is_none()
             && self.log_level.is_none()
             && self.peers.is_none()
+            && self.channels.is_empty()
             && self.restart.is_empty()
     }
 }
@@ -44,7 +49,8 @@ pub fn plan(old: &FileConfig, new: &FileConfig) -> Plan {
         (Some(_), None) => p.restart.push("[tunnel] (removed)".into()),
         _ => {}
     }
-    session_changes(&old.session, &new.session, &mut p);
+    // A server's channel sockets are shared by its peers: they need a restart.
+    session_changes(&old.session, &new.session, old.peers.is_empty(), &mut p);
     match (old.peers.is_empty(), new.peers.is_empty()) {
         (true, true) => {}
         // A server stays a server: its peers change at once.
@@ -67,68 +73,133 @@ pub type SetLogLevel<'a> = &'a mut (dyn FnMut(Option<&str>) -> Result<String, St
 /// One reload: re-read `path`, apply what the running tunnel can take (channel
 /// weights, a server's peers, the log level through `set_log_level`, which answers
 /// what it did) and log what needs a restart. `running` keeps what is in force.
+/// What it did, in words (as logged), or, if the file could not be read or a change
+/// that applies at once did not, why (the rest is still applied).
 pub async fn apply(
     path: &Path,
     running: &mut FileConfig,
     stats: &StatsHandle,
     set_log_level: Option<SetLogLevel<'_>>,
-) {
+) -> Result<String, String> {
     info!("reload: reading {}", path.display());
     let new = match FileConfig::load(path) {
         Ok(c) => c,
         Err(e) => {
-            error!("reload: {e}; the tunnel keeps running with the settings it has");
-            return;
+            let m = format!("{e}; the tunnel keeps running with the settings it has");
+            error!("reload: {m}");
+            return Err(m);
         }
     };
     let plan = plan(running, &new);
     if plan.is_empty() {
         info!("reload: nothing changed");
-        return;
+        return Ok("nothing changed".into());
     }
+    let mut done = Vec::new();
+    let mut failed = Vec::new();
+    let mut note = |r: Result<String, String>| match r {
+        Ok(m) => done.push(m),
+        Err(m) => failed.push(m),
+    };
     if let Some(w) = plan.weights {
-        apply_weights(w, running, stats);
+        note(apply_weights(w, running, stats));
     }
     if let Some(peers) = plan.peers {
-        apply_peers(peers, running, stats).await;
+        note(apply_peers(peers, running, stats).await);
+    }
+    for (i, c) in plan.channels {
+        note(apply_channel(i, c, running, stats).await);
     }
     if let Some(level) = plan.log_level {
         apply_log_level(level, running, set_log_level);
+        done.push("log level changed".into());
     }
     if !plan.restart.is_empty() {
-        warn!(
-            "reload: {} changed; the running tunnel keeps the old value until it restarts (systemctl restart braid@NAME)",
+        let m = format!(
+            "{} changed; the running tunnel keeps the old value until it restarts (systemctl restart braid@NAME)",
             plan.restart.join(", ")
         );
+        warn!("reload: {m}");
+        done.push(m);
+    }
+    if failed.is_empty() {
+        Ok(done.join("; "))
+    } else {
+        Err(failed.join("; "))
     }
 }
 
 /// New channel weights into the running session (and `running`, once taken).
-fn apply_weights(w: Vec<u32>, running: &mut FileConfig, stats: &StatsHandle) {
+fn apply_weights(
+    w: Vec<u32>,
+    running: &mut FileConfig,
+    stats: &StatsHandle,
+) -> Result<String, String> {
     let old: Vec<u32> = running.session.channels.iter().map(|c| c.weight).collect();
-    match stats.set_weights(w.clone()) {
+    let r = match stats.set_weights(w.clone()) {
         Ok(true) => {
-            info!("reload: channel weights {old:?} -> {w:?}");
             for (c, w) in running.session.channels.iter_mut().zip(&w) {
                 c.weight = *w;
             }
+            Ok(format!("channel weights {old:?} -> {w:?}"))
         }
         Ok(false) => {
-            warn!("reload: the session is busy; channel weights not changed, reload again")
+            Err("the session is busy; channel weights not changed, reload again".to_string())
         }
-        Err(e) => warn!("reload: channel weights not changed: {e}"),
+        Err(e) => Err(format!("channel weights not changed: {e}")),
+    };
+    match &r {
+        Ok(m) => info!("reload: {m}"),
+        Err(m) => warn!("reload: {m}"),
     }
+    r
 }
 
 /// A server's new peer list into the running server (and `running`, once taken).
-async fn apply_peers(peers: Vec<PeerConfig>, running: &mut FileConfig, stats: &StatsHandle) {
+async fn apply_peers(
+    peers: Vec<PeerConfig>,
+    running: &mut FileConfig,
+    stats: &StatsHandle,
+) -> Result<String, String> {
     match stats.set_peers(peers.clone()).await {
         Ok(what) => {
             info!("reload: {what}");
             running.peers = peers;
+            Ok(what)
         }
-        Err(e) => warn!("reload: peers not changed: {e}"),
+        Err(e) => {
+            warn!("reload: peers not changed: {e}");
+            Err(format!("peers not changed: {e}"))
+        }
     }
+}
+
+/// Channel `i`'s new addresses or device into the running session (and `running`,
+/// once taken).
+async fn apply_channel(
+    i: usize,
+    c: ChannelConfig,
+    running: &mut FileConfig,
+    stats: &StatsHandle,
+) -> Result<String, String> {
+    let name = c.name.clone();
+    let r = stats.set_channel(i, c.clone()).await;
+    let r = match r {
+        Ok(m) => {
+            if let Some(x) = running.session.channels.get_mut(i) {
+                x.local = c.local;
+                x.remote = c.remote;
+                x.device = c.device;
+            }
+            Ok(format!("channel {i} ({name}): {m}"))
+        }
+        Err(e) => Err(format!("channel {i} ({name}) not changed: {e}")),
+    };
+    match &r {
+        Ok(m) => info!("reload: {m}"),
+        Err(m) => warn!("reload: {m}"),
+    }
+    r
 }
 
 /// The new log level, through the logger braid set up (if it did).
@@ -181,9 +252,9 @@ fn tunnel_changes(a: &TunnelConfig, b: &TunnelConfig, p: &mut Plan) {
     }
 }
 
-fn session_changes(a: &SessionConfig, b: &SessionConfig, p: &mut Plan) {
+fn session_changes(a: &SessionConfig, b: &SessionConfig, movable: bool, p: &mut Plan) {
     let before = p.restart.len();
-    channel_changes(a, b, p);
+    channel_changes(a, b, movable, p);
     setting_changes(a, b, p);
     let same_channels = a.channels.len() == b.channels.len();
     // A setting added to the session later and not named above still shows.
@@ -191,6 +262,11 @@ fn session_changes(a: &SessionConfig, b: &SessionConfig, p: &mut Plan) {
     if same_channels {
         for (r, x) in rest.channels.iter_mut().zip(&a.channels) {
             r.weight = x.weight;
+            if movable {
+                r.local = x.local;
+                r.remote = x.remote;
+                r.device.clone_from(&x.device);
+            }
         }
     }
     if p.restart.len() == before && rest != *a {
@@ -209,9 +285,10 @@ fn session_changes(a: &SessionConfig, b: &SessionConfig, p: &mut Plan) {
     }
 }
 
-/// The channels' count, or each channel's addresses, device, MTU and pace (all
-/// need a restart; weights are [`session_changes`]' own).
-fn channel_changes(a: &SessionConfig, b: &SessionConfig, p: &mut Plan) {
+/// The channels' count, name, MTU and pace (need a restart), and each channel's
+/// addresses and device (applied at once where `movable`: a tunnel's own sockets;
+/// else a restart). Weights are [`session_changes`]' own.
+fn channel_changes(a: &SessionConfig, b: &SessionConfig, movable: bool, p: &mut Plan) {
     if a.channels.len() != b.channels.len() {
         p.restart.push(format!(
             "the number of channels ({} -> {})",
@@ -227,14 +304,20 @@ fn channel_changes(a: &SessionConfig, b: &SessionConfig, p: &mut Plan) {
             }
         };
         differ("name", x.name != y.name);
-        differ("local", x.local != y.local);
-        differ("remote", x.remote != y.remote);
-        differ("device", x.device != y.device);
+        let moved = x.local != y.local || x.remote != y.remote || x.device != y.device;
+        if !movable {
+            differ("local", x.local != y.local);
+            differ("remote", x.remote != y.remote);
+            differ("device", x.device != y.device);
+        }
         differ("mtu", x.mtu != y.mtu);
         differ(
             "pace",
             x.pace_bps != y.pace_bps || x.pace_auto != y.pace_auto,
         );
+        if movable && moved {
+            p.channels.push((i, y.clone()));
+        }
     }
 }
 
@@ -334,14 +417,32 @@ weight = 1
         let p = plan(&cfg(BASE), &cfg(&new));
         assert_eq!(
             p.restart,
-            vec![
-                "tunnel.address",
-                "channel[1].remote",
-                "session.heartbeat",
-                "session.dead_after"
-            ]
+            vec!["tunnel.address", "session.heartbeat", "session.dead_after"]
         );
         assert_eq!(p.weights, None);
+        // The channel's new remote applies at once.
+        assert_eq!(p.channels.len(), 1);
+        assert_eq!(p.channels[0].0, 1);
+    }
+
+    #[test]
+    fn a_channels_addresses_and_device_apply_at_once_and_its_mtu_waits() {
+        let new = BASE.replace("127.0.0.1:7001", "127.0.0.2:7001").replace(
+            "remote = \"127.0.0.1:7102\"",
+            "remote = \"127.0.0.1:7102\"\ndevice = \"wwan0\"",
+        );
+        let p = plan(&cfg(BASE), &cfg(&new));
+        assert!(p.restart.is_empty(), "{:?}", p.restart);
+        let moved: Vec<usize> = p.channels.iter().map(|(i, _)| *i).collect();
+        assert_eq!(moved, vec![0, 1]);
+        assert_eq!(p.channels[0].1.local.to_string(), "127.0.0.2:7001");
+        assert_eq!(p.channels[1].1.device.as_deref(), Some("wwan0"));
+        let p = plan(
+            &cfg(BASE),
+            &cfg(&BASE.replace("weight = 1", "weight = 1\nmtu = 1400")),
+        );
+        assert_eq!(p.restart, vec!["channel[1].mtu"]);
+        assert!(p.channels.is_empty());
     }
 
     #[test]

@@ -112,6 +112,12 @@ pub enum SessionError {
 enum Cmd {
     Stats(oneshot::Sender<SessionStats>),
     Weights(Vec<u32>),
+    /// Channel `.0`'s new addresses or device (a reload): what was done, or why not.
+    Channel(
+        usize,
+        Box<crate::config::ChannelConfig>,
+        oneshot::Sender<Result<String, String>>,
+    ),
 }
 
 /// A striping session over a set of UDP channels.
@@ -444,6 +450,33 @@ fn bind(
     UdpSocket::from_std(sock.into()).map_err(be)
 }
 
+/// Bind channel `i` of `cfg`: its socket, the socket's batched I/O state, and the
+/// address it is bound to.
+fn bind_channel(
+    cfg: &SessionConfig,
+    i: usize,
+) -> Result<(Arc<UdpSocket>, Arc<UdpSocketState>, SocketAddr), SessionError> {
+    let c = &cfg.channels[i];
+    let s = bind(i, c, cfg.socket_buffer)?;
+    // Batched I/O: recvmmsg, UDP GRO on receive and GSO on send where the kernel has
+    // them (one datagram per call otherwise).
+    let state = UdpSocketState::new((&s).into()).map_err(|error| SessionError::Bind {
+        index: i,
+        name: c.name.clone(),
+        addr: c.local,
+        hint: " (setting the socket options for batched I/O)",
+        error,
+    })?;
+    let local = s.local_addr().map_err(|error| SessionError::Bind {
+        index: i,
+        name: c.name.clone(),
+        addr: c.local,
+        hint: "",
+        error,
+    })?;
+    Ok((Arc::new(s), Arc::new(state), local))
+}
+
 /// A set of bound channel sockets: one session's own (a client), or a server's,
 /// shared by every peer's session (each sends on them; the server's readers hand each
 /// session what is its).
@@ -460,26 +493,11 @@ impl Channels {
         let mut socks = Vec::new();
         let mut states = Vec::new();
         let mut locals = Vec::new();
-        for (i, c) in cfg.channels.iter().enumerate() {
-            let s = bind(i, c, cfg.socket_buffer)?;
-            // Batched I/O: recvmmsg, UDP GRO on receive and GSO on send where the
-            // kernel has them (one datagram per call otherwise).
-            let state = UdpSocketState::new((&s).into()).map_err(|error| SessionError::Bind {
-                index: i,
-                name: c.name.clone(),
-                addr: c.local,
-                hint: " (setting the socket options for batched I/O)",
-                error,
-            })?;
-            states.push(Arc::new(state));
-            locals.push(s.local_addr().map_err(|error| SessionError::Bind {
-                index: i,
-                name: c.name.clone(),
-                addr: c.local,
-                hint: "",
-                error,
-            })?);
-            socks.push(Arc::new(s));
+        for i in 0..cfg.channels.len() {
+            let (s, state, local) = bind_channel(cfg, i)?;
+            socks.push(s);
+            states.push(state);
+            locals.push(local);
         }
         Ok(Channels {
             socks,
@@ -568,19 +586,21 @@ impl Session {
         let budgets: Vec<Arc<Budget>> = (0..n).map(|_| Arc::new(Budget::default())).collect();
         let mut readers = Vec::new();
         for (i, s) in ch.socks.iter().enumerate() {
-            readers.push(tokio::spawn(reader(
+            readers.push(Some(tokio::spawn(reader(
                 i,
                 s.clone(),
                 ch.states[i].clone(),
                 net_tx.clone(),
                 budgets[i].clone(),
                 limits,
-            )));
+            ))));
         }
-        drop(net_tx);
         let pool = HandshakePool::start(HS_QUEUE)
             .map_err(|e| SessionError::Config(format!("cannot start the handshake thread: {e}")))?;
-        Session::launch(cfg, ch, net_rx, budgets, readers, pool, None, None)
+        // Its own sockets: the driver closes and binds them anew as their uplinks go
+        // and come back (`crate::uplink`).
+        let own = Own::new(&cfg, net_tx, limits, readers);
+        Session::launch(cfg, ch, net_rx, budgets, Some(own), pool, None, None)
     }
 
     /// A peer's session on a server's shared channels: its driver reads only what the
@@ -610,7 +630,7 @@ impl Session {
             ch.clone(),
             net_rx,
             budgets,
-            Vec::new(),
+            None,
             pool,
             Some(index_prefix),
             Some(span),
@@ -624,7 +644,7 @@ impl Session {
         ch: Channels,
         net_rx: mpsc::Receiver<Received>,
         budgets: Vec<Arc<Budget>>,
-        readers: Vec<JoinHandle<()>>,
+        own: Option<Own>,
         pool: HandshakePool,
         index_prefix: Option<u16>,
         span: Option<tracing::Span>,
@@ -656,8 +676,9 @@ impl Session {
             max_datagram: cfg.max_inner() as usize,
             overhead: cfg.data_overhead() as usize,
         };
-        let driver = Driver::new(cfg, ch, deliver_tx, peer_tx, budgets, pool, index_prefix)?;
-        let run = driver.run(net_rx, data_rx, cmd_rx, close_rx, readers);
+        let mut driver = Driver::new(cfg, ch, deliver_tx, peer_tx, budgets, pool, index_prefix)?;
+        driver.own = own;
+        let run = driver.run(net_rx, data_rx, cmd_rx, close_rx);
         let task = match span {
             Some(span) => tokio::spawn(tracing::Instrument::instrument(run, span)),
             None => tokio::spawn(run),
@@ -818,6 +839,29 @@ impl StatsHandle {
                 Err(mpsc::error::TrySendError::Closed(_)) => Err(SessionError::Closed),
             },
             Handle::Server(s) => s.set_weights(weights),
+        }
+    }
+
+    /// A reload: channel `i` moves to `c`'s local address, device or remote address
+    /// (a new socket where the first two change; no new handshake). What was done, or
+    /// why not (a server's shared sockets need a restart).
+    pub async fn set_channel(
+        &self,
+        i: usize,
+        c: crate::config::ChannelConfig,
+    ) -> Result<String, String> {
+        match &self.0 {
+            Handle::Session(cmd) => {
+                let (tx, rx) = oneshot::channel();
+                cmd.send(Cmd::Channel(i, Box::new(c), tx))
+                    .await
+                    .map_err(|_| "the session has stopped".to_string())?;
+                rx.await
+                    .map_err(|_| "the session has stopped".to_string())?
+            }
+            Handle::Server(_) => Err(
+                "a server's channel sockets are shared by every peer: a restart applies it".into(),
+            ),
         }
     }
 
@@ -1139,9 +1183,13 @@ struct Driver {
     machine: machine::Session,
     cfg: SessionConfig,
     origin: std::time::Instant,
-    socks: Vec<Arc<UdpSocket>>,
-    states: Vec<Arc<UdpSocketState>>,
+    /// Per channel: its socket and its batched I/O state (`None` while its uplink is
+    /// gone, or its socket could not be bound anew yet).
+    socks: Vec<Option<Arc<UdpSocket>>>,
+    states: Vec<Option<Arc<UdpSocketState>>>,
     locals: Vec<SocketAddr>,
+    /// The session's own sockets, and their uplinks (not on a server's shared ones).
+    own: Option<Own>,
     /// Per channel: the datagrams of one round of transmits, in order.
     outq: Vec<Vec<Bytes>>,
     /// Per channel, for each datagram of `outq`: where it goes.
@@ -1231,6 +1279,63 @@ impl HandshakePool {
     }
 }
 
+/// A session's own channel sockets (not a server's shared ones): what the driver needs
+/// to close one and bind it anew as its uplink goes and comes back (`crate::uplink`).
+struct Own {
+    /// Where each channel's reader hands its datagrams, and its share of the queue.
+    net_tx: mpsc::Sender<Received>,
+    limits: Limits,
+    /// Per channel: its reader, while it has a socket.
+    readers: Vec<Option<JoinHandle<()>>>,
+    /// Per channel: its uplink, if it has one to watch.
+    uplinks: Vec<Option<crate::uplink::Uplink>>,
+    /// Per watched channel: the interface index its socket was bound for.
+    bound: Vec<Option<u32>>,
+    /// Per channel: a failed bind was logged (once per outage).
+    bind_warned: Vec<bool>,
+    /// The doorbell, until the driver's loop takes it (`None`: nothing to watch).
+    watch: Option<crate::uplink::Watch>,
+    /// When to look at the interfaces without a notification.
+    next_look: tokio::time::Instant,
+    /// Not looked at yet: the sockets bound at the start are kept as they are.
+    first: bool,
+    /// The periodic look's interval while nothing waits.
+    idle_look: std::time::Duration,
+}
+
+impl Own {
+    fn new(
+        cfg: &SessionConfig,
+        net_tx: mpsc::Sender<Received>,
+        limits: Limits,
+        readers: Vec<Option<JoinHandle<()>>>,
+    ) -> Own {
+        let uplinks: Vec<_> = cfg.channels.iter().map(crate::uplink::Uplink::of).collect();
+        // Also without an uplink to watch now: a reload may give a channel one.
+        let (watch, err) = crate::uplink::Watch::start();
+        if let Some(e) = err.filter(|_| uplinks.iter().any(Option::is_some)) {
+            info!(
+                "no interface notifications ({e}): channels' uplinks are looked at every {} s",
+                crate::uplink::SAFETY_NET.as_secs()
+            );
+        }
+        let idle_look = watch.idle_look();
+        let watch = Some(watch);
+        Own {
+            net_tx,
+            limits,
+            readers,
+            bound: vec![None; uplinks.len()],
+            bind_warned: vec![false; uplinks.len()],
+            uplinks,
+            watch,
+            next_look: tokio::time::Instant::now(),
+            first: true,
+            idle_look,
+        }
+    }
+}
+
 impl Driver {
     fn new(
         cfg: SessionConfig,
@@ -1281,9 +1386,10 @@ impl Driver {
             hs_source: vec![None; socks.len()],
             alone: vec![Vec::new(); socks.len()],
             train: Vec::with_capacity(GSO_MAX_BYTES),
-            socks,
-            states,
+            socks: socks.into_iter().map(Some).collect(),
+            states: states.into_iter().map(Some).collect(),
             locals,
+            own: None,
             deliver,
             peer_seen,
             deliver_drops: 0,
@@ -1311,17 +1417,29 @@ impl Driver {
         mut data: AppRx,
         mut cmd: mpsc::Receiver<Cmd>,
         mut close: watch::Receiver<bool>,
-        readers: Vec<JoinHandle<()>>,
     ) {
         let mut app_open = true;
         let mut closing = false;
         let mut hs_done = self.hs_done.take().expect("run once");
         let mut hs_open = true;
+        // The interfaces' doorbell, and when to look at them anyway.
+        let mut watch = self.own.as_mut().and_then(|o| o.watch.take());
+        if watch.is_some() {
+            self.look_at_uplinks().await;
+        }
         loop {
             let at = self.wake_at();
+            let look_at = self.own.as_ref().map_or(at, |o| o.next_look);
+            let mut look = false;
+            let mut change = None;
             tokio::select! {
+                _ = async { watch.as_mut().expect("checked").rung().await }, if watch.is_some() => {
+                    look = true;
+                }
+                _ = tokio::time::sleep_until(look_at), if watch.is_some() => look = true,
                 _ = close.wait_for(|&c| c) => closing = true,
                 c = cmd.recv() => match c {
+                    Some(Cmd::Channel(i, c, reply)) => change = Some((i, c, reply)),
                     Some(c) => self.on_cmd(c),
                     None => break,
                 },
@@ -1346,10 +1464,19 @@ impl Driver {
                 self.close_now().await;
                 break;
             }
+            if look {
+                self.look_at_uplinks().await;
+            }
+            if let Some((i, c, reply)) = change {
+                let r = self.change_channel(i, *c).await;
+                let _ = reply.send(r);
+            }
             self.carry_out().await;
         }
-        for r in readers {
-            r.abort();
+        if let Some(own) = &mut self.own {
+            for r in own.readers.iter().flatten() {
+                r.abort();
+            }
         }
     }
 
@@ -1357,6 +1484,110 @@ impl Driver {
     fn wake_at(&self) -> tokio::time::Instant {
         let deadline = self.machine.poll_timeout();
         tokio::time::Instant::from_std(self.origin + StdDuration::from_micros(deadline.as_micros()))
+    }
+
+    /// Look at the interfaces: a channel whose uplink is gone leaves the bond at once
+    /// and its socket is closed; one whose uplink is back (or was made anew: a new
+    /// interface index) gets a new socket, bound as configured, and rejoins.
+    async fn look_at_uplinks(&mut self) {
+        let Some(n) = self.own.as_ref().map(|o| o.uplinks.len()) else {
+            return;
+        };
+        let ifs = match crate::uplink::interfaces() {
+            Ok(i) => i,
+            Err(e) => {
+                debug!("cannot list the interfaces: {e}");
+                Vec::new()
+            }
+        };
+        let now = self.now();
+        let mut pending = false;
+        let first = std::mem::replace(&mut self.own.as_mut().expect("own sockets").first, false);
+        for c in 0..n {
+            let Some(own) = &mut self.own else { return };
+            let Some(u) = &own.uplinks[c] else { continue };
+            let name = self.cfg.channels[c].name.clone();
+            let gone = self.machine.uplink_gone(c);
+            match (u.check(&ifs), own.bound[c]) {
+                (Ok(k), Some(b)) if k == b => {}
+                // The socket bound at the start is for the uplink there now.
+                (Ok(k), None) if first && self.socks[c].is_some() => own.bound[c] = Some(k),
+                (Ok(k), bound) => {
+                    if let Some(b) = bound {
+                        info!(channel = c, "channel {c} ({name}): its uplink was made anew (interface index {b} -> {k}): binding its socket again");
+                    }
+                    self.close_socket(c).await;
+                    match self.rebind(c) {
+                        Ok(local) => {
+                            let own = self.own.as_mut().expect("own sockets");
+                            own.bound[c] = Some(k);
+                            own.bind_warned[c] = false;
+                            if gone {
+                                self.machine.set_uplink(now, c, true);
+                                info!(channel = c, "channel {c} ({name}): uplink back, socket bound at {local}: rejoining the bond");
+                            }
+                        }
+                        Err(e) => {
+                            pending = true;
+                            let own = self.own.as_mut().expect("own sockets");
+                            if !std::mem::replace(&mut own.bind_warned[c], true) {
+                                warn!(channel = c, "channel {c} ({name}): uplink back but {e}; trying again every {} ms", crate::uplink::RETRY.as_millis());
+                            }
+                            if !gone {
+                                self.machine.set_uplink(now, c, false);
+                            }
+                        }
+                    }
+                }
+                (Err(why), bound) => {
+                    if !gone {
+                        self.machine.set_uplink(now, c, false);
+                        warn!(channel = c, "channel {c} ({name}): uplink gone ({why}): out of the bond until it is back");
+                    }
+                    if bound.is_some() {
+                        self.close_socket(c).await;
+                        self.own.as_mut().expect("own sockets").bound[c] = None;
+                    }
+                }
+            }
+        }
+        if let Some(own) = &mut self.own {
+            let wait = if pending {
+                crate::uplink::RETRY
+            } else {
+                own.idle_look
+            };
+            own.next_look = tokio::time::Instant::now() + wait;
+        }
+    }
+
+    /// Close channel `c`'s own socket (its reader stops first).
+    async fn close_socket(&mut self, c: usize) {
+        if let Some(r) = self.own.as_mut().and_then(|o| o.readers[c].take()) {
+            r.abort();
+            let _ = r.await;
+        }
+        self.socks[c] = None;
+        self.states[c] = None;
+    }
+
+    /// Bind channel `c`'s socket anew, as configured, and start its reader; where it
+    /// is bound.
+    fn rebind(&mut self, c: usize) -> Result<SocketAddr, SessionError> {
+        let (sock, state, local) = bind_channel(&self.cfg, c)?;
+        let own = self.own.as_mut().expect("own sockets");
+        own.readers[c] = Some(tokio::spawn(reader(
+            c,
+            sock.clone(),
+            state.clone(),
+            own.net_tx.clone(),
+            self.budgets[c].clone(),
+            own.limits,
+        )));
+        self.socks[c] = Some(sock);
+        self.states[c] = Some(state);
+        self.locals[c] = local;
+        Ok(local)
     }
 
     /// A command from the session's handle: a statistics snapshot, or new weights.
@@ -1369,7 +1600,64 @@ impl Driver {
                 Ok(()) => info!("channel weights now {w:?}"),
                 Err(e) => warn!("{e}"),
             },
+            Cmd::Channel(_, _, reply) => {
+                let _ = reply.send(Err("not here".into()));
+            }
         }
+    }
+
+    /// Channel `i` moves to `new`'s local address, device or remote address (a
+    /// reload): a new remote is where we send from now on; a new local address or
+    /// device gets a new socket, bound as configured (the peer follows its new source
+    /// from our next authenticated datagram, as it follows a NAT). No handshake, and
+    /// the other channels are not touched. What was done, or why not.
+    async fn change_channel(
+        &mut self,
+        i: usize,
+        new: crate::config::ChannelConfig,
+    ) -> Result<String, String> {
+        let Some(old) = self.cfg.channels.get(i).cloned() else {
+            return Err(format!("there is no channel {i}"));
+        };
+        let mut done = Vec::new();
+        if new.remote != old.remote {
+            if let Some(r) = new.remote {
+                self.machine.set_endpoint(i, Some(r));
+                done.push(format!("sends to {r}"));
+            }
+        }
+        let rebind = new.local != old.local || new.device != old.device;
+        self.cfg.channels[i].remote = new.remote;
+        if !rebind {
+            return Ok(done.join(", "));
+        }
+        if self.own.is_none() {
+            return Err("a server's channel sockets are shared by every peer: a restart applies a new local address or device".into());
+        }
+        self.cfg.channels[i].local = new.local;
+        self.cfg.channels[i].device = new.device.clone();
+        let uplink = crate::uplink::Uplink::of(&new);
+        let watched = uplink.is_some();
+        {
+            let own = self.own.as_mut().expect("own sockets");
+            own.uplinks[i] = uplink;
+            own.bound[i] = None;
+            own.bind_warned[i] = false;
+        }
+        self.close_socket(i).await;
+        if watched {
+            // Bound now if its uplink is there, else it waits for it (gone).
+            self.look_at_uplinks().await;
+        } else if let Err(e) = self.rebind(i) {
+            let now = self.now();
+            self.machine.set_uplink(now, i, false);
+            return Err(format!("{e}; the channel is out of the bond"));
+        }
+        match &self.socks[i] {
+            Some(_) => done.push(format!("socket bound anew at {}", self.locals[i])),
+            None => done.push("its uplink is not there: out of the bond until it is".into()),
+        }
+        Ok(done.join(", "))
     }
 
     /// A batch of datagrams from channel `c`'s reader, and what else is already
@@ -1497,7 +1785,19 @@ impl Driver {
             let q = std::mem::take(&mut self.outq[c]);
             let alone = std::mem::take(&mut self.alone[c]);
             let dests = std::mem::take(&mut self.dests[c]);
-            let max_segments = self.states[c].max_gso_segments().max(1);
+            let Some(max_segments) = self.states[c].as_ref().map(|s| s.max_gso_segments().max(1))
+            else {
+                // No socket (its uplink is gone): nothing leaves.
+                self.tx_errors[c] += q.len() as u64;
+                let (mut q, mut alone, mut dests) = (q, alone, dests);
+                q.clear();
+                alone.clear();
+                dests.clear();
+                self.outq[c] = q;
+                self.alone[c] = alone;
+                self.dests[c] = dests;
+                continue;
+            };
             let mut i = 0;
             while i < q.len() {
                 // Up to the next datagram that goes alone, or elsewhere.
@@ -1536,8 +1836,10 @@ impl Driver {
 
     /// Send `n` datagrams of `seg` bytes (the last may be shorter) in one call.
     async fn send_train(&mut self, c: usize, to: SocketAddr, bytes: &[u8], seg: usize, n: usize) {
-        let sock = &self.socks[c];
-        let state = &self.states[c];
+        let (Some(sock), Some(state)) = (&self.socks[c], &self.states[c]) else {
+            self.tx_errors[c] += n as u64;
+            return;
+        };
         let t = quinn_udp::Transmit {
             destination: to,
             ecn: None,

@@ -13,7 +13,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::config::{SessionConfig, TunnelConfig};
 use crate::icmp::TooBig;
-use crate::observe::{serve_control, serve_metrics, ControlServer};
+use crate::observe::{serve_control_with, serve_metrics, ControlServer};
 use crate::offload;
 use crate::segment::Segmenter;
 use crate::session::{Session, SessionError, SessionSender, StatsHandle};
@@ -55,6 +55,9 @@ pub struct Observers {
     pub metrics: Option<SocketAddr>,
     /// A one-line summary in the log this often (zero: never).
     pub log_interval: Duration,
+    /// Where the control socket's `reload` requests go (`braid peer add`/`remove`):
+    /// the process that re-reads the configuration file, if any.
+    pub reload: Option<crate::observe::Reloader>,
 }
 
 /// Start the control socket and metrics endpoint, and the periodic summary. The control
@@ -65,9 +68,11 @@ pub async fn start_observers(
 ) -> Result<Option<ControlServer>, TunnelError> {
     let ctl = match &o.control {
         Some(p) => {
-            let s = serve_control(p, stats.clone()).map_err(|err| TunnelError::Observer {
-                what: format!("control socket {}", p.display()),
-                err,
+            let s = serve_control_with(p, stats.clone(), o.reload.clone()).map_err(|err| {
+                TunnelError::Observer {
+                    what: format!("control socket {}", p.display()),
+                    err,
+                }
             })?;
             info!(
                 "control socket at {} (braid status --control {})",

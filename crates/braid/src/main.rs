@@ -72,6 +72,10 @@ enum Command {
     Recv(cmd::transfer::RecvArgs),
     /// Show the live state and counters of a running tunnel or bench.
     Status(cmd::status::Args),
+    /// Add or remove one peer of a running server: its configuration file is edited
+    /// (the change survives a restart) and the server re-reads it at once, without
+    /// disturbing the other peers.
+    Peer(cmd::peer::Args),
     /// Print a new key (32 random bytes, base64): a pre-shared key for `key_file`, or a
     /// private key for `private_key_file` (tunnel or node). Store it with `chmod 600`;
     /// braid warns on stderr when standard output is a file that group or others can
@@ -108,6 +112,7 @@ fn main() -> std::process::ExitCode {
         Command::Send(a) => cmd::transfer::send(a),
         Command::Recv(a) => cmd::transfer::recv(a),
         Command::Status(a) => cmd::status::run(a),
+        Command::Peer(a) => cmd::peer::run(a),
         Command::Genkey(a) => cmd::keys::genkey(a),
         Command::Pubkey(a) => cmd::keys::pubkey(a),
         Command::Lab(a) => cmd::lab::run(a),

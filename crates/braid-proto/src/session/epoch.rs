@@ -181,7 +181,10 @@ impl Session {
         }
         // Demoted channels stay out while another channel is there (`super::demote`);
         // a return direction rides one channel (`super::return_path`).
-        let desired = self.with_return_path(self.without_demoted(self.peer.mask & self.all));
+        // Nor do channels whose uplink is gone (`Session::set_uplink`), though the peer
+        // still hears us on them until its `dead_after`.
+        let heard = self.peer.mask & self.all & !self.uplink_down;
+        let desired = self.with_return_path(self.without_demoted(heard));
         if desired == 0 {
             return;
         }

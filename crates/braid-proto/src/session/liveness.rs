@@ -240,7 +240,12 @@ impl Session {
         let dead = self.cfg.dead_after;
         let rejoin = self.cfg.rejoin_after;
         let hb2 = self.cfg.heartbeat + self.cfg.heartbeat;
+        let uplink_down = self.uplink_down;
         for (i, c) in self.chans.iter_mut().enumerate() {
+            if uplink_down & bit(i) != 0 {
+                // Down already, and nothing of it counts until the uplink is back.
+                continue;
+            }
             match c.state {
                 LinkState::Up => {
                     let silent = c.last_rx.map_or(dead + dead, |l| now - l);
@@ -286,8 +291,54 @@ impl Session {
         }
     }
 
+    /// The driver saw channel `c`'s uplink (its device, or its local address) go away
+    /// (`present` false) or come back. Gone: the channel is down at once (not after
+    /// `dead_after`), our next hellos tell the peer we no longer hear it there (the
+    /// peer takes it out of its transmit set within a heartbeat), it leaves our
+    /// transmit set at the next switch, and nothing is sent on it. Back: it rejoins as
+    /// any down channel does, once the peer has been heard on it for `rejoin_after`;
+    /// hellos go out on it at once. No event: the driver knows and says why.
+    pub fn set_uplink(&mut self, now: Instant, c: usize, present: bool) {
+        if c >= self.n || (self.uplink_down & bit(c) == 0) == present {
+            return;
+        }
+        self.clock = self.clock.max(now);
+        if present {
+            self.uplink_down &= !bit(c);
+            self.chans[c].run_start = None;
+            self.chans[c].last_rx = None;
+            // Hellos now: the peer hears the channel again a heartbeat sooner.
+            self.next_hello = self.clock;
+            return;
+        }
+        self.uplink_down |= bit(c);
+        let ch = &mut self.chans[c];
+        if ch.state != LinkState::Down {
+            ch.state = LinkState::Down;
+            ch.since = now;
+            ch.changes += 1;
+            ch.fb_tx = Default::default();
+            ch.demote.restart_window();
+        }
+        ch.run_start = None;
+        // A pending receive switch may have been waiting for the end on it; our own
+        // transmit set leaves it; the peer learns it from our next hellos, now.
+        self.rx_maybe_commit(now);
+        self.maybe_switch(now);
+        self.next_hello = self.clock;
+    }
+
+    /// Is channel `c`'s uplink gone ([`Session::set_uplink`])?
+    pub fn uplink_gone(&self, c: usize) -> bool {
+        self.uplink_down & bit(c) != 0
+    }
+
     /// Something arrived on channel `c`: it counts towards liveness.
     pub(super) fn heard(&mut self, c: usize, now: Instant) {
+        if self.uplink_down & bit(c) != 0 {
+            // Queued before the uplink went: says nothing of it now.
+            return;
+        }
         let dead = self.cfg.dead_after;
         let ch = &mut self.chans[c];
         if ch.state == LinkState::Down {

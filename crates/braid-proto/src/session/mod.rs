@@ -683,6 +683,9 @@ pub struct Session {
     /// The driver gives addresses: a datagram for a channel whose endpoint is not
     /// known yet is not sent. Off in the simulator.
     addressed: bool,
+    /// Channels whose uplink the driver says is gone ([`Session::set_uplink`]): down
+    /// at once, out of the transmit set, nothing sent on them.
+    uplink_down: u64,
     /// The latest `now` we were given.
     clock: Instant,
     next_hello: Instant,
@@ -738,6 +741,7 @@ impl Session {
             credit_n: CreditCounters::default(),
             endpoints: vec![None; n],
             addressed: false,
+            uplink_down: 0,
             clock: now,
             next_hello: now,
             next_rate: now + Duration::from_secs(1),
@@ -1609,7 +1613,15 @@ impl Session {
     /// be reached).
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
         let mut t = self.out.pop_front()?;
-        while self.addressed {
+        loop {
+            // A channel whose uplink is gone sends nothing (`Session::set_uplink`).
+            if self.uplink_down & bit(t.channel) != 0 {
+                t = self.out.pop_front()?;
+                continue;
+            }
+            if !self.addressed {
+                break;
+            }
             t.destination = t.destination.or(self.endpoints[t.channel]);
             if t.destination.is_some() {
                 break;

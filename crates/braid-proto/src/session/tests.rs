@@ -390,6 +390,62 @@ fn a_receiver_waiting_for_a_channel_says_so() {
     assert!(short(p.b.stats(p.now).rx_waiting));
 }
 
+/// The driver says channel 1's uplink went (its interface deleted): the channel leaves
+/// both directions within a heartbeat and a round trip, not after `dead_after`, and
+/// nothing is sent on it; back, it carries data again after `rejoin_after` and a switch.
+#[test]
+fn a_gone_uplink_leaves_at_once_and_rejoins_when_back() {
+    let mut p = Pair::new(3, Mode::Logical, &[10, 20, 30]);
+    // B sends too, so both directions' sets are seen to change.
+    p.run_until(at_ms(2000));
+    assert!(!p.data_at[1].is_empty());
+    // The link itself is cut with the uplink (nothing crosses it either way).
+    p.set_up(1, false);
+    p.a.set_uplink(p.now, 1, false);
+    assert!(p.a.uplink_gone(1));
+    let sent = p.a.stats(p.now).channels[1].tx_datagrams;
+    p.run_until(at_ms(2150));
+    // A: down at once, out of its transmit set after one switch (a round trip on the
+    // fastest channel); B: its transmit set drops channel 1 at A's next hello.
+    let a = p.a.stats(p.now);
+    assert_eq!(a.channels[1].state, LinkState::Down);
+    assert!(!a.channels[1].in_tx_set, "{a:?}");
+    assert_eq!(a.channels[1].tx_datagrams, sent, "sent on a gone uplink");
+    let b = p.b.stats(p.now);
+    assert!(!b.channels[1].in_tx_set, "B still stripes on it: {b:?}");
+    let last = *p.data_at[1].last().unwrap();
+    assert!(
+        last <= at_ms(2000),
+        "A put data on the gone uplink at {last:?}"
+    );
+    // No "channel down" event at A: the driver said why; B's liveness has not yet
+    // timed out (dead_after is 300 ms).
+    assert!(!p
+        .events_a
+        .iter()
+        .any(|(t, e)| *t >= at_ms(2000) && matches!(e, Event::ChannelDown { .. })));
+    let mid = p.delivered.len();
+    p.run_until(at_ms(3000));
+    assert!(
+        p.delivered.len() >= mid + 840,
+        "the other channels carry it all"
+    );
+    // Back: hellos at once, up after rejoin_after, data again after one switch.
+    let n = p.data_at[1].len();
+    p.set_up(1, true);
+    p.a.set_uplink(p.now, 1, true);
+    assert!(!p.a.uplink_gone(1));
+    p.run_until(at_ms(4000));
+    let back = p.data_at[1][n] - at_ms(3000);
+    assert!(
+        back <= Duration::from_millis(150 + 2 * 50 + 2 * 30 + 20),
+        "channel 1 carried data only {back:?} after its uplink came back"
+    );
+    let a = p.a.stats(p.now);
+    assert!(a.channels.iter().all(|c| c.in_tx_set), "{a:?}");
+    p.assert_no_duplicates();
+}
+
 #[test]
 fn down_to_one_channel_and_back() {
     let mut p = Pair::new(3, Mode::Logical, &[10]);

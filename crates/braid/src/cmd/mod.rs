@@ -5,6 +5,7 @@ pub mod docs;
 pub mod keys;
 pub mod lab;
 pub mod node;
+pub mod peer;
 pub mod schedule;
 pub mod sim;
 pub mod status;

@@ -20,9 +20,10 @@ use tracing::warn;
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Configuration file (TOML): [tunnel], [session] and one [[channel]] per path;
-    /// with [[peer]] sections, a server for those peers. SIGHUP (systemctl reload)
-    /// re-reads it: new channel weights, tunnel.log_level and a server's peers apply
-    /// at once, the log names the changes that need a restart.
+    /// with [[peer]] sections, a server for those peers. SIGHUP (systemctl reload),
+    /// or `reload` on the control socket (`braid peer add`/`remove`), re-reads it: new
+    /// channel weights, tunnel.log_level and a server's peers apply at once, the log
+    /// names the changes that need a restart.
     #[arg(long)]
     config: PathBuf,
     /// Serve Prometheus metrics at http://ADDR/metrics (overrides tunnel.metrics).
@@ -78,10 +79,13 @@ pub fn run(a: Args) -> Result<()> {
     };
     let logger = crate::logging::init(t.log_level.as_deref());
     let peer_timeout = parse_timeout(&a.peer_timeout, "--peer-timeout")?;
+    // `braid peer add`/`remove` ask for a reload through the control socket.
+    let (reload_tx, reload_rx) = tokio::sync::mpsc::channel(4);
     let observers = tunnel::Observers {
         control: Some(tunnel::control_path(a.control.as_deref(), &t)),
         metrics: a.metrics.or(t.metrics),
         log_interval: t.log_interval,
+        reload: Some(reload_tx),
     };
     runtime()?.block_on(async {
         // Registered first: SIGHUP's default action would end the tunnel.
@@ -107,6 +111,7 @@ pub fn run(a: Args) -> Result<()> {
         notify(&[NotifyState::Status("waiting for the peer")]);
         let reloader = tokio::spawn(reload_on_hangup(
             hup,
+            reload_rx,
             handle_rx,
             a.config.clone(),
             fc.clone(),
@@ -127,11 +132,13 @@ fn notify(state: &[NotifyState]) {
     }
 }
 
-/// On each SIGHUP: re-read the configuration file, apply what the running tunnel can
-/// take (channel weights, a server's peers, the log level) and log what needs a
-/// restart (`braid_io::reload`).
+/// On each SIGHUP, and each `reload` on the control socket (`braid peer add`, whose
+/// answer says what changed): re-read the configuration file, apply what the running
+/// tunnel can take (channel weights, a server's peers, the log level) and log what
+/// needs a restart (`braid_io::reload`).
 async fn reload_on_hangup(
     mut hup: Signal,
+    mut asked: tokio::sync::mpsc::Receiver<oneshot::Sender<Result<String, String>>>,
     handle: oneshot::Receiver<StatsHandle>,
     path: PathBuf,
     mut running: FileConfig,
@@ -139,7 +146,17 @@ async fn reload_on_hangup(
     up: Arc<AtomicBool>,
 ) {
     let Ok(stats) = handle.await else { return };
-    while hup.recv().await.is_some() {
+    loop {
+        let reply = tokio::select! {
+            h = hup.recv() => match h {
+                Some(()) => None,
+                None => return,
+            },
+            r = asked.recv() => match r {
+                Some(r) => Some(r),
+                None => return,
+            },
+        };
         let is_up = up.load(Ordering::SeqCst);
         if is_up {
             let mut v = vec![NotifyState::Reloading];
@@ -150,7 +167,10 @@ async fn reload_on_hangup(
             Some(g) => g.set_config_level(l),
             None => Err("tunnel.log_level not applied: the logger was not set up by braid".into()),
         };
-        braid_io::reload::apply(&path, &mut running, &stats, Some(&mut set_level)).await;
+        let r = braid_io::reload::apply(&path, &mut running, &stats, Some(&mut set_level)).await;
+        if let Some(reply) = reply {
+            let _ = reply.send(r);
+        }
         if is_up {
             notify(&[NotifyState::Ready]);
         }
