@@ -129,6 +129,17 @@ pub struct PeersReport {
     pub establish_server_cpu_s: f64,
     /// Handshakes per second of the server's CPU (one core).
     pub handshakes_per_cpu_s: f64,
+    /// The CPU time of the server's handshake thread (its public-key work) over that
+    /// span, in seconds.
+    pub establish_handshake_cpu_s: f64,
+    /// Handshakes per second of the handshake thread's CPU: the rate its one thread
+    /// sustains, whatever else the machine (and the rest of the server, such as the
+    /// established peers' heartbeats) does.
+    pub handshakes_per_handshake_cpu_s: f64,
+    /// The CPU time of this process (the clients: their own public-key work, sockets
+    /// and timers) over that span, in seconds: on a small machine they compete with the
+    /// server, and the wall-clock rate is the slower of the two.
+    pub establish_clients_cpu_s: f64,
     /// Peers the server reports connected.
     pub server_peers_connected: u64,
     /// The server's resident set before any client.
@@ -476,10 +487,31 @@ pub fn rss_bytes(pid: u32) -> Result<u64> {
         .ok_or_else(|| anyhow!("no VmRSS in /proc/{pid}/status"))
 }
 
+/// The name of the server's handshake thread (`session::HandshakePool`).
+const HANDSHAKE_THREAD: &str = "braid-handshake";
+
 /// CPU time (user and system) a process used, in seconds.
 pub fn cpu_seconds(pid: u32) -> Result<f64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .with_context(|| format!("cannot read /proc/{pid}/stat"))?;
+    stat_cpu_seconds(&format!("/proc/{pid}/stat"))
+}
+
+/// CPU time (user and system) of a process's threads named `name`, in seconds.
+pub fn thread_cpu_seconds(pid: u32, name: &str) -> Result<f64> {
+    let dir = format!("/proc/{pid}/task");
+    let mut sum = 0.0;
+    for t in std::fs::read_dir(&dir).with_context(|| format!("cannot read {dir}"))? {
+        let t = t?.path();
+        let comm = std::fs::read_to_string(t.join("comm")).unwrap_or_default();
+        if comm.trim_end() == name {
+            sum += stat_cpu_seconds(&t.join("stat").to_string_lossy())?;
+        }
+    }
+    Ok(sum)
+}
+
+/// The CPU time (user and system) in a `stat` file of /proc, in seconds.
+fn stat_cpu_seconds(path: &str) -> Result<f64> {
+    let s = std::fs::read_to_string(path).with_context(|| format!("cannot read {path}"))?;
     // Fields after the command (which may hold spaces) in parentheses.
     let rest = s.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
     let f: Vec<&str> = rest.split_whitespace().collect();
@@ -588,8 +620,13 @@ async fn measure(lab: &mut Lab, plan: &Plan) -> Result<PeersReport> {
         ..PeersReport::default()
     };
     let cpu0 = cpu_seconds(pid)?;
+    let hs0 = thread_cpu_seconds(pid, HANDSHAKE_THREAD)?;
+    let me0 = cpu_seconds(std::process::id())?;
     let clients = establish(plan, &keys[..plan.peers], server).await?;
     r.establish_server_cpu_s = cpu_seconds(pid)? - cpu0;
+    r.establish_handshake_cpu_s = thread_cpu_seconds(pid, HANDSHAKE_THREAD)? - hs0;
+    r.establish_clients_cpu_s = cpu_seconds(std::process::id())? - me0;
+    r.handshakes_per_handshake_cpu_s = per(clients.completed as f64, r.establish_handshake_cpu_s);
     r.handshakes_completed = clients.completed;
     r.establish_s = clients.establish_s;
     r.handshakes_per_s = per(clients.completed as f64, clients.establish_s);
@@ -858,9 +895,10 @@ pub fn render(r: &PeersReport, json: bool) -> String {
     }
     let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
     let mut s = format!(
-        "peers {} x {} channels: {} established in {:.2} s: {:.0} handshakes/s ({:.0} per server CPU-second, {:.2} s of CPU)\n",
+        "peers {} x {} channels: {} established in {:.2} s: {:.0} handshakes/s ({:.0} per server CPU-second, {:.2} s of CPU; {:.0} per CPU-second of its handshake thread, {:.2} s; the clients used {:.2} s)\n",
         r.peers, r.channels, r.handshakes_completed, r.establish_s, r.handshakes_per_s,
-        r.handshakes_per_cpu_s, r.establish_server_cpu_s
+        r.handshakes_per_cpu_s, r.establish_server_cpu_s, r.handshakes_per_handshake_cpu_s,
+        r.establish_handshake_cpu_s, r.establish_clients_cpu_s
     );
     s += &format!(
         "server: {} peers connected; resident {:.1} MiB ({:.1} MiB before any client, {:.1} KiB per peer); idle CPU {:.2} cores\n",

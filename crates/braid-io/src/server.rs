@@ -217,6 +217,16 @@ impl Known {
     }
 }
 
+/// The initiations being read (mac1 -> its copies that arrived meanwhile, on other
+/// channels): a copy waits for the read instead of being read again (public-key work
+/// twice over for every client, with two channels), and is passed on with it.
+type Copy = (usize, std::time::Instant, SocketAddr, Bytes);
+
+#[derive(Default)]
+struct Pending {
+    copies: HashMap<[u8; 16], Vec<Copy>>,
+}
+
 /// What every task of the server shares.
 pub(crate) struct Shared {
     base: SessionConfig,
@@ -228,6 +238,7 @@ pub(crate) struct Shared {
     identified: mpsc::Sender<Identified>,
     gate: Mutex<Gate>,
     known: Mutex<Known>,
+    pending: Mutex<Pending>,
     logs: Mutex<Logs>,
     started: std::time::Instant,
     tun: Arc<Tun>,
@@ -237,10 +248,23 @@ pub(crate) struct Shared {
 }
 
 /// Initiations read and waiting for the control task, at most.
-const IDENTIFIED_QUEUE: usize = 256;
-/// The handshake thread's queue on a server: every peer's handshakes and the reading
-/// of initiations share it.
-const SERVER_HS_QUEUE: usize = 64;
+const IDENTIFIED_QUEUE: usize = 1024;
+/// The handshake thread's queues on a server: every peer's handshake jobs, and (after
+/// them) the reading of new initiations. Deep enough for a thousand clients that start
+/// at once (each initiation on every channel; the copies wait for the first read, see
+/// [`Pending`]): at some 0.3 ms of public-key work per handshake a full queue is
+/// worked off in about a third of a second, within the clients' one-second retry. A
+/// shallow one (64) shed most of such a burst, and each shed client waited a second.
+const SERVER_HS_JOBS: usize = 1024;
+const SERVER_HS_READS: usize = 1024;
+/// Copies of one initiation (on other channels) held while it is read, at most.
+const PENDING_COPIES: usize = 8;
+/// An initiation that waited this long for the handshake thread is not read (counted
+/// as shed): its sender has replaced it by now (an initiator sends a new one after a
+/// second and a random part of a third, `braid_proto::session::crypto`), and the
+/// answer to it would be refused. Under a backlog, reading those only made the next
+/// ones wait longer.
+const READ_WITHIN: Duration = Duration::from_secs(1);
 /// Initiations asked to be read in one second above which the server is under load
 /// (about a tenth of what its handshake thread reads in a second).
 const LOAD_RATE: u32 = 256;
@@ -279,7 +303,7 @@ impl Shared {
             p.session(&base).validate().map_err(SessionError::Config)?;
         }
         let channels = Channels::bind(&base)?;
-        let pool = HandshakePool::start(SERVER_HS_QUEUE)
+        let pool = HandshakePool::start(SERVER_HS_JOBS, SERVER_HS_READS)
             .map_err(|e| SessionError::Config(format!("cannot start the handshake thread: {e}")))?;
         let (identified, identified_rx) = mpsc::channel(IDENTIFIED_QUEUE);
         let logs = Logs {
@@ -292,6 +316,7 @@ impl Shared {
             initiations: InitiationReader::new(private),
             gate: Mutex::new(Gate::new(&private)),
             known: Mutex::new(Known::default()),
+            pending: Mutex::new(Pending::default()),
             channels,
             pool,
             table: RwLock::new(Arc::new(Table::default())),
@@ -1045,6 +1070,19 @@ fn initiation(
         shared.pass_on(key, channel, at, from, Bytes::copy_from_slice(d));
         return;
     }
+    if let Ok(mut p) = shared.pending.lock() {
+        if let Some(copies) = p.copies.get_mut(&mac1) {
+            // Being read: passed on with it, without reading it again.
+            shared
+                .counters
+                .initiation_copies
+                .fetch_add(1, Ordering::Relaxed);
+            if copies.len() < PENDING_COPIES {
+                copies.push((channel, at, from, Bytes::copy_from_slice(d)));
+            }
+            return;
+        }
+    }
     // The gate's clock is now, not the datagram's arrival: the two channels' readers
     // take their batches at different moments, and a rate limit that saw time go back
     // by a batch's wait refused everything until it caught up.
@@ -1080,19 +1118,45 @@ fn read_key(
 ) {
     let datagram = Bytes::copy_from_slice(d);
     let s = shared.clone();
+    // At most one entry per read queued (removed when it has run, or not queued).
+    if let Ok(mut p) = shared.pending.lock() {
+        p.copies.insert(mac1, Vec::new());
+    }
     let queued = shared.pool.try_run(Box::new(move || {
-        let Some(key) = s.initiations.initiator(&datagram) else {
+        if at.elapsed() > READ_WITHIN {
+            if let Ok(mut p) = s.pending.lock() {
+                p.copies.remove(&mac1);
+            }
+            s.counters.initiations_shed.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let key = s.initiations.initiator(&datagram);
+        if let Some(key) = key {
+            if let Ok(mut k) = s.known.lock() {
+                k.insert(mac1, key);
+            }
+        }
+        let copies = s
+            .pending
+            .lock()
+            .ok()
+            .and_then(|mut p| p.copies.remove(&mac1))
+            .unwrap_or_default();
+        let Some(key) = key else {
             s.counters
                 .unreadable_initiations
                 .fetch_add(1, Ordering::Relaxed);
             return;
         };
-        if let Ok(mut k) = s.known.lock() {
-            k.insert(mac1, key);
-        }
         s.pass_on(key, channel, at, from, datagram);
+        for (channel, at, from, d) in copies {
+            s.pass_on(key, channel, at, from, d);
+        }
     }));
     if !queued {
+        if let Ok(mut p) = shared.pending.lock() {
+            p.copies.remove(&mac1);
+        }
         shared
             .counters
             .initiations_shed

@@ -74,6 +74,27 @@ fn bench_peers_reports_what_the_server_saw() {
 }
 
 #[test]
+fn a_burst_of_clients_is_not_shed() {
+    if let Some(why) = skip_reason() {
+        common::skip("a_burst_of_clients_is_not_shed", &why);
+        return;
+    }
+    // 300 clients start at once, each with an initiation on both channels. With a
+    // handshake queue of 64 shared by the reading of initiations and the peers'
+    // handshake jobs, and every copy read again, the server shed some 700 of them (and
+    // each shed client waited a second to try again).
+    let r = bench(&["--peers", "300", "--active", "0"]);
+    assert_eq!(u(&r, &["handshakes_completed"]), 300, "{r:#}");
+    let shed = u(&r, &["server", "initiations_shed"]);
+    assert!(shed <= 75, "{shed} initiations shed: {r:#}");
+    assert!(u(&r, &["server", "initiation_copies"]) > 0, "{r:#}");
+    assert!(
+        r["establish_handshake_cpu_s"].as_f64().unwrap() > 0.0,
+        "{r:#}"
+    );
+}
+
+#[test]
 fn forged_initiations_get_cookie_replies_not_public_key_work() {
     if let Some(why) = skip_reason() {
         common::skip(
