@@ -137,3 +137,51 @@ fn forged_initiations_get_cookie_replies_not_public_key_work() {
     assert!(f["handshake_ms"].as_f64().is_some(), "{f:#}");
     assert!(u(f, &["forwarding", "received_packets"]) > 0, "{f:#}");
 }
+
+#[test]
+fn a_flood_aimed_at_one_peer_leaves_its_traffic_flowing() {
+    if let Some(why) = skip_reason() {
+        common::skip("a_flood_aimed_at_one_peer_leaves_its_traffic_flowing", &why);
+        return;
+    }
+    // At the first client's channels, from its own addresses: forged sealed datagrams
+    // with the key index the server gave it (read off its traffic), and forged
+    // initiations with a valid mac1. Its traffic (paced, well within what the machine
+    // carries) keeps flowing, and the forgeries cost no public-key work beyond the
+    // source's burst and the load limit.
+    let r = bench(&[
+        "--peers",
+        "4",
+        "--active",
+        "2",
+        "--duration",
+        "3s",
+        "--rate",
+        "20M",
+        "--flood",
+        "20000",
+        "--flood-at",
+        "peer",
+    ]);
+    let f = &r["flood"];
+    assert_eq!(f["at"], "peer", "{f:#}");
+    let sent = u(f, &["sent"]);
+    assert!(sent > 3000, "the flood reached only {sent}: {f:#}");
+    let d = &f["server_delta"];
+    let work = u(d, &["unreadable_initiations"]);
+    assert!(work <= 300, "{work} forged initiations read: {d:#}");
+    let w = &f["forwarding"];
+    let (tx, rx) = (
+        u(w, &["first_sent_packets"]),
+        u(w, &["first_received_packets"]),
+    );
+    assert!(tx > 1000, "the first client sent only {tx}: {w:#}");
+    assert!(
+        rx * 2 >= tx,
+        "the first client's packets: {rx} of {tx} arrived under the flood: {f:#}"
+    );
+    // The forged sealed datagrams reached its session (its key index), not the
+    // server's unknown-index count.
+    assert_eq!(u(d, &["unknown_index"]), 0, "{d:#}");
+    assert!(f["handshake_ms"].as_f64().is_some(), "{f:#}");
+}
