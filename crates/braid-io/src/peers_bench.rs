@@ -102,6 +102,9 @@ pub struct Forwarding {
     pub received_bps: f64,
     /// Of which from the first client (the one `--flood-at peer` aims at).
     pub first_sent_packets: u64,
+    /// Data packets the first client's session put on its channels (its own count):
+    /// what it sent that the sink did not receive was lost past the client.
+    pub first_wire_packets: u64,
     /// Inner packets from the first client received.
     pub first_received_packets: u64,
     /// The first client's UDP payload bytes received per second, in bits.
@@ -791,6 +794,12 @@ async fn forward(
             }
         }));
     }
+    let wire = |st: Option<crate::stats::SessionStats>| {
+        st.map_or(0, |st| {
+            st.channels.iter().map(|c| c.tx_data_packets).sum::<u64>()
+        })
+    };
+    let wire0 = wire(sessions[0].stats().await.ok());
     let cpu0 = cpu_seconds(pid)?;
     let counted = std::thread::spawn(move || count(&sink, start + d));
     tokio::time::sleep(d.saturating_sub(start.elapsed())).await;
@@ -799,11 +808,13 @@ async fn forward(
         .map_err(|_| anyhow!("the sink's thread failed"))?;
     let seconds = start.elapsed().as_secs_f64();
     let server_cpu = (cpu_seconds(pid)? - cpu0) / seconds;
+    let first_wire_packets = wire(sessions[0].stats().await.ok()).saturating_sub(wire0);
     stop.store(true, Ordering::Relaxed);
     for t in senders {
         let _ = t.await;
     }
     Ok(Forwarding {
+        first_wire_packets,
         active: sessions.len(),
         seconds,
         sent_packets: sent.load(Ordering::Relaxed),
@@ -881,7 +892,8 @@ async fn flooded(
 
 /// `RcvbufErrors` of UDP in this thread's network namespace.
 fn udp_rcvbuf_errors() -> Result<u64> {
-    let s = std::fs::read_to_string("/proc/net/snmp").context("cannot read /proc/net/snmp")?;
+    let s = std::fs::read_to_string("/proc/thread-self/net/snmp")
+        .context("cannot read /proc/thread-self/net/snmp")?;
     let mut udp = s.lines().filter(|l| l.starts_with("Udp:"));
     let (Some(names), Some(values)) = (udp.next(), udp.next()) else {
         bail!("no Udp lines in /proc/net/snmp");

@@ -236,6 +236,8 @@ pub(crate) struct Shared {
     table: RwLock<Arc<Table>>,
     counters: Counters,
     identified: mpsc::Sender<Identified>,
+    /// To the initiation thread (see [`INITIATION_QUEUE`]).
+    arrived: mpsc::Sender<Arrived>,
     gate: Mutex<Gate>,
     known: Mutex<Known>,
     pending: Mutex<Pending>,
@@ -257,6 +259,25 @@ const IDENTIFIED_QUEUE: usize = 1024;
 /// shallow one (64) shed most of such a burst, and each shed client waited a second.
 const SERVER_HS_JOBS: usize = 1024;
 const SERVER_HS_READS: usize = 1024;
+/// Initiations the channel readers hand to the initiation thread, waiting at most:
+/// beyond, dropped (`initiations_shed`). The readers only queue them: checking one
+/// (mac1, the gate) and answering it with a cookie reply (sealing it, a send of its
+/// own) took a reader some microseconds, and under a flood of 100 000 a second the
+/// readers fell behind the socket, whose full buffer then dropped the peers' data with
+/// the forgeries (half of it, with 100 peers on this machine).
+const INITIATION_QUEUE: usize = 4096;
+
+/// An initiation as it arrived: channel, when, from where, its bytes.
+type Arrived = (usize, std::time::Instant, SocketAddr, Bytes);
+
+/// The shared state, and the receiving ends of the initiations read (for the control
+/// task) and of those that arrived (for the initiation thread).
+type Started = (
+    Arc<Shared>,
+    mpsc::Receiver<Identified>,
+    mpsc::Receiver<Arrived>,
+);
+
 /// Copies of one initiation (on other channels) held while it is read, at most.
 const PENDING_COPIES: usize = 8;
 /// An initiation that waited this long for the handshake thread is not read (counted
@@ -293,7 +314,7 @@ impl Shared {
         base: SessionConfig,
         peers: &[PeerConfig],
         tun: Arc<Tun>,
-    ) -> Result<(Arc<Shared>, mpsc::Receiver<Identified>), SessionError> {
+    ) -> Result<Started, SessionError> {
         let Some(private) = base.core.private_key else {
             return Err(SessionError::Config(
                 "a server needs its static private key (session.private_key_file)".into(),
@@ -306,6 +327,7 @@ impl Shared {
         let pool = HandshakePool::start(SERVER_HS_JOBS, SERVER_HS_READS)
             .map_err(|e| SessionError::Config(format!("cannot start the handshake thread: {e}")))?;
         let (identified, identified_rx) = mpsc::channel(IDENTIFIED_QUEUE);
+        let (arrived, arrived_rx) = mpsc::channel(INITIATION_QUEUE);
         let logs = Logs {
             unknown_peer: Throttle::new(LOG_EVERY),
             spoofed: Throttle::new(LOG_EVERY),
@@ -322,6 +344,7 @@ impl Shared {
             table: RwLock::new(Arc::new(Table::default())),
             counters: Counters::default(),
             identified,
+            arrived,
             logs: Mutex::new(logs),
             started: std::time::Instant::now(),
             tun,
@@ -329,7 +352,7 @@ impl Shared {
             next_slot: Mutex::new(random_slot()),
             base,
         });
-        Ok((shared, identified_rx))
+        Ok((shared, identified_rx, arrived_rx))
     }
 
     fn table(&self) -> Arc<Table> {
@@ -439,7 +462,14 @@ impl Server {
         peers: &[PeerConfig],
         tun: Arc<Tun>,
     ) -> Result<Server, SessionError> {
-        let (shared, identified_rx) = Shared::new(base, peers, tun)?;
+        let (shared, identified_rx, arrived_rx) = Shared::new(base, peers, tun)?;
+        let weak = Arc::downgrade(&shared);
+        std::thread::Builder::new()
+            .name("braid-initiations".into())
+            .spawn(move || initiations(weak, arrived_rx))
+            .map_err(|e| {
+                SessionError::Config(format!("cannot start the initiation thread: {e}"))
+            })?;
         let (table, _) = build_table(&shared, &Table::default(), peers);
         *shared.table.write().expect("not poisoned") = Arc::new(table);
         let mut tasks = Vec::new();
@@ -862,7 +892,13 @@ async fn demux(channel: usize, shared: Arc<Shared>) {
                 return;
             }
             if d.first() == Some(&wire::TYPE_HS_INIT) {
-                initiation(&shared, channel, at, from, d);
+                let a = (channel, at, from, Bytes::copy_from_slice(d));
+                if shared.arrived.try_send(a).is_err() {
+                    shared
+                        .counters
+                        .initiations_shed
+                        .fetch_add(1, Ordering::Relaxed);
+                }
                 return;
             }
             let Some(slot) = receiver_index(d).map(index_prefix) else {
@@ -895,6 +931,16 @@ async fn demux(channel: usize, shared: Arc<Shared>) {
                 r.inbox.offer(channel, batch);
             }
         }
+    }
+}
+
+/// The initiation thread: each initiation the readers queued, checked and passed on
+/// ([`initiation`]), until the server is gone (it holds only a weak reference, so
+/// the queue's sender, in [`Shared`], goes with the server).
+fn initiations(shared: std::sync::Weak<Shared>, mut arrived: mpsc::Receiver<Arrived>) {
+    while let Some((channel, at, from, d)) = arrived.blocking_recv() {
+        let Some(s) = shared.upgrade() else { return };
+        initiation(&s, channel, at, from, &d);
     }
 }
 
