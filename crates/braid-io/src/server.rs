@@ -217,6 +217,16 @@ impl Known {
     }
 }
 
+/// The initiations being read (mac1 -> its copies that arrived meanwhile, on other
+/// channels): a copy waits for the read instead of being read again (public-key work
+/// twice over for every client, with two channels), and is passed on with it.
+type Copy = (usize, std::time::Instant, SocketAddr, Bytes);
+
+#[derive(Default)]
+struct Pending {
+    copies: HashMap<[u8; 16], Vec<Copy>>,
+}
+
 /// What every task of the server shares.
 pub(crate) struct Shared {
     base: SessionConfig,
@@ -226,8 +236,11 @@ pub(crate) struct Shared {
     table: RwLock<Arc<Table>>,
     counters: Counters,
     identified: mpsc::Sender<Identified>,
+    /// To the initiation thread (see [`INITIATION_QUEUE`]).
+    arrived: mpsc::Sender<Arrived>,
     gate: Mutex<Gate>,
     known: Mutex<Known>,
+    pending: Mutex<Pending>,
     logs: Mutex<Logs>,
     started: std::time::Instant,
     tun: Arc<Tun>,
@@ -237,10 +250,42 @@ pub(crate) struct Shared {
 }
 
 /// Initiations read and waiting for the control task, at most.
-const IDENTIFIED_QUEUE: usize = 256;
-/// The handshake thread's queue on a server: every peer's handshakes and the reading
-/// of initiations share it.
-const SERVER_HS_QUEUE: usize = 64;
+const IDENTIFIED_QUEUE: usize = 1024;
+/// The handshake thread's queues on a server: every peer's handshake jobs, and (after
+/// them) the reading of new initiations. Deep enough for a thousand clients that start
+/// at once (each initiation on every channel; the copies wait for the first read, see
+/// [`Pending`]): at some 0.3 ms of public-key work per handshake a full queue is
+/// worked off in about a third of a second, within the clients' one-second retry. A
+/// shallow one (64) shed most of such a burst, and each shed client waited a second.
+const SERVER_HS_JOBS: usize = 1024;
+const SERVER_HS_READS: usize = 1024;
+/// Initiations the channel readers hand to the initiation thread, waiting at most:
+/// beyond, dropped (`initiations_shed`). The readers only queue them: checking one
+/// (mac1, the gate) and answering it with a cookie reply (sealing it, a send of its
+/// own) took a reader some microseconds, and under a flood of 100 000 a second the
+/// readers fell behind the socket, whose full buffer then dropped the peers' data with
+/// the forgeries (half of it, with 100 peers on this machine).
+const INITIATION_QUEUE: usize = 4096;
+
+/// An initiation as it arrived: channel, when, from where, its bytes.
+type Arrived = (usize, std::time::Instant, SocketAddr, Bytes);
+
+/// The shared state, and the receiving ends of the initiations read (for the control
+/// task) and of those that arrived (for the initiation thread).
+type Started = (
+    Arc<Shared>,
+    mpsc::Receiver<Identified>,
+    mpsc::Receiver<Arrived>,
+);
+
+/// Copies of one initiation (on other channels) held while it is read, at most.
+const PENDING_COPIES: usize = 8;
+/// An initiation that waited this long for the handshake thread is not read (counted
+/// as shed): its sender has replaced it by now (an initiator sends a new one after a
+/// second and a random part of a third, `braid_proto::session::crypto`), and the
+/// answer to it would be refused. Under a backlog, reading those only made the next
+/// ones wait longer.
+const READ_WITHIN: Duration = Duration::from_secs(1);
 /// Initiations asked to be read in one second above which the server is under load
 /// (about a tenth of what its handshake thread reads in a second).
 const LOAD_RATE: u32 = 256;
@@ -269,7 +314,7 @@ impl Shared {
         base: SessionConfig,
         peers: &[PeerConfig],
         tun: Arc<Tun>,
-    ) -> Result<(Arc<Shared>, mpsc::Receiver<Identified>), SessionError> {
+    ) -> Result<Started, SessionError> {
         let Some(private) = base.core.private_key else {
             return Err(SessionError::Config(
                 "a server needs its static private key (session.private_key_file)".into(),
@@ -279,9 +324,10 @@ impl Shared {
             p.session(&base).validate().map_err(SessionError::Config)?;
         }
         let channels = Channels::bind(&base)?;
-        let pool = HandshakePool::start(SERVER_HS_QUEUE)
+        let pool = HandshakePool::start(SERVER_HS_JOBS, SERVER_HS_READS)
             .map_err(|e| SessionError::Config(format!("cannot start the handshake thread: {e}")))?;
         let (identified, identified_rx) = mpsc::channel(IDENTIFIED_QUEUE);
+        let (arrived, arrived_rx) = mpsc::channel(INITIATION_QUEUE);
         let logs = Logs {
             unknown_peer: Throttle::new(LOG_EVERY),
             spoofed: Throttle::new(LOG_EVERY),
@@ -292,11 +338,13 @@ impl Shared {
             initiations: InitiationReader::new(private),
             gate: Mutex::new(Gate::new(&private)),
             known: Mutex::new(Known::default()),
+            pending: Mutex::new(Pending::default()),
             channels,
             pool,
             table: RwLock::new(Arc::new(Table::default())),
             counters: Counters::default(),
             identified,
+            arrived,
             logs: Mutex::new(logs),
             started: std::time::Instant::now(),
             tun,
@@ -304,7 +352,7 @@ impl Shared {
             next_slot: Mutex::new(random_slot()),
             base,
         });
-        Ok((shared, identified_rx))
+        Ok((shared, identified_rx, arrived_rx))
     }
 
     fn table(&self) -> Arc<Table> {
@@ -414,7 +462,14 @@ impl Server {
         peers: &[PeerConfig],
         tun: Arc<Tun>,
     ) -> Result<Server, SessionError> {
-        let (shared, identified_rx) = Shared::new(base, peers, tun)?;
+        let (shared, identified_rx, arrived_rx) = Shared::new(base, peers, tun)?;
+        let weak = Arc::downgrade(&shared);
+        std::thread::Builder::new()
+            .name("braid-initiations".into())
+            .spawn(move || initiations(weak, arrived_rx))
+            .map_err(|e| {
+                SessionError::Config(format!("cannot start the initiation thread: {e}"))
+            })?;
         let (table, _) = build_table(&shared, &Table::default(), peers);
         *shared.table.write().expect("not poisoned") = Arc::new(table);
         let mut tasks = Vec::new();
@@ -837,7 +892,13 @@ async fn demux(channel: usize, shared: Arc<Shared>) {
                 return;
             }
             if d.first() == Some(&wire::TYPE_HS_INIT) {
-                initiation(&shared, channel, at, from, d);
+                let a = (channel, at, from, Bytes::copy_from_slice(d));
+                if shared.arrived.try_send(a).is_err() {
+                    shared
+                        .counters
+                        .initiations_shed
+                        .fetch_add(1, Ordering::Relaxed);
+                }
                 return;
             }
             let Some(slot) = receiver_index(d).map(index_prefix) else {
@@ -870,6 +931,16 @@ async fn demux(channel: usize, shared: Arc<Shared>) {
                 r.inbox.offer(channel, batch);
             }
         }
+    }
+}
+
+/// The initiation thread: each initiation the readers queued, checked and passed on
+/// ([`initiation`]), until the server is gone (it holds only a weak reference, so
+/// the queue's sender, in [`Shared`], goes with the server).
+fn initiations(shared: std::sync::Weak<Shared>, mut arrived: mpsc::Receiver<Arrived>) {
+    while let Some((channel, at, from, d)) = arrived.blocking_recv() {
+        let Some(s) = shared.upgrade() else { return };
+        initiation(&s, channel, at, from, &d);
     }
 }
 
@@ -1045,6 +1116,19 @@ fn initiation(
         shared.pass_on(key, channel, at, from, Bytes::copy_from_slice(d));
         return;
     }
+    if let Ok(mut p) = shared.pending.lock() {
+        if let Some(copies) = p.copies.get_mut(&mac1) {
+            // Being read: passed on with it, without reading it again.
+            shared
+                .counters
+                .initiation_copies
+                .fetch_add(1, Ordering::Relaxed);
+            if copies.len() < PENDING_COPIES {
+                copies.push((channel, at, from, Bytes::copy_from_slice(d)));
+            }
+            return;
+        }
+    }
     // The gate's clock is now, not the datagram's arrival: the two channels' readers
     // take their batches at different moments, and a rate limit that saw time go back
     // by a batch's wait refused everything until it caught up.
@@ -1080,19 +1164,45 @@ fn read_key(
 ) {
     let datagram = Bytes::copy_from_slice(d);
     let s = shared.clone();
+    // At most one entry per read queued (removed when it has run, or not queued).
+    if let Ok(mut p) = shared.pending.lock() {
+        p.copies.insert(mac1, Vec::new());
+    }
     let queued = shared.pool.try_run(Box::new(move || {
-        let Some(key) = s.initiations.initiator(&datagram) else {
+        if at.elapsed() > READ_WITHIN {
+            if let Ok(mut p) = s.pending.lock() {
+                p.copies.remove(&mac1);
+            }
+            s.counters.initiations_shed.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let key = s.initiations.initiator(&datagram);
+        if let Some(key) = key {
+            if let Ok(mut k) = s.known.lock() {
+                k.insert(mac1, key);
+            }
+        }
+        let copies = s
+            .pending
+            .lock()
+            .ok()
+            .and_then(|mut p| p.copies.remove(&mac1))
+            .unwrap_or_default();
+        let Some(key) = key else {
             s.counters
                 .unreadable_initiations
                 .fetch_add(1, Ordering::Relaxed);
             return;
         };
-        if let Ok(mut k) = s.known.lock() {
-            k.insert(mac1, key);
-        }
         s.pass_on(key, channel, at, from, datagram);
+        for (channel, at, from, d) in copies {
+            s.pass_on(key, channel, at, from, d);
+        }
     }));
     if !queued {
+        if let Ok(mut p) = shared.pending.lock() {
+            p.copies.remove(&mac1);
+        }
         shared
             .counters
             .initiations_shed

@@ -595,7 +595,7 @@ impl Session {
                 limits,
             ))));
         }
-        let pool = HandshakePool::start(HS_QUEUE)
+        let pool = HandshakePool::start(HS_QUEUE, HS_QUEUE)
             .map_err(|e| SessionError::Config(format!("cannot start the handshake thread: {e}")))?;
         // Its own sockets: the driver closes and binds them anew as their uplinks go
         // and come back (`crate::uplink`).
@@ -1212,8 +1212,8 @@ struct Driver {
     /// fit is shed).
     hs_pool: HandshakePool,
     /// Where its results come back.
-    hs_done_tx: mpsc::UnboundedSender<machine::HandshakeDone>,
-    hs_done: Option<mpsc::UnboundedReceiver<machine::HandshakeDone>>,
+    hs_done_tx: HsDone,
+    hs_done: Option<mpsc::UnboundedReceiver<Box<machine::HandshakeDone>>>,
 }
 
 /// Handshake jobs queued for the handshake thread, at most (beyond, they are shed and
@@ -1221,61 +1221,125 @@ struct Driver {
 /// nothing but those checks.
 const HS_QUEUE: usize = 16;
 
-/// Work for the handshake thread.
-enum HsWork {
-    /// A session's handshake job, and where its result goes.
-    Job(
-        Box<machine::HandshakeJob>,
-        mpsc::UnboundedSender<machine::HandshakeDone>,
-    ),
-    /// Other public-key work (a server reading whose an initiation is).
-    Run(Box<dyn FnOnce() + Send>),
+/// Where a session's handshake results come back (boxed: the channel's first block
+/// holds 32 of them, and an unboxed result is some hundred bytes, in every session
+/// of a server's thousand peers).
+type HsDone = mpsc::UnboundedSender<Box<machine::HandshakeDone>>;
+
+/// The handshake thread's queues: sessions' jobs (handshakes under way), then other
+/// work (a server reading whose an initiation is). Each bounded; what does not fit is
+/// shed.
+#[derive(Default)]
+struct HsQueues {
+    jobs: std::collections::VecDeque<(Box<machine::HandshakeJob>, HsDone)>,
+    runs: std::collections::VecDeque<Box<dyn FnOnce() + Send>>,
+    /// Every handle is gone: the thread ends once the queues are empty.
+    closed: bool,
+}
+
+struct HsShared {
+    queues: std::sync::Mutex<HsQueues>,
+    wake: std::sync::Condvar,
+    max_jobs: usize,
+    max_runs: usize,
+}
+
+/// Closes the queues when the last handle goes.
+struct HsOwner(Arc<HsShared>);
+
+impl Drop for HsOwner {
+    fn drop(&mut self) {
+        if let Ok(mut q) = self.0.queues.lock() {
+            q.closed = true;
+        }
+        self.0.wake.notify_all();
+    }
 }
 
 /// The handshake thread: runs the public-key work of handshakes off the data tasks,
 /// for one session (a client) or every peer's session of a server, until the last
-/// handle goes. Its queue is bounded: what does not fit is shed and counted.
+/// handle goes. Its queues are bounded: what does not fit is shed and counted. A
+/// session's job (a handshake under way: on a server, an initiation whose sender was
+/// read already) runs before other work (reading whose a new initiation is), so a
+/// burst of new initiations never sheds the work of those already read.
 #[derive(Clone)]
-pub(crate) struct HandshakePool(std::sync::mpsc::SyncSender<HsWork>);
+pub(crate) struct HandshakePool(Arc<HsOwner>);
 
 impl HandshakePool {
-    /// One thread, `queue` jobs waiting at most.
-    pub(crate) fn start(queue: usize) -> std::io::Result<HandshakePool> {
-        let (tx, rx) = std::sync::mpsc::sync_channel::<HsWork>(queue);
+    /// One thread, `jobs` sessions' jobs and `runs` other work waiting at most.
+    pub(crate) fn start(jobs: usize, runs: usize) -> std::io::Result<HandshakePool> {
+        let shared = Arc::new(HsShared {
+            queues: std::sync::Mutex::new(HsQueues::default()),
+            wake: std::sync::Condvar::new(),
+            max_jobs: jobs,
+            max_runs: runs,
+        });
+        let s = shared.clone();
         std::thread::Builder::new()
             .name("braid-handshake".into())
-            .spawn(move || {
-                while let Ok(w) = rx.recv() {
-                    match w {
-                        HsWork::Job(job, done) => {
-                            let _ = done.send(job.run());
+            .spawn(move || loop {
+                let work = {
+                    let Ok(mut q) = s.queues.lock() else { return };
+                    loop {
+                        if let Some(j) = q.jobs.pop_front() {
+                            break Ok(j);
                         }
-                        HsWork::Run(f) => f(),
+                        if let Some(r) = q.runs.pop_front() {
+                            break Err(r);
+                        }
+                        if q.closed {
+                            return;
+                        }
+                        q = match s.wake.wait(q) {
+                            Ok(q) => q,
+                            Err(_) => return,
+                        };
                     }
+                };
+                match work {
+                    Ok((job, done)) => {
+                        let _ = done.send(Box::new(job.run()));
+                    }
+                    Err(f) => f(),
                 }
             })?;
-        Ok(HandshakePool(tx))
+        Ok(HandshakePool(Arc::new(HsOwner(shared))))
     }
 
-    /// Queue a session's job; given back if the queue is full (or the thread gone).
+    /// Queue a session's job; given back if its queue is full.
     fn submit(
         &self,
         job: machine::HandshakeJob,
-        done: &mpsc::UnboundedSender<machine::HandshakeDone>,
+        done: &HsDone,
     ) -> Result<(), Box<machine::HandshakeJob>> {
-        match self.0.try_send(HsWork::Job(Box::new(job), done.clone())) {
-            Ok(()) => Ok(()),
-            Err(
-                std::sync::mpsc::TrySendError::Full(HsWork::Job(job, _))
-                | std::sync::mpsc::TrySendError::Disconnected(HsWork::Job(job, _)),
-            ) => Err(job),
-            Err(_) => unreachable!("a job comes back as a job"),
+        let s = &self.0 .0;
+        let job = Box::new(job);
+        let Ok(mut q) = s.queues.lock() else {
+            return Err(job);
+        };
+        if q.jobs.len() >= s.max_jobs {
+            return Err(job);
         }
+        q.jobs.push_back((job, done.clone()));
+        drop(q);
+        s.wake.notify_one();
+        Ok(())
     }
 
-    /// Run `f` on the thread; false (not run) if the queue is full.
+    /// Run `f` on the thread after the sessions' jobs; false (not run) if its queue is
+    /// full.
     pub(crate) fn try_run(&self, f: Box<dyn FnOnce() + Send>) -> bool {
-        self.0.try_send(HsWork::Run(f)).is_ok()
+        let s = &self.0 .0;
+        let Ok(mut q) = s.queues.lock() else {
+            return false;
+        };
+        if q.runs.len() >= s.max_runs {
+            return false;
+        }
+        q.runs.push_back(f);
+        drop(q);
+        s.wake.notify_one();
+        true
     }
 }
 
@@ -1385,7 +1449,8 @@ impl Driver {
             dests: vec![Vec::new(); socks.len()],
             hs_source: vec![None; socks.len()],
             alone: vec![Vec::new(); socks.len()],
-            train: Vec::with_capacity(GSO_MAX_BYTES),
+            // Grown on the first train: an idle served peer holds none.
+            train: Vec::new(),
             socks: socks.into_iter().map(Some).collect(),
             states: states.into_iter().map(Some).collect(),
             locals,
@@ -1452,7 +1517,7 @@ impl Driver {
                     None => app_open = false,
                 },
                 d = hs_done.recv(), if hs_open => match d {
-                    Some(d) => self.machine.handle_handshake_done(self.now(), d),
+                    Some(d) => self.machine.handle_handshake_done(self.now(), *d),
                     None => {
                         hs_open = false;
                         error!("the handshake thread stopped: no more handshakes are answered");

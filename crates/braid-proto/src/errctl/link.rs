@@ -97,6 +97,25 @@ pub struct LinkSender {
 impl LinkSender {
     /// Keep `sealed`, sealed at `now` under key `key` with `counter`.
     pub fn push(&mut self, now: Instant, key: u32, counter: u64, sealed: &Bytes) {
+        self.sealed(now, key, counter);
+        self.items
+            .push_back((now, key, counter, sealed.clone(), None));
+    }
+
+    /// A datagram sealed at `now` under key `key` with `counter` that is not kept (a
+    /// request for it is answered as for one no longer kept, [`NotResent::Expired`]):
+    /// one whose repair the receiver would not use, such as a capacity probe's.
+    pub fn sealed_unkept(&mut self, now: Instant, key: u32, counter: u64) {
+        self.sealed(now, key, counter);
+    }
+
+    /// Bytes of the datagrams kept.
+    pub fn kept_bytes(&self) -> usize {
+        self.items.iter().map(|(.., b, _)| b.len()).sum()
+    }
+
+    /// Forget what is too old (or too many), and note `counter` as sealed under `key`.
+    fn sealed(&mut self, now: Instant, key: u32, counter: u64) {
         while self.items.len() >= RING_MAX
             || self
                 .items
@@ -116,8 +135,6 @@ impl LinkSender {
                 self.highest[0] = (key, Some(counter));
             }
         }
-        self.items
-            .push_back((now, key, counter, sealed.clone(), None));
     }
 
     /// The datagram sealed with key `key` and `counter`, to send again at `now`, unless

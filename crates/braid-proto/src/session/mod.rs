@@ -1676,7 +1676,15 @@ impl Session {
         };
         if self.cfg.arq.is_some() && self.crypto.mode != SecurityMode::None {
             if let Some((key, counter)) = sealed_id(&bytes) {
-                self.arq_tx[c].push(self.clock, key, counter, &bytes);
+                // A probe's datagram is not kept for repair: the receiver times only
+                // the datagrams that arrived and ignores a repaired one (`on_probe`),
+                // and a train is 48 of the channel's largest datagrams, which every
+                // new session (and every channel that comes back) sends.
+                if kind == DatagramKind::Probe {
+                    self.arq_tx[c].sealed_unkept(self.clock, key, counter);
+                } else {
+                    self.arq_tx[c].push(self.clock, key, counter, &bytes);
+                }
             }
         }
         if let Some(pc) = &mut self.pacer {

@@ -1452,6 +1452,44 @@ fn measured(p: &Pair, c: usize) -> Vec<(Instant, u64, u64)> {
 }
 
 #[test]
+fn a_probe_train_is_not_kept_for_repair() {
+    // A new session's train (48 of the channel's largest datagrams per channel) used
+    // to stay in the repair ring for a second: 72 KiB per channel of every peer that
+    // connects. The receiver ignores a repaired probe, so nothing of it is kept; what
+    // else is sealed still is, and a request for a probe's counter is answered as for
+    // one no longer kept.
+    let mut p = pair_with(2, Mode::Logical, &[5, 20], |c| {
+        probed(c);
+        arq_on(c);
+    });
+    p.every = Duration::ZERO;
+    for l in 0..2 {
+        p.ab[l].rate_bps = 8e6;
+        p.ba[l].rate_bps = 8e6;
+    }
+    p.sent_a = Some(Vec::new());
+    p.run_until(at_ms(400));
+    for c in 0..2 {
+        assert_eq!(measured(&p, c).len(), 1, "channel {c} measured");
+        let sent: usize = p
+            .sent_a
+            .as_ref()
+            .unwrap()
+            .iter()
+            .filter(|(ch, _)| *ch == c)
+            .map(|(_, b)| b.len())
+            .sum();
+        let kept = p.a.arq_tx[c].kept_bytes();
+        assert!(
+            sent > 48 * 1000,
+            "channel {c}: a train went out ({sent} bytes)"
+        );
+        assert!(kept < 8 * 1024, "channel {c}: {kept} of {sent} bytes kept");
+        assert!(kept > 0, "channel {c}: the rest (hellos) is kept");
+    }
+}
+
+#[test]
 fn a_probe_measures_each_channels_rate_and_paces_it() {
     // Links of 8 and 2 Mbit/s (the datagrams' bytes; the pacer counts no overhead
     // here), 5 and 20 ms, no traffic: a train on each when it comes up.
