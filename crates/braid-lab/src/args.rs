@@ -8,6 +8,7 @@ use anyhow::{bail, Context, Result};
 use braid_proto::units::{parse_duration, parse_mode, parse_rate};
 
 use crate::bench::{BenchOptions, BenchResult, Pace};
+use crate::field::FieldOptions;
 use crate::overlay::{Matrix, OverlayOptions};
 use crate::spec::{Change, LinkSpec};
 use crate::stream::{Endpoint, StreamOptions, StreamResult};
@@ -222,6 +223,60 @@ pub struct OverlayArgs {
     /// Seed of the emulator's loss process.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+}
+
+/// The flags of `braid lab field`.
+#[derive(clap::Args, Debug)]
+pub struct FieldArgs {
+    /// Length of the run; the events come at 15, 30, 40, 55 and 70 % of it (at least
+    /// 8s, at most 10m). The run then waits up to 30 s more for the recoveries.
+    #[arg(long, default_value = "30s")]
+    pub duration: String,
+    /// Each client's checked TCP block stream, e.g. 4mbit (at least 128kbit).
+    #[arg(long, default_value = "4mbit")]
+    pub stream_rate: String,
+    /// Stop the server with SIGKILL (a crash: it tells its clients nothing) instead
+    /// of SIGTERM (a service restart: it closes every session, telling each client).
+    #[arg(long)]
+    pub crash_server: bool,
+    /// Copy the tunnels' logs to this directory at the end (t0.log the server's,
+    /// t1.log..t3.log the clients'), also when the run fails.
+    #[arg(long, value_name = "DIR")]
+    pub logs: Option<PathBuf>,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl FieldArgs {
+    /// Check every flag and build the field lab's options.
+    pub fn options(&self) -> Result<FieldOptions> {
+        let duration = parse_duration(&self.duration)
+            .ok()
+            .filter(|d| d.as_secs() >= 8 && d.as_secs() <= 600)
+            .with_context(|| {
+                format!(
+                    "--duration '{}': expected e.g. 30s (8s to 10m)",
+                    self.duration
+                )
+            })?;
+        let rate = parse_rate(&self.stream_rate)
+            .ok()
+            .filter(|&r| (128_000..=1_000_000_000).contains(&r))
+            .with_context(|| {
+                format!(
+                    "--stream-rate '{}': expected e.g. 4mbit (128kbit to 1gbit)",
+                    self.stream_rate
+                )
+            })?;
+        Ok(FieldOptions {
+            duration,
+            stream_rate: rate / 8,
+            exe: braid_exe()?,
+            crash_server: self.crash_server,
+            logs: self.logs.clone(),
+        })
+    }
 }
 
 /// The flags of `braid lab stream-gen`.

@@ -22,8 +22,8 @@ enum LabCommand {
     /// Build the testbed: namespaces brl-a (client), brl-r (router), brl-b (server), one
     /// path per link, rate from tbf, delay/jitter/loss from braid's link emulator.
     Up(UpArgs),
-    /// Remove everything the labs created (brl-* and the overlay's bro-*; also after a
-    /// crash).
+    /// Remove everything the labs created (brl-*, the overlay's bro-* and the field
+    /// lab's field-*; also after a crash).
     Down,
     /// Change one link of the running lab (`lab up`): its rate (tbf), delay, jitter
     /// and loss (the emulator, within about 50 ms), or take it down and up.
@@ -51,6 +51,18 @@ enum LabCommand {
     /// path is killed. Builds the lab and removes it afterwards, also on Ctrl-C (needs
     /// root and iperf3).
     Overlay(OverlayArgs),
+    /// A field deployment in namespaces: one `braid tunnel` server with a public
+    /// address of each family, three clients, each with an IPv4 uplink behind NAT (one
+    /// behind two NATs in a row, carrier-grade) and an IPv6-only uplink, every channel
+    /// bound to its uplink. While probes (every 10 ms each way) and a checked,
+    /// resumable TCP block stream run through every client, one client's NAT changes
+    /// its address, one uplink goes away and comes back, a client restarts and the
+    /// server restarts. Reports per event the time until traffic flowed again and per
+    /// client the bytes sent and received and whether every checksum matched; fails
+    /// (after the report) if an event did not recover or a stream is not whole.
+    /// Builds the lab and removes it afterwards, also on Ctrl-C (needs root,
+    /// iproute2 and iptables).
+    Field(FieldArgs),
     /// The stream generator of `lab stream`: constant-rate records with sequence
     /// number and send time, to standard output or a UDP address.
     #[command(hide = true)]
@@ -103,6 +115,7 @@ impl LabArgs {
                     crate::overlay::draw(&r, &title, p)
                 })?;
             }
+            LabCommand::Field(a) => field(out, a, progress)?,
             LabCommand::StreamGen(a) => a.run()?,
             LabCommand::StreamSink(a) => a.run()?,
             LabCommand::Status => match topo::status() {
@@ -131,10 +144,25 @@ fn stream(out: &mut impl Write, a: StreamArgs, progress: impl Fn(&str)) -> Resul
     })
 }
 
-/// `lab down`: remove both labs' namespaces and say what went.
+/// `lab field`: run it, report, and fail if an event did not recover or a stream is
+/// not whole.
+fn field(out: &mut impl Write, a: FieldArgs, progress: impl Fn(&str)) -> Result<()> {
+    let r = crate::field::run(&a.options()?, progress)?;
+    report(out, a.json, r.to_json(), r.table(), None, |_| {
+        Ok::<(), String>(())
+    })?;
+    let failed = crate::field::failures(&r);
+    if !failed.is_empty() {
+        anyhow::bail!("braid lab field: {}", failed.join("; "));
+    }
+    Ok(())
+}
+
+/// `lab down`: remove every lab's namespaces and say what went.
 fn down(out: &mut impl Write) -> Result<()> {
     let mut removed = topo::down()?;
     removed.extend(crate::overlay::down()?);
+    removed.extend(crate::field::down()?);
     if removed.is_empty() {
         writeln!(out, "no lab was up")?;
     } else {

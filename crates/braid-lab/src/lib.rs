@@ -16,15 +16,19 @@
 //!
 //! * [`overlay`]: `braid lab overlay`, five `braid node`s (source, three relays,
 //!   destination) in their own namespaces with one emulated hop per pair.
+//! * [`field`]: `braid lab field`, a `braid tunnel` server and three clients behind
+//!   NATs and IPv6-only uplinks, with NAT rebinding, an uplink that goes and comes
+//!   back, a client restart and a server restart during checked traffic.
 //!
-//! Everything the two-link lab creates carries the `brl` prefix and the overlay lab the
-//! `bro-` prefix, so `topo::down` and `overlay::down` can remove them also after a crash.
+//! Everything the two-link lab creates carries the `brl` prefix, the overlay lab the
+//! `bro-` prefix and the field lab `field-`, so `topo::down` and `overlay::down` can remove them also after a crash.
 
 pub mod args;
 pub mod bench;
 pub mod chart;
 pub mod cmd;
 pub mod emu;
+pub mod field;
 pub mod overlay;
 pub mod spec;
 pub mod stream;

@@ -1299,6 +1299,9 @@ pub(crate) struct Crypto {
     jobs: std::collections::VecDeque<HandshakeJob>,
     /// When an authenticated datagram last came from the peer.
     last_heard: Option<Instant>,
+    /// The peer said it ends its run (a close message): its keys are of no more use,
+    /// and a new handshake is due until one completes ([`Crypto::peer_ended`]).
+    peer_ended: bool,
     /// The source of the handshake message being handled, if the driver gave one.
     source: Option<SocketAddr>,
     /// The last datagram [`Crypto::open`] accepted was the newest yet on its channel
@@ -1354,6 +1357,7 @@ impl Crypto {
             offload: false,
             jobs: std::collections::VecDeque::new(),
             last_heard: None,
+            peer_ended: false,
             source: None,
             newest: false,
         })
@@ -1442,14 +1446,24 @@ impl Crypto {
         self.index_prefix = Some(prefix);
     }
 
-    /// Is a (new) handshake due: no keys, keys older than `rekey_after`, a counter
-    /// near its end, or the peer silent for [`REHANDSHAKE_AFTER_SILENCE`] (and the
+    /// The peer closed its session (an authenticated close message): handshake again
+    /// at once, and until it works, rather than after
+    /// [`REHANDSHAKE_AFTER_SILENCE`]. A server that restarts knows no client address
+    /// (behind NAT it could not reach one anyway), so its clients must initiate; its
+    /// new run answers the first initiation that reaches it.
+    pub fn peer_ended(&mut self) {
+        self.peer_ended = true;
+    }
+
+    /// Is a (new) handshake due: no keys, the peer ended its run, keys older than
+    /// `rekey_after`, a counter near its end, or the peer silent for [`REHANDSHAKE_AFTER_SILENCE`] (and the
     /// keys at least that old)? The end that initiated the current keys re-keys on the
     /// timer; the other only half a period later, if that did not happen (so the two
     /// ends do not both re-key at once, each dropping keys the other still uses).
     fn due(&self, now: Instant) -> bool {
         match &self.current {
             None => true,
+            Some(_) if self.peer_ended => true,
             Some(k) => {
                 let age = now - k.created;
                 let limit = if k.initiator {
@@ -2073,6 +2087,7 @@ impl Crypto {
             restart: self.peer_run.is_some_and(|r| r != keys.peer_run),
         };
         self.peer_run = Some(keys.peer_run);
+        self.peer_ended = false;
         if let Some(old) = self.current.take() {
             if e.restart {
                 // Keys of the peer's earlier run are of no more use.

@@ -186,6 +186,7 @@ impl Session {
     pub(super) fn on_close(&mut self) {
         if !self.peer.closed {
             self.peer.closed = true;
+            self.crypto.peer_ended();
             self.events.push_back(Event::PeerClosed);
         }
     }

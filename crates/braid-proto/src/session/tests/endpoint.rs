@@ -290,3 +290,37 @@ fn an_idle_session_sends_on_every_channel_every_heartbeat_at_both_ends() {
     );
     assert_eq!(p.delivered_b.len() + p.delivered_a.len(), 0);
 }
+
+/// A server restarts (a service restart: it closes its sessions, telling each client,
+/// and comes back knowing no client address). It cannot reach its clients behind NAT;
+/// the client, told its peer ended its run, handshakes again at once instead of after
+/// [`crypto::REHANDSHAKE_AFTER_SILENCE`] of silence.
+#[test]
+fn a_client_handshakes_again_at_once_when_its_server_closes_and_comes_back() {
+    let mut p = Nat::new(2);
+    p.run_ms(500);
+    assert!(p.a.peer_seen() && p.b.peer_seen());
+    p.b.close(p.now);
+    p.run_ms(5);
+    assert!(p.a.stats(p.now).peer_closed);
+    // The new run of the server: fresh state, no endpoints.
+    let mut b = Session::new(config(2, Mode::Logical), [7; 32], p.now).unwrap();
+    for c in 0..2 {
+        b.set_endpoint(c, None);
+    }
+    p.b = b;
+    let (back, to_b, to_a) = (p.now, p.delivered_b.len(), p.delivered_a.len());
+    let events = p.events_b.len();
+    p.run_ms(1000);
+    assert!(
+        p.events_b[events..].contains(&Event::PeerHeard),
+        "the restarted server never heard the client"
+    );
+    assert!(
+        p.delivered_b.len() > to_b + 500 && p.delivered_a.len() > to_a + 500,
+        "traffic did not flow again within a second of the server's return at {back:?}: \
+         {} to the server, {} to the client",
+        p.delivered_b.len() - to_b,
+        p.delivered_a.len() - to_a
+    );
+}
