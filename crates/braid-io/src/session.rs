@@ -520,6 +520,56 @@ impl Channels {
     }
 }
 
+/// A session driver's channel sockets: a server's shared ones, or a session's own,
+/// where a channel whose device does not exist yet has none (it waits for it).
+pub(crate) struct Sockets {
+    socks: Vec<Option<Arc<UdpSocket>>>,
+    states: Vec<Option<Arc<UdpSocketState>>>,
+    locals: Vec<SocketAddr>,
+}
+
+impl From<Channels> for Sockets {
+    fn from(ch: Channels) -> Sockets {
+        Sockets {
+            socks: ch.socks.into_iter().map(Some).collect(),
+            states: ch.states.into_iter().map(Some).collect(),
+            locals: ch.locals,
+        }
+    }
+}
+
+impl Sockets {
+    /// Bind every channel of `cfg` for a session of its own. A channel whose `device`
+    /// does not exist (yet: a modem not enumerated at boot) gets no socket and starts
+    /// out of the bond, waiting for its uplink (`crate::uplink`); any other failure
+    /// is the session's.
+    fn bind_own(cfg: &SessionConfig) -> Result<Sockets, SessionError> {
+        let mut out = Sockets {
+            socks: Vec::new(),
+            states: Vec::new(),
+            locals: Vec::new(),
+        };
+        for (i, c) in cfg.channels.iter().enumerate() {
+            match bind_channel(cfg, i) {
+                Ok((s, state, local)) => {
+                    out.socks.push(Some(s));
+                    out.states.push(Some(state));
+                    out.locals.push(local);
+                }
+                Err(SessionError::Device { error, .. })
+                    if error.raw_os_error() == Some(libc::ENODEV) =>
+                {
+                    out.socks.push(None);
+                    out.states.push(None);
+                    out.locals.push(c.local);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
+    }
+}
+
 /// The way into a served session (a server's peer): its driver's input queue, which
 /// the server's readers fill with the datagrams that are this peer's.
 pub(crate) struct Inbox {
@@ -575,7 +625,7 @@ impl Session {
     /// Bind every channel's socket and start the driver. Needs a tokio runtime.
     pub async fn start(cfg: SessionConfig) -> Result<Session, SessionError> {
         cfg.validate().map_err(SessionError::Config)?;
-        let ch = Channels::bind(&cfg)?;
+        let ch = Sockets::bind_own(&cfg)?;
         // One queue from the readers to the driver, but each channel may hold only its
         // share of it, in packets and in bytes: flooding one port cannot starve the
         // others, and memory stays bounded whatever arrives.
@@ -584,15 +634,18 @@ impl Session {
         let n = ch.socks.len();
         let budgets: Vec<Arc<Budget>> = (0..n).map(|_| Arc::new(Budget::default())).collect();
         let mut readers = Vec::new();
-        for (i, s) in ch.socks.iter().enumerate() {
-            readers.push(Some(tokio::spawn(reader(
-                i,
-                s.clone(),
-                ch.states[i].clone(),
-                net_tx.clone(),
-                budgets[i].clone(),
-                limits,
-            ))));
+        for (i, (s, state)) in ch.socks.iter().zip(&ch.states).enumerate() {
+            readers.push(match (s, state) {
+                (Some(s), Some(state)) => Some(tokio::spawn(reader(
+                    i,
+                    s.clone(),
+                    state.clone(),
+                    net_tx.clone(),
+                    budgets[i].clone(),
+                    limits,
+                ))),
+                _ => None,
+            });
         }
         let pool = HandshakePool::start(HS_QUEUE)
             .map_err(|e| SessionError::Config(format!("cannot start the handshake thread: {e}")))?;
@@ -626,7 +679,7 @@ impl Session {
         let span = tracing::info_span!("peer", peer = %peer);
         let s = Session::launch(
             cfg,
-            ch.clone(),
+            Sockets::from(ch.clone()),
             net_rx,
             budgets,
             None,
@@ -640,7 +693,7 @@ impl Session {
     #[allow(clippy::too_many_arguments)]
     fn launch(
         cfg: SessionConfig,
-        ch: Channels,
+        ch: Sockets,
         net_rx: mpsc::Receiver<Received>,
         budgets: Vec<Arc<Budget>>,
         own: Option<Own>,
@@ -1334,7 +1387,7 @@ impl Own {
 impl Driver {
     fn new(
         cfg: SessionConfig,
-        ch: Channels,
+        ch: Sockets,
         deliver: mpsc::Sender<Bytes>,
         peer_seen: watch::Sender<Link>,
         budgets: Vec<Arc<Budget>>,
@@ -1364,7 +1417,7 @@ impl Driver {
             machine.set_endpoint(i, c.remote);
         }
         let (hs_done_tx, hs_done) = mpsc::unbounded_channel();
-        let Channels {
+        let Sockets {
             socks,
             states,
             locals,
@@ -1381,8 +1434,8 @@ impl Driver {
             hs_source: vec![None; socks.len()],
             alone: vec![Vec::new(); socks.len()],
             train: Vec::with_capacity(GSO_MAX_BYTES),
-            socks: socks.into_iter().map(Some).collect(),
-            states: states.into_iter().map(Some).collect(),
+            socks,
+            states,
             locals,
             own: None,
             deliver,
