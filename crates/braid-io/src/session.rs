@@ -1349,6 +1349,8 @@ struct Own {
     first: bool,
     /// The periodic look's interval while nothing waits.
     idle_look: std::time::Duration,
+    /// Some channel has an uplink to look at.
+    watching: bool,
 }
 
 impl Own {
@@ -1359,16 +1361,23 @@ impl Own {
         readers: Vec<Option<JoinHandle<()>>>,
     ) -> Own {
         let uplinks: Vec<_> = cfg.channels.iter().map(crate::uplink::Uplink::of).collect();
-        // Also without an uplink to watch now: a reload may give a channel one.
-        let (watch, err) = crate::uplink::Watch::start();
-        if let Some(e) = err.filter(|_| uplinks.iter().any(Option::is_some)) {
-            info!(
-                "no interface notifications ({e}): channels' uplinks are looked at every {} s",
-                crate::uplink::SAFETY_NET.as_secs()
-            );
-        }
-        let idle_look = watch.idle_look();
-        let watch = Some(watch);
+        // Only with an uplink to watch (a session on loopback, as the benches' many
+        // clients, opens no netlink socket); one that a reload gives a channel later is
+        // looked at every SAFETY_NET.
+        let watching = uplinks.iter().any(Option::is_some);
+        let watch = watching.then(|| {
+            let (w, err) = crate::uplink::Watch::start();
+            if let Some(e) = err {
+                info!(
+                    "no interface notifications ({e}): channels' uplinks are looked at every {} s",
+                    crate::uplink::SAFETY_NET.as_secs()
+                );
+            }
+            w
+        });
+        let idle_look = watch
+            .as_ref()
+            .map_or(crate::uplink::SAFETY_NET, crate::uplink::Watch::idle_look);
         Own {
             net_tx,
             limits,
@@ -1380,6 +1389,7 @@ impl Own {
             next_look: tokio::time::Instant::now(),
             first: true,
             idle_look,
+            watching,
         }
     }
 }
@@ -1472,19 +1482,20 @@ impl Driver {
         let mut hs_open = true;
         // The interfaces' doorbell, and when to look at them anyway.
         let mut watch = self.own.as_mut().and_then(|o| o.watch.take());
-        if watch.is_some() {
+        if self.own.as_ref().is_some_and(|o| o.watching) {
             self.look_at_uplinks().await;
         }
         loop {
             let at = self.wake_at();
             let look_at = self.own.as_ref().map_or(at, |o| o.next_look);
+            let watching = self.own.as_ref().is_some_and(|o| o.watching);
             let mut look = false;
             let mut change = None;
             tokio::select! {
                 _ = async { watch.as_mut().expect("checked").rung().await }, if watch.is_some() => {
                     look = true;
                 }
-                _ = tokio::time::sleep_until(look_at), if watch.is_some() => look = true,
+                _ = tokio::time::sleep_until(look_at), if watching => look = true,
                 _ = close.wait_for(|&c| c) => closing = true,
                 c = cmd.recv() => match c {
                     Some(Cmd::Channel(i, c, reply)) => change = Some((i, c, reply)),
@@ -1689,6 +1700,7 @@ impl Driver {
         {
             let own = self.own.as_mut().expect("own sockets");
             own.uplinks[i] = uplink;
+            own.watching = own.uplinks.iter().any(Option::is_some);
             own.bound[i] = None;
             own.bind_warned[i] = false;
         }
