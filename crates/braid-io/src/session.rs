@@ -521,6 +521,56 @@ impl Channels {
     }
 }
 
+/// A session driver's channel sockets: a server's shared ones, or a session's own,
+/// where a channel whose device does not exist yet has none (it waits for it).
+pub(crate) struct Sockets {
+    socks: Vec<Option<Arc<UdpSocket>>>,
+    states: Vec<Option<Arc<UdpSocketState>>>,
+    locals: Vec<SocketAddr>,
+}
+
+impl From<Channels> for Sockets {
+    fn from(ch: Channels) -> Sockets {
+        Sockets {
+            socks: ch.socks.into_iter().map(Some).collect(),
+            states: ch.states.into_iter().map(Some).collect(),
+            locals: ch.locals,
+        }
+    }
+}
+
+impl Sockets {
+    /// Bind every channel of `cfg` for a session of its own. A channel whose `device`
+    /// does not exist (yet: a modem not enumerated at boot) gets no socket and starts
+    /// out of the bond, waiting for its uplink (`crate::uplink`); any other failure
+    /// is the session's.
+    fn bind_own(cfg: &SessionConfig) -> Result<Sockets, SessionError> {
+        let mut out = Sockets {
+            socks: Vec::new(),
+            states: Vec::new(),
+            locals: Vec::new(),
+        };
+        for (i, c) in cfg.channels.iter().enumerate() {
+            match bind_channel(cfg, i) {
+                Ok((s, state, local)) => {
+                    out.socks.push(Some(s));
+                    out.states.push(Some(state));
+                    out.locals.push(local);
+                }
+                Err(SessionError::Device { error, .. })
+                    if error.raw_os_error() == Some(libc::ENODEV) =>
+                {
+                    out.socks.push(None);
+                    out.states.push(None);
+                    out.locals.push(c.local);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
+    }
+}
+
 /// The way into a served session (a server's peer): its driver's input queue, which
 /// the server's readers fill with the datagrams that are this peer's.
 pub(crate) struct Inbox {
@@ -576,7 +626,7 @@ impl Session {
     /// Bind every channel's socket and start the driver. Needs a tokio runtime.
     pub async fn start(cfg: SessionConfig) -> Result<Session, SessionError> {
         cfg.validate().map_err(SessionError::Config)?;
-        let ch = Channels::bind(&cfg)?;
+        let ch = Sockets::bind_own(&cfg)?;
         // One queue from the readers to the driver, but each channel may hold only its
         // share of it, in packets and in bytes: flooding one port cannot starve the
         // others, and memory stays bounded whatever arrives.
@@ -585,15 +635,18 @@ impl Session {
         let n = ch.socks.len();
         let budgets: Vec<Arc<Budget>> = (0..n).map(|_| Arc::new(Budget::default())).collect();
         let mut readers = Vec::new();
-        for (i, s) in ch.socks.iter().enumerate() {
-            readers.push(Some(tokio::spawn(reader(
-                i,
-                s.clone(),
-                ch.states[i].clone(),
-                net_tx.clone(),
-                budgets[i].clone(),
-                limits,
-            ))));
+        for (i, (s, state)) in ch.socks.iter().zip(&ch.states).enumerate() {
+            readers.push(match (s, state) {
+                (Some(s), Some(state)) => Some(tokio::spawn(reader(
+                    i,
+                    s.clone(),
+                    state.clone(),
+                    net_tx.clone(),
+                    budgets[i].clone(),
+                    limits,
+                ))),
+                _ => None,
+            });
         }
         let pool = HandshakePool::start(HS_QUEUE, HS_QUEUE)
             .map_err(|e| SessionError::Config(format!("cannot start the handshake thread: {e}")))?;
@@ -627,7 +680,7 @@ impl Session {
         let span = tracing::info_span!("peer", peer = %peer);
         let s = Session::launch(
             cfg,
-            ch.clone(),
+            Sockets::from(ch.clone()),
             net_rx,
             budgets,
             None,
@@ -641,7 +694,7 @@ impl Session {
     #[allow(clippy::too_many_arguments)]
     fn launch(
         cfg: SessionConfig,
-        ch: Channels,
+        ch: Sockets,
         net_rx: mpsc::Receiver<Received>,
         budgets: Vec<Arc<Budget>>,
         own: Option<Own>,
@@ -1365,6 +1418,8 @@ struct Own {
     first: bool,
     /// The periodic look's interval while nothing waits.
     idle_look: std::time::Duration,
+    /// Some channel has an uplink to look at.
+    watching: bool,
 }
 
 impl Own {
@@ -1375,16 +1430,23 @@ impl Own {
         readers: Vec<Option<JoinHandle<()>>>,
     ) -> Own {
         let uplinks: Vec<_> = cfg.channels.iter().map(crate::uplink::Uplink::of).collect();
-        // Also without an uplink to watch now: a reload may give a channel one.
-        let (watch, err) = crate::uplink::Watch::start();
-        if let Some(e) = err.filter(|_| uplinks.iter().any(Option::is_some)) {
-            info!(
-                "no interface notifications ({e}): channels' uplinks are looked at every {} s",
-                crate::uplink::SAFETY_NET.as_secs()
-            );
-        }
-        let idle_look = watch.idle_look();
-        let watch = Some(watch);
+        // Only with an uplink to watch (a session on loopback, as the benches' many
+        // clients, opens no netlink socket); one that a reload gives a channel later is
+        // looked at every SAFETY_NET.
+        let watching = uplinks.iter().any(Option::is_some);
+        let watch = watching.then(|| {
+            let (w, err) = crate::uplink::Watch::start();
+            if let Some(e) = err {
+                info!(
+                    "no interface notifications ({e}): channels' uplinks are looked at every {} s",
+                    crate::uplink::SAFETY_NET.as_secs()
+                );
+            }
+            w
+        });
+        let idle_look = watch
+            .as_ref()
+            .map_or(crate::uplink::SAFETY_NET, crate::uplink::Watch::idle_look);
         Own {
             net_tx,
             limits,
@@ -1396,6 +1458,7 @@ impl Own {
             next_look: tokio::time::Instant::now(),
             first: true,
             idle_look,
+            watching,
         }
     }
 }
@@ -1403,7 +1466,7 @@ impl Own {
 impl Driver {
     fn new(
         cfg: SessionConfig,
-        ch: Channels,
+        ch: Sockets,
         deliver: mpsc::Sender<Bytes>,
         peer_seen: watch::Sender<Link>,
         budgets: Vec<Arc<Budget>>,
@@ -1433,7 +1496,7 @@ impl Driver {
             machine.set_endpoint(i, c.remote);
         }
         let (hs_done_tx, hs_done) = mpsc::unbounded_channel();
-        let Channels {
+        let Sockets {
             socks,
             states,
             locals,
@@ -1451,8 +1514,8 @@ impl Driver {
             alone: vec![Vec::new(); socks.len()],
             // Grown on the first train: an idle served peer holds none.
             train: Vec::new(),
-            socks: socks.into_iter().map(Some).collect(),
-            states: states.into_iter().map(Some).collect(),
+            socks,
+            states,
             locals,
             own: None,
             deliver,
@@ -1489,19 +1552,20 @@ impl Driver {
         let mut hs_open = true;
         // The interfaces' doorbell, and when to look at them anyway.
         let mut watch = self.own.as_mut().and_then(|o| o.watch.take());
-        if watch.is_some() {
+        if self.own.as_ref().is_some_and(|o| o.watching) {
             self.look_at_uplinks().await;
         }
         loop {
             let at = self.wake_at();
             let look_at = self.own.as_ref().map_or(at, |o| o.next_look);
+            let watching = self.own.as_ref().is_some_and(|o| o.watching);
             let mut look = false;
             let mut change = None;
             tokio::select! {
                 _ = async { watch.as_mut().expect("checked").rung().await }, if watch.is_some() => {
                     look = true;
                 }
-                _ = tokio::time::sleep_until(look_at), if watch.is_some() => look = true,
+                _ = tokio::time::sleep_until(look_at), if watching => look = true,
                 _ = close.wait_for(|&c| c) => closing = true,
                 c = cmd.recv() => match c {
                     Some(Cmd::Channel(i, c, reply)) => change = Some((i, c, reply)),
@@ -1706,6 +1770,7 @@ impl Driver {
         {
             let own = self.own.as_mut().expect("own sockets");
             own.uplinks[i] = uplink;
+            own.watching = own.uplinks.iter().any(Option::is_some);
             own.bound[i] = None;
             own.bind_warned[i] = false;
         }

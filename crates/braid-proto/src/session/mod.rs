@@ -1797,7 +1797,12 @@ impl Session {
         } else {
             self.events.push_back(Event::PeerHeard);
         }
-        for c in &mut self.chans {
+        let gone = self.uplink_down;
+        for (i, c) in self.chans.iter_mut().enumerate() {
+            if gone & bit(i) != 0 {
+                // Its uplink is gone (`Session::set_uplink`): it stays down.
+                continue;
+            }
             c.state = LinkState::Up;
             c.since = now;
             c.last_rx = Some(now);

@@ -446,6 +446,27 @@ fn a_gone_uplink_leaves_at_once_and_rejoins_when_back() {
     p.assert_no_duplicates();
 }
 
+/// A session whose channel's uplink is gone from the start (a modem not there yet):
+/// the handshake brings the others up, not that one; it joins once its uplink is there.
+#[test]
+fn a_channel_whose_uplink_is_gone_at_the_start_stays_out_until_it_is_back() {
+    let mut p = Pair::new(2, Mode::Logical, &[10]);
+    p.set_up(1, false);
+    p.a.set_uplink(Instant::ZERO, 1, false);
+    p.run_until(at_ms(1000));
+    let a = p.a.stats(p.now);
+    assert!(a.peer_seen);
+    assert_eq!(a.channels[0].state, LinkState::Up);
+    assert_eq!(a.channels[1].state, LinkState::Down, "{a:?}");
+    assert!(!a.channels[1].in_tx_set && !p.b.stats(p.now).channels[1].in_tx_set);
+    assert!(p.data_at[1].is_empty(), "data sent on a gone uplink");
+    p.set_up(1, true);
+    p.a.set_uplink(p.now, 1, true);
+    p.run_until(at_ms(2000));
+    assert!(!p.data_at[1].is_empty(), "the channel never joined");
+    assert!(p.a.stats(p.now).channels.iter().all(|c| c.in_tx_set));
+}
+
 #[test]
 fn down_to_one_channel_and_back() {
     let mut p = Pair::new(3, Mode::Logical, &[10]);
