@@ -9,7 +9,8 @@
 //!
 //! The chunk size follows the traffic, so that an idle session (a server's many
 //! peers, each sending a heartbeat) holds little: it doubles, up to 64 KiB, when a
-//! chunk filled in under 20 ms, and halves, down to 2 KiB, when one lasted over 1 s.
+//! chunk filled in under 20 ms, and halves, down to 2 KiB, when one lasted over 1 s
+//! (then at once: a chunk is not kept until it is full).
 
 use bytes::{Bytes, BytesMut};
 
@@ -33,6 +34,8 @@ pub(crate) struct Arena {
     chunk: usize,
     /// When the current chunk was allocated.
     since: Instant,
+    /// Detached: the next chunk is `chunk` as it is, whatever the last one did.
+    fresh: bool,
 }
 
 impl Arena {
@@ -41,6 +44,7 @@ impl Arena {
             buf: BytesMut::new(),
             chunk: MIN_CHUNK,
             since: Instant::ZERO,
+            fresh: false,
         }
     }
 
@@ -51,9 +55,15 @@ impl Arena {
             self.buf.is_empty(),
             "a datagram was neither finished nor abandoned"
         );
-        if self.buf.capacity() < len {
-            let lasted = now.saturating_since(self.since);
-            if lasted < FAST {
+        let lasted = now.saturating_since(self.since);
+        // A chunk that lasts long is given up for a smaller one at once, not when it
+        // is full: a burst (a capacity probe's train) leaves no large chunk behind
+        // for an idle session to fill for minutes.
+        let stale = lasted > SLOW && self.chunk > MIN_CHUNK;
+        if self.buf.capacity() < len || stale {
+            if std::mem::take(&mut self.fresh) {
+                // Detached: the smallest chunk, not grown from the burst before.
+            } else if lasted < FAST {
                 self.chunk = (self.chunk * 2).min(MAX_CHUNK);
             } else if lasted > SLOW {
                 self.chunk = (self.chunk / 2).max(MIN_CHUNK);
@@ -72,6 +82,16 @@ impl Arena {
     /// Forget what was written since [`Arena::start`] (the room is used again).
     pub fn abandon(&mut self) {
         self.buf.clear();
+    }
+
+    /// Start afresh with the smallest chunk, after a burst that is not traffic (a
+    /// capacity probe's train): the current chunk is left to the datagrams already in
+    /// it and freed with the last of them, instead of being kept, and grown from, by
+    /// what comes next.
+    pub fn detach(&mut self) {
+        self.buf = BytesMut::new();
+        self.chunk = MIN_CHUNK;
+        self.fresh = true;
     }
 
     /// `len` bytes written by `write` (into zeroes), as one buffer.
@@ -127,12 +147,25 @@ mod tests {
             a.join(at_ms(0), &[&d]);
         }
         assert_eq!(a.chunk, MAX_CHUNK);
-        // Idle: a datagram every 2 s; each chunk lasts long, so they shrink.
+        // After the burst, small datagrams now and then: the large chunk is given up
+        // within seconds, long before it is full.
         let mut t = 0;
+        for _ in 0..6 {
+            t += 1100;
+            a.join(at_ms(t), &[b"hello"]);
+        }
+        assert_eq!(a.chunk, MIN_CHUNK);
+        // Idle: a datagram every 2 s; each chunk lasts long, so they shrink.
         for _ in 0..400 {
             t += 2000;
             a.join(at_ms(t), &[&d]);
         }
+        assert_eq!(a.chunk, MIN_CHUNK);
+        // After a detach, the next datagram starts a new, smallest chunk.
+        let x = a.join(at_ms(t), &[b"x"]);
+        a.detach();
+        let y = a.join(at_ms(t), &[b"y"]);
+        assert_ne!(x.as_ptr().wrapping_add(1), y.as_ptr());
         assert_eq!(a.chunk, MIN_CHUNK);
         // A datagram larger than any chunk still fits.
         assert_eq!(a.join(at_ms(t), &[&[1u8; 100_000]]).len(), 100_000);

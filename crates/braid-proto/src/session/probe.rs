@@ -504,12 +504,19 @@ impl super::Session {
                 let b = bytes::Bytes::from(Msg::Probe(p).to_vec());
                 self.emit(c, super::DatagramKind::Probe, b);
             }
+            // The train's chunks go with its datagrams, once sent: they are not kept
+            // by the heartbeats that follow (a server's thousand new sessions each
+            // held 64-128 KiB for a second or more).
+            self.crypto.arena.detach();
         }
     }
 
     /// A datagram of the peer's train on channel `c`, `len` bytes before sealing. A
     /// repaired one (sent again on another channel) is no sample of this channel.
     pub(super) fn on_probe(&mut self, c: usize, p: &Probe, arrived: Instant, repaired: bool) {
+        // Opened into the session's arena and dropped once timed: the next datagram
+        // is not put in (and does not keep) the chunk the train grew.
+        self.crypto.arena.detach();
         if repaired {
             return;
         }
