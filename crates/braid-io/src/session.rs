@@ -1919,13 +1919,7 @@ impl Driver {
             else {
                 // No socket (its uplink is gone): nothing leaves.
                 self.tx_errors[c] += q.len() as u64;
-                let (mut q, mut alone, mut dests) = (q, alone, dests);
-                q.clear();
-                alone.clear();
-                dests.clear();
-                self.outq[c] = q;
-                self.alone[c] = alone;
-                self.dests[c] = dests;
+                self.give_back(c, q, alone, dests);
                 continue;
             };
             let mut i = 0;
@@ -1954,14 +1948,25 @@ impl Driver {
                 }
                 i += n;
             }
-            let (mut q, mut alone, mut dests) = (q, alone, dests);
-            q.clear();
-            alone.clear();
-            dests.clear();
-            self.outq[c] = q;
-            self.alone[c] = alone;
-            self.dests[c] = dests;
+            self.give_back(c, q, alone, dests);
         }
+    }
+
+    /// Channel `c`'s send lists, emptied, back in their places (their room is kept
+    /// for the next round).
+    fn give_back(
+        &mut self,
+        c: usize,
+        mut q: Vec<Bytes>,
+        mut alone: Vec<bool>,
+        mut dests: Vec<SocketAddr>,
+    ) {
+        q.clear();
+        alone.clear();
+        dests.clear();
+        self.outq[c] = q;
+        self.alone[c] = alone;
+        self.dests[c] = dests;
     }
 
     /// Send `n` datagrams of `seg` bytes (the last may be shorter) in one call.

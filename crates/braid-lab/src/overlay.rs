@@ -35,7 +35,7 @@ use serde_json::{json, Value};
 
 use crate::spec::LinkSpec;
 use crate::tools;
-use crate::topo::{run, LabError};
+use crate::topo::{run, sh, LabError};
 
 /// Namespace prefix of the overlay lab.
 pub const PREFIX: &str = "bro-";
@@ -277,22 +277,9 @@ fn sleep(d: Duration) -> Result<(), LabError> {
     check_interrupt()
 }
 
-/// Run `cmd` (space-separated words) in namespace `ns`.
-fn sh(ns: &str, cmd: &str) -> Result<String, LabError> {
-    let mut v = vec!["ip", "netns", "exec", ns];
-    v.extend(cmd.split_whitespace());
-    run(&v)
-}
-
 /// The overlay lab's namespaces that exist now.
 pub fn existing_namespaces() -> Vec<String> {
-    run(&["ip", "netns", "list"])
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| l.split_whitespace().next())
-        .filter(|n| n.starts_with(PREFIX))
-        .map(str::to_string)
-        .collect()
+    crate::topo::namespaces_starting_with(PREFIX)
 }
 
 /// Remove everything the overlay lab created; safe to run any time.

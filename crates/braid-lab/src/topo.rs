@@ -118,8 +118,9 @@ pub fn run(args: &[&str]) -> Result<String, LabError> {
 }
 
 /// Run `cmd` (words separated by spaces; none of the lab's arguments contain one)
-/// inside namespace `ns`, or in the current namespace if `ns` is empty.
-fn sh(ns: &str, cmd: &str) -> Result<String, LabError> {
+/// inside namespace `ns`, or in the current namespace if `ns` is empty. The labs
+/// (this one, the overlay's and the field's) all run their commands through it.
+pub fn sh(ns: &str, cmd: &str) -> Result<String, LabError> {
     let mut v: Vec<&str> = if ns.is_empty() {
         Vec::new()
     } else {
@@ -194,10 +195,17 @@ pub fn spawn_emulator(
 
 /// Namespaces of the lab that exist now.
 pub fn existing_namespaces() -> Vec<String> {
-    let list = run(&["ip", "netns", "list"]).unwrap_or_default();
-    list.lines()
+    namespaces_starting_with("brl-")
+}
+
+/// The network namespaces that exist now whose names start with `prefix` (each lab
+/// names its own with a prefix of its own).
+pub fn namespaces_starting_with(prefix: &str) -> Vec<String> {
+    run(&["ip", "netns", "list"])
+        .unwrap_or_default()
+        .lines()
         .filter_map(|l| l.split_whitespace().next())
-        .filter(|n| n.starts_with("brl-"))
+        .filter(|n| n.starts_with(prefix))
         .map(str::to_string)
         .collect()
 }

@@ -18,7 +18,7 @@
 
 use std::time::Duration;
 
-use crate::topo::{run, LabError};
+use crate::topo::{run, sh, LabError};
 
 /// Every namespace of the field lab starts with this.
 pub const PREFIX: &str = "field-";
@@ -76,22 +76,9 @@ pub fn namespaces() -> Vec<String> {
     v
 }
 
-/// Run `cmd` (space-separated words) in namespace `ns`.
-pub fn sh(ns: &str, cmd: &str) -> Result<String, LabError> {
-    let mut v = vec!["ip", "netns", "exec", ns];
-    v.extend(cmd.split_whitespace());
-    run(&v)
-}
-
 /// The field lab's namespaces that exist now.
 pub fn existing_namespaces() -> Vec<String> {
-    run(&["ip", "netns", "list"])
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| l.split_whitespace().next())
-        .filter(|n| n.starts_with(PREFIX))
-        .map(str::to_string)
-        .collect()
+    crate::topo::namespaces_starting_with(PREFIX)
 }
 
 /// Namespace `n` with its loopback up, forwarding on (IPv4 and IPv6), no
