@@ -24,6 +24,7 @@
 
 #![warn(missing_docs)]
 
+mod admit;
 pub mod args;
 pub mod bench;
 mod chunks;

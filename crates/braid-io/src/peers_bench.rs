@@ -926,6 +926,7 @@ fn delta(a: &ServerCounters, b: &ServerCounters) -> ServerCounters {
         initiation_mac1_failures: d(a.initiation_mac1_failures, b.initiation_mac1_failures),
         initiations_shed: d(a.initiations_shed, b.initiations_shed),
         unknown_index: d(a.unknown_index, b.unknown_index),
+        implausible: d(a.implausible, b.implausible),
         unroutable: d(a.unroutable, b.unroutable),
         no_route: d(a.no_route, b.no_route),
         source_not_allowed: d(a.source_not_allowed, b.source_not_allowed),

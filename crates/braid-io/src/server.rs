@@ -639,6 +639,12 @@ impl ServerHandle {
             initiations_rate_limited: n(&k.initiations_rate_limited),
             oversized: n(&k.oversized),
             unknown_index: n(&k.unknown_index),
+            implausible: table
+                .by_slot
+                .values()
+                .filter_map(|p| p.running.get())
+                .map(|r| r.inbox.implausible())
+                .sum(),
             unroutable: n(&k.unroutable),
             no_route: n(&k.no_route),
             source_not_allowed: n(&k.source_not_allowed),

@@ -27,6 +27,7 @@ use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 use tokio::task::JoinHandle;
 use tracing::{debug, error, info, warn};
 
+use crate::admit::Windows;
 use crate::chunks::Chunks;
 use crate::config::SessionConfig;
 use crate::stats::{ChannelSnapshot, SessionStats};
@@ -580,6 +581,15 @@ pub(crate) struct Inbox {
 }
 
 impl Inbox {
+    /// Sealed datagrams no key of the session could accept, dropped unqueued (all
+    /// channels).
+    pub(crate) fn implausible(&self) -> u64 {
+        self.budgets
+            .iter()
+            .map(|b| b.implausible.load(Ordering::Relaxed))
+            .sum()
+    }
+
     /// Queue datagrams that arrived on `channel` for the session, each within the
     /// channel's share of the queue (what does not fit is dropped and counted, as on a
     /// session's own readers); never waits, so a slow peer holds up no other.
@@ -593,19 +603,9 @@ impl Inbox {
         };
         let mut batch = Vec::with_capacity(datagrams.len());
         for (at, from, d) in datagrams {
-            if d.len() > self.limits.datagram {
-                budget.oversize.fetch_add(1, Ordering::Relaxed);
-                continue;
+            if budget.admit(&self.limits, &d, 0) {
+                batch.push((at, from, d));
             }
-            let full = budget.packets.load(Ordering::Relaxed) >= self.limits.packets
-                || budget.bytes.load(Ordering::Relaxed) + d.len() > self.limits.bytes;
-            if full {
-                budget.queue_drops.fetch_add(1, Ordering::Relaxed);
-                continue;
-            }
-            budget.packets.fetch_add(1, Ordering::Relaxed);
-            budget.bytes.fetch_add(d.len(), Ordering::Relaxed);
-            batch.push((at, from, d));
         }
         if batch.is_empty() {
             return;
@@ -633,7 +633,7 @@ impl Session {
         let (queue, limits) = Channels::limits(&cfg);
         let (net_tx, net_rx) = mpsc::channel(queue);
         let n = ch.socks.len();
-        let budgets: Vec<Arc<Budget>> = (0..n).map(|_| Arc::new(Budget::default())).collect();
+        let budgets = Budget::per_channel(n);
         let mut readers = Vec::new();
         for (i, (s, state)) in ch.socks.iter().zip(&ch.states).enumerate() {
             readers.push(match (s, state) {
@@ -669,9 +669,7 @@ impl Session {
         cfg.validate().map_err(SessionError::Config)?;
         let (queue, limits) = Channels::limits(&cfg);
         let (net_tx, net_rx) = mpsc::channel(queue);
-        let budgets: Vec<Arc<Budget>> = (0..ch.socks.len())
-            .map(|_| Arc::new(Budget::default()))
-            .collect();
+        let budgets = Budget::per_channel(ch.socks.len());
         let inbox = Inbox {
             tx: net_tx,
             budgets: budgets.clone(),
@@ -1006,17 +1004,62 @@ pub(crate) struct Limits {
 }
 
 /// One channel's share of the reader queue, and what did not fit.
-#[derive(Default)]
 struct Budget {
+    channel: usize,
+    /// The session's keys, as its driver last published them (one for all channels).
+    windows: Arc<Windows>,
     packets: AtomicUsize,
     bytes: AtomicUsize,
     /// Dropped because the channel's share was full (a flood, or a slow driver).
     queue_drops: AtomicU64,
     /// Dropped because larger than any channel carries.
     oversize: AtomicU64,
+    /// Dropped because no key of the session could accept them ([`crate::admit`]).
+    implausible: AtomicU64,
 }
 
 impl Budget {
+    /// One budget per channel, sharing one set of published keys.
+    fn per_channel(channels: usize) -> Vec<Arc<Budget>> {
+        let windows = Arc::new(Windows::new(channels));
+        (0..channels)
+            .map(|channel| {
+                Arc::new(Budget {
+                    channel,
+                    windows: windows.clone(),
+                    packets: AtomicUsize::new(0),
+                    bytes: AtomicUsize::new(0),
+                    queue_drops: AtomicU64::new(0),
+                    oversize: AtomicU64::new(0),
+                    implausible: AtomicU64::new(0),
+                })
+            })
+            .collect()
+    }
+
+    /// Take `d` (a datagram, or GRO segments of `stride` bytes) into the channel's
+    /// share of the queue, if it could be the session's and there is room; what is
+    /// refused is counted by why, uncopied.
+    fn admit(&self, limits: &Limits, d: &[u8], stride: usize) -> bool {
+        if d.len() > limits.datagram || stride > limits.datagram {
+            self.oversize.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        if !self.windows.admits(self.channel, d) {
+            self.implausible.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        let full = self.packets.load(Ordering::Relaxed) >= limits.packets
+            || self.bytes.load(Ordering::Relaxed) + d.len() > limits.bytes;
+        if full {
+            self.queue_drops.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        self.packets.fetch_add(1, Ordering::Relaxed);
+        self.bytes.fetch_add(d.len(), Ordering::Relaxed);
+        true
+    }
+
     fn release(&self, len: usize) {
         self.packets.fetch_sub(1, Ordering::Relaxed);
         self.bytes.fetch_sub(len, Ordering::Relaxed);
@@ -1142,19 +1185,9 @@ async fn reader(
     loop {
         let mut batch = Vec::with_capacity(size);
         rx.next(channel, |at, from, d, stride| {
-            if d.len() > limits.datagram || stride > limits.datagram {
-                budget.oversize.fetch_add(1, Ordering::Relaxed);
-                return;
+            if budget.admit(&limits, d, stride) {
+                batch.push((at, from, chunks.copy(d)));
             }
-            let full = budget.packets.load(Ordering::Relaxed) >= limits.packets
-                || budget.bytes.load(Ordering::Relaxed) + d.len() > limits.bytes;
-            if full {
-                budget.queue_drops.fetch_add(1, Ordering::Relaxed);
-                return;
-            }
-            budget.packets.fetch_add(1, Ordering::Relaxed);
-            budget.bytes.fetch_add(d.len(), Ordering::Relaxed);
-            batch.push((at, from, chunks.copy(d)));
         })
         .await;
         size = batch.len().max(RX_BATCH);
@@ -1855,7 +1888,17 @@ impl Driver {
         self.dispatch_handshakes();
         self.deliver_out();
         self.log_events();
+        // Before anything is sent: no datagram sealed with a key made just now can
+        // come back before the readers know the key.
+        self.publish_windows();
         self.send_out().await;
+    }
+
+    /// Tell the readers which sealed datagrams the session could accept now.
+    fn publish_windows(&self) {
+        if let Some(b) = self.budgets.first() {
+            b.windows.publish(&self.machine);
+        }
     }
 
     fn deliver_out(&mut self) {
@@ -2343,6 +2386,7 @@ impl Driver {
             tx_errors: self.tx_errors[i],
             rx_queue_drops: self.budgets[i].queue_drops.load(Ordering::Relaxed),
             rx_oversize: self.budgets[i].oversize.load(Ordering::Relaxed),
+            rx_implausible: self.budgets[i].implausible.load(Ordering::Relaxed),
             rx_datagrams: c.rx_datagrams,
             rx_bytes: c.rx_bytes,
             rx_data_packets: c.rx_data_packets,
@@ -2495,7 +2539,14 @@ mod reader_tests {
             bytes: 1 << 20,
             datagram: 1500,
         };
-        let task = tokio::spawn(reader(0, rx, state, out, Arc::default(), limits));
+        let task = tokio::spawn(reader(
+            0,
+            rx,
+            state,
+            out,
+            Budget::per_channel(1).remove(0),
+            limits,
+        ));
         let mut stamps = Vec::new();
         while stamps.len() < 6 {
             let (_, batch) = tokio::time::timeout(StdDuration::from_secs(5), got.recv())

@@ -57,6 +57,11 @@ pub struct ChannelSnapshot {
     /// Datagrams dropped on arrival because they were larger than any channel carries.
     #[serde(default)]
     pub rx_oversize: u64,
+    /// Sealed datagrams dropped on arrival because no key of the session could accept
+    /// them: an unknown key index, or a counter outside every window (forgeries; see
+    /// docs/security.md, "A flood aimed at one peer").
+    #[serde(default)]
+    pub rx_implausible: u64,
     /// Datagrams received.
     pub rx_datagrams: u64,
     /// Bytes received (UDP payload).
@@ -385,6 +390,11 @@ pub struct ServerCounters {
     pub oversized: u64,
     /// Sealed datagrams (or handshake answers) whose key index is no running peer's.
     pub unknown_index: u64,
+    /// Sealed datagrams for a running peer that no key of its session could accept
+    /// (an index of its prefix it does not have, or a counter outside its windows),
+    /// dropped before they were queued: forgeries (docs/security.md).
+    #[serde(default)]
+    pub implausible: u64,
     /// Datagrams that are neither sealed nor a handshake message.
     pub unroutable: u64,
     /// Packets from the TUN whose destination is in no peer's allowed IPs.
@@ -719,12 +729,13 @@ impl SessionStats {
         );
         let _ = writeln!(
             s,
-            "dropped: unknown peer {}  unreadable initiation {}  bad mac1 {}  shed {}  unknown key index {}  unroutable {}  no route {}  source not allowed {}  not IP {}",
+            "dropped: unknown peer {}  unreadable initiation {}  bad mac1 {}  shed {}  unknown key index {}  implausible {}  unroutable {}  no route {}  source not allowed {}  not IP {}",
             srv.unknown_peer,
             srv.unreadable_initiations,
             srv.initiation_mac1_failures,
             srv.initiations_shed,
             srv.unknown_index,
+            srv.implausible,
             srv.unroutable,
             srv.no_route,
             srv.source_not_allowed,
@@ -1104,6 +1115,10 @@ const SERVER_HELP: &[(&str, &str)] = &[
         "Datagrams larger than the channels carry, dropped",
     ),
     (
+        "implausible",
+        "Sealed datagrams for a running peer that no key of its session could accept, dropped unqueued",
+    ),
+    (
         "unroutable",
         "Datagrams neither sealed nor a handshake message, dropped",
     ),
@@ -1219,6 +1234,7 @@ const COUNTERS: &[(bool, &str, &str)] = &[
     (true, "tx_errors", "Datagrams the channel's socket refused to send (e.g. unreachable, no route)"),
     (true, "rx_queue_drops", "Datagrams dropped on arrival: the channel's share of the receive queue was full"),
     (true, "rx_oversize", "Datagrams dropped on arrival: larger than any channel carries"),
+    (true, "rx_implausible", "Sealed datagrams dropped on arrival: no key of the session could accept them (unknown key index, or a counter outside its windows)"),
     (true, "rx_datagrams", "Datagrams received on the channel"),
     (true, "rx_bytes", "Bytes received on the channel (UDP payload)"),
     (true, "rx_data_packets", "Data packets received on the channel"),

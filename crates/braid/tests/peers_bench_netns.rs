@@ -134,8 +134,11 @@ fn forged_initiations_get_cookie_replies_not_public_key_work() {
             + u(d, &["initiations_rate_limited"])
             + work
             + u(d, &["initiations_shed"])
+            // On a busy machine the server's readers fall behind and the kernel drops
+            // some of the flood (seen at a load of 7): those never reached the server.
+            + u(f, &["udp_rcvbuf_errors"])
             >= sent / 2,
-        "where did the flood go? {d:#}"
+        "where did the flood go? {f:#}"
     );
     // A client that was not connected gets in meanwhile (a cookie round, then its
     // handshake).
@@ -185,9 +188,17 @@ fn a_flood_aimed_at_one_peer_leaves_its_traffic_flowing() {
         rx * 2 >= tx,
         "the first client's packets: {rx} of {tx} arrived under the flood: {f:#}"
     );
-    // The forged sealed datagrams reached its session (its key index), not the
-    // server's unknown-index count.
+    // The forged sealed datagrams carried its key index (so they were not counted as
+    // unknown) and random counters: each was dropped unqueued as implausible (half the
+    // flood; what the kernel dropped for want of buffer never reached the server).
     assert_eq!(u(d, &["unknown_index"]), 0, "{d:#}");
+    let implausible = u(d, &["implausible"]);
+    let kernel = u(f, &["udp_rcvbuf_errors"]);
+    assert!(
+        (implausible + kernel) * 20 >= sent * 9,
+        "{implausible} forged sealed datagrams dropped as implausible ({kernel} dropped by the kernel) of {} sent: {f:#}",
+        sent / 2
+    );
     assert!(f["handshake_ms"].as_f64().is_some(), "{f:#}");
 }
 

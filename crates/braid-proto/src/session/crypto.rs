@@ -113,6 +113,23 @@ impl SecurityMode {
 pub const KEY_LEN: usize = 32;
 /// The receiver accepts counters up to this far behind the highest seen on a channel.
 pub const REPLAY_WINDOW: u64 = 2048;
+/// Keys a session can receive with at once: the pending one, the current one and up to
+/// three older ones.
+pub const RECEIVING_KEYS: usize = 2 + MAX_OLDER;
+/// How far past a window's top a counter may be and still be plausible: a peer's
+/// counters on a channel pass the top we accepted only by what it sent there since
+/// (lost or in flight). 2^24 datagrams is over 16 s at a million a second, far more than
+/// a session survives without hearing anything; a forger who does not see the
+/// channel's traffic guesses a counter in range once in 2^32 tries (of 2^56).
+pub const PLAUSIBLE_AHEAD: u64 = 1 << 24;
+
+/// Could a sealed datagram with `counter` be accepted by a receive window whose top is
+/// `top` (see [`Crypto::receive_windows`])? Not if it is older than the window (the
+/// session would refuse it as a replay) or implausibly far ahead of it.
+pub fn plausible_counter(top: u64, counter: u64) -> bool {
+    counter.saturating_add(REPLAY_WINDOW) >= top && counter < top.saturating_add(PLAUSIBLE_AHEAD)
+}
+
 /// Start a new handshake once a channel's counter passes this.
 pub const REKEY_AFTER_COUNT: u64 = 1 << 48;
 /// Never seal with a counter at or beyond this (a new handshake is overdue).
@@ -1444,6 +1461,24 @@ impl Crypto {
     /// datagram's session by the index it carries ([`index_prefix`]).
     pub fn set_index_prefix(&mut self, prefix: u16) {
         self.index_prefix = Some(prefix);
+    }
+
+    /// The receive windows of every key a sealed datagram may name now (the pending,
+    /// current and older keys, at most [`RECEIVING_KEYS`]): for each, its local index
+    /// and, per channel, the window's top (highest counter accepted + 1; 0: none yet).
+    /// A driver that queues datagrams before the session opens them can drop, unopened,
+    /// those no key could accept ([`plausible_counter`]).
+    pub fn receive_windows(&self, mut each: impl FnMut(u32, &mut dyn Iterator<Item = u64>)) {
+        let keys = self
+            .pending
+            .as_ref()
+            .map(|p| &p.keys)
+            .into_iter()
+            .chain(self.current.as_ref())
+            .chain(self.older.iter());
+        for k in keys {
+            each(k.local, &mut k.windows.iter().map(|w| w.top));
+        }
     }
 
     /// The peer closed its session (an authenticated close message): handshake again

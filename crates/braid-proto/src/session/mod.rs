@@ -76,8 +76,9 @@ use crate::errctl::link as arq;
 pub use crate::errctl::link::{ArqChannelStats, ArqConfig};
 pub use credits::{CreditConfig, CreditCounters};
 pub use crypto::{
-    address_bytes, index_prefix, receiver_index, HandshakeDone, HandshakeFailure, HandshakeJob,
-    HandshakeStats, InitiationReader, SecurityMode, ServerCookies, KEY_LEN,
+    address_bytes, index_prefix, plausible_counter, receiver_index, HandshakeDone,
+    HandshakeFailure, HandshakeJob, HandshakeStats, InitiationReader, SecurityMode, ServerCookies,
+    KEY_LEN, PLAUSIBLE_AHEAD, RECEIVING_KEYS,
 };
 use crypto::{Crypto, Established, Keys, Reject};
 pub use demote::{DemoteConfig, Role};
@@ -1148,6 +1149,13 @@ impl Session {
             // the responder.
             self.send_hellos();
         }
+    }
+
+    /// Each key a sealed datagram may name now: its local index and, per channel, its
+    /// receive window's top (see [`crypto::plausible_counter`]). Cheap; a driver that
+    /// filters datagrams before queueing them calls it whenever it has fed the session.
+    pub fn receive_windows(&self, each: impl FnMut(u32, &mut dyn Iterator<Item = u64>)) {
+        self.crypto.receive_windows(each);
     }
 
     /// Hand the public-key work of initiations to the driver from now on
