@@ -1451,8 +1451,6 @@ struct Own {
     first: bool,
     /// The periodic look's interval while nothing waits.
     idle_look: std::time::Duration,
-    /// Some channel has an uplink to look at.
-    watching: bool,
 }
 
 impl Own {
@@ -1491,8 +1489,12 @@ impl Own {
             next_look: tokio::time::Instant::now(),
             first: true,
             idle_look,
-            watching,
         }
+    }
+
+    /// Some channel has an uplink to look at.
+    fn watching(&self) -> bool {
+        self.uplinks.iter().any(Option::is_some)
     }
 }
 
@@ -1585,13 +1587,13 @@ impl Driver {
         let mut hs_open = true;
         // The interfaces' doorbell, and when to look at them anyway.
         let mut watch = self.own.as_mut().and_then(|o| o.watch.take());
-        if self.own.as_ref().is_some_and(|o| o.watching) {
+        if self.own.as_ref().is_some_and(Own::watching) {
             self.look_at_uplinks().await;
         }
         loop {
             let at = self.wake_at();
             let look_at = self.own.as_ref().map_or(at, |o| o.next_look);
-            let watching = self.own.as_ref().is_some_and(|o| o.watching);
+            let watching = self.own.as_ref().is_some_and(Own::watching);
             let mut look = false;
             let mut change = None;
             tokio::select! {
@@ -1627,6 +1629,10 @@ impl Driver {
                 break;
             }
             if look {
+                // The doorbell may have been given up (see `Watch::rung`).
+                if let (Some(w), Some(own)) = (&watch, &mut self.own) {
+                    own.idle_look = w.idle_look();
+                }
                 self.look_at_uplinks().await;
             }
             if let Some((i, c, reply)) = change {
@@ -1803,7 +1809,6 @@ impl Driver {
         {
             let own = self.own.as_mut().expect("own sockets");
             own.uplinks[i] = uplink;
-            own.watching = own.uplinks.iter().any(Option::is_some);
             own.bound[i] = None;
             own.bind_warned[i] = false;
         }
@@ -1811,10 +1816,17 @@ impl Driver {
         if watched {
             // Bound now if its uplink is there, else it waits for it (gone).
             self.look_at_uplinks().await;
-        } else if let Err(e) = self.rebind(i) {
+        } else {
             let now = self.now();
-            self.machine.set_uplink(now, i, false);
-            return Err(format!("{e}; the channel is out of the bond"));
+            if let Err(e) = self.rebind(i) {
+                self.machine.set_uplink(now, i, false);
+                return Err(format!("{e}; the channel is out of the bond"));
+            }
+            // A channel whose uplink was gone, now bound with no uplink to watch: back
+            // in the bond (nothing else would put it back).
+            if self.machine.uplink_gone(i) {
+                self.machine.set_uplink(now, i, true);
+            }
         }
         match &self.socks[i] {
             Some(_) => done.push(format!("socket bound anew at {}", self.locals[i])),

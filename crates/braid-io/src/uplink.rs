@@ -22,6 +22,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::Duration;
 
 use tokio::io::unix::AsyncFd;
+use tracing::warn;
 
 use crate::config::ChannelConfig;
 
@@ -198,10 +199,14 @@ impl Watch {
 
     /// Resolves when a link or address changed (what the notifications said is
     /// dropped: the caller looks again). Pending for ever without the subscription.
+    /// A socket that fails otherwise is given up (the caller looks now, and from then
+    /// on every [`SAFETY_NET`]: see [`Watch::idle_look`]); it would stay readable and
+    /// spin.
     pub(crate) async fn rung(&mut self) {
         let Some(sock) = &self.sock else {
             return std::future::pending().await;
         };
+        let mut broken = None;
         loop {
             let Ok(mut guard) = sock.readable().await else {
                 return std::future::pending().await;
@@ -214,12 +219,24 @@ impl Watch {
                     Ok(Ok(_)) => any = true,
                     // ENOBUFS: notifications were lost; a look sees the outcome.
                     Ok(Err(e)) if e.raw_os_error() == Some(libc::ENOBUFS) => any = true,
-                    Ok(Err(_)) | Err(_) => break,
+                    Ok(Err(e)) => {
+                        broken = Some(e);
+                        break;
+                    }
+                    // Drained (readiness cleared).
+                    Err(_) => break,
                 }
             }
-            if any {
-                return;
+            if any || broken.is_some() {
+                break;
             }
+        }
+        if let Some(e) = broken {
+            warn!(
+                "interface notifications failed ({e}): channels' uplinks are looked at every {} s instead",
+                SAFETY_NET.as_secs()
+            );
+            self.sock = None;
         }
     }
 }

@@ -326,6 +326,22 @@ impl Aqm {
         }
     }
 
+    /// The peer started a new run: its stamps now count from another origin, so every
+    /// delay learnt from the old run is forgotten (else, for up to the base window's
+    /// 10 s, the difference between the two origins reads as a standing queue and
+    /// CoDel drops the new run's packets), and with it whatever CoDel was doing. The
+    /// counters stay.
+    pub fn peer_restarted(&mut self) {
+        for o in &mut self.owd {
+            *o = Owd::default();
+        }
+        let mut codel = Codel::new(self.cfg.target, self.cfg.interval);
+        codel.set_params(self.cfg.target, self.floor.interval, self.cfg.interval);
+        self.codel = codel;
+        self.pending = false;
+        self.last_loss_signal = None;
+    }
+
     /// A marker stamped `stamp_us` by the sender's clock arrived on `channel` at `now`.
     pub fn on_stamp(&mut self, now: Instant, channel: usize, stamp_us: u64) {
         let Some(o) = self.owd.get_mut(channel) else {
@@ -497,6 +513,40 @@ mod tests {
         a.on_stamp(ms(300 + 90), 1, 300 * 1000 + off);
         assert_eq!(a.queue_delay(ms(390)), Duration::from_millis(30));
         assert_eq!(a.stats(ms(390)).queue_delay_us, vec![None, Some(30_000)]);
+    }
+
+    /// A restarted peer's stamps count from a new origin: 5 s less for the same
+    /// moment, so each sample reads 5 s more than the old run's base.
+    #[test]
+    fn a_restarted_peers_new_clock_is_not_a_queue() {
+        let run = |forget: bool| {
+            let mut a = Aqm::new(AqmConfig::default(), 1);
+            for t in (0..2000).step_by(5) {
+                a.on_bytes(ms(t), 0, 1400);
+                a.on_stamp(ms(t + 10), 0, t * 1000 + 5_000_000);
+            }
+            if forget {
+                a.peer_restarted();
+            }
+            let mut dropped = 0;
+            for t in (2000..3000).step_by(5) {
+                a.on_bytes(ms(t), 0, 1400);
+                a.on_stamp(ms(t + 10), 0, t * 1000);
+                let mut p = ect_packet();
+                p[1] = 0; // not ECT: a signal is a drop
+                if a.on_deliver(ms(t + 10), &mut p) == Verdict::Drop {
+                    dropped += 1;
+                }
+            }
+            (a.queue_delay(ms(3005)), dropped)
+        };
+        assert_eq!(run(true), (Duration::ZERO, 0));
+        // The old run's base kept: 5 s of "queue", and drops.
+        let (queue, dropped) = run(false);
+        assert!(
+            queue >= Duration::from_secs(4) && dropped > 0,
+            "{queue:?} {dropped}"
+        );
     }
 
     #[test]

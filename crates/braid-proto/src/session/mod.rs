@@ -1802,6 +1802,9 @@ impl Session {
             self.events.push_back(Event::PeerRestarted);
             self.reset_epochs(now);
             self.probes.again(None);
+            if let Some(aqm) = &mut self.aqm {
+                aqm.peer_restarted();
+            }
         } else {
             self.events.push_back(Event::PeerHeard);
         }
