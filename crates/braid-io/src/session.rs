@@ -2395,6 +2395,7 @@ impl Driver {
             tx_data_packets: c.tx_data_packets,
             tx_markers: c.tx_markers,
             tx_triggers: c.tx_triggers,
+            tx_discarded: c.tx_discarded,
             tx_errors: self.tx_errors[i],
             rx_queue_drops: self.budgets[i].queue_drops.load(Ordering::Relaxed),
             rx_oversize: self.budgets[i].oversize.load(Ordering::Relaxed),

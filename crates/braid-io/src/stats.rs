@@ -50,6 +50,10 @@ pub struct ChannelSnapshot {
     pub tx_triggers: u64,
     /// Send errors (e.g. unreachable).
     pub tx_errors: u64,
+    /// Datagrams made for the channel and not sent: its uplink was gone, or no address
+    /// of the peer was known on it.
+    #[serde(default)]
+    pub tx_discarded: u64,
     /// Datagrams dropped on arrival because this channel's share of the receive queue
     /// was full (a flood on its port, or a driver that cannot keep up).
     #[serde(default)]
@@ -1232,6 +1236,7 @@ const COUNTERS: &[(bool, &str, &str)] = &[
     (true, "tx_markers", "Markers sent on the channel"),
     (true, "tx_triggers", "Triggers sent on the channel"),
     (true, "tx_errors", "Datagrams the channel's socket refused to send (e.g. unreachable, no route)"),
+    (true, "tx_discarded", "Datagrams made for the channel and not sent: its uplink was gone, or no address of the peer was known on it"),
     (true, "rx_queue_drops", "Datagrams dropped on arrival: the channel's share of the receive queue was full"),
     (true, "rx_oversize", "Datagrams dropped on arrival: larger than any channel carries"),
     (true, "rx_implausible", "Sealed datagrams dropped on arrival: no key of the session could accept them (unknown key index, or a counter outside its windows)"),

@@ -173,10 +173,16 @@ impl Session {
     // ---- transmit direction: choosing and switching the channel set ----
 
     pub(super) fn maybe_switch(&mut self, now: Instant) {
-        let Some(at) = self.peer.report_at else {
-            return;
-        };
-        if now - at > self.cfg.dead_after {
+        let reported = self
+            .peer
+            .report_at
+            .is_some_and(|at| now - at <= self.cfg.dead_after);
+        // Without a fresh report from the peer, only to take out channels whose uplink
+        // is gone (we know that ourselves): right after a handshake the set is every
+        // channel, and what it striped onto a gone one until the peer's first hello
+        // was lost.
+        let gone_in_set = self.peer.seen && self.uplink_down & self.tx.set != 0;
+        if !reported && !gone_in_set {
             return;
         }
         // Demoted channels stay out while another channel is there (`super::demote`);

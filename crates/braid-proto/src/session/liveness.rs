@@ -35,6 +35,7 @@ pub(super) struct ChanCounters {
     pub tx_data: u64,
     pub tx_markers: u64,
     pub tx_triggers: u64,
+    pub tx_discarded: u64,
     pub rx_datagrams: u64,
     pub rx_bytes: u64,
     pub rx_data: u64,
@@ -296,7 +297,8 @@ impl Session {
     /// (`present` false) or come back. Gone: the channel is down at once (not after
     /// `dead_after`), our next hellos tell the peer we no longer hear it there (the
     /// peer takes it out of its transmit set within a heartbeat), it leaves our
-    /// transmit set at the next switch, and nothing is sent on it. Back: it rejoins as
+    /// transmit set at the next switch, and nothing is sent on it (nor sealed: what
+    /// would have been is counted as `tx_discarded`). Back: it rejoins as
     /// any down channel does, once the peer has been heard on it for `rejoin_after`;
     /// hellos go out on it at once. No event: the driver knows and says why.
     pub fn set_uplink(&mut self, now: Instant, c: usize, present: bool) {

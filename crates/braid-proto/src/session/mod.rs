@@ -1622,18 +1622,16 @@ impl Session {
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
         let mut t = self.out.pop_front()?;
         loop {
-            // A channel whose uplink is gone sends nothing (`Session::set_uplink`).
-            if self.uplink_down & bit(t.channel) != 0 {
-                t = self.out.pop_front()?;
-                continue;
+            // A channel whose uplink is gone sends nothing (`Session::set_uplink`), nor
+            // one with no address of the peer to send to.
+            let gone = self.uplink_down & bit(t.channel) != 0;
+            if !gone && self.addressed {
+                t.destination = t.destination.or(self.endpoints[t.channel]);
             }
-            if !self.addressed {
+            if !gone && (!self.addressed || t.destination.is_some()) {
                 break;
             }
-            t.destination = t.destination.or(self.endpoints[t.channel]);
-            if t.destination.is_some() {
-                break;
-            }
+            self.chans[t.channel].n.tx_discarded += 1;
             t = self.out.pop_front()?;
         }
         let n = &mut self.chans[t.channel].n;
@@ -1661,6 +1659,12 @@ impl Session {
     /// [`Session::emit`] of the datagram `header` then `payload`, sealed from the two
     /// parts (no copy of them joined first).
     fn emit_parts(&mut self, c: usize, kind: DatagramKind, header: &[u8], payload: Bytes) {
+        if self.uplink_down & bit(c) != 0 {
+            // Not sealed either: a counter used on a datagram that never leaves is a
+            // gap the peer's repair would wait for when the channel is back.
+            self.chans[c].n.tx_discarded += 1;
+            return;
+        }
         let bytes = match (self.crypto.mode, kind) {
             (SecurityMode::None, DatagramKind::Data | DatagramKind::Repair) => {
                 if header.is_empty() {
@@ -1826,6 +1830,8 @@ impl Session {
         // A new run numbers its hellos from the start.
         self.peer.hello_seq = None;
         self.peer.closed = false;
+        // The set is every channel again: those whose uplink is gone leave it now.
+        self.maybe_switch(now);
     }
 
     /// A session message; `arrived` and `repaired` as for [`Session::on_inner`].

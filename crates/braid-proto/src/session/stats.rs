@@ -44,6 +44,9 @@ pub struct ChannelInfo {
     pub tx_markers: u64,
     /// Triggers sent.
     pub tx_triggers: u64,
+    /// Datagrams made for the channel and not sent: its uplink was gone, or no
+    /// address of the peer was known on it.
+    pub tx_discarded: u64,
     /// Datagrams received.
     pub rx_datagrams: u64,
     /// Their bytes.
@@ -258,6 +261,7 @@ impl Session {
             tx_data_packets: c.n.tx_data,
             tx_markers: c.n.tx_markers,
             tx_triggers: c.n.tx_triggers,
+            tx_discarded: c.n.tx_discarded,
             rx_datagrams: c.n.rx_datagrams,
             rx_bytes: c.n.rx_bytes,
             rx_data_packets: c.n.rx_data,
