@@ -9,8 +9,9 @@
 //!
 //! So the driver publishes here, whenever it has fed the session, the key indices the
 //! session receives with and, per channel, each key's receive window top; a reader drops
-//! a sealed datagram whose index is none of those, or whose counter no window could
-//! accept ([`plausible_counter`]: older than the replay window, or more than
+//! a sealed datagram whose index is none of those, or whose counter no window of that
+//! key could accept (any channel's: an in-bond repair crosses on another channel than
+//! the one it was sealed for) ([`plausible_counter`]: older than the replay window, or more than
 //! [`braid_proto::session::PLAUSIBLE_AHEAD`] past the top), uncopied and counted. A
 //! forger then has to see the channel's current counters as well; one who can is on the
 //! path, where it could drop the traffic anyway.
@@ -119,13 +120,19 @@ impl Windows {
             if k.index.load(Ordering::Relaxed) != index {
                 continue;
             }
-            let top = k.tops.get(channel).map(|t| t.load(Ordering::Relaxed));
+            // Any channel's window: an in-bond repair is the same sealed datagram sent
+            // again on another channel, its counter that of the channel it was
+            // sealed for (the session opens it with that channel's nonce).
+            let plausible = channel < k.tops.len()
+                && k.tops
+                    .iter()
+                    .any(|t| plausible_counter(t.load(Ordering::Relaxed), h.counter));
             fence(Ordering::Acquire);
             if v & 1 == 1 || k.version.load(Ordering::Relaxed) != v {
                 // Being given to another key right now: let the session judge.
                 return true;
             }
-            return top.is_some_and(|top| plausible_counter(top, h.counter));
+            return plausible;
         }
         false
     }
@@ -170,7 +177,7 @@ mod tests {
     #[test]
     fn a_counter_is_plausible_within_the_window_and_not_far_ahead_of_it() {
         let w = Windows::new(2);
-        publish(&w, &[(7, &[5000, 0])]);
+        publish(&w, &[(7, &[5000, 100_000_000])]);
         assert!(w.admits(0, &sealed(7, 5000)));
         assert!(w.admits(0, &sealed(7, 4000)));
         // The oldest the replay window still takes, and one older.
@@ -178,9 +185,11 @@ mod tests {
         assert!(!w.admits(0, &sealed(7, 5000 - 2049)));
         assert!(w.admits(0, &sealed(7, 5000 + PLAUSIBLE_AHEAD - 1)));
         assert!(!w.admits(0, &sealed(7, 5000 + PLAUSIBLE_AHEAD)));
-        // Each channel has its own window.
-        assert!(w.admits(1, &sealed(7, 0)));
-        assert!(!w.admits(1, &sealed(7, PLAUSIBLE_AHEAD)));
+        // Any channel's window will do: an in-bond repair of channel 0's datagram
+        // arrives on channel 1 with channel 0's counter, and the other way round.
+        assert!(w.admits(1, &sealed(7, 4000)));
+        assert!(w.admits(0, &sealed(7, 100_000_000)));
+        assert!(!w.admits(1, &sealed(7, 100_000_000 - 2049)));
         // A random counter, as a forger who knows only the index would send.
         assert!(!w.admits(0, &sealed(7, 0x00ab_cdef_0123_4567)));
         // Another index, and a channel the session does not have.

@@ -194,7 +194,7 @@ fn a_client_behind_nat_is_followed_when_its_mapping_changes_and_spoofs_do_not_mo
     // An attacker at the NAT's address (another port) replays a captured datagram,
     // forges one and forges a handshake initiation: the endpoint stays.
     let replays0 = s["channels"][0]["replays"].as_u64().unwrap();
-    let auth0 = s["channels"][0]["auth_failures"].as_u64().unwrap();
+    let implausible0 = s["channels"][0]["rx_implausible"].as_u64().unwrap();
     let attack = Command::new("ip")
         .args(["netns", "exec", &nn, "python3", "-c", ATTACK, &no])
         .args(["10.220.0.2", "7000", "10.220.0.3"])
@@ -217,7 +217,11 @@ fn a_client_behind_nat_is_followed_when_its_mapping_changes_and_spoofs_do_not_mo
     assert!(!after[0].ends_with(&format!(":{port}")));
     assert_eq!(c0["endpoint_changes"], 1, "{c0}");
     assert!(c0["replays"].as_u64().unwrap() >= replays0 + 20, "{c0}");
-    assert!(c0["auth_failures"].as_u64().unwrap() > auth0, "{c0}");
+    // The forgery's counter is far ahead of the window: dropped before it is queued.
+    assert!(
+        c0["rx_implausible"].as_u64().unwrap() > implausible0,
+        "{c0}"
+    );
     ping_until(&ns, "10.78.0.1", Duration::from_secs(1));
 
     // The move is in the server's log.

@@ -176,6 +176,7 @@ fn run_mode(mode: &str) {
     let dropped = c0["unauthenticated"].as_u64().unwrap()
         + c0["auth_failures"].as_u64().unwrap()
         + c0["rx_queue_drops"].as_u64().unwrap()
+        + c0["rx_implausible"].as_u64().unwrap()
         + sb["handshake_failures"].as_u64().unwrap();
     assert!(
         dropped * 10 >= sent * 9,
