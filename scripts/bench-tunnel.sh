@@ -5,6 +5,8 @@
 #   tcp-MODE     iperf3 TCP through `braid tunnel` at both ends, per security mode
 #                (encrypt, the default; auth; none), with the CPU time of the two tunnel
 #                processes (utime+stime from /proc/PID/stat) per Gbit/s carried
+#   tcp-MODE-2ch the same over two channels, one per veth pair (a second unshaped pair
+#                joins the namespaces), with its ratio to the one-channel row
 #   tcp-wg       iperf3 TCP through wireguard-go (user space, encrypting), if installed
 #   udp-raw      one plain UDP socket per end (`braid bench udp-send` -> `udp-sink`)
 #   udp-session  `braid bench send` -> `braid bench sink` over one braid channel (no TUN)
@@ -20,6 +22,9 @@
 # a loaded machine can be far below what the unshaped veth carries and then caps the
 # TCP rows). PACE=off measures the data path alone. Each TCP row through the tunnel
 # records the sending end's pace (pace_bps in the JSON; -1: unpaced).
+#
+# CHANNELS="1 2" (the default) runs each mode's tunnel rows over one channel, then two;
+# CHANNELS=1 only one. UDP=0 leaves out every UDP row (TCP only: quicker).
 #
 # PERF=FILE records a perf profile (perf record -g, both tunnel processes) of the first
 # TCP row through the tunnel with this build into FILE (if FILE does not exist yet).
@@ -39,6 +44,8 @@ BASE=${BASE:-}
 PERF=${PERF:-}
 PACE=${PACE:-}
 MODES=${MODES:-encrypt auth none}
+CHANNELS=${CHANNELS:-1 2}
+UDP=${UDP:-1}
 N1=bfw1-$$; N2=bfw2-$$
 TMP=$(mktemp -d)
 PIDS=()
@@ -57,12 +64,16 @@ ip -n "$N1" link set dev lo up; ip -n "$N2" link set dev lo up
 ip link add bfa$$ netns "$N1" type veth peer name bfb$$ netns "$N2"
 ip -n "$N1" addr add 10.203.0.1/24 dev bfa$$; ip -n "$N2" addr add 10.203.0.2/24 dev bfb$$
 ip -n "$N1" link set dev bfa$$ up; ip -n "$N2" link set dev bfb$$ up
+# The second channel's pair.
+ip link add bfc$$ netns "$N1" type veth peer name bfd$$ netns "$N2"
+ip -n "$N1" addr add 10.204.0.1/24 dev bfc$$; ip -n "$N2" addr add 10.204.0.2/24 dev bfd$$
+ip -n "$N1" link set dev bfc$$ up; ip -n "$N2" link set dev bfd$$ up
 
 KEY=$("$B" genkey)
 KEYFILE=$TMP/bench.key
 (umask 077; "$B" genkey > "$KEYFILE")
 : > "$TMP/results"
-write_configs() { # security mode
+write_configs() { # security mode, channels
     for end in 1 2; do
         other=$((3 - end))
         cat > "$TMP/t$end.toml" <<CFG
@@ -80,6 +91,14 @@ local = "10.203.0.$end:7000"
 remote = "10.203.0.$other:7000"
 $( [ -n "$PACE" ] && echo "pace = \"$PACE\"" )
 CFG
+        if [ "$2" = 2 ]; then
+            cat >> "$TMP/t$end.toml" <<CFG
+[[channel]]
+local = "10.204.0.$end:7000"
+remote = "10.204.0.$other:7000"
+$( [ -n "$PACE" ] && echo "pace = \"$PACE\"" )
+CFG
+        fi
         chmod 600 "$TMP/t$end.toml"
     done
 }
@@ -204,7 +223,7 @@ echo "load: $(cat /proc/loadavg)"
 LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 printf "%-6s %-16s %5s %10s %10s %8s %7s %7s\n" kind path bytes "sent kpps" "recv kpps" "Gbit/s" "loss %" "cpu s"
 tcp plain 10.203.0.2
-for size in 1400 200; do
+[ "$UDP" = 0 ] || for size in 1400 200; do
     udp raw "$size" "$B bench udp-sink --bind 10.203.0.2:9000 --idle 1s" "$B bench udp-send --to 10.203.0.2:9000"
     udp session "$size" "$B bench sink --channel 10.203.0.2:7100,10.203.0.1:7100 --key-file $KEYFILE --idle 1s" \
         "$B bench send --channel 10.203.0.1:7100,10.203.0.2:7100 --key-file $KEYFILE"
@@ -215,13 +234,17 @@ for bin in "${BINS[@]}"; do
     prefix=""
     [ "$bin" != "$B" ] && prefix="base-"
     for mode in $MODES; do
-        write_configs "$mode"
-        start_tunnels "$bin"
-        tcp "${prefix}$mode" 10.78.0.2
-        for size in 1400 200; do
-            udp "${prefix}$mode" "$size" "$B bench udp-sink --bind 10.78.0.2:9000 --idle 1s" "$B bench udp-send --to 10.78.0.2:9000"
+        for nch in $CHANNELS; do
+            label="${prefix}$mode"
+            [ "$nch" = 1 ] || label="$label-${nch}ch"
+            write_configs "$mode" "$nch"
+            start_tunnels "$bin"
+            tcp "$label" 10.78.0.2
+            [ "$UDP" = 0 ] || for size in 1400 200; do
+                udp "$label" "$size" "$B bench udp-sink --bind 10.78.0.2:9000 --idle 1s" "$B bench udp-send --to 10.78.0.2:9000"
+            done
+            stop_tunnels
         done
-        stop_tunnels
     done
 done
 if wg_up; then
@@ -234,7 +257,7 @@ fi
 echo "load: $(cat /proc/loadavg)"
 echo
 python3 - "$TMP/results" "$DUR" "$(nproc)" "$LOAD_BEFORE" "$(cut -d' ' -f1-3 /proc/loadavg)" "$JSON_OUT" <<'PY'
-import json, sys
+import json, re, sys
 path, dur, cores, load0, load1, out = sys.argv[1:]
 secs = float(dur.rstrip("s"))
 rows = []
@@ -264,6 +287,12 @@ for r in rows:
         c = f", {r['cpu_per_gbps']:.2f} CPU-seconds per second per Gbit/s" if r["cpu_per_gbps"] else ""
         p = f" (paced at {r['pace_bps'] / 1e6:.0f} Mbit/s)" if r.get("pace_bps", 0) > 0 else ""
         print(f"  tcp {r['path']:<16} {r['bps'] / 1e9:.3f} Gbit/s = {r['vs_plain']:.3f} x plain TCP{c}{p}")
+for r in rows:
+    if r["kind"] == "tcp" and re.search(r"-[0-9]+ch$", r["path"]):
+        one = next((x for x in rows if x["kind"] == "tcp" and x["path"] == r["path"].rsplit("-", 1)[0]), None)
+        if one and one["bps"] > 0:
+            r["vs_one_channel"] = r["bps"] / one["bps"]
+            print(f"  tcp {r['path']:<16} {r['vs_one_channel']:.2f} x the one-channel row")
 for r in rows:
     if r["path"].startswith("base-"):
         now = next((x for x in rows if x["kind"] == r["kind"] and x["path"] == r["path"][5:]

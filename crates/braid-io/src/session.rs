@@ -113,6 +113,9 @@ pub enum SessionError {
 enum Cmd {
     Stats(oneshot::Sender<SessionStats>),
     Weights(Vec<u32>),
+    /// From now on the driver writes what it delivers to this TUN device itself
+    /// ([`Session::deliver_to_tun`]).
+    Tun(Arc<crate::tun::Tun>),
     /// Channel `.0`'s new addresses or device (a reload): what was done, or why not.
     Channel(
         usize,
@@ -839,6 +842,21 @@ impl Session {
         rx.await.map_err(|_| SessionError::Closed)
     }
 
+    /// From now on the driver writes the packets it delivers to `tun` itself (with
+    /// receive offload: `crate::tunnel::write_packets`), in the task that opens them,
+    /// instead of queueing them for [`Session::recv`]: a packet from the peer crosses
+    /// no task (and no thread) on its way to the device. What was queued before is
+    /// still there for `recv`, which yields nothing more until the session ends.
+    pub(crate) async fn deliver_to_tun(
+        &self,
+        tun: Arc<crate::tun::Tun>,
+    ) -> Result<(), SessionError> {
+        self.cmd
+            .send(Cmd::Tun(tun))
+            .await
+            .map_err(|_| SessionError::Closed)
+    }
+
     /// A handle that reads stats without borrowing the session.
     pub fn stats_handle(&self) -> StatsHandle {
         StatsHandle(Handle::Session(self.cmd.clone()))
@@ -1287,6 +1305,8 @@ struct Driver {
     /// One GSO train, reused.
     train: Vec<u8>,
     deliver: mpsc::Sender<Bytes>,
+    /// Set: delivered packets go to this TUN device, written by the driver itself.
+    tun_out: Option<Box<TunOut>>,
     peer_seen: watch::Sender<Link>,
     /// Messages dropped because the application did not read fast enough.
     deliver_drops: u64,
@@ -1300,6 +1320,20 @@ struct Driver {
     /// Where its results come back.
     hs_done_tx: HsDone,
     hs_done: Option<mpsc::UnboundedReceiver<Box<machine::HandshakeDone>>>,
+}
+
+/// The TUN device a tunnel's driver writes its deliveries to, a batch at a time, and
+/// what it wrote.
+struct TunOut {
+    tun: Arc<crate::tun::Tun>,
+    /// One round's deliveries, reused.
+    batch: Vec<Bytes>,
+    /// One frame (`crate::offload::build`), reused.
+    frame: Vec<u8>,
+    errors: crate::tunnel::Throttle,
+    /// Packets written, and in how many writes.
+    packets: u64,
+    frames: u64,
 }
 
 /// Handshake jobs queued for the handshake thread, at most (beyond, they are shed and
@@ -1554,6 +1588,7 @@ impl Driver {
             locals,
             own: None,
             deliver,
+            tun_out: None,
             peer_seen,
             deliver_drops: 0,
             budgets,
@@ -1645,6 +1680,12 @@ impl Driver {
             for r in own.readers.iter().flatten() {
                 r.abort();
             }
+        }
+        if let Some(t) = &self.tun_out {
+            info!(
+                "{} packets written to the TUN device in {} writes",
+                t.packets, t.frames
+            );
         }
     }
 
@@ -1770,6 +1811,16 @@ impl Driver {
             },
             Cmd::Channel(_, _, reply) => {
                 let _ = reply.send(Err("not here".into()));
+            }
+            Cmd::Tun(tun) => {
+                self.tun_out = Some(Box::new(TunOut {
+                    tun,
+                    batch: Vec::with_capacity(crate::offload::MAX_SEGMENTS),
+                    frame: Vec::with_capacity(1 << 16),
+                    errors: crate::tunnel::Throttle::new(StdDuration::from_secs(5)),
+                    packets: 0,
+                    frames: 0,
+                }));
             }
         }
     }
@@ -1898,7 +1949,7 @@ impl Driver {
         let now = self.now();
         self.machine.handle_timeout(now);
         self.dispatch_handshakes();
-        self.deliver_out();
+        self.deliver_out().await;
         self.log_events();
         // Before anything is sent: no datagram sealed with a key made just now can
         // come back before the readers know the key.
@@ -1913,7 +1964,22 @@ impl Driver {
         }
     }
 
-    fn deliver_out(&mut self) {
+    async fn deliver_out(&mut self) {
+        if let Some(t) = &mut self.tun_out {
+            // Everything delivered, in order, written to the device: in-order TCP
+            // segments of one flow as one frame.
+            while let Some(b) = self.machine.poll_deliver() {
+                t.batch.push(b);
+            }
+            if !t.batch.is_empty() {
+                let (p, f) =
+                    crate::tunnel::write_packets(&t.tun, &t.batch, &mut t.frame, &mut t.errors)
+                        .await;
+                t.packets += p;
+                t.frames += f;
+                t.batch.clear();
+            }
+        }
         while let Some(b) = self.machine.poll_deliver() {
             match self.deliver.try_send(b) {
                 Ok(()) => {}

@@ -300,7 +300,9 @@ pub async fn serve(
 
 /// TUN → session and session → TUN until shutdown, the session's end, or a TUN read
 /// error (returned: a tunnel that cannot read its device would silently go
-/// receive-only).
+/// receive-only). A reader task cuts the device's reads and hands them to the session;
+/// the session's driver writes what it opens to the device itself
+/// ([`Session::deliver_to_tun`]).
 pub(crate) async fn forward(
     tun: Arc<Tun>,
     session: &mut Session,
@@ -308,11 +310,21 @@ pub(crate) async fn forward(
 ) -> Result<(), TunnelError> {
     let counts = Arc::new(ReadCounts::default());
     let mut reader = tokio::spawn(read_tun(tun.clone(), session.sender(), counts.clone()));
+    // The driver writes what it opens to the device itself: no task between them,
+    // and no thread (this loop runs where it is called: `braid tunnel` calls it on
+    // the runtime's main thread, which each delivery had to wake). What it queued
+    // before is written below.
+    if session.deliver_to_tun(tun.clone()).await.is_err() {
+        reader.abort();
+        info!("session end: shutting down");
+        return Ok(());
+    }
     let mut write_errors = Throttle::new(Duration::from_secs(5));
     let mut shutdown = shutdown;
     let mut batch: Vec<Bytes> = Vec::with_capacity(offload::MAX_SEGMENTS);
-    let mut frame = Vec::with_capacity(1 << 16);
-    // Packets written to the TUN device, and in how many frames.
+    let mut frame = Vec::new();
+    // Packets written to the TUN device, and in how many frames, before the driver
+    // took it.
     let (mut packets, mut frames) = (0u64, 0u64);
     let outcome = loop {
         tokio::select! {
@@ -347,7 +359,9 @@ pub(crate) async fn forward(
         }
     };
     reader.abort();
-    info!("{packets} packets written to the TUN device in {frames} writes");
+    if packets > 0 {
+        info!("{packets} packets written to the TUN device in {frames} writes before the session's driver took it");
+    }
     info!("{}", counts.line());
     let why = outcome?;
     info!("{why}: shutting down");
