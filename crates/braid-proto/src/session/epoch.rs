@@ -157,6 +157,8 @@ impl Session {
         self.reapply_quanta();
         self.rx.account();
         self.rx.reseq = Resequencer::new(&sc).expect("validated");
+        // The new resequencer holds with the same repair margin as the old one.
+        self.repair_margin();
         self.rx.epoch = 0;
         self.rx.set = self.all;
         self.rx.index = (0..self.n).map(Some).collect();
@@ -469,6 +471,11 @@ impl Session {
         let members = members_of(p.new_set);
         self.rx.reseq = Resequencer::new(&self.cfg.stripe_config(&members)).expect("validated");
         self.rx.reseq.set_epoch(p.new_epoch);
+        // The new resequencer holds with the old one's repair margin from its first
+        // datagram, not from the next heartbeat: until then the traffic would come out
+        // the margin sooner, and the flow's round trip dip and come back (a TCP flow in
+        // slow start took the come-back for a queue: HyStart).
+        self.repair_margin();
         self.rx.index = vec![None; self.n];
         for (k, &m) in members.iter().enumerate() {
             self.rx.index[m] = Some(k);

@@ -244,3 +244,54 @@ fn an_end_lost_on_a_leaving_channel_is_sent_again() {
     in_order(&p.delivered_a);
     assert!(p.delivered_a.len() as u64 + 2 >= next);
 }
+
+/// The cut's new epoch holds B's packets at A with the same repair margin as the old
+/// one, from its first packet: none comes out sooner than those that follow it. (The
+/// new epoch's resequencer ran without the margin until A's next heartbeat: packets in
+/// that gap came out 15 ms sooner, and a TCP flow in slow start took the round trip's
+/// return to its level for a queue: HyStart ended slow start.)
+#[test]
+fn a_cut_keeps_the_repair_margin_from_its_first_packet() {
+    for mode in [Mode::Logical, Mode::Seq, Mode::Trr] {
+        let mut p = pair_with(3, mode, &[30, 5, 60], |c| {
+            c.return_path = Some(ReturnPathConfig::default());
+            arq_on(c);
+            c.receiver.equalize = true;
+        });
+        // B sends one packet every 10 ms (A 1.6 Mbit/s, B a tenth of that); each
+        // packet's delay from B to A's delivery, stepping by 1 ms.
+        let mut sent_at = Vec::new();
+        let mut lat = Vec::new();
+        for t in 1..=3500u64 {
+            p.run_until(at_ms(t));
+            if t % 10 == 0 {
+                p.b.handle_packet(p.now, packet(sent_at.len() as u64));
+                sent_at.push(p.now);
+                p.flush();
+            }
+            while lat.len() < p.delivered_a.len() {
+                let id = p.delivered_a[lat.len()] as usize;
+                lat.push((sent_at[id], p.now.saturating_since(sent_at[id])));
+            }
+        }
+        let c = cuts(&p);
+        assert_eq!(c.len(), 1, "{mode:?}: {:?}", p.events_b);
+        let in_force = event_at(&p.events_a, |e| matches!(e, Event::RxEpoch { .. }))
+            .expect("A's receiver reached the new epoch");
+        // Over the 5 ms channel alone, held for the margin (its round trip and 5 ms;
+        // TRR a little longer).
+        let after: Vec<u64> = lat
+            .iter()
+            .filter(|(sent, _)| *sent >= in_force)
+            .map(|(_, l)| l.as_micros() / 1000)
+            .collect();
+        assert!(after.len() > 50, "{mode:?}: {after:?}");
+        let steady = *after.last().unwrap();
+        assert!((19..=26).contains(&steady), "{mode:?}: {after:?}");
+        assert!(
+            after.iter().all(|&ms| ms + 1 >= steady),
+            "{mode:?}: sooner than the margin after the cut: {after:?}"
+        );
+        in_order(&p.delivered_a);
+    }
+}
