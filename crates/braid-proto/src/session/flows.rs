@@ -370,6 +370,9 @@ type Key = (IpAddr, IpAddr, u16, u16);
 pub struct Flows {
     cfg: FlowConfig,
     table: HashMap<Key, Tracked>,
+    /// When the full table was last swept for idle flows (at most once a second: a
+    /// burst of new flows costs one sweep, not one per packet).
+    swept: Option<Instant>,
     next_seq: u64,
     /// The lowest-delay flows' channel.
     pinned: Option<usize>,
@@ -384,6 +387,7 @@ impl Flows {
         Flows {
             cfg,
             table: HashMap::new(),
+            swept: None,
             next_seq: 0,
             pinned: None,
             rx: Dedupe::default(),
@@ -420,8 +424,14 @@ impl Flows {
     /// Automatic classification of a UDP packet of `len` bytes of flow `k`.
     fn track(&mut self, now: Instant, k: Key, len: usize) -> FlowPolicy {
         if !self.table.contains_key(&k) && self.table.len() >= AUTO_TABLE {
-            self.table
-                .retain(|_, t| now.saturating_since(t.last) < AUTO_IDLE);
+            if self
+                .swept
+                .is_none_or(|t| now.saturating_since(t) >= Duration::from_secs(1))
+            {
+                self.swept = Some(now);
+                self.table
+                    .retain(|_, t| now.saturating_since(t.last) < AUTO_IDLE);
+            }
             if self.table.len() >= AUTO_TABLE {
                 return FlowPolicy::Bond;
             }
@@ -714,6 +724,25 @@ mod tests {
             off.classify(at(0), &udp4(200, 5004, 6000, 46)),
             FlowPolicy::Bond
         );
+    }
+
+    #[test]
+    fn the_flow_table_is_bounded_and_forgets_idle_flows() {
+        let mut f = Flows::new(FlowConfig::default());
+        for k in 0..AUTO_TABLE {
+            let p = udp4(100, (k / 60_000) as u16 + 1, (k % 60_000) as u16, 0);
+            assert_eq!(f.classify(at(0), &p), FlowPolicy::Redundant);
+        }
+        // Full: a new flow is bonded, a known one keeps its policy.
+        let new = udp4(100, 9, 9, 0);
+        assert_eq!(f.classify(at(1000), &new), FlowPolicy::Bond);
+        assert_eq!(
+            f.classify(at(1000), &udp4(100, 1, 5, 0)),
+            FlowPolicy::Redundant
+        );
+        // Once the others are idle for AUTO_IDLE they are forgotten.
+        assert_eq!(f.classify(at(31_000), &new), FlowPolicy::Redundant);
+        assert!(f.table.len() <= 2, "{}", f.table.len());
     }
 
     #[test]
