@@ -2357,6 +2357,7 @@ impl Driver {
         let base = self.traffic_stats(&s, SessionStats::default());
         let base = self.handshake_stats(&s, base);
         let base = queueing_stats(&s, base);
+        let base = crate::stats::with_flows(&s.flows, base);
         let base = channel_totals(&channels, base);
         SessionStats {
             uptime_s: self.origin.elapsed().as_secs_f64(),

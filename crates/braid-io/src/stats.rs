@@ -335,6 +335,22 @@ pub struct SessionStats {
     /// Times the return path was cut to one channel.
     #[serde(default)]
     pub return_path_cuts: u64,
+    /// Real-time flows (`docs/tunnel.md`, "Real-time flows"): packets we sent
+    /// redundantly.
+    #[serde(default)]
+    pub flows_tx_redundant: u64,
+    /// Packets we sent on the lowest-delay channel.
+    #[serde(default)]
+    pub flows_tx_lowest_delay: u64,
+    /// Real-time packets that went into the bond instead (too large, no keys yet).
+    #[serde(default)]
+    pub flows_tx_fallback: u64,
+    /// Flow datagrams delivered (the first copy of each packet).
+    #[serde(default)]
+    pub flows_rx_delivered: u64,
+    /// Copies dropped because their packet was delivered already.
+    #[serde(default)]
+    pub flows_rx_duplicates: u64,
     /// Packets waiting in the transmit queue (for credit, or an epoch switch).
     #[serde(default)]
     pub tx_queued: f64,
@@ -1224,6 +1240,11 @@ const COUNTERS: &[(bool, &str, &str)] = &[
     (false, "probe_trains", "Capacity probes: trains sent to measure our channels"),
     (false, "probe_reports", "Capacity probes: reports of our trains received from the peer"),
     (false, "return_path_cuts", "Times the return path was cut to one channel"),
+    (false, "flows_tx_redundant", "Real-time flows: packets sent redundantly"),
+    (false, "flows_tx_lowest_delay", "Real-time flows: packets sent on the lowest-delay channel"),
+    (false, "flows_tx_fallback", "Real-time flows: packets bonded instead (too large for a flow datagram, no keys yet)"),
+    (false, "flows_rx_delivered", "Real-time flows: packets delivered (the first copy)"),
+    (false, "flows_rx_duplicates", "Real-time flows: copies dropped as duplicates"),
     (false, "credit_stalls", "Credits: times a channel ran out of credit and the striper waited"),
     (false, "credits_sent", "Credits: credits sent to the peer"),
     (false, "credit_refused", "Credits: data refused because the peer was past its credit"),
@@ -1355,6 +1376,18 @@ fn render(reg: &Registry) -> String {
 
 fn minus_one() -> i64 {
     -1
+}
+
+/// `base` with the real-time flows' counters of the session machine's `f`.
+pub fn with_flows(f: &braid_proto::session::FlowStats, base: SessionStats) -> SessionStats {
+    SessionStats {
+        flows_tx_redundant: f.tx_redundant,
+        flows_tx_lowest_delay: f.tx_lowest_delay,
+        flows_tx_fallback: f.tx_fallback,
+        flows_rx_delivered: f.rx_delivered,
+        flows_rx_duplicates: f.rx_duplicates,
+        ..base
+    }
 }
 
 #[cfg(test)]

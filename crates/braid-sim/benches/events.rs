@@ -52,6 +52,7 @@ fn main() {
         drain: 2_000_000_000,
         seed: 1,
         variant: Variant::Striped(sc),
+        voip: None,
     };
     let t = Instant::now();
     let r = run(&cfg).expect("bench config is valid");

@@ -89,7 +89,10 @@ impl SessionEnds {
         }
         Some(Outgoing {
             channel: t.channel,
-            control: !matches!(t.kind, DatagramKind::Data | DatagramKind::Repair),
+            control: !matches!(
+                t.kind,
+                DatagramKind::Data | DatagramKind::Repair | DatagramKind::Flow
+            ),
             data: t.bytes,
         })
     }

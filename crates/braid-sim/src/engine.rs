@@ -39,6 +39,8 @@ pub use crate::run::{
 const ACK: u128 = 0x4000;
 /// Event code of the TCP source's retransmission timer (`Ev::TcpTimer`).
 const TCP_TIMER: u128 = 0x4001;
+/// Event code of the VoIP flow's next packet.
+const VOIP: u128 = 0x4002;
 
 /// Event codes from this one up are reverse arrivals (`Ev::ArriveBack`), one per
 /// channel; forward events use codes 2..=129.
@@ -64,6 +66,8 @@ enum Ev {
     Ack,
     /// TCP source: the retransmission timer may be due.
     TcpTimer,
+    /// The VoIP flow (`[voip]`) sends its next packet.
+    Voip,
 }
 
 struct Queued {
@@ -176,6 +180,8 @@ struct Sim {
     events: u64,
     /// The TCP source, when the traffic is one.
     tcp: Option<Box<crate::tcp::TcpFlow>>,
+    /// The VoIP flow beside the traffic (`[voip]`, session runs).
+    voip: Option<(crate::voip::VoipSpec, crate::voip::Voip)>,
 }
 
 /// Run one configuration to completion.
@@ -319,7 +325,11 @@ fn run_sim(
         drain: cfg.drain,
         events: 0,
         tcp: tcp_flow(cfg, window_end)?,
+        voip: None,
     };
+    if matches!(sim.ends, Ends::Session(_)) {
+        sim.voip = cfg.voip.clone().map(|v| (v, crate::voip::Voip::default()));
+    }
     sim.schedule_start(cfg);
     sim.run_loop()?;
     Ok(sim.finish(cfg))
@@ -444,6 +454,9 @@ impl Sim {
         if let Some(d) = cfg.duration {
             self.schedule(d, Ev::Stop);
         }
+        if let Some((v, _)) = &self.voip {
+            self.schedule(v.start, Ev::Voip);
+        }
         let start = cfg.traffic.start;
         match &cfg.traffic.arrivals {
             Arrivals::Trace(t) => {
@@ -467,6 +480,7 @@ impl Sim {
             Ev::ArriveBack(c) => BACK + u128::from(c),
             Ev::Ack => ACK,
             Ev::TcpTimer => TCP_TIMER,
+            Ev::Voip => VOIP,
         };
         // 48 bits of insertion number: 2.8e14 events before it could wrap.
         let key = (u128::from(t) << 64) | (u128::from(self.evseq & 0xFFFF_FFFF_FFFF) << 16) | code;
@@ -482,6 +496,7 @@ impl Sim {
             1 => Ev::Stop,
             c if c == ACK as u32 => Ev::Ack,
             c if c == TCP_TIMER as u32 => Ev::TcpTimer,
+            c if c == VOIP as u32 => Ev::Voip,
             c if c >= BACK as u32 => Ev::ArriveBack(c - BACK as u32),
             c if c % 2 == 0 => Ev::TxDone((c - 2) / 2),
             c => Ev::Arrive((c - 3) / 2),
@@ -543,6 +558,7 @@ impl Sim {
                 Ev::Stop => self.stop_source(),
                 Ev::Ack => self.tcp_ack(),
                 Ev::TcpTimer => self.tcp_timer(),
+                Ev::Voip => self.voip_send(),
             }
         }
     }
@@ -596,6 +612,23 @@ impl Sim {
                 self.flush_striper(drop_tail);
             }
         }
+    }
+
+    /// The VoIP flow's next packet, and the one after it on the calendar (until the
+    /// measurement window ends).
+    fn voip_send(&mut self) {
+        if self.now >= self.window_end {
+            return;
+        }
+        let now = self.now;
+        let Some((spec, v)) = self.voip.as_mut() else {
+            return;
+        };
+        let p = v.packet(spec, now);
+        let next = now.saturating_add((1e9 / spec.pps).round().max(1.0) as Nanos);
+        self.events += 1;
+        self.hand_over(p);
+        self.schedule(next, Ev::Voip);
     }
 
     /// TCP source: send what the windows allow, then make sure the retransmission
@@ -916,6 +949,11 @@ impl Sim {
     #[inline]
     fn drain_deliveries(&mut self) {
         while let Some(p) = self.ends.poll_deliver() {
+            if let Some((_, v)) = &mut self.voip {
+                if v.on_delivery(self.now, &p) {
+                    continue;
+                }
+            }
             if self.tcp.is_some() {
                 self.tcp_deliver(&p);
                 continue;
@@ -989,6 +1027,22 @@ impl Sim {
 
     fn finish(self, cfg: &RunConfig) -> RunResult {
         let rx = self.rx;
+        // The VoIP flow's packets count with the others in sent and delivered; its
+        // own figures are in `voip`.
+        let voip_delivered = self.voip.as_ref().map_or(0, |(_, v)| v.delivered());
+        let voip = match (&self.voip, &self.ends) {
+            (Some((_, v)), Ends::Session(s)) => {
+                let at = Instant::from_micros(self.now / 1000);
+                let best = cfg
+                    .channels
+                    .iter()
+                    .map(|c| c.delay_at(0))
+                    .min()
+                    .unwrap_or(0);
+                Some(v.result(best, &s.a.stats(at).flows, &s.b.stats(at).flows))
+            }
+            _ => None,
+        };
         let duration_ns = match cfg.duration {
             Some(d) => d,
             None => rx.last_delivery.max(1),
@@ -1006,7 +1060,7 @@ impl Sim {
             .map(|&(a, b)| (a as f64 / 1e9, b as f64 / 1e9))
             .collect();
         let (resyncs, wait_timeouts, sent, session) =
-            Self::end_counts(&self.ends, self.now, rx.delivered);
+            Self::end_counts(&self.ends, self.now, rx.delivered + voip_delivered);
         let totals = ChannelTotals::of(self.chans, dur_s);
         RunResult {
             duration_s: dur_s,
@@ -1018,8 +1072,8 @@ impl Sim {
                 .map(|&b| b as f64 * 8.0 / (SERIES_BIN as f64 / 1e9))
                 .collect(),
             packets_sent: sent,
-            packets_delivered: rx.delivered,
-            packets_lost: sent.saturating_sub(rx.delivered),
+            packets_delivered: rx.delivered + voip_delivered,
+            packets_lost: sent.saturating_sub(rx.delivered + voip_delivered),
             lost_on_channel: totals.lost_on_channel,
             dropped_at_sender: totals.dropped_at_sender,
             send_errors: self.send_errors,
@@ -1037,6 +1091,7 @@ impl Sim {
             events: self.events,
             session,
             errctl: None,
+            voip,
             tcp: self
                 .tcp
                 .as_ref()

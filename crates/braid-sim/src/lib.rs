@@ -42,5 +42,6 @@ pub mod scenario;
 pub mod schedule;
 pub mod tcp;
 mod toml_cx;
+pub mod voip;
 
 pub use engine::{run, ChannelResult, RunConfig, RunError, RunResult, Variant};

@@ -104,6 +104,11 @@ pub struct RunReport {
     /// `ce_marks_seen`, `cwnd_max`, `rto_count`, `goodput_series_bps` and more.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tcp: Option<crate::tcp::TcpResult>,
+    /// `[voip]` only: the VoIP flow's `sent`, `delivered`, `loss_pct`, `p50_ms`,
+    /// `p99_ms`, `max_ms`, `best_link_ms`, `p99_over_best_ms`, `duplicates` and the
+    /// sessions' flow counters.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub voip: Option<crate::voip::VoipResult>,
 }
 
 impl RunReport {
@@ -124,6 +129,8 @@ impl RunReport {
             "throughput_efficiency" => self.errctl.as_ref()?.throughput_efficiency,
             "tcp_goodput_bps" => self.tcp.as_ref()?.goodput_bps,
             "tcp_retransmits" => self.tcp.as_ref()?.retransmits as f64,
+            "voip_p99_ms" => self.voip.as_ref()?.p99_ms,
+            "voip_loss_pct" => self.voip.as_ref()?.loss_pct,
             _ => return None,
         })
     }
@@ -165,6 +172,7 @@ fn to_report(job: &Job, r: RunResult) -> RunReport {
         session: r.session,
         errctl: r.errctl,
         tcp: r.tcp,
+        voip: r.voip,
     }
 }
 
@@ -307,7 +315,52 @@ impl Report {
         if self.runs.iter().any(|r| r.tcp.is_some()) {
             self.tcp_table(&mut out, &cols);
         }
+        if self.runs.iter().any(|r| r.voip.is_some()) {
+            self.voip_table(&mut out, &cols);
+        }
         out
+    }
+
+    /// The VoIP flow's delay and loss, for the runs that have one.
+    fn voip_table(&self, out: &mut String, cols: &Columns) {
+        let (lw, pw) = (cols.lw, cols.pw);
+        let _ = writeln!(
+            out,
+            "\n{:<lw$}  {:>pw$}{:>6} {:>6} {:>7} {:>7} {:>7} {:>7} {:>9} {:>5} {:>6} {:>6}",
+            "voip",
+            "",
+            "sent",
+            "lost",
+            "loss %",
+            "p50 ms",
+            "p99 ms",
+            "max ms",
+            "p99-best",
+            "dups",
+            "redund",
+            "lowest",
+            pw = if pw > 0 { pw + 2 } else { 0 },
+        );
+        for (r, p) in self.runs.iter().zip(&cols.params) {
+            let Some(v) = &r.voip else {
+                continue;
+            };
+            cols.row_head(out, r, p);
+            let _ = writeln!(
+                out,
+                "{:>6} {:>6} {:>7.3} {:>7.1} {:>7.1} {:>7.1} {:>9.1} {:>5} {:>6} {:>6}",
+                v.sent,
+                v.lost,
+                v.loss_pct,
+                v.p50_ms,
+                v.p99_ms,
+                v.max_ms,
+                v.p99_over_best_ms,
+                v.duplicates,
+                v.tx_redundant,
+                v.tx_lowest_delay
+            );
+        }
     }
 
     /// Goodput, counts, order, latency, marker overhead and resync, a row per run.

@@ -50,6 +50,8 @@ pub struct RunConfig {
     pub seed: u64,
     /// The session (or the sum-of-singles bound).
     pub variant: Variant,
+    /// A VoIP-like flow beside the traffic (`[voip]`; session runs only).
+    pub voip: Option<crate::voip::VoipSpec>,
 }
 
 /// Per-channel results. The JSON report shows them as they are, less the fields marked
@@ -141,6 +143,8 @@ pub struct RunResult {
     pub errctl: Option<ErrCtlResult>,
     /// TCP source only: what the flow did.
     pub tcp: Option<crate::tcp::TcpResult>,
+    /// `[voip]` only: the VoIP flow's delay and loss.
+    pub voip: Option<crate::voip::VoipResult>,
 }
 
 /// What a session run measures beyond the striping figures.

@@ -60,6 +60,8 @@ pub const PLOT_METRICS: &[&str] = &[
     "throughput_efficiency",
     "tcp_goodput_bps",
     "tcp_retransmits",
+    "voip_p99_ms",
+    "voip_loss_pct",
 ];
 
 /// Plot settings.
@@ -144,6 +146,7 @@ const TOP_KEYS: &[&str] = &[
     "srr",
     "session",
     "errctl",
+    "voip",
     "run",
     "sweep",
     "plot",
@@ -906,6 +909,7 @@ fn build_job(
             (None, None) => Variant::Striped(sc),
         }
     };
+    let voip = parse_voip(t, &variant, limits.max_packet)?;
     Ok(Job {
         label: rh.label.clone(),
         scheduler: rh.scheduler.clone(),
@@ -919,8 +923,58 @@ fn build_job(
             drain: secs_to_ns(limits.drain),
             seed: 0,
             variant,
+            voip,
         },
     })
+}
+
+/// `[voip]`: a VoIP-like flow beside the traffic, in `[session]` runs: `pps` packets a
+/// second (default 50) of `bytes` bytes (IP length, default 200) from `start_s`
+/// (default 1), UDP port `port` (default 5004) both ways, DSCP `dscp` (default 0).
+fn parse_voip(
+    t: &Tab,
+    variant: &Variant,
+    max_packet: u32,
+) -> Result<Option<crate::voip::VoipSpec>, ScenarioError> {
+    let Some(v) = t.table("voip")? else {
+        return Ok(None);
+    };
+    v.check_keys(&["pps", "bytes", "start_s", "port", "dscp"])?;
+    if !matches!(variant, Variant::Session(_)) {
+        return Err(t.err(
+            "voip",
+            "a VoIP flow needs a [session] run (the session's flow policies carry it)",
+        ));
+    }
+    let pps = v.f64_or("pps", 50.0, "packets per second from 0.1 to 100000", |x| {
+        (0.1..=100_000.0).contains(&x)
+    })?;
+    let bytes = v.u32_in(
+        "bytes",
+        Some(200),
+        crate::voip::MIN_BYTES,
+        max_packet.min(65_535),
+        &format!(
+            "a whole number of bytes from {} to {} (max_packet)",
+            crate::voip::MIN_BYTES,
+            max_packet.min(65_535)
+        ),
+    )?;
+    let start = v.f64_or(
+        "start_s",
+        1.0,
+        "a time in seconds from 0 to 1000000",
+        time_s,
+    )?;
+    let port = v.u32_in("port", Some(5004), 1, 65_535, "a port from 1 to 65535")? as u16;
+    let dscp = v.u32_in("dscp", Some(0), 0, 63, "a DSCP from 0 to 63")? as u8;
+    Ok(Some(crate::voip::VoipSpec {
+        pps,
+        bytes,
+        start: secs_to_ns(start),
+        port,
+        dscp,
+    }))
 }
 
 /// How long a run lasts and how large its packets may be.

@@ -51,6 +51,7 @@ pub mod crypto;
 pub mod demote;
 mod epoch;
 pub mod feedback;
+pub mod flows;
 mod liveness;
 mod pacing;
 pub mod probe;
@@ -82,6 +83,7 @@ pub use crypto::{
 };
 use crypto::{Crypto, Established, Keys, Reject};
 pub use demote::{DemoteConfig, Role};
+pub use flows::{FlowConfig, FlowPolicy, FlowRule, FlowStats};
 pub use liveness::LinkState;
 pub use pacing::{PacingConfig, PacingStats};
 pub use probe::{ProbeFailure, ProbeState, ProbeStats};
@@ -166,6 +168,9 @@ pub struct Config {
     /// more than the acknowledgements of the peer's flow, it rides the channel with the
     /// shortest round trip alone. `None`: off; on by default.
     pub return_path: Option<ReturnPathConfig>,
+    /// Flow policies of our transmit direction (`session::flows`): which inner
+    /// packets go redundantly or on the lowest-delay channel instead of the stripe.
+    pub flows: FlowConfig,
 }
 
 impl std::fmt::Debug for Config {
@@ -200,6 +205,7 @@ impl std::fmt::Debug for Config {
             .field("demote", &self.demote)
             .field("pacing", &self.pacing)
             .field("return_path", &self.return_path)
+            .field("flows", &self.flows)
             .finish()
     }
 }
@@ -235,6 +241,7 @@ impl Config {
             demote: None,
             pacing: None,
             return_path: None,
+            flows: FlowConfig::default(),
         };
         // The defaults are valid for any channel count (a unit test checks it).
         let applied = schema::SessionSettings::default().apply(&mut c);
@@ -285,6 +292,7 @@ impl Config {
         if let Some(r) = &self.return_path {
             r.validate()?;
         }
+        self.flows.validate()?;
         if self.dead_after < self.heartbeat + self.heartbeat {
             return Err(format!(
                 "dead_after ({} ms) must be at least twice the heartbeat ({} ms)",
@@ -443,6 +451,9 @@ pub enum DatagramKind {
     /// One datagram of a capacity probe's train (`session::probe`): send it alone, not
     /// batched with the others into one GSO send, so the link spaces the train.
     Probe,
+    /// A packet of a redundant or lowest-delay flow (`session::flows`), outside the
+    /// stripe; always sealed.
+    Flow,
 }
 
 /// One datagram to send on one channel.
@@ -674,6 +685,8 @@ pub struct Session {
     pacer: Option<pacing::Pacer>,
     /// The return path's state.
     return_path: return_path::ReturnPath,
+    /// Flow policies and the real-time packets' numbers (`session::flows`).
+    flows: flows::Flows,
     /// Capacity probes: our trains and the peer's.
     probes: probe::Probes,
     credit_rx: Option<credits::Rx>,
@@ -737,6 +750,7 @@ impl Session {
                 .as_ref()
                 .map(|p| pacing::Pacer::new(p, cfg.max_datagram, now)),
             return_path: return_path::ReturnPath::default(),
+            flows: flows::Flows::new(cfg.flows.clone()),
             probes: probe::Probes::new(n, cfg.pacing.as_ref().is_some_and(|p| p.probe)),
             credit_rx,
             credit_n: CreditCounters::default(),
@@ -789,6 +803,10 @@ impl Session {
         self.clock = self.clock.max(now);
         self.counters.sent_packets += 1;
         self.counters.sent_bytes += p.len() as u64;
+        // Real-time flows leave at once, outside the stripe (`session::flows`).
+        if self.flow_out(now, &p) {
+            return;
+        }
         let gated = self.credit_tx.is_some() || self.pacer.is_some();
         let waiting = gated && !self.tx.pending.is_empty();
         if self.tx.switching.is_some() || !self.crypto.ready() || waiting {
@@ -1223,6 +1241,7 @@ impl Session {
     /// `repaired`: it came as an in-bond repair, later than it was sent.
     fn on_inner(&mut self, now: Instant, arrived: Instant, c: usize, inner: Bytes, repaired: bool) {
         match inner.first().copied() {
+            Some(wire::TYPE_SESSION) if wire::flow::is_flow(&inner) => self.on_flow(c, inner),
             Some(wire::TYPE_SESSION) => self.on_ctrl(c, &inner, now, arrived, repaired),
             Some(wire::TYPE_CREDIT) => self.on_credit(now, c, &inner),
             Some(wire::TYPE_NAK) => {
@@ -1802,6 +1821,7 @@ impl Session {
     }
 
     fn on_new_peer(&mut self, now: Instant, restart: bool) {
+        self.flows_on_new_peer();
         if restart {
             self.events.push_back(Event::PeerRestarted);
             self.reset_epochs(now);

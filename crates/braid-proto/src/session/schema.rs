@@ -17,6 +17,7 @@
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use super::flows::{FlowConfig, FlowPolicy, FlowRule};
 use super::{ArqConfig, Config, CreditConfig, DemoteConfig, ReturnPathConfig, SecurityMode};
 use crate::aqm::AqmConfig;
 use crate::config::{MarkerConfig, Mode};
@@ -211,6 +212,13 @@ pub struct SessionSettings {
     pub demote_rtt_ratio: f64,
     /// The return path: acknowledgements ride the fastest channel alone.
     pub return_path: bool,
+    // --- flows (session::flows) ---
+    /// Automatic classification of real-time flows.
+    pub flow_auto: bool,
+    /// Channels a redundant packet goes on.
+    pub flow_copies: usize,
+    /// Policy overrides by protocol, port, address and DSCP (`[[session.flow]]`).
+    pub flow: Vec<FlowRuleSettings>,
     // --- sockets (the tunnel) ---
     /// SO_RCVBUF / SO_SNDBUF per channel socket, bytes (0: the kernel's default).
     pub socket_buffer: usize,
@@ -266,6 +274,9 @@ impl Default for SessionSettings {
             promote_after: Dur(demote.promote_after),
             demote_rtt_ratio: demote.rtt_ratio,
             return_path: true,
+            flow_auto: true,
+            flow_copies: 2,
+            flow: Vec::new(),
             socket_buffer: 4 << 20,
         }
     }
@@ -337,7 +348,28 @@ impl SessionSettings {
         cfg.credits = self.credits(cfg.receiver.buffer_packets)?;
         cfg.demote = self.demote()?;
         cfg.return_path = self.return_path.then(ReturnPathConfig::default);
+        cfg.flows = self.flows()?;
         Ok(())
+    }
+
+    /// The flow policies: `flow_auto`, `flow_copies` and the `flow` rules.
+    pub fn flows(&self) -> Result<FlowConfig, SettingError> {
+        let rules = self
+            .flow
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                r.rule()
+                    .map_err(|e| bad("flow", format!("[[session.flow]] number {}: {e}", i + 1)))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let f = FlowConfig {
+            auto: self.flow_auto,
+            copies: self.flow_copies,
+            rules,
+        };
+        f.validate().map_err(|e| bad("flow_copies", e))?;
+        Ok(f)
     }
 
     /// The markers' configuration.
@@ -708,6 +740,18 @@ pub const REFERENCE: &[KeyDoc] = &[
         doc: "the return path: while this end sends little more than the acknowledgements of the peer's flow, its data rides the channel with the shortest round trip alone (see \"The return path\" below)",
     },
     KeyDoc {
+        key: "flow_auto",
+        doc: "automatic flow policies (`docs/tunnel.md`, \"Real-time flows\"): packets marked DSCP EF (46) or VOICE-ADMIT (44) go `redundant`, CS4 and AF41-43 (interactive video) `lowest-delay`, and a UDP flow of packets of at most 400 bytes within 200 packets/s and 512 kbit/s (calls, games, DNS) goes `redundant`; a UDP flow that sends a larger packet or more is bonded, and stays so until 5 s after it last did. Everything else (TCP, bulk UDP, anything not IP) is bonded. `false`: only the `flow` rules",
+    },
+    KeyDoc {
+        key: "flow_copies",
+        doc: "channels a `redundant` packet is sent on (2 to 64; those with the shortest round trips; fewer while fewer are up): the first copy to arrive is delivered, the others are dropped",
+    },
+    KeyDoc {
+        key: "flow",
+        doc: "policy overrides, tried in order before `flow_auto`: `[[session.flow]]` tables with `policy` (`redundant`, `lowest-delay` or `bond`) and at least one of `protocol` (`udp`, `tcp`, `icmp` or a number), `port` (`5060` or a range `\"10000-20000\"`: the source or destination port), `address` (an address or network, `10.1.0.0/16`, `2001:db8::/32`: the source or destination) and `dscp` (0 to 63, or `ef`, `cs0`-`cs7`, `af11`-`af43`); a packet gets the policy of the first rule whose every criterion it matches. A real-time packet too large for a flow datagram (16 bytes of header) is bonded",
+    },
+    KeyDoc {
         key: "socket_buffer",
         doc: "SO_RCVBUF/SO_SNDBUF per channel socket (capped by `net.core.*mem_max`)",
     },
@@ -816,5 +860,351 @@ mod tests {
         let e = s.apply(&mut c).unwrap_err();
         assert_eq!(e.key, "heartbeat");
         assert!(e.reason.contains("keepalive"), "{e}");
+    }
+}
+
+/// A number or a name in a settings file (`port = 5060` or `port = "5000-5100"`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NumOrName {
+    /// A whole number.
+    Num(i64),
+    /// A string.
+    Name(String),
+}
+
+impl std::fmt::Display for NumOrName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NumOrName::Num(n) => write!(f, "{n}"),
+            NumOrName::Name(s) => write!(f, "\"{s}\""),
+        }
+    }
+}
+
+impl Serialize for NumOrName {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            NumOrName::Num(n) => s.serialize_i64(*n),
+            NumOrName::Name(n) => s.serialize_str(n),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for NumOrName {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<NumOrName, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = NumOrName;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a whole number or a string")
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<NumOrName, E> {
+                Ok(NumOrName::Num(v))
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<NumOrName, E> {
+                i64::try_from(v)
+                    .map(NumOrName::Num)
+                    .map_err(|_| E::custom(format!("{v} is too large")))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<NumOrName, E> {
+                Ok(NumOrName::Name(v.to_string()))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// One `[[session.flow]]` table: a policy for the packets it matches.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FlowRuleSettings {
+    /// `redundant`, `lowest-delay` or `bond`.
+    pub policy: String,
+    /// `udp`, `tcp`, `icmp` or a protocol number.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<NumOrName>,
+    /// A port or a range `"lo-hi"`: the source or destination port.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<NumOrName>,
+    /// An address or a network `a/len`: the source or destination.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    /// 0 to 63, or a name (`ef`, `af41`, `cs5`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dscp: Option<NumOrName>,
+}
+
+impl FlowRuleSettings {
+    /// The rule, or what is wrong with it.
+    pub fn rule(&self) -> Result<FlowRule, String> {
+        let policy = FlowPolicy::from_name(&self.policy)?;
+        if self.protocol.is_none()
+            && self.port.is_none()
+            && self.address.is_none()
+            && self.dscp.is_none()
+        {
+            return Err("names no protocol, port, address or dscp: it would match every packet (`flow_auto = false` turns the automatic policies off)".into());
+        }
+        let protocol = match &self.protocol {
+            None => None,
+            Some(NumOrName::Num(n)) => Some(u8::try_from(*n).map_err(|_| {
+                format!("protocol = {n}: expected udp, tcp, icmp or a number from 0 to 255")
+            })?),
+            Some(NumOrName::Name(s)) => Some(match s.trim().to_ascii_lowercase().as_str() {
+                "tcp" => 6,
+                "udp" => 17,
+                "icmp" => 1,
+                "icmpv6" => 58,
+                _ => {
+                    return Err(format!(
+                    "protocol = \"{s}\": expected udp, tcp, icmp, icmpv6 or a number from 0 to 255"
+                ))
+                }
+            }),
+        };
+        let ports = match &self.port {
+            None => None,
+            Some(p) => Some(parse_ports(p)?),
+        };
+        if ports.is_some() && protocol.is_some_and(|p| p != 6 && p != 17) {
+            return Err("a port needs protocol tcp or udp (or no protocol)".into());
+        }
+        let net = match &self.address {
+            None => None,
+            Some(a) => Some(parse_net(a)?),
+        };
+        let dscp = match &self.dscp {
+            None => None,
+            Some(d) => Some(parse_dscp(d)?),
+        };
+        Ok(FlowRule {
+            policy,
+            protocol,
+            ports,
+            net,
+            dscp,
+        })
+    }
+}
+
+fn parse_ports(p: &NumOrName) -> Result<(u16, u16), String> {
+    let one = |s: &str| -> Result<u16, String> {
+        s.trim()
+            .parse::<u16>()
+            .map_err(|_| format!("port {p}: expected a port from 0 to 65535 or a range \"lo-hi\""))
+    };
+    match p {
+        NumOrName::Num(n) => {
+            let v = u16::try_from(*n)
+                .map_err(|_| format!("port = {n}: expected a port from 0 to 65535"))?;
+            Ok((v, v))
+        }
+        NumOrName::Name(s) => {
+            let (lo, hi) = match s.split_once('-') {
+                Some((a, b)) => (one(a)?, one(b)?),
+                None => {
+                    let v = one(s)?;
+                    (v, v)
+                }
+            };
+            if lo > hi {
+                return Err(format!(
+                    "port = \"{s}\": the range's first port is above its last"
+                ));
+            }
+            Ok((lo, hi))
+        }
+    }
+}
+
+fn parse_net(a: &str) -> Result<(std::net::IpAddr, u8), String> {
+    let (addr, len) = match a.split_once('/') {
+        Some((x, l)) => (x, Some(l)),
+        None => (a, None),
+    };
+    let ip: std::net::IpAddr = addr.trim().parse().map_err(|_| {
+        format!(
+            "address = \"{a}\": expected an IPv4 or IPv6 address, or a network such as 10.1.0.0/16"
+        )
+    })?;
+    let max = if ip.is_ipv4() { 32 } else { 128 };
+    let len = match len {
+        None => max,
+        Some(l) => l
+            .trim()
+            .parse::<u8>()
+            .ok()
+            .filter(|&l| l <= max)
+            .ok_or_else(|| format!("address = \"{a}\": the prefix length must be 0 to {max}"))?,
+    };
+    Ok((ip, len))
+}
+
+fn parse_dscp(d: &NumOrName) -> Result<u8, String> {
+    let err = || format!("dscp = {d}: expected 0 to 63, or ef, va, cs0 to cs7, af11 to af43");
+    match d {
+        NumOrName::Num(n) => u8::try_from(*n).ok().filter(|&v| v < 64).ok_or_else(err),
+        NumOrName::Name(s) => {
+            let s = s.trim().to_ascii_lowercase();
+            if s == "ef" {
+                return Ok(46);
+            }
+            if s == "va" {
+                return Ok(44);
+            }
+            if let Some(c) = s.strip_prefix("cs") {
+                return c
+                    .parse::<u8>()
+                    .ok()
+                    .filter(|&c| c <= 7)
+                    .map(|c| c << 3)
+                    .ok_or_else(err);
+            }
+            if let Some(af) = s.strip_prefix("af") {
+                let b = af.as_bytes();
+                if b.len() == 2 && (b'1'..=b'4').contains(&b[0]) && (b'1'..=b'3').contains(&b[1]) {
+                    return Ok(((b[0] - b'0') << 3) | ((b[1] - b'0') << 1));
+                }
+            }
+            Err(err())
+        }
+    }
+}
+
+#[cfg(test)]
+mod flow_tests {
+    use super::*;
+    use crate::session::ChannelParams;
+
+    fn apply(toml_rules: Vec<FlowRuleSettings>) -> Result<Config, SettingError> {
+        let mut c = Config::new(
+            vec![
+                ChannelParams {
+                    name: "a".into(),
+                    weight: 1,
+                };
+                2
+            ],
+            1400,
+            vec![7; 32],
+        );
+        SessionSettings {
+            flow: toml_rules,
+            ..SessionSettings::default()
+        }
+        .apply(&mut c)?;
+        Ok(c)
+    }
+
+    fn rule(policy: &str) -> FlowRuleSettings {
+        FlowRuleSettings {
+            policy: policy.into(),
+            protocol: None,
+            port: None,
+            address: None,
+            dscp: None,
+        }
+    }
+
+    #[test]
+    fn flow_rules_are_read() {
+        let c = apply(vec![
+            FlowRuleSettings {
+                port: Some(NumOrName::Num(5060)),
+                protocol: Some(NumOrName::Name("udp".into())),
+                ..rule("redundant")
+            },
+            FlowRuleSettings {
+                port: Some(NumOrName::Name("10000-20000".into())),
+                address: Some("2001:db8::/32".into()),
+                ..rule("lowest-delay")
+            },
+            FlowRuleSettings {
+                dscp: Some(NumOrName::Name("AF41".into())),
+                ..rule("bond")
+            },
+        ])
+        .unwrap();
+        let r = &c.flows.rules;
+        assert_eq!(r[0].policy, FlowPolicy::Redundant);
+        assert_eq!((r[0].protocol, r[0].ports), (Some(17), Some((5060, 5060))));
+        assert_eq!(r[1].ports, Some((10000, 20000)));
+        assert_eq!(r[1].net, Some(("2001:db8::".parse().unwrap(), 32)));
+        assert_eq!(r[2].dscp, Some(34));
+        assert_eq!(parse_dscp(&NumOrName::Name("ef".into())), Ok(46));
+        assert_eq!(parse_dscp(&NumOrName::Name("cs5".into())), Ok(40));
+        assert_eq!(parse_dscp(&NumOrName::Name("af11".into())), Ok(10));
+    }
+
+    #[test]
+    fn bad_flow_rules_say_what_is_wrong() {
+        for (r, says) in [
+            (rule("fast"), "unknown flow policy 'fast'"),
+            (
+                rule("redundant"),
+                "names no protocol, port, address or dscp",
+            ),
+            (
+                FlowRuleSettings {
+                    port: Some(NumOrName::Num(70000)),
+                    ..rule("redundant")
+                },
+                "port = 70000",
+            ),
+            (
+                FlowRuleSettings {
+                    port: Some(NumOrName::Name("20-10".into())),
+                    ..rule("redundant")
+                },
+                "first port is above its last",
+            ),
+            (
+                FlowRuleSettings {
+                    address: Some("10.0.0.0/33".into()),
+                    ..rule("redundant")
+                },
+                "prefix length must be 0 to 32",
+            ),
+            (
+                FlowRuleSettings {
+                    address: Some("example.com".into()),
+                    ..rule("redundant")
+                },
+                "expected an IPv4 or IPv6 address",
+            ),
+            (
+                FlowRuleSettings {
+                    dscp: Some(NumOrName::Num(64)),
+                    ..rule("redundant")
+                },
+                "dscp = 64",
+            ),
+            (
+                FlowRuleSettings {
+                    protocol: Some(NumOrName::Name("icmp".into())),
+                    port: Some(NumOrName::Num(5)),
+                    ..rule("redundant")
+                },
+                "a port needs protocol tcp or udp",
+            ),
+        ] {
+            let e = apply(vec![r]).unwrap_err();
+            assert_eq!(e.key, "flow");
+            assert!(e.reason.contains(says), "{e}");
+            assert!(e.reason.starts_with("[[session.flow]] number 1: "), "{e}");
+        }
+        let s = SessionSettings {
+            flow_copies: 1,
+            ..SessionSettings::default()
+        };
+        let mut c = Config::new(
+            vec![ChannelParams {
+                name: "a".into(),
+                weight: 1,
+            }],
+            1400,
+            vec![7; 32],
+        );
+        assert_eq!(s.apply(&mut c).unwrap_err().key, "flow_copies");
     }
 }

@@ -184,6 +184,8 @@ pub struct SessionStats {
     pub return_path: Option<usize>,
     /// Times the return path was cut to one channel.
     pub return_path_cuts: u64,
+    /// Real-time flows' counters (`session::flows`).
+    pub flows: super::FlowStats,
     /// Per channel.
     pub channels: Vec<ChannelInfo>,
 }
@@ -231,6 +233,7 @@ impl Session {
             queued: self.tx.pending.len(),
             return_path: self.return_path.on,
             return_path_cuts: self.return_path.cuts,
+            flows: self.flows.stats.clone(),
             channels,
         }
     }

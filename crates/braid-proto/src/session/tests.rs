@@ -1373,6 +1373,7 @@ fn set_weights_moves_the_stripe_and_survives_a_new_epoch() {
 /// Bad-link demotion (`session::demote`) between two sessions.
 mod demote;
 mod endpoint;
+mod flows;
 mod handshake;
 mod recovery;
 mod return_path;

@@ -18,7 +18,7 @@
 //! | `0xB1` | marker ([`marker`]) |
 //! | `0xB2` | TRR trigger ([`trigger`]) |
 //! | `0xB3` | data with a sequence header ([`seq`]) |
-//! | `0xB4` | session messages: hello, epoch end, epoch ack, feedback, resend, probe, probe report ([`session`]) |
+//! | `0xB4` | session messages: hello, epoch end, epoch ack, feedback, resend, probe, probe report ([`session`]); flow datagrams, kind 9 ([`flow`]) |
 //! | `0xB5` | NAK: sequence numbers to repair ([`nak`]) |
 //! | `0xB6` | a repaired (retransmitted) data packet, sequence header ([`seq`]) |
 //! | `0xB7` | credit and credit check, seed 004 ([`credit`]) |
@@ -43,6 +43,7 @@
 
 pub mod credit;
 pub mod errctl;
+pub mod flow;
 pub mod marker;
 pub mod nak;
 pub mod overlay;

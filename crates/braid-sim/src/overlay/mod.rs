@@ -648,6 +648,7 @@ fn run_stripe(
         drain: crate::model::secs_to_ns(1.0),
         seed,
         variant: crate::Variant::Striped(sc),
+        voip: None,
     };
     crate::run(&cfg)
 }

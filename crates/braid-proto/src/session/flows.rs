@@ -1,0 +1,862 @@
+//! Flows: a policy per inner flow (issue 32, "real-time flows protected").
+//!
+//! Every packet from the application is classified before it reaches the stripe
+//! ([`Flows::classify`]). Its flow's policy is one of
+//!
+//! * [`FlowPolicy::Bond`]: striped with everything else (SRR, resequenced in order);
+//!   the default, for bulk traffic, and for anything that is not IP;
+//! * [`FlowPolicy::Redundant`]: sent as it comes on the `copies` channels with the
+//!   lowest measured delay, the first copy to arrive is delivered and the others are
+//!   dropped (calls, live audio, game state);
+//! * [`FlowPolicy::LowestDelay`]: sent on the one channel with the lowest measured delay
+//!   (the smoothed round trip of the peer's feedback), moving when another becomes
+//!   clearly faster (interactive video: too much to send twice).
+//!
+//! A packet of a redundant or lowest-delay flow does not enter the stripe: it goes out
+//! at once, sealed, as a flow datagram (`wire::flow`, session message kind 9) with its
+//! own sequence number, past the transmit queue, the credits and the pacer's wait (the
+//! pacer is charged for its bytes). The receiver delivers it the moment it is opened,
+//! ahead of the resequencer and past in-bond repair's hold (a session message other
+//! than an epoch end needs no order), and drops a number it has seen ([`Dedupe`]): the
+//! seal already refuses a replayed datagram on its channel, the sequence refuses the
+//! copies of one packet that came on different channels. Delivery is in arrival order
+//! (domain 0 of the wire format); per-flow reorder domains (issue 32, item 2) can
+//! number their packets in other domains of the same header.
+//!
+//! Which flows are real-time: rules of the configuration first (`[[session.flow]]`:
+//! port, address, protocol, DSCP, first match wins), then, with `flow_auto` (on by
+//! default), the DSCP the application set (EF and VOICE-ADMIT: redundant, RFC 4594's
+//! real-time interactive and multimedia conferencing classes CS4 and AF4x: lowest
+//! delay), then small-packet UDP flows at a low rate: every packet of at most
+//! [`AUTO_SMALL`] bytes while the flow stays within [`AUTO_PPS`] packets and
+//! [`AUTO_BYTES_PER_S`] bytes a second (token buckets with a burst of
+//! [`AUTO_BURST_PACKETS`]); a flow that sends one larger packet or exceeds the rate is
+//! bulk for [`AUTO_BULK_HOLD`] after the last time it did. Everything else is bonded.
+//! `docs/tunnel.md` ("Real-time flows") says why.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use bytes::Bytes;
+
+use super::{bit, DatagramKind, LinkState, Role, Session};
+use crate::time::{Duration, Instant};
+use crate::wire::flow as wf;
+
+/// What happens to a flow's packets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FlowPolicy {
+    /// Striped with the bulk (the default).
+    Bond,
+    /// Sent on the `copies` lowest-delay channels; first copy wins.
+    Redundant,
+    /// Sent on the channel with the lowest delay.
+    LowestDelay,
+}
+
+impl FlowPolicy {
+    /// The name a configuration uses.
+    pub fn name(self) -> &'static str {
+        match self {
+            FlowPolicy::Bond => "bond",
+            FlowPolicy::Redundant => "redundant",
+            FlowPolicy::LowestDelay => "lowest-delay",
+        }
+    }
+
+    /// The policy named `s`.
+    pub fn from_name(s: &str) -> Result<FlowPolicy, String> {
+        match s.trim() {
+            "bond" => Ok(FlowPolicy::Bond),
+            "redundant" => Ok(FlowPolicy::Redundant),
+            "lowest-delay" => Ok(FlowPolicy::LowestDelay),
+            other => Err(format!(
+                "unknown flow policy '{other}': expected bond, redundant or lowest-delay"
+            )),
+        }
+    }
+
+    fn wire(self) -> u8 {
+        match self {
+            FlowPolicy::LowestDelay => wf::POLICY_LOWEST_DELAY,
+            _ => wf::POLICY_REDUNDANT,
+        }
+    }
+}
+
+/// One override: the packets it matches get `policy`. Every criterion given must
+/// match; a criterion left out matches anything.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FlowRule {
+    /// The policy of the packets it matches.
+    pub policy: FlowPolicy,
+    /// The IP protocol (6 TCP, 17 UDP, …).
+    pub protocol: Option<u8>,
+    /// A port range (inclusive) the source or the destination port is in (TCP and
+    /// UDP only).
+    pub ports: Option<(u16, u16)>,
+    /// A network (address, prefix length) the source or destination address is in.
+    pub net: Option<(IpAddr, u8)>,
+    /// The DSCP (0 to 63).
+    pub dscp: Option<u8>,
+}
+
+impl FlowRule {
+    fn matches(&self, i: &Inner) -> bool {
+        self.protocol.is_none_or(|p| p == i.protocol)
+            && self.dscp.is_none_or(|d| d == i.dscp)
+            && self.ports.is_none_or(|(lo, hi)| {
+                i.ports
+                    .is_some_and(|(s, d)| (lo..=hi).contains(&s) || (lo..=hi).contains(&d))
+            })
+            && self
+                .net
+                .is_none_or(|(a, len)| in_net(i.src, a, len) || in_net(i.dst, a, len))
+    }
+}
+
+fn in_net(x: IpAddr, net: IpAddr, len: u8) -> bool {
+    match (x, net) {
+        (IpAddr::V4(x), IpAddr::V4(n)) => {
+            let m = u32::MAX
+                .checked_shl(32 - u32::from(len.min(32)))
+                .unwrap_or(0);
+            u32::from(x) & m == u32::from(n) & m
+        }
+        (IpAddr::V6(x), IpAddr::V6(n)) => {
+            let m = u128::MAX
+                .checked_shl(128 - u32::from(len.min(128)))
+                .unwrap_or(0);
+            u128::from(x) & m == u128::from(n) & m
+        }
+        _ => false,
+    }
+}
+
+/// The flow policies of a session's transmit direction.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FlowConfig {
+    /// Automatic classification (DSCP, small-packet UDP flows at a low rate).
+    pub auto: bool,
+    /// Channels a redundant packet goes on (at least 2; fewer while fewer are up).
+    pub copies: usize,
+    /// Overrides, first match wins, before the automatic classification.
+    pub rules: Vec<FlowRule>,
+}
+
+impl Default for FlowConfig {
+    fn default() -> Self {
+        FlowConfig {
+            auto: true,
+            copies: 2,
+            rules: Vec::new(),
+        }
+    }
+}
+
+impl FlowConfig {
+    /// Check it; the message names what is wrong.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(2..=crate::config::MAX_CHANNELS).contains(&self.copies) {
+            return Err(format!(
+                "flow_copies = {}: a redundant packet goes on 2 to {} channels",
+                self.copies,
+                crate::config::MAX_CHANNELS
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// DSCP Expedited Forwarding (RFC 3246): telephony.
+pub const DSCP_EF: u8 = 46;
+/// DSCP VOICE-ADMIT (RFC 5865): admitted telephony.
+pub const DSCP_VOICE_ADMIT: u8 = 44;
+/// RFC 4594's real-time interactive (CS4) and multimedia conferencing (AF41-43).
+pub const DSCP_INTERACTIVE_VIDEO: [u8; 4] = [32, 34, 36, 38];
+/// Automatic classification: the largest packet (IP length) a real-time UDP flow
+/// sends. Voice codecs send 60 to 240 bytes of IP every 10 to 30 ms (G.711 at 20 ms:
+/// 200), game state updates a few hundred.
+pub const AUTO_SMALL: usize = 400;
+/// Automatic classification: the packet rate a real-time UDP flow stays within.
+pub const AUTO_PPS: u64 = 200;
+/// Automatic classification: the byte rate a real-time UDP flow stays within (512
+/// kbit/s; so that sending it twice costs a bond little).
+pub const AUTO_BYTES_PER_S: u64 = 64_000;
+/// Automatic classification: the burst (packets) the token buckets allow.
+pub const AUTO_BURST_PACKETS: u64 = 50;
+/// Automatic classification: a flow found to be bulk stays so this long after it last
+/// looked like bulk (no flapping between the two paths, which would reorder it).
+pub const AUTO_BULK_HOLD: Duration = Duration::from_secs(5);
+/// Automatic classification: UDP flows tracked at once; beyond, a new flow is bonded
+/// until an entry idle for [`AUTO_IDLE`] can be forgotten.
+pub const AUTO_TABLE: usize = 4096;
+/// Automatic classification: a flow silent this long is forgotten.
+pub const AUTO_IDLE: Duration = Duration::from_secs(30);
+/// The receiver's duplicate window: numbers this far below the highest seen are
+/// dropped as stale (80 s of a 50 packets/s call; 0.4 s at 10 000 packets/s).
+pub const WINDOW: u64 = 4096;
+/// Lowest delay: the pinned channel is left only for one whose round trip is shorter
+/// by this much (or by a tenth of the pinned one's, if more).
+pub const MOVE_MARGIN: Duration = Duration::from_millis(2);
+
+/// What classification reads from an inner IP packet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Inner {
+    /// The DSCP (traffic class >> 2).
+    pub dscp: u8,
+    /// The IP protocol (IPv6: the first next header).
+    pub protocol: u8,
+    /// Source address.
+    pub src: IpAddr,
+    /// Destination address.
+    pub dst: IpAddr,
+    /// (source, destination) ports of a TCP or UDP packet that carries them.
+    pub ports: Option<(u16, u16)>,
+}
+
+/// The header fields of an IPv4 or IPv6 packet; `None` if `p` is not one whose
+/// length fields agree with its length (the simulator's packets and application
+/// messages are not).
+pub fn parse_inner(p: &[u8]) -> Option<Inner> {
+    let (dscp, protocol, src, dst, l4) = match p.first()? >> 4 {
+        4 => {
+            let ihl = usize::from(p[0] & 0x0f) * 4;
+            if ihl < 20 || p.len() < ihl || usize::from(u16::from_be_bytes([p[2], p[3]])) != p.len()
+            {
+                return None;
+            }
+            let a = |at: usize| Ipv4Addr::new(p[at], p[at + 1], p[at + 2], p[at + 3]);
+            // A fragment after the first carries no ports.
+            let first = u16::from_be_bytes([p[6], p[7]]) & 0x1fff == 0;
+            let l4 = if first { &p[ihl..] } else { &[][..] };
+            (p[1] >> 2, p[9], IpAddr::V4(a(12)), IpAddr::V4(a(16)), l4)
+        }
+        6 => {
+            if p.len() < 40 || usize::from(u16::from_be_bytes([p[4], p[5]])) + 40 != p.len() {
+                return None;
+            }
+            let tc = (p[0] << 4) | (p[1] >> 4);
+            let a = |at: usize| {
+                let mut b = [0u8; 16];
+                b.copy_from_slice(&p[at..at + 16]);
+                Ipv6Addr::from(b)
+            };
+            (tc >> 2, p[6], IpAddr::V6(a(8)), IpAddr::V6(a(24)), &p[40..])
+        }
+        _ => return None,
+    };
+    let ports = (matches!(protocol, 6 | 17) && l4.len() >= 4).then(|| {
+        (
+            u16::from_be_bytes([l4[0], l4[1]]),
+            u16::from_be_bytes([l4[2], l4[3]]),
+        )
+    });
+    Some(Inner {
+        dscp,
+        protocol,
+        src,
+        dst,
+        ports,
+    })
+}
+
+/// The flows' counters (`SessionStats::flows`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FlowStats {
+    /// Packets sent redundantly.
+    pub tx_redundant: u64,
+    /// Packets sent on the lowest-delay channel.
+    pub tx_lowest_delay: u64,
+    /// Flow datagrams sent (every copy).
+    pub tx_datagrams: u64,
+    /// Real-time packets that went into the bond instead: too large for a flow
+    /// datagram, no keys yet, or no channel up.
+    pub tx_fallback: u64,
+    /// Times a lowest-delay flow moved to another channel.
+    pub moves: u64,
+    /// Flow datagrams delivered (the first copy of each packet).
+    pub rx_delivered: u64,
+    /// Copies dropped because the packet was delivered already.
+    pub rx_duplicates: u64,
+    /// Flow datagrams dropped because they were older than the duplicate window.
+    pub rx_stale: u64,
+    /// Flow datagrams that did not parse (counted malformed on their channel too).
+    pub rx_malformed: u64,
+}
+
+/// The receiver's duplicate filter: a sliding window of [`WINDOW`] sequence numbers
+/// below the highest seen.
+#[derive(Clone, Debug)]
+pub struct Dedupe {
+    top: Option<u64>,
+    bits: Vec<u64>,
+}
+
+impl Default for Dedupe {
+    fn default() -> Self {
+        Dedupe {
+            top: None,
+            bits: vec![0; (WINDOW / 64) as usize],
+        }
+    }
+}
+
+/// What [`Dedupe::accept`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Seen {
+    /// The first time: deliver it.
+    New,
+    /// Seen already.
+    Duplicate,
+    /// Too old to tell: dropped.
+    Stale,
+}
+
+impl Dedupe {
+    fn slot(&mut self, s: u64) -> (&mut u64, u64) {
+        let i = s % WINDOW;
+        (&mut self.bits[(i / 64) as usize], 1u64 << (i % 64))
+    }
+
+    /// Number `s` arrived.
+    pub fn accept(&mut self, s: u64) -> Seen {
+        match self.top {
+            Some(top) if s <= top => {
+                if top - s >= WINDOW {
+                    return Seen::Stale;
+                }
+                let (w, b) = self.slot(s);
+                if *w & b != 0 {
+                    return Seen::Duplicate;
+                }
+                *w |= b;
+                Seen::New
+            }
+            top => {
+                // Forget the numbers the window slides past.
+                let from = top.map_or(s, |t| t + 1);
+                if s - from >= WINDOW {
+                    self.bits.iter_mut().for_each(|w| *w = 0);
+                } else {
+                    for x in from..=s {
+                        let (w, b) = self.slot(x);
+                        *w &= !b;
+                    }
+                }
+                let (w, b) = self.slot(s);
+                *w |= b;
+                self.top = Some(s);
+                Seen::New
+            }
+        }
+    }
+}
+
+/// One UDP flow as automatic classification follows it.
+#[derive(Clone, Copy, Debug)]
+struct Tracked {
+    packets: f64,
+    bytes: f64,
+    last: Instant,
+    bulk_until: Option<Instant>,
+}
+
+type Key = (IpAddr, IpAddr, u16, u16);
+
+/// A session's flows: classification and sequence numbers of our transmit direction,
+/// the duplicate filter of our receive direction.
+#[derive(Clone, Debug)]
+pub struct Flows {
+    cfg: FlowConfig,
+    table: HashMap<Key, Tracked>,
+    /// When the full table was last swept for idle flows (at most once a second: a
+    /// burst of new flows costs one sweep, not one per packet).
+    swept: Option<Instant>,
+    next_seq: u64,
+    /// The lowest-delay flows' channel.
+    pinned: Option<usize>,
+    rx: Dedupe,
+    /// Counters.
+    pub stats: FlowStats,
+}
+
+impl Flows {
+    /// The flows of a session with this configuration.
+    pub fn new(cfg: FlowConfig) -> Flows {
+        Flows {
+            cfg,
+            table: HashMap::new(),
+            swept: None,
+            next_seq: 0,
+            pinned: None,
+            rx: Dedupe::default(),
+            stats: FlowStats::default(),
+        }
+    }
+
+    /// The policy of packet `p`, sent at `now`.
+    pub fn classify(&mut self, now: Instant, p: &[u8]) -> FlowPolicy {
+        if !self.cfg.auto && self.cfg.rules.is_empty() {
+            return FlowPolicy::Bond;
+        }
+        let Some(i) = parse_inner(p) else {
+            return FlowPolicy::Bond;
+        };
+        if let Some(r) = self.cfg.rules.iter().find(|r| r.matches(&i)) {
+            return r.policy;
+        }
+        if !self.cfg.auto {
+            return FlowPolicy::Bond;
+        }
+        if matches!(i.dscp, DSCP_EF | DSCP_VOICE_ADMIT) {
+            return FlowPolicy::Redundant;
+        }
+        if DSCP_INTERACTIVE_VIDEO.contains(&i.dscp) {
+            return FlowPolicy::LowestDelay;
+        }
+        match (i.protocol, i.ports) {
+            (17, Some((s, d))) => self.track(now, (i.src, i.dst, s, d), p.len()),
+            _ => FlowPolicy::Bond,
+        }
+    }
+
+    /// Automatic classification of a UDP packet of `len` bytes of flow `k`.
+    fn track(&mut self, now: Instant, k: Key, len: usize) -> FlowPolicy {
+        if !self.table.contains_key(&k) && self.table.len() >= AUTO_TABLE {
+            if self
+                .swept
+                .is_none_or(|t| now.saturating_since(t) >= Duration::from_secs(1))
+            {
+                self.swept = Some(now);
+                self.table
+                    .retain(|_, t| now.saturating_since(t.last) < AUTO_IDLE);
+            }
+            if self.table.len() >= AUTO_TABLE {
+                return FlowPolicy::Bond;
+            }
+        }
+        let burst_bytes = (AUTO_BYTES_PER_S / 4) as f64;
+        let t = self.table.entry(k).or_insert(Tracked {
+            packets: AUTO_BURST_PACKETS as f64,
+            bytes: burst_bytes,
+            last: now,
+            bulk_until: None,
+        });
+        let dt = now.saturating_since(t.last).as_micros() as f64 / 1e6;
+        t.last = now;
+        t.packets = (t.packets + dt * AUTO_PPS as f64).min(AUTO_BURST_PACKETS as f64);
+        t.bytes = (t.bytes + dt * AUTO_BYTES_PER_S as f64).min(burst_bytes);
+        let small = len <= AUTO_SMALL && t.packets >= 1.0 && t.bytes >= len as f64;
+        if small {
+            t.packets -= 1.0;
+            t.bytes -= len as f64;
+        } else {
+            t.bulk_until = Some(now + AUTO_BULK_HOLD);
+        }
+        if small && t.bulk_until.is_none_or(|u| now >= u) {
+            t.bulk_until = None;
+            FlowPolicy::Redundant
+        } else {
+            FlowPolicy::Bond
+        }
+    }
+
+    /// The peer started a new run: its numbers start again.
+    fn peer_restarted(&mut self) {
+        self.rx = Dedupe::default();
+    }
+}
+
+/// A channel a flow datagram may take: its index, whether it is active (not demoted)
+/// and its smoothed round trip.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Candidate {
+    /// Channel index.
+    pub channel: usize,
+    /// In the bond (not demoted or probing).
+    pub active: bool,
+    /// Its smoothed round trip, once measured.
+    pub srtt: Option<Duration>,
+}
+
+impl Candidate {
+    fn rank(&self) -> (bool, Duration, usize) {
+        (
+            !self.active,
+            self.srtt.unwrap_or(Duration::from_secs(1)),
+            self.channel,
+        )
+    }
+}
+
+/// Order candidates best first: active ones, then by round trip, then by index.
+pub fn rank(c: &mut [Candidate]) {
+    c.sort_by_key(Candidate::rank);
+}
+
+/// The lowest-delay channel among `c` (ranked), staying on `pinned` unless another is
+/// clearly better (by [`MOVE_MARGIN`] or a tenth of its round trip).
+pub fn lowest_delay(c: &[Candidate], pinned: Option<usize>) -> Option<usize> {
+    let best = c.first()?;
+    let Some(p) = pinned.and_then(|p| c.iter().find(|x| x.channel == p)) else {
+        return Some(best.channel);
+    };
+    if p.active != best.active {
+        return Some(best.channel);
+    }
+    match (p.srtt, best.srtt) {
+        (Some(ps), Some(bs)) => {
+            let margin = MOVE_MARGIN.max(Duration::from_micros(ps.as_micros() / 10));
+            Some(if bs + margin < ps {
+                best.channel
+            } else {
+                p.channel
+            })
+        }
+        (None, Some(_)) => Some(best.channel),
+        _ => Some(p.channel),
+    }
+}
+
+impl Session {
+    /// The flows stage: a packet of a redundant or lowest-delay flow goes out at once
+    /// as flow datagrams (`true`); a bonded one (`false`) goes on to the stripe.
+    pub(super) fn flow_out(&mut self, now: Instant, p: &Bytes) -> bool {
+        let policy = self.flows.classify(now, p);
+        if policy == FlowPolicy::Bond {
+            return false;
+        }
+        let fits = p.len() + wf::HEADER_LEN <= self.cfg.max_inner() as usize;
+        let mut cands = self.flow_candidates();
+        if !fits || !self.crypto.ready() || cands.is_empty() {
+            self.flows.stats.tx_fallback += 1;
+            return false;
+        }
+        rank(&mut cands);
+        let chosen: Vec<usize> = match policy {
+            FlowPolicy::Redundant => {
+                self.flows.stats.tx_redundant += 1;
+                cands
+                    .iter()
+                    .take(self.flows.cfg.copies)
+                    .map(|c| c.channel)
+                    .collect()
+            }
+            _ => {
+                self.flows.stats.tx_lowest_delay += 1;
+                let c = lowest_delay(&cands, self.flows.pinned);
+                if self.flows.pinned.is_some() && c != self.flows.pinned {
+                    self.flows.stats.moves += 1;
+                }
+                self.flows.pinned = c;
+                c.into_iter().collect()
+            }
+        };
+        let seq = self.flows.next_seq;
+        self.flows.next_seq += 1;
+        for c in chosen {
+            let h = wf::Header {
+                channel: c as u8,
+                policy: policy.wire(),
+                domain: 0,
+                seq,
+            };
+            self.flows.stats.tx_datagrams += 1;
+            self.emit_parts(c, DatagramKind::Flow, &h.to_bytes(), p.clone());
+        }
+        true
+    }
+
+    /// The channels a flow datagram may take: up, with an uplink, heard by the peer.
+    fn flow_candidates(&self) -> Vec<Candidate> {
+        (0..self.n)
+            .filter(|&c| {
+                let ch = &self.chans[c];
+                ch.state != LinkState::Down && ch.peer_hears_us && self.uplink_down & bit(c) == 0
+            })
+            .map(|c| Candidate {
+                channel: c,
+                active: self.chans[c].demote.role == Role::Active,
+                srtt: self.chans[c].fb_tx.srtt(),
+            })
+            .collect()
+    }
+
+    /// A flow datagram opened on (sealed for) channel `c`: delivered at once unless a
+    /// copy of it was.
+    pub(super) fn on_flow(&mut self, c: usize, inner: Bytes) {
+        let h = match wf::Header::parse(&inner) {
+            Ok(h) if usize::from(h.channel) == c => h,
+            _ => {
+                self.chans[c].n.malformed += 1;
+                self.flows.stats.rx_malformed += 1;
+                return;
+            }
+        };
+        match self.flows.rx.accept(h.seq) {
+            Seen::New => {
+                self.flows.stats.rx_delivered += 1;
+                self.deliver.push_back(inner.slice(wf::HEADER_LEN..));
+            }
+            Seen::Duplicate => self.flows.stats.rx_duplicates += 1,
+            Seen::Stale => self.flows.stats.rx_stale += 1,
+        }
+    }
+
+    /// The peer started a new run (or was first heard): its flow numbers start again.
+    pub(super) fn flows_on_new_peer(&mut self) {
+        self.flows.peer_restarted();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An IPv4 UDP packet of `len` bytes from 10.0.0.1:`sport` to 10.0.0.2:`dport`.
+    pub(crate) fn udp4(len: usize, sport: u16, dport: u16, dscp: u8) -> Vec<u8> {
+        let mut p = vec![0u8; len];
+        p[0] = 0x45;
+        p[1] = dscp << 2;
+        p[2..4].copy_from_slice(&(len as u16).to_be_bytes());
+        p[8] = 64;
+        p[9] = 17;
+        p[12..16].copy_from_slice(&[10, 0, 0, 1]);
+        p[16..20].copy_from_slice(&[10, 0, 0, 2]);
+        p[20..22].copy_from_slice(&sport.to_be_bytes());
+        p[22..24].copy_from_slice(&dport.to_be_bytes());
+        p
+    }
+
+    fn tcp6(len: usize, dport: u16, dscp: u8) -> Vec<u8> {
+        let mut p = vec![0u8; len];
+        let tc = dscp << 2;
+        p[0] = 0x60 | (tc >> 4);
+        p[1] = tc << 4;
+        p[4..6].copy_from_slice(&((len - 40) as u16).to_be_bytes());
+        p[6] = 6;
+        p[7] = 64;
+        p[8] = 0x20;
+        p[9] = 0x01;
+        p[24] = 0xfd;
+        p[40..42].copy_from_slice(&40000u16.to_be_bytes());
+        p[42..44].copy_from_slice(&dport.to_be_bytes());
+        p
+    }
+
+    fn at(ms: u64) -> Instant {
+        Instant::from_micros(ms * 1000)
+    }
+
+    #[test]
+    fn headers_are_read_and_bad_lengths_refused() {
+        let i = parse_inner(&udp4(200, 5004, 6000, 46)).unwrap();
+        assert_eq!(i.protocol, 17);
+        assert_eq!(i.dscp, 46);
+        assert_eq!(i.ports, Some((5004, 6000)));
+        let i = parse_inner(&tcp6(100, 443, 34)).unwrap();
+        assert_eq!((i.protocol, i.dscp, i.ports), (6, 34, Some((40000, 443))));
+        // The simulator's packets: first byte 0x45, total length 0.
+        let mut sim = vec![0u8; 200];
+        sim[0] = 0x45;
+        assert_eq!(parse_inner(&sim), None);
+        let mut short = udp4(200, 1, 2, 0);
+        short.truncate(150);
+        assert_eq!(parse_inner(&short), None);
+        assert_eq!(parse_inner(&[]), None);
+        assert_eq!(parse_inner(&[0x45]), None);
+        // A later fragment has no ports.
+        let mut frag = udp4(200, 1, 2, 0);
+        frag[7] = 10;
+        assert_eq!(parse_inner(&frag).unwrap().ports, None);
+    }
+
+    #[test]
+    fn auto_takes_voice_and_leaves_bulk_in_the_bond() {
+        let mut f = Flows::new(FlowConfig::default());
+        // A call: 200-byte packets every 20 ms, for 20 s.
+        for k in 0..1000 {
+            assert_eq!(
+                f.classify(at(20 * k), &udp4(200, 5004, 6000, 0)),
+                FlowPolicy::Redundant,
+                "packet {k}"
+            );
+        }
+        // Full-size UDP (QUIC, a VPN inside the tunnel): bond from its first packet.
+        assert_eq!(
+            f.classify(at(0), &udp4(1400, 443, 50000, 0)),
+            FlowPolicy::Bond
+        );
+        // Small packets at a high rate: real-time for the burst, then bond, and still
+        // bond for the hold after it slows down.
+        let mut policies = Vec::new();
+        for k in 0..400u64 {
+            policies.push(f.classify(at(k), &udp4(120, 7000, 7001, 0)));
+        }
+        let rt = policies
+            .iter()
+            .filter(|&&p| p == FlowPolicy::Redundant)
+            .count();
+        assert!((50..=70).contains(&rt), "{rt} packets real-time");
+        assert_eq!(policies[399], FlowPolicy::Bond);
+        assert_eq!(
+            f.classify(at(2000), &udp4(120, 7000, 7001, 0)),
+            FlowPolicy::Bond
+        );
+        assert_eq!(
+            f.classify(at(6000), &udp4(120, 7000, 7001, 0)),
+            FlowPolicy::Redundant
+        );
+        // TCP is bulk unless its DSCP says otherwise; EF is voice, AF41 video.
+        assert_eq!(f.classify(at(0), &tcp6(80, 22, 0)), FlowPolicy::Bond);
+        assert_eq!(f.classify(at(0), &tcp6(80, 22, 46)), FlowPolicy::Redundant);
+        assert_eq!(
+            f.classify(at(0), &tcp6(1200, 443, 34)),
+            FlowPolicy::LowestDelay
+        );
+        // Without auto, nothing is real-time.
+        let mut off = Flows::new(FlowConfig {
+            auto: false,
+            ..FlowConfig::default()
+        });
+        assert_eq!(
+            off.classify(at(0), &udp4(200, 5004, 6000, 46)),
+            FlowPolicy::Bond
+        );
+    }
+
+    #[test]
+    fn the_flow_table_is_bounded_and_forgets_idle_flows() {
+        let mut f = Flows::new(FlowConfig::default());
+        for k in 0..AUTO_TABLE {
+            let p = udp4(100, (k / 60_000) as u16 + 1, (k % 60_000) as u16, 0);
+            assert_eq!(f.classify(at(0), &p), FlowPolicy::Redundant);
+        }
+        // Full: a new flow is bonded, a known one keeps its policy.
+        let new = udp4(100, 9, 9, 0);
+        assert_eq!(f.classify(at(1000), &new), FlowPolicy::Bond);
+        assert_eq!(
+            f.classify(at(1000), &udp4(100, 1, 5, 0)),
+            FlowPolicy::Redundant
+        );
+        // Once the others are idle for AUTO_IDLE they are forgotten.
+        assert_eq!(f.classify(at(31_000), &new), FlowPolicy::Redundant);
+        assert!(f.table.len() <= 2, "{}", f.table.len());
+    }
+
+    #[test]
+    fn rules_come_first_and_match_every_criterion() {
+        let rule = |policy, protocol, ports, net: Option<(&str, u8)>, dscp| FlowRule {
+            policy,
+            protocol,
+            ports,
+            net: net.map(|(a, l)| (a.parse().unwrap(), l)),
+            dscp,
+        };
+        let mut f = Flows::new(FlowConfig {
+            auto: true,
+            copies: 2,
+            rules: vec![
+                rule(FlowPolicy::Bond, Some(17), Some((5004, 5004)), None, None),
+                rule(
+                    FlowPolicy::LowestDelay,
+                    None,
+                    Some((3478, 3481)),
+                    Some(("10.0.0.0", 24)),
+                    None,
+                ),
+                rule(
+                    FlowPolicy::Redundant,
+                    None,
+                    None,
+                    Some(("2001::", 16)),
+                    Some(10),
+                ),
+            ],
+        });
+        // The rule keeps a call in the bond that auto would have taken.
+        assert_eq!(
+            f.classify(at(0), &udp4(200, 5004, 6000, 46)),
+            FlowPolicy::Bond
+        );
+        assert_eq!(
+            f.classify(at(0), &udp4(1200, 50000, 3480, 0)),
+            FlowPolicy::LowestDelay
+        );
+        assert_eq!(
+            f.classify(at(0), &tcp6(1200, 443, 10)),
+            FlowPolicy::Redundant
+        );
+        // Not the DSCP the rule names: auto (bulk TCP).
+        assert_eq!(f.classify(at(0), &tcp6(1200, 443, 12)), FlowPolicy::Bond);
+        assert!(in_net(
+            "10.0.0.9".parse().unwrap(),
+            "10.0.0.0".parse().unwrap(),
+            24
+        ));
+        assert!(!in_net(
+            "10.0.1.9".parse().unwrap(),
+            "10.0.0.0".parse().unwrap(),
+            24
+        ));
+        assert!(in_net(
+            "10.0.1.9".parse().unwrap(),
+            "0.0.0.0".parse().unwrap(),
+            0
+        ));
+    }
+
+    #[test]
+    fn the_window_drops_copies_and_stale_numbers() {
+        let mut d = Dedupe::default();
+        assert_eq!(d.accept(5), Seen::New);
+        assert_eq!(d.accept(5), Seen::Duplicate);
+        assert_eq!(d.accept(3), Seen::New);
+        assert_eq!(d.accept(3), Seen::Duplicate);
+        assert_eq!(d.accept(6), Seen::New);
+        assert_eq!(d.accept(4), Seen::New);
+        assert_eq!(d.accept(6 + WINDOW), Seen::New);
+        assert_eq!(d.accept(6), Seen::Stale);
+        assert_eq!(d.accept(7), Seen::New, "inside the window, not seen");
+        assert_eq!(d.accept(7), Seen::Duplicate);
+        // A jump beyond the window forgets everything below it.
+        assert_eq!(d.accept(10 * WINDOW), Seen::New);
+        assert_eq!(d.accept(10 * WINDOW - 1), Seen::New);
+        assert_eq!(d.accept(10 * WINDOW - 1), Seen::Duplicate);
+        assert_eq!(d.accept(9 * WINDOW + 5), Seen::New);
+    }
+
+    #[test]
+    fn lowest_delay_moves_only_for_a_clear_gain() {
+        let c = |channel, ms: u64| Candidate {
+            channel,
+            active: true,
+            srtt: Some(Duration::from_millis(ms)),
+        };
+        let mut v = vec![c(0, 30), c(1, 20), c(2, 60)];
+        rank(&mut v);
+        assert_eq!(v[0].channel, 1);
+        assert_eq!(lowest_delay(&v, None), Some(1));
+        // 21 ms against 20: stay.
+        let mut v = vec![c(0, 20), c(1, 21)];
+        rank(&mut v);
+        assert_eq!(lowest_delay(&v, Some(1)), Some(1));
+        // 30 against 20: move.
+        let mut v = vec![c(0, 20), c(1, 30)];
+        rank(&mut v);
+        assert_eq!(lowest_delay(&v, Some(1)), Some(0));
+        // The pinned channel went away.
+        assert_eq!(lowest_delay(&v, Some(7)), Some(0));
+        // A demoted channel is left for an active one however fast it is.
+        let mut v = vec![
+            Candidate {
+                active: false,
+                ..c(0, 5)
+            },
+            c(1, 50),
+        ];
+        rank(&mut v);
+        assert_eq!(lowest_delay(&v, Some(0)), Some(1));
+    }
+}

@@ -1,0 +1,215 @@
+//! Real-time flows (`session::flows`): a call beside a bulk flow is delivered at the
+//! delay of the fastest channels, exactly once, through loss and a channel cut; a
+//! lowest-delay flow follows the channel whose delay is lowest.
+
+use std::collections::HashMap;
+
+use super::*;
+
+/// Ids of the call's packets have this bit (the bulk's count from 0).
+const CALL: u64 = 1 << 62;
+
+/// A 200-byte IPv4 UDP packet 10.0.0.1:5004 -> 10.0.0.2:5004 with `id` where the
+/// Pair reads it (bytes 24..32, in the UDP header and payload).
+fn voip(id: u64) -> Bytes {
+    let mut p = vec![0u8; 200];
+    p[0] = 0x45;
+    p[2..4].copy_from_slice(&200u16.to_be_bytes());
+    p[8] = 64;
+    p[9] = 17;
+    p[12..16].copy_from_slice(&[10, 0, 0, 1]);
+    p[16..20].copy_from_slice(&[10, 0, 0, 2]);
+    p[20..22].copy_from_slice(&5004u16.to_be_bytes());
+    p[22..24].copy_from_slice(&5004u16.to_be_bytes());
+    p[24..32].copy_from_slice(&(CALL | id).to_be_bytes());
+    Bytes::from(v_checksum(p))
+}
+
+fn v_checksum(mut p: Vec<u8>) -> Vec<u8> {
+    let mut sum = 0u32;
+    for w in p[..20].chunks(2) {
+        sum += u32::from(u16::from_be_bytes([w[0], w[1]]));
+    }
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    p[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+    p
+}
+
+/// A pair whose sender A has these flow settings, over channels of these delays.
+fn pair(flows: FlowConfig, delays_ms: &[u64]) -> Pair {
+    let mut p = Pair::new(delays_ms.len(), Mode::Logical, delays_ms);
+    let mut c = config(delays_ms.len(), Mode::Logical);
+    c.flows = flows;
+    p.a = Session::new(c, [1; 32], Instant::ZERO).unwrap();
+    p
+}
+
+/// Run the bulk (one packet a millisecond, the Pair's own) and a call (a packet every
+/// 20 ms from 1 s) until `until`; `at(p, t)` is called every 20 ms before the call's
+/// packet (to change the links). Returns the call's send times by id.
+fn run_call(
+    p: &mut Pair,
+    until: Instant,
+    mut at: impl FnMut(&mut Pair, Instant),
+) -> HashMap<u64, Instant> {
+    let mut sent = HashMap::new();
+    let mut k = 0;
+    let mut t = Instant::from_micros(1000 * MS);
+    while t < until {
+        p.run_until(t);
+        at(p, t);
+        p.a.handle_packet(t, voip(k));
+        sent.insert(CALL | k, t);
+        k += 1;
+        p.flush();
+        t += Duration::from_millis(20);
+    }
+    p.run_until(until + Duration::from_millis(500));
+    sent
+}
+
+/// Each call packet's one-way delay (ms), and how many times it was delivered.
+fn call_delays(p: &Pair, sent: &HashMap<u64, Instant>) -> (Vec<f64>, HashMap<u64, usize>) {
+    let mut delays = Vec::new();
+    let mut times = HashMap::new();
+    for (&id, &at) in p.delivered.iter().zip(&p.delivered_at) {
+        if id & CALL == 0 {
+            continue;
+        }
+        *times.entry(id).or_insert(0) += 1;
+        if times[&id] == 1 {
+            delays.push(at.saturating_since(sent[&id]).as_micros() as f64 / 1000.0);
+        }
+    }
+    delays.sort_by(f64::total_cmp);
+    (delays, times)
+}
+
+fn p99(d: &[f64]) -> f64 {
+    d[(d.len() * 99 / 100).min(d.len() - 1)]
+}
+
+/// Three channels of 5, 20 and 60 ms; the fastest loses every 20th datagram and is cut
+/// for a second in the middle. The call, redundant by the automatic policy (small UDP
+/// packets at 50/s), arrives at the fastest live channel's delay, every packet exactly
+/// once, while the bulk beside it waits for the slowest channel (delay equalization).
+/// Without flow policies the call is bonded and waits with the bulk.
+#[test]
+fn a_redundant_call_arrives_early_and_once_through_loss_and_a_cut() {
+    let run = |flows: FlowConfig| {
+        let mut p = pair(flows, &[5, 20, 60]);
+        p.ab[0].drop_every = 20;
+        let sent = run_call(&mut p, Instant::from_micros(5000 * MS), |p, t| {
+            let ms = t.as_micros() / MS;
+            p.ab[0].up = !(2500..3500).contains(&ms);
+        });
+        (p, sent)
+    };
+    let (p, sent) = run(FlowConfig::default());
+    let (delays, times) = call_delays(&p, &sent);
+    assert_eq!(times.len(), sent.len(), "every call packet delivered");
+    assert!(times.values().all(|&n| n == 1), "each exactly once");
+    let f = p.b.stats(p.now).flows;
+    assert_eq!(f.rx_delivered, sent.len() as u64);
+    assert!(f.rx_duplicates > 0, "{f:?}");
+    assert_eq!(p.a.stats(p.now).flows.tx_redundant, sent.len() as u64);
+    // The fastest channel's 5 ms, or the second's 20 ms when the fastest lost it; after
+    // the cut the fastest is demoted (a net cost for the bulk) and the call takes the
+    // next two.
+    assert!(p99(&delays) <= 21.0, "p99 {} ms: {delays:?}", p99(&delays));
+    let before_cut: Vec<f64> = {
+        let mut v: Vec<f64> = p
+            .delivered
+            .iter()
+            .zip(&p.delivered_at)
+            .filter(|(id, _)| *id & CALL != 0 && sent[id].as_micros() < 2500 * MS)
+            .map(|(id, at)| at.saturating_since(sent[id]).as_micros() as f64 / 1000.0)
+            .collect();
+        v.sort_by(f64::total_cmp);
+        v
+    };
+    let late = before_cut.iter().filter(|&&d| d > 6.0).count();
+    assert!(late * 100 <= before_cut.len() * 12, "{before_cut:?}");
+
+    // The bulk is all there too, in order.
+    let bulk: Vec<u64> = p
+        .delivered
+        .iter()
+        .copied()
+        .filter(|i| i & CALL == 0)
+        .collect();
+    assert!(bulk.len() > 4000, "{}", bulk.len());
+
+    // Bonded, the call waits for the slowest channel like the bulk.
+    let (p, sent) = run(FlowConfig {
+        auto: false,
+        ..FlowConfig::default()
+    });
+    let (delays, _) = call_delays(&p, &sent);
+    assert!(
+        delays[delays.len() / 2] >= 55.0,
+        "median {} ms",
+        delays[delays.len() / 2]
+    );
+    assert_eq!(p.a.stats(p.now).flows.tx_redundant, 0);
+}
+
+/// A call pinned to the lowest-delay channel by a rule moves when that channel's delay
+/// rises above another's, and comes back to it when it recovers.
+#[test]
+fn a_lowest_delay_flow_follows_the_fastest_channel() {
+    let flows = FlowConfig {
+        auto: true,
+        copies: 2,
+        rules: vec![FlowRule {
+            policy: FlowPolicy::LowestDelay,
+            protocol: Some(17),
+            ports: Some((5004, 5004)),
+            net: None,
+            dscp: None,
+        }],
+    };
+    let mut p = pair(flows, &[5, 20, 60]);
+    let sent = run_call(&mut p, Instant::from_micros(8000 * MS), |p, t| {
+        let ms = t.as_micros() / MS;
+        // The fastest channel becomes the slowest for three seconds.
+        let d = if (3000..6000).contains(&ms) { 100 } else { 5 };
+        p.ab[0].delay = Duration::from_millis(d);
+        p.ba[0].delay = Duration::from_millis(d);
+    });
+    let mut by_time: Vec<(Instant, f64)> = p
+        .delivered
+        .iter()
+        .zip(&p.delivered_at)
+        .filter(|(id, _)| *id & CALL != 0)
+        .map(|(id, at)| {
+            let s = sent[id];
+            (s, at.saturating_since(s).as_micros() as f64 / 1000.0)
+        })
+        .collect();
+    by_time.sort_by_key(|x| x.0);
+    assert_eq!(by_time.len(), sent.len(), "nothing lost, nothing twice");
+    let between = |a: u64, b: u64| -> Vec<f64> {
+        by_time
+            .iter()
+            .filter(|(s, _)| (a * MS..b * MS).contains(&s.as_micros()))
+            .map(|x| x.1)
+            .collect()
+    };
+    // Before: on the 5 ms channel.
+    assert!(between(1500, 3000).iter().all(|&d| d < 6.0));
+    // A second after the change: on the 20 ms channel, not the 100 ms one.
+    let moved = between(4000, 6000);
+    assert!(
+        moved.iter().all(|&d| (19.0..22.0).contains(&d)),
+        "{moved:?}"
+    );
+    // Back on the fastest once it is fast again.
+    assert!(between(7000, 8000).iter().all(|&d| d < 6.0));
+    let f = p.a.stats(p.now).flows;
+    assert!(f.moves >= 2, "{f:?}");
+    assert_eq!(f.tx_lowest_delay, sent.len() as u64);
+    assert_eq!(f.tx_datagrams, sent.len() as u64, "one copy each");
+}
