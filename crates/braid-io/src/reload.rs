@@ -71,7 +71,8 @@ pub fn plan(old: &FileConfig, new: &FileConfig) -> Plan {
 pub type SetLogLevel<'a> = &'a mut (dyn FnMut(Option<&str>) -> Result<String, String> + Send);
 
 /// One reload: re-read `path`, apply what the running tunnel can take (channel
-/// weights, a server's peers, the log level through `set_log_level`, which answers
+/// weights, a channel's local, remote and device, a server's peers, the log level
+/// through `set_log_level`, which answers
 /// what it did) and log what needs a restart. `running` keeps what is in force.
 /// What it did, in words (as logged), or, if the file could not be read or a change
 /// that applies at once did not, why (the rest is still applied).
@@ -97,9 +98,16 @@ pub async fn apply(
     }
     let mut done = Vec::new();
     let mut failed = Vec::new();
+    // Each change is logged once here, whichever it was.
     let mut note = |r: Result<String, String>| match r {
-        Ok(m) => done.push(m),
-        Err(m) => failed.push(m),
+        Ok(m) => {
+            info!("reload: {m}");
+            done.push(m)
+        }
+        Err(m) => {
+            warn!("reload: {m}");
+            failed.push(m)
+        }
     };
     if let Some(w) = plan.weights {
         note(apply_weights(w, running, stats));
@@ -136,7 +144,7 @@ fn apply_weights(
     stats: &StatsHandle,
 ) -> Result<String, String> {
     let old: Vec<u32> = running.session.channels.iter().map(|c| c.weight).collect();
-    let r = match stats.set_weights(w.clone()) {
+    match stats.set_weights(w.clone()) {
         Ok(true) => {
             for (c, w) in running.session.channels.iter_mut().zip(&w) {
                 c.weight = *w;
@@ -147,12 +155,7 @@ fn apply_weights(
             Err("the session is busy; channel weights not changed, reload again".to_string())
         }
         Err(e) => Err(format!("channel weights not changed: {e}")),
-    };
-    match &r {
-        Ok(m) => info!("reload: {m}"),
-        Err(m) => warn!("reload: {m}"),
     }
-    r
 }
 
 /// A server's new peer list into the running server (and `running`, once taken).
@@ -163,14 +166,10 @@ async fn apply_peers(
 ) -> Result<String, String> {
     match stats.set_peers(peers.clone()).await {
         Ok(what) => {
-            info!("reload: {what}");
             running.peers = peers;
             Ok(what)
         }
-        Err(e) => {
-            warn!("reload: peers not changed: {e}");
-            Err(format!("peers not changed: {e}"))
-        }
+        Err(e) => Err(format!("peers not changed: {e}")),
     }
 }
 
@@ -183,8 +182,7 @@ async fn apply_channel(
     stats: &StatsHandle,
 ) -> Result<String, String> {
     let name = c.name.clone();
-    let r = stats.set_channel(i, c.clone()).await;
-    let r = match r {
+    match stats.set_channel(i, c.clone()).await {
         Ok(m) => {
             if let Some(x) = running.session.channels.get_mut(i) {
                 x.local = c.local;
@@ -194,12 +192,7 @@ async fn apply_channel(
             Ok(format!("channel {i} ({name}): {m}"))
         }
         Err(e) => Err(format!("channel {i} ({name}) not changed: {e}")),
-    };
-    match &r {
-        Ok(m) => info!("reload: {m}"),
-        Err(m) => warn!("reload: {m}"),
     }
-    r
 }
 
 /// The new log level, through the logger braid set up (if it did).

@@ -294,7 +294,10 @@ const LOAD_HOLD: Duration = Duration::from_secs(1);
 /// Reads per second one source (channel and address) may ask for, after a burst.
 const SOURCE_RATE: u64 = 20;
 const SOURCE_BURST: u64 = 5;
-/// Sources tracked at most (the oldest forgotten past it).
+/// Sources tracked at most. When full, those whose allowance is whole again are
+/// forgotten; if none is, all are (each then starts with a burst again: the load gate's
+/// cookies before this bound what that gives), so the map never grows past it and is
+/// scanned at most once per this many new sources.
 const SOURCES: usize = 16384;
 /// Cookie replies per second from the whole server, after a burst: a sanity cap, far
 /// above a flood one machine sends. (A reply is cheaper than the initiation it
@@ -1043,8 +1046,11 @@ impl Gate {
                     .map_or(Verdict::Drop, Verdict::Reply);
             }
         }
-        if self.sources.len() >= SOURCES {
+        if self.sources.len() >= SOURCES && !self.sources.contains_key(&(channel, from)) {
             self.sources.retain(|_, tat| tat.is_some_and(|t| t > now));
+            if self.sources.len() >= SOURCES {
+                self.sources.clear();
+            }
         }
         let tat = self.sources.entry((channel, from)).or_default();
         if !gcra(tat, now, SOURCE_RATE, SOURCE_BURST) {

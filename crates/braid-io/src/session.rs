@@ -1416,11 +1416,16 @@ impl HandshakePool {
                         };
                     }
                 };
-                match work {
+                // A job that panics (a bug) costs that handshake, not the thread: its
+                // initiator tries again, and every other session keeps handshaking.
+                let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match work {
                     Ok((job, done)) => {
                         let _ = done.send(Box::new(job.run()));
                     }
                     Err(f) => f(),
+                }));
+                if ran.is_err() {
+                    error!("a handshake job panicked (a bug, please report it with the message above); the handshake thread goes on");
                 }
             })?;
         Ok(HandshakePool(Arc::new(HsOwner(shared))))

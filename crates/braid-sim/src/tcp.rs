@@ -136,7 +136,7 @@ pub struct Stamp {
 }
 
 /// The IPv4 header checksum of `h` (20 bytes, checksum field included as it is).
-fn ipv4_checksum(h: &[u8]) -> u16 {
+pub(crate) fn ipv4_checksum(h: &[u8]) -> u16 {
     let mut sum = 0u32;
     for (i, w) in h.chunks(2).enumerate() {
         if i != 5 {

@@ -81,14 +81,8 @@ impl Voip {
         p[9] = 17;
         p[12..16].copy_from_slice(&[10, 0, 0, 1]);
         p[16..20].copy_from_slice(&[10, 0, 0, 2]);
-        let mut sum = 0u32;
-        for w in p[..20].chunks(2) {
-            sum += u32::from(u16::from_be_bytes([w[0], w[1]]));
-        }
-        while sum > 0xffff {
-            sum = (sum & 0xffff) + (sum >> 16);
-        }
-        p[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+        let sum = crate::tcp::ipv4_checksum(&p[..20]);
+        p[10..12].copy_from_slice(&sum.to_be_bytes());
         p[20..22].copy_from_slice(&spec.port.to_be_bytes());
         p[22..24].copy_from_slice(&spec.port.to_be_bytes());
         p[24..26].copy_from_slice(&((len - 20) as u16).to_be_bytes());

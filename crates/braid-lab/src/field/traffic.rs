@@ -413,12 +413,28 @@ fn send_blocks(
 
 /// Write all of `b`, waiting out a stalled path; `None` if the connection broke.
 fn write_all(c: &mut TcpStream, b: &[u8], stop: &AtomicBool) -> Option<()> {
+    until_done(b.len(), stop, |off| c.write(&b[off..]))
+}
+
+fn read_u64(c: &mut TcpStream, stop: &AtomicBool) -> Option<u64> {
+    let mut b = [0u8; 8];
+    until_done(b.len(), stop, |off| c.read(&mut b[off..]))?;
+    Some(u64::from_be_bytes(b))
+}
+
+/// Call `io` (from the offset reached so far) until `len` bytes are done, waiting out
+/// timeouts and interruptions; `None` if the connection broke or `stop` was set.
+fn until_done(
+    len: usize,
+    stop: &AtomicBool,
+    mut io: impl FnMut(usize) -> std::io::Result<usize>,
+) -> Option<()> {
     let mut off = 0;
-    while off < b.len() {
+    while off < len {
         if stop.load(Ordering::Relaxed) {
             return None;
         }
-        match c.write(&b[off..]) {
+        match io(off) {
             Ok(0) => return None,
             Ok(n) => off += n,
             Err(e)
@@ -430,27 +446,6 @@ fn write_all(c: &mut TcpStream, b: &[u8], stop: &AtomicBool) -> Option<()> {
         }
     }
     Some(())
-}
-
-fn read_u64(c: &mut TcpStream, stop: &AtomicBool) -> Option<u64> {
-    let mut b = [0u8; 8];
-    let mut off = 0;
-    while off < 8 {
-        if stop.load(Ordering::Relaxed) {
-            return None;
-        }
-        match c.read(&mut b[off..]) {
-            Ok(0) => return None,
-            Ok(n) => off += n,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
-                ) => {}
-            Err(_) => return None,
-        }
-    }
-    Some(u64::from_be_bytes(b))
 }
 
 /// The stream is all written: close our side and take the receiver's count.

@@ -22,8 +22,9 @@ pub struct Args {
     /// Configuration file (TOML): [tunnel], [session] and one [[channel]] per path;
     /// with [[peer]] sections, a server for those peers. SIGHUP (systemctl reload),
     /// or `reload` on the control socket (`braid peer add`/`remove`), re-reads it: new
-    /// channel weights, tunnel.log_level and a server's peers apply at once, the log
-    /// names the changes that need a restart.
+    /// channel weights, a channel's local, remote and device (not on a server),
+    /// tunnel.log_level and a server's peers apply at once, the log names the changes
+    /// that need a restart.
     #[arg(long)]
     config: PathBuf,
     /// Serve Prometheus metrics at http://ADDR/metrics (overrides tunnel.metrics).
@@ -134,7 +135,8 @@ fn notify(state: &[NotifyState]) {
 
 /// On each SIGHUP, and each `reload` on the control socket (`braid peer add`, whose
 /// answer says what changed): re-read the configuration file, apply what the running
-/// tunnel can take (channel weights, a server's peers, the log level) and log what
+/// tunnel can take (channel weights, a channel's addresses and device, a server's
+/// peers, the log level) and log what
 /// needs a restart (`braid_io::reload`).
 async fn reload_on_hangup(
     mut hup: Signal,
