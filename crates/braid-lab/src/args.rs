@@ -17,10 +17,12 @@ use crate::topo;
 /// The flags of `braid lab up`.
 #[derive(clap::Args, Debug)]
 pub struct UpArgs {
-    /// Links, comma-separated, each RATE/DELAY[/LOSS][/jJITTER], e.g.
+    /// Links, comma-separated, each RATE/DELAY[/LOSS][/jJITTER][/v6], e.g.
     /// `100mbit/5ms,50mbit/20ms,20mbit/60ms/1%`. LOSS is `1%` (random) or
     /// `ge:2%:5` (bursty: 2 % average, bursts of 5 packets on average). DELAY is
-    /// one-way and applies in both directions; loss applies client to server.
+    /// one-way and applies in both directions; loss applies client to server. Every
+    /// link carries IPv4 and IPv6; `v6` makes `lab bench` use its IPv6 addresses
+    /// (its channel, its flow alone and in the ceiling).
     #[arg(long)]
     pub links: String,
     /// Seed of the emulator's loss process.

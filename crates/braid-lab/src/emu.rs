@@ -85,22 +85,45 @@ impl LossState {
 pub struct LossFilter {
     /// IPv4 source prefix (network, prefix length) of the forward direction.
     pub forward_src: ([u8; 4], u8),
+    /// IPv6 source prefix of the forward direction.
+    pub forward_src6: ([u8; 16], u8),
 }
 
 impl LossFilter {
+    /// The lab's: packets from the client's side (`10.201.0.0/16`, `fd00:201::/32`).
+    pub const LAB: LossFilter = LossFilter {
+        forward_src: ([10, 201, 0, 0], 16),
+        forward_src6: (
+            [0xfd, 0, 0x02, 0x01, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            32,
+        ),
+    };
+
     fn matches(&self, packet: &[u8]) -> bool {
-        if packet.len() < 20 || packet[0] >> 4 != 4 {
-            return false;
+        match packet.first().map(|b| b >> 4) {
+            Some(4) if packet.len() >= 20 => {
+                let (net, len) = self.forward_src;
+                in_prefix(&packet[12..16], &net, len)
+            }
+            Some(6) if packet.len() >= 40 => {
+                let (net, len) = self.forward_src6;
+                in_prefix(&packet[8..24], &net, len)
+            }
+            _ => false,
         }
-        let (net, len) = self.forward_src;
-        let src = u32::from_be_bytes([packet[12], packet[13], packet[14], packet[15]]);
-        let net = u32::from_be_bytes(net);
-        let mask = if len == 0 {
-            0
-        } else {
-            u32::MAX << (32 - u32::from(len))
-        };
-        src & mask == net & mask
+    }
+}
+
+/// Whether address `addr` lies in `net`/`len` (same length as `addr`).
+fn in_prefix(addr: &[u8], net: &[u8], len: u8) -> bool {
+    let len = usize::from(len).min(addr.len() * 8);
+    let (whole, rest) = (len / 8, len % 8);
+    if addr[..whole] != net[..whole] {
+        return false;
+    }
+    rest == 0 || {
+        let mask = 0xffu8 << (8 - rest);
+        addr[whole] & mask == net[whole] & mask
     }
 }
 
@@ -338,10 +361,7 @@ pub fn run_links(links: &[LinkSpec], seed: u64, dir: &std::path::Path) -> Result
     let mut threads = Vec::new();
     for (i, l) in links.iter().enumerate() {
         let tun = Tun::open(&format!("t{i}")).map_err(|e| e.to_string())?;
-        let filter = LossFilter {
-            forward_src: ([10, 201, 0, 0], 16),
-        };
-        let mut emu = Emulator::new(tun, l, Some(filter), seed.wrapping_add(i as u64))
+        let mut emu = Emulator::new(tun, l, Some(LossFilter::LAB), seed.wrapping_add(i as u64))
             .with_control(control_path(dir, i));
         let stop = stop.clone();
         let path = dir.join(format!("emu-{i}.json"));
@@ -451,9 +471,7 @@ mod tests {
 
     #[test]
     fn loss_filter_matches_the_forward_prefix() {
-        let f = LossFilter {
-            forward_src: ([10, 201, 0, 0], 16),
-        };
+        let f = LossFilter::LAB;
         let mut p = vec![0u8; 20];
         p[0] = 0x45;
         p[12..16].copy_from_slice(&[10, 201, 3, 1]);
@@ -461,5 +479,14 @@ mod tests {
         p[12..16].copy_from_slice(&[10, 202, 3, 1]);
         assert!(!f.matches(&p));
         assert!(!f.matches(&p[..10]));
+        let mut p6 = vec![0u8; 40];
+        p6[0] = 0x60;
+        let client: std::net::Ipv6Addr = "fd00:201:3::1".parse().unwrap();
+        let server: std::net::Ipv6Addr = "fd00:202:3::1".parse().unwrap();
+        p6[8..24].copy_from_slice(&client.octets());
+        assert!(f.matches(&p6));
+        p6[8..24].copy_from_slice(&server.octets());
+        assert!(!f.matches(&p6));
+        assert!(!f.matches(&p6[..30]));
     }
 }

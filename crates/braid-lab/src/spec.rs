@@ -1,4 +1,4 @@
-//! Link specifications: `RATE/DELAY[/LOSS][/jJITTER]`.
+//! Link specifications: `RATE/DELAY[/LOSS][/jJITTER][/v6]`.
 //!
 //! * RATE: `100mbit`, `1.5gbit`, `512kbit` (bits per second);
 //! * DELAY: one-way propagation delay, `5ms`, `250us`, `0ms`;
@@ -6,6 +6,10 @@
 //!   two-state good/bad (Gilbert–Elliott) process with average loss `P` % and mean burst
 //!   length `B` packets (every packet in the bad state is lost);
 //! * JITTER (optional): `j2ms`, extra delay uniform in `[0, 2ms]`; the link stays FIFO.
+//! * `v6` (optional): what the bench sends over this link (its braid channel, its flow
+//!   of the ceiling, the link alone) uses the link's IPv6 addresses. Every link carries
+//!   both families; without `v6` they use IPv4. `50mbit/10ms,50mbit/10ms/v6` is a bond
+//!   of an IPv4 and an IPv6 channel.
 //!
 //! Several links are separated by commas: `100mbit/5ms,50mbit/20ms,20mbit/60ms/1%`.
 
@@ -51,6 +55,8 @@ pub struct LinkSpec {
     pub jitter: Duration,
     /// Loss process, applied in the forward direction (client to server).
     pub loss: Loss,
+    /// The bench's traffic on this link uses IPv6 (`/v6`).
+    pub ipv6: bool,
     /// The text it was parsed from.
     pub text: String,
 }
@@ -145,15 +151,18 @@ impl LinkSpec {
         };
         let mut loss = Loss::None;
         let mut jitter = Duration::ZERO;
+        let mut ipv6 = false;
         for p in parts {
-            if let Some(j) = p.strip_prefix('j') {
+            if p == "v6" {
+                ipv6 = true;
+            } else if let Some(j) = p.strip_prefix('j') {
                 jitter = parse_duration(j)
                     .ok_or_else(|| err(text, format!("bad jitter '{p}': expected e.g. j2ms")))?;
             } else if let Some(ge) = p.strip_prefix("ge:") {
                 loss = parse_bursty_loss(text, p, ge)?;
             } else {
                 let l = parse_percent(p).ok_or_else(|| {
-                    err(text, format!("unknown part '{p}': expected a loss like 1%, ge:2%:5 or a jitter like j2ms"))
+                    err(text, format!("unknown part '{p}': expected a loss like 1%, ge:2%:5, a jitter like j2ms or v6"))
                 })?;
                 loss = if l == 0.0 {
                     Loss::None
@@ -167,6 +176,7 @@ impl LinkSpec {
             delay,
             jitter,
             loss,
+            ipv6,
             text: text.to_string(),
         })
     }
@@ -235,7 +245,16 @@ impl Change {
         let action = match what.trim() {
             "down" => Action::Down,
             "up" => Action::Up,
-            spec => Action::To(LinkSpec::parse(spec)?),
+            spec => {
+                let to = LinkSpec::parse(spec)?;
+                if to.ipv6 {
+                    return Err(err(
+                        text,
+                        "a change keeps the link's address family: drop '/v6'",
+                    ));
+                }
+                Action::To(to)
+            }
         };
         Ok(Change {
             at,
@@ -293,6 +312,17 @@ mod tests {
         let l = LinkSpec::parse("10mbit/1ms/ge:2%:5/j3ms").unwrap();
         assert!((l.loss.average() - 0.02).abs() < 1e-12);
         assert_eq!(l.jitter, Duration::from_millis(3));
+        assert!(!l.ipv6);
+    }
+
+    #[test]
+    fn v6_marks_a_link_for_ipv6_and_only_in_a_link() {
+        let l = LinkSpec::parse_list("50mbit/10ms,50mbit/10ms/v6").unwrap();
+        assert!(!l[0].ipv6);
+        assert!(l[1].ipv6);
+        assert_eq!(l[1].delay, Duration::from_millis(10));
+        let e = Change::parse("5s:1:10mbit/10ms/v6", 2).unwrap_err();
+        assert!(e.reason.contains("address family"), "{e}");
     }
 
     #[test]

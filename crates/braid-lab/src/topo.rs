@@ -14,6 +14,9 @@
 //!   after the link's delay; the kernel then forwards it on by source address, so a packet
 //!   from `10.201.<i>.*` always leaves on `b<i>`, whatever its destination. Loss applies to
 //!   the client-to-server direction.
+//! * Every link carries IPv6 too, routed the same way: `fd00:201:<i>::1` (client),
+//!   `fd00:201:<i>::2` and `fd00:202:<i>::2` (router), `fd00:202:<i>::1` (server). A
+//!   link whose spec ends in `/v6` carries the bench's traffic over IPv6.
 //! * The client routes by source address (`from 10.201.<i>.1` uses link i), which is what
 //!   MPTCP subflows and braid's per-channel UDP sockets need; the server answers on the
 //!   link the traffic came from.
@@ -63,6 +66,35 @@ pub fn client_addr(i: usize) -> String {
 /// Server address of link `i`.
 pub fn server_addr(i: usize) -> String {
     format!("10.202.{i}.1")
+}
+
+/// Client IPv6 address of link `i`.
+pub fn client_addr6(i: usize) -> String {
+    format!("fd00:201:{i}::1")
+}
+
+/// Server IPv6 address of link `i`.
+pub fn server_addr6(i: usize) -> String {
+    format!("fd00:202:{i}::1")
+}
+
+/// The client's and the server's address of link `i` (`l`), in the family its
+/// specification names (IPv6 for `/v6`).
+pub fn link_addrs(i: usize, l: &LinkSpec) -> (String, String) {
+    if l.ipv6 {
+        (client_addr6(i), server_addr6(i))
+    } else {
+        (client_addr(i), server_addr(i))
+    }
+}
+
+/// `address:port`, the address in brackets if it is IPv6.
+pub fn socket_addr(addr: &str, port: u16) -> String {
+    if addr.contains(':') {
+        format!("[{addr}]:{port}")
+    } else {
+        format!("{addr}:{port}")
+    }
 }
 
 /// A lab command that failed.
@@ -247,6 +279,7 @@ fn build(links: &[LinkSpec], exe: &Path, seed: u64) -> Result<(), LabError> {
         add_namespace(n)?;
     }
     sh(NS_ROUTER, "sysctl -qw net.ipv4.ip_forward=1")?;
+    sh(NS_ROUTER, "sysctl -qw net.ipv6.conf.all.forwarding=1")?;
     for (i, l) in links.iter().enumerate() {
         add_link(i, l)?;
     }
@@ -333,6 +366,40 @@ fn add_link(i: usize, l: &LinkSpec) -> Result<(), LabError> {
         NS_SERVER,
         &format!("ip route add 10.201.{i}.0/24 via 10.202.{i}.2 dev l{i}"),
     )?;
+    add_link_v6(i)
+}
+
+/// Link `i`'s IPv6 addresses and routes, as [`add_link`]'s IPv4 ones (no duplicate
+/// address detection, so they are usable at once).
+fn add_link_v6(i: usize) -> Result<(), LabError> {
+    let (ca, sa) = (client_addr6(i), server_addr6(i));
+    sh(NS_CLIENT, &format!("ip -6 addr add {ca}/64 dev l{i} nodad"))?;
+    sh(
+        NS_ROUTER,
+        &format!("ip -6 addr add fd00:201:{i}::2/64 dev a{i} nodad"),
+    )?;
+    sh(
+        NS_ROUTER,
+        &format!("ip -6 addr add fd00:202:{i}::2/64 dev b{i} nodad"),
+    )?;
+    sh(NS_SERVER, &format!("ip -6 addr add {sa}/64 dev l{i} nodad"))?;
+    let table = 10 + i;
+    sh(
+        NS_CLIENT,
+        &format!("ip -6 rule add from {ca} table {table} pref {}", 100 + i),
+    )?;
+    sh(
+        NS_CLIENT,
+        &format!("ip -6 route add default via fd00:201:{i}::2 dev l{i} table {table}"),
+    )?;
+    sh(
+        NS_CLIENT,
+        &format!("ip -6 route add fd00:202:{i}::/64 via fd00:201:{i}::2 dev l{i}"),
+    )?;
+    sh(
+        NS_SERVER,
+        &format!("ip -6 route add fd00:201:{i}::/64 via fd00:202:{i}::2 dev l{i}"),
+    )?;
     Ok(())
 }
 
@@ -410,6 +477,28 @@ fn route_through_emulator(i: usize) -> Result<(), LabError> {
     sh(
         NS_ROUTER,
         &format!("sysctl -qw net.ipv4.conf.t{i}.rp_filter=0"),
+    )?;
+    // The same for IPv6.
+    sh(
+        NS_ROUTER,
+        &format!("ip -6 route add default dev t{i} table {delay_table}"),
+    )?;
+    for (dev, pref) in [("a", 1000 + i), ("b", 1100 + i)] {
+        sh(
+            NS_ROUTER,
+            &format!("ip -6 rule add iif {dev}{i} lookup {delay_table} pref {pref}"),
+        )?;
+    }
+    sh(
+        NS_ROUTER,
+        &format!(
+            "ip -6 rule add from fd00:201:{i}::/64 iif t{i} lookup {out_table} pref {}",
+            2000 + i
+        ),
+    )?;
+    sh(
+        NS_ROUTER,
+        &format!("ip -6 route add fd00:202::/32 via fd00:202:{i}::1 dev b{i} table {out_table}"),
     )?;
     Ok(())
 }

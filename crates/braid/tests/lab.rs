@@ -99,6 +99,13 @@ fn lab_links_have_their_rate_delay_and_loss() {
         "source-routed RTT {cross} ms, want ~60"
     );
 
+    // IPv6: every link carries it too, through the same emulator (delay) and loss.
+    let rtt6 = ping_avg_ms("fd00:202:1::1", "fd00:201:1::1");
+    assert!(
+        (60.0..65.0).contains(&rtt6),
+        "link 1 RTT over IPv6 {rtt6} ms, want ~60"
+    );
+
     // Rate: TCP on link 0 gets close to its tbf rate.
     let _srv = Command::new("ip")
         .args(["netns", "exec", "brl-b", "iperf3", "-s", "-D", "-p", "5301"])
@@ -147,6 +154,26 @@ fn lab_links_have_their_rate_delay_and_loss() {
     assert!(
         (2.0..9.0).contains(&lost),
         "UDP loss on a 5 % link: {lost} %"
+    );
+    let udp6 = iperf(&[
+        "-c",
+        "fd00:202:1::1",
+        "-B",
+        "fd00:201:1::1",
+        "-p",
+        "5301",
+        "-u",
+        "-b",
+        "4M",
+        "-t",
+        "3",
+        "-l",
+        "1000",
+    ]);
+    let lost6 = udp6["end"]["sum"]["lost_percent"].as_f64().unwrap();
+    assert!(
+        (2.0..9.0).contains(&lost6),
+        "UDP loss over IPv6 on a 5 % link: {lost6} %"
     );
 
     // `lab change`: link 0's delay and rate while the lab runs, then down and up.
@@ -280,4 +307,57 @@ fn lab_stream_compares_braid_and_srt() {
         "SRT p50 {p50} ms below its latency {budget} ms"
     );
     drop(_down);
+}
+
+/// `braid lab bench` with an IPv6 link (`/v6`): the link alone, the ceiling and the
+/// tunnel's channel on it all use IPv6, and the bond of an IPv4 and an IPv6 channel
+/// carries one TCP flow over both (issue 30: a bond mixing the two families).
+#[test]
+fn lab_bench_bonds_an_ipv4_and_an_ipv6_channel() {
+    if let Some(why) = skip_reason() {
+        common::skip("lab_bench_bonds_an_ipv4_and_an_ipv6_channel", &why);
+        return;
+    }
+    let _one = lab_lock();
+    let _ = braid(&["lab", "down"]);
+    let out = braid(&[
+        "lab",
+        "bench",
+        "--links",
+        "20mbit/5ms,20mbit/5ms/v6",
+        "--duration",
+        "3s",
+        "--modes",
+        "seq",
+        "--no-mptcp",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("bench JSON");
+    let alone6 = v["links"][1]["tcp_bps"].as_f64().unwrap();
+    assert!(
+        alone6 > 0.6 * 20e6,
+        "TCP over the IPv6 link alone: {alone6}"
+    );
+    let sum = v["sum_bps"].as_f64().unwrap();
+    let bond = v["braid"]["seq"]["tcp_bps"].as_f64().unwrap();
+    // Loose: the machine running the tests is loaded; the figure itself is measured
+    // with the full bench (docs/lab.md).
+    assert!(bond > 0.5 * sum, "the bond {bond} of a sum of {sum}");
+    let channels = v["braid"]["seq"]["sender_status"]["channels"]
+        .as_array()
+        .expect("the sender's channels");
+    assert_eq!(channels[0]["local"], "10.201.0.1:7100");
+    assert_eq!(channels[1]["local"], "[fd00:201:1::1]:7101");
+    let data = |c: &serde_json::Value| c["tx_data_packets"].as_f64().unwrap();
+    let (d0, d1) = (data(&channels[0]), data(&channels[1]));
+    assert!(
+        d1 > 0.3 * (d0 + d1),
+        "the IPv6 channel carried {d1} of {} data packets",
+        d0 + d1
+    );
 }

@@ -289,13 +289,13 @@ fn measure(opt: &BenchOptions, progress: &mut impl FnMut(&str)) -> Result<BenchR
         say(format!("TCP over link {i} alone ({l})"), progress);
         links.push(LinkResult {
             spec: l.text.clone(),
-            tcp_bps: link_alone(i, secs)?,
+            tcp_bps: link_alone(i, l, secs)?,
         });
     }
     let sum_bps: f64 = links.iter().map(|l| l.tcp_bps).sum();
 
     say("TCP over every link at once (ceiling)".into(), progress);
-    let ceiling_bps = with_changes(opt, || ceiling(n, secs))?;
+    let ceiling_bps = with_changes(opt, || ceiling(&opt.links, secs))?;
 
     let mut braid = BTreeMap::new();
     for mode in &opt.modes {
@@ -334,15 +334,9 @@ fn start_servers(n: usize) -> Result<(), LabError> {
 }
 
 /// TCP goodput over link `i` alone for `secs` seconds, bit/s.
-fn link_alone(i: usize, secs: u64) -> Result<f64, LabError> {
-    let c = tcp_client(
-        NS_CLIENT,
-        &[],
-        &server_addr(i),
-        Some(&client_addr(i)),
-        5201,
-        secs,
-    );
+fn link_alone(i: usize, l: &LinkSpec, secs: u64) -> Result<f64, LabError> {
+    let (client, server) = topo::link_addrs(i, l);
+    let c = tcp_client(NS_CLIENT, &[], &server, Some(&client), 5201, secs);
     iperf_bps(&output(c, "iperf3 single link")?, "iperf3 single link")
 }
 
@@ -360,15 +354,17 @@ fn emulator_counters(n: usize) -> Vec<Value> {
         .collect()
 }
 
-/// One TCP flow per link at once: the sum of their goodputs.
-fn ceiling(n: usize, secs: u64) -> Result<f64, LabError> {
-    let children: Vec<Child> = (0..n)
+/// One TCP flow per link at once (each in its link's address family): the sum of
+/// their goodputs.
+fn ceiling(links: &[LinkSpec], secs: u64) -> Result<f64, LabError> {
+    let children: Vec<Child> = (0..links.len())
         .map(|i| {
+            let (client, server) = topo::link_addrs(i, &links[i]);
             tcp_client(
                 NS_CLIENT,
                 &[],
-                &server_addr(i),
-                Some(&client_addr(i)),
+                &server,
+                Some(&client),
                 5210 + i as u16,
                 secs,
             )
@@ -451,18 +447,23 @@ fn session_options(opt: &BenchOptions) -> String {
 /// The `[[channel]]` of link `i` (`l`) at end A (client) or B: its addresses, port
 /// 7100 + i, weight (given, else the link's rate in Mbit/s), MTU and pacing.
 fn channel_config(opt: &BenchOptions, i: usize, l: &LinkSpec, end_a: bool) -> String {
+    let (client, server) = topo::link_addrs(i, l);
     let (local, remote) = if end_a {
-        (client_addr(i), server_addr(i))
+        (client, server)
     } else {
-        (server_addr(i), client_addr(i))
+        (server, client)
     };
-    let port = 7100 + i;
+    let port = 7100 + i as u16;
+    let (local, remote) = (
+        topo::socket_addr(&local, port),
+        topo::socket_addr(&remote, port),
+    );
     let weight = match &opt.weights {
         Some(w) => u64::from(w[i]),
         None => (l.rate_bps / 1_000_000).max(1),
     };
     let mut s = format!(
-        "[[channel]]\nname = \"link{i}\"\nlocal = \"{local}:{port}\"\nremote = \"{remote}:{port}\"\nweight = {weight}\nmtu = {LINK_MTU}\n"
+        "[[channel]]\nname = \"link{i}\"\nlocal = \"{local}\"\nremote = \"{remote}\"\nweight = {weight}\nmtu = {LINK_MTU}\n"
     );
     match &opt.pace {
         Pace::Default => {}
