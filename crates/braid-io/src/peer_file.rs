@@ -132,19 +132,45 @@ pub fn remove(path: &Path, text: &str, which: &str) -> Result<(String, String), 
 }
 
 /// Replace the file at `path` with `text` at once (a new file renamed over it, with the
-/// old one's permissions: it may name key files or hold keys).
+/// old one's permissions: it may name key files or hold keys). A symbolic link is
+/// followed: the file it names is replaced and the link stays (a config kept under
+/// version control elsewhere and linked into /etc/braid, say).
 pub fn write(path: &Path, text: &str) -> std::io::Result<()> {
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let perms = std::fs::metadata(path)?.permissions();
+    let path = std::fs::canonicalize(path)?;
+    let dir = path.parent().unwrap_or(Path::new("/"));
+    let perms = std::fs::metadata(&path)?.permissions();
     let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
     tmp.write_all(text.as_bytes())?;
     tmp.as_file().sync_all()?;
     std::fs::set_permissions(tmp.path(), perms)?;
-    tmp.persist(path).map_err(|e| e.error)?;
+    tmp.persist(&path).map_err(|e| e.error)?;
     Ok(())
+}
+
+/// An exclusive lock on the directory of a configuration file, held while one
+/// `braid peer` command reads, edits and writes it, so that two commands at once (a
+/// provisioning script adding several sites in parallel) both land instead of the
+/// second overwriting the first. The directory is locked, not the file, because the
+/// file is replaced by a new one on every write. Released when dropped.
+pub struct Lock {
+    _dir: std::fs::File,
+}
+
+/// Wait for the [`Lock`] of the configuration file at `path`.
+pub fn lock(path: &Path) -> std::io::Result<Lock> {
+    use std::os::fd::AsRawFd;
+    let path = std::fs::canonicalize(path)?;
+    let dir = std::fs::File::open(path.parent().unwrap_or(Path::new("/")))?;
+    loop {
+        // SAFETY: flock on a descriptor this function owns; no memory is passed.
+        if unsafe { libc::flock(dir.as_raw_fd(), libc::LOCK_EX) } == 0 {
+            return Ok(Lock { _dir: dir });
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -209,6 +235,44 @@ mod tests {
         assert_eq!(std::fs::read_to_string(&path).unwrap(), text);
         let mode = std::fs::metadata(&path).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o640);
+    }
+
+    #[test]
+    fn a_linked_file_is_written_through_its_link() {
+        let (dir, path, text) = server();
+        std::fs::write(&path, "old").unwrap();
+        let link = dir.path().join("link.toml");
+        std::os::unix::fs::symlink(&path, &link).unwrap();
+        write(&link, &text).unwrap();
+        assert!(std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), text);
+    }
+
+    #[test]
+    fn a_second_command_waits_for_the_first_ones_lock() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let (_dir, path, text) = server();
+        std::fs::write(&path, &text).unwrap();
+        let first = lock(&path).unwrap();
+        let got = std::sync::Arc::new(AtomicBool::new(false));
+        let second = {
+            let (path, got) = (path.clone(), got.clone());
+            std::thread::spawn(move || {
+                let _l = lock(&path).unwrap();
+                got.store(true, Ordering::SeqCst);
+            })
+        };
+        std::thread::sleep(std::time::Duration::from_millis(150));
+        assert!(
+            !got.load(Ordering::SeqCst),
+            "the second lock was taken while the first was held"
+        );
+        drop(first);
+        second.join().unwrap();
+        assert!(got.load(Ordering::SeqCst));
     }
 
     #[test]

@@ -73,6 +73,7 @@ struct RemoveArgs {
 pub fn run(a: Args) -> Result<()> {
     match a.command {
         Command::Add(a) => {
+            let _lock = lock(&a.target)?;
             let text = read(&a.target)?;
             let new = peer_file::add(
                 &a.target.config,
@@ -85,12 +86,23 @@ pub fn run(a: Args) -> Result<()> {
             apply(&a.target, &new, &format!("peer '{}' added", a.name))
         }
         Command::Remove(a) => {
+            let _lock = lock(&a.target)?;
             let text = read(&a.target)?;
             let (new, name) = peer_file::remove(&a.target.config, &text, &a.peer)
                 .map_err(|e| anyhow!("peer not removed: {e}"))?;
             apply(&a.target, &new, &format!("peer '{name}' removed"))
         }
     }
+}
+
+/// One `braid peer` command at a time edits a file (another waits here).
+fn lock(t: &Target) -> Result<peer_file::Lock> {
+    peer_file::lock(&t.config).with_context(|| {
+        format!(
+            "config {}: cannot lock its directory for the edit",
+            t.config.display()
+        )
+    })
 }
 
 fn read(t: &Target) -> Result<String> {
