@@ -602,7 +602,7 @@ struct Pending {
 #[derive(Clone, Default)]
 struct Source {
     /// The peer's address on this channel (the driver's bytes; a cookie is bound to it).
-    addr: Vec<u8>,
+    addr: AddressBytes,
     /// Rate limit (GCRA): when the source's allowance is next fully spent.
     tat: Option<Instant>,
     /// The same for its cookie replies.
@@ -927,9 +927,7 @@ impl ServerCookies {
                 s
             }
         };
-        let mut id = vec![channel as u8];
-        id.extend_from_slice(addr);
-        mac16(&secret, &id)
+        cookie_for(&secret, channel, addr)
     }
 
     /// Does the initiation `datagram` from `addr` ([`address_bytes`]) on `channel`
@@ -976,14 +974,57 @@ impl ServerCookies {
 }
 
 /// An address as the bytes a cookie is bound to: the IP address's octets, then the
-/// port.
-pub fn address_bytes(a: SocketAddr) -> Vec<u8> {
-    let mut v = match a.ip() {
-        std::net::IpAddr::V4(ip) => ip.octets().to_vec(),
-        std::net::IpAddr::V6(ip) => ip.octets().to_vec(),
+/// port (6 or 18 bytes, held in place: a server computes one for every initiation it
+/// checks under a flood).
+#[derive(Clone, Copy, Default, PartialEq, Eq)]
+pub struct AddressBytes {
+    bytes: [u8; 18],
+    len: u8,
+}
+
+impl AddressBytes {
+    /// The first 18 of `b` (any bytes a driver names an address with).
+    pub fn from_slice(b: &[u8]) -> AddressBytes {
+        let mut a = AddressBytes::default();
+        let n = b.len().min(a.bytes.len());
+        a.bytes[..n].copy_from_slice(&b[..n]);
+        a.len = n as u8;
+        a
+    }
+}
+
+impl std::ops::Deref for AddressBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.bytes[..usize::from(self.len)]
+    }
+}
+
+/// [`AddressBytes`] of `a`.
+pub fn address_bytes(a: SocketAddr) -> AddressBytes {
+    let mut v = [0u8; 18];
+    let n = match a.ip() {
+        std::net::IpAddr::V4(ip) => {
+            v[..4].copy_from_slice(&ip.octets());
+            4
+        }
+        std::net::IpAddr::V6(ip) => {
+            v[..16].copy_from_slice(&ip.octets());
+            16
+        }
     };
-    v.extend_from_slice(&a.port().to_be_bytes());
-    v
+    v[n..n + 2].copy_from_slice(&a.port().to_be_bytes());
+    AddressBytes::from_slice(&v[..n + 2])
+}
+
+/// The cookie for `addr` ([`AddressBytes`]) on `channel` under `secret`: a MAC over
+/// the channel's index (one byte), then the address, built without allocating.
+fn cookie_for(secret: &[u8; 32], channel: usize, addr: &[u8]) -> [u8; MAC_LEN] {
+    let a = AddressBytes::from_slice(addr);
+    let mut id = [0u8; 19];
+    id[0] = channel as u8;
+    id[1..1 + a.len()].copy_from_slice(&a);
+    mac16(secret, &id[..1 + a.len()])
 }
 
 /// Why a datagram was rejected.
@@ -1391,8 +1432,8 @@ impl Crypto {
     /// to it.
     pub fn set_channel_address(&mut self, c: usize, addr: &[u8]) {
         if let Some(s) = self.sources.get_mut(c) {
-            if s.addr != addr {
-                s.addr = addr.to_vec();
+            if *s.addr != *addr {
+                s.addr = AddressBytes::from_slice(addr);
                 s.ours = None;
             }
         }
@@ -1749,9 +1790,7 @@ impl Crypto {
         };
         let src = &mut self.sources[c];
         if src.ours.as_ref().is_none_or(|o| o.secret_made != made) {
-            let mut id = vec![c as u8];
-            id.extend_from_slice(&src.addr);
-            let cookie = mac16(&secret, &id);
+            let cookie = cookie_for(&secret, c, &src.addr);
             src.ours = Some(OurCookie {
                 secret_made: made,
                 cookie,
@@ -2712,6 +2751,20 @@ mod tests {
                 assert!(!k.verify(&data[..n], &want[..MAC_LEN - 1]));
             }
         }
+    }
+
+    #[test]
+    fn a_cookie_covers_the_channel_byte_then_the_address() {
+        // The bytes a cookie is bound to, pinned: IPv4 octets and port, IPv6 likewise.
+        let v4 = address_bytes("192.0.2.1:4000".parse().unwrap());
+        assert_eq!(&*v4, &[192, 0, 2, 1, 0x0f, 0xa0]);
+        let v6 = address_bytes("[2001:db8::1]:7100".parse().unwrap());
+        assert_eq!(v6.len(), 18);
+        assert_eq!(&v6[16..], &7100u16.to_be_bytes());
+        let secret = [7u8; 32];
+        let mut id = vec![3u8];
+        id.extend_from_slice(&v6);
+        assert_eq!(cookie_for(&secret, 3, &v6), mac16(&secret, &id));
     }
 
     #[test]
