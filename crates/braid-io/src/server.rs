@@ -830,6 +830,16 @@ fn from_allowed(shared: &Shared, table: &Table, peer: &Peer, pkt: &[u8]) -> bool
         .counters
         .source_not_allowed
         .fetch_add(1, Ordering::Relaxed);
+    if link_scoped(src) {
+        // A client's own link traffic (IPv6 router solicitations and MLD reports from
+        // its fe80:: address, say): never routed among peers, and no sign of a
+        // spoofer, so not worth a warning.
+        debug!(
+            "peer {}: link-scoped packet from {src} dropped (a server does not route it)",
+            peer.name()
+        );
+        return false;
+    }
     let allow = shared.logs.lock().ok().and_then(|mut l| l.spoofed.allow());
     if let Some(more) = allow {
         warn!(
@@ -838,6 +848,15 @@ fn from_allowed(shared: &Shared, table: &Table, peer: &Peer, pkt: &[u8]) -> bool
         );
     }
     false
+}
+
+/// A source address that is only meaningful on one link: IPv4 link-local
+/// (169.254/16) or unspecified, IPv6 link-local (fe80::/10) or unspecified.
+fn link_scoped(a: std::net::IpAddr) -> bool {
+    match a {
+        std::net::IpAddr::V4(v4) => v4.is_link_local() || v4.is_unspecified(),
+        std::net::IpAddr::V6(v6) => v6.is_unicast_link_local() || v6.is_unspecified(),
+    }
 }
 
 /// Packets from the TUN device to the peer that owns their destination.
@@ -1228,6 +1247,17 @@ mod tests {
 
     fn nets(v: &[&str]) -> Vec<IpNet> {
         v.iter().map(|s| s.parse().unwrap()).collect()
+    }
+
+    #[test]
+    fn link_scoped_sources_are_told_apart_from_spoofed_ones() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        for a in ["fe80::1", "169.254.3.4", "::", "0.0.0.0"] {
+            assert!(link_scoped(ip(a)), "{a}");
+        }
+        for a in ["10.77.1.5", "fd77:1::5", "2001:db8::1"] {
+            assert!(!link_scoped(ip(a)), "{a}");
+        }
     }
 
     #[test]
