@@ -1276,8 +1276,10 @@ pub(crate) struct Crypto {
     next_index: u32,
     /// The high 16 bits of every key index we choose ([`Crypto::set_index_prefix`]).
     index_prefix: Option<u16>,
-    init: Option<Initiation>,
-    pending: Option<Pending>,
+    // Boxed, as both are there only during a handshake: an established session (each
+    // of a server's idle peers) holds two pointers instead of some 2 KB.
+    init: Option<Box<Initiation>>,
+    pending: Option<Box<Pending>>,
     current: Option<Keypair>,
     older: std::collections::VecDeque<Keypair>,
     peer_run: Option<u64>,
@@ -1369,7 +1371,8 @@ impl Crypto {
             sources: vec![Source::default(); channels],
             cookie_secret: None,
             load: Load::default(),
-            seen: std::collections::VecDeque::with_capacity(SEEN),
+            // Grown as initiations come (at most SEEN): an idle peer has seen one or two.
+            seen: std::collections::VecDeque::new(),
             inflight: Vec::new(),
             offload: false,
             jobs: std::collections::VecDeque::new(),
@@ -1552,7 +1555,7 @@ impl Crypto {
         let msg = Bytes::from(msg);
         let jitter = self.drbg.u64() % (HANDSHAKE_JITTER.as_micros() + 1);
         self.stats.initiated += 1;
-        self.init = Some(Initiation {
+        self.init = Some(Box::new(Initiation {
             index,
             hs,
             msg: msg.clone(),
@@ -1560,7 +1563,7 @@ impl Crypto {
             started: now,
             timeout: HANDSHAKE_TIMEOUT + Duration::from_micros(jitter),
             refused: false,
-        });
+        }));
         Some(msg)
     }
 
@@ -1962,11 +1965,11 @@ impl Crypto {
             false,
         );
         // The newest initiation replaces the pending one: its initiator gave that up.
-        self.pending = Some(Pending {
+        self.pending = Some(Box::new(Pending {
             keys,
             mac1: d.mac1,
             response: a.response,
-        });
+        }));
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -2236,7 +2239,7 @@ impl Crypto {
     fn find<'a>(
         current: &'a mut Option<Keypair>,
         older: &'a mut std::collections::VecDeque<Keypair>,
-        pending: &'a mut Option<Pending>,
+        pending: &'a mut Option<Box<Pending>>,
         index: u32,
     ) -> Option<(Slot, &'a mut Keypair)> {
         if current.as_ref().is_some_and(|k| k.local == index) {
