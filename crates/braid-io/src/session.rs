@@ -730,7 +730,18 @@ impl Session {
             max_datagram: cfg.max_inner() as usize,
             overhead: cfg.data_overhead() as usize,
         };
-        let mut driver = Driver::new(cfg, ch, deliver_tx, peer_tx, budgets, pool, index_prefix)?;
+        // Boxed: the driver (the machine in it, some 8 KB) is moved into the task's
+        // future once, as a pointer, instead of being held in it twice (as the async
+        // fn's argument and as its local), which doubled every idle peer's task.
+        let mut driver = Box::new(Driver::new(
+            cfg,
+            ch,
+            deliver_tx,
+            peer_tx,
+            budgets,
+            pool,
+            index_prefix,
+        )?);
         driver.own = own;
         let run = driver.run(net_rx, data_rx, cmd_rx, close_rx);
         let task = match span {
@@ -1304,6 +1315,10 @@ struct Driver {
     alone: Vec<Vec<bool>>,
     /// One GSO train, reused.
     train: Vec<u8>,
+    /// The most the send lists (and the train, in bytes) held lately: the room a
+    /// burst (a capacity probe's train) left is given back (`braid_proto::room`).
+    lists_room: braid_proto::room::Room,
+    train_room: braid_proto::room::Room,
     deliver: mpsc::Sender<Bytes>,
     /// Set: delivered packets go to this TUN device, written by the driver itself.
     tun_out: Option<Box<TunOut>>,
@@ -1588,6 +1603,8 @@ impl Driver {
             alone: vec![Vec::new(); socks.len()],
             // Grown on the first train: an idle served peer holds none.
             train: Vec::new(),
+            lists_room: braid_proto::room::Room::new(),
+            train_room: braid_proto::room::Room::new(),
             socks,
             states,
             locals,
@@ -1615,7 +1632,7 @@ impl Driver {
     /// it to the machine, then carry out what the machine asks; until the session
     /// closes or the command channel is gone.
     async fn run(
-        mut self,
+        mut self: Box<Self>,
         mut net: mpsc::Receiver<Received>,
         mut data: AppRx,
         mut cmd: mpsc::Receiver<Cmd>,
@@ -2034,6 +2051,9 @@ impl Driver {
             self.dests[t.channel].push(to);
             self.alone[t.channel].push(t.kind == machine::DatagramKind::Probe);
         }
+        for q in &self.outq {
+            self.lists_room.note(q.len());
+        }
         for c in 0..self.outq.len() {
             if self.outq[c].is_empty() {
                 continue;
@@ -2069,12 +2089,31 @@ impl Driver {
                         train.extend_from_slice(d);
                     }
                     let seg = q[i].len();
+                    self.train_room.note(train.len());
                     self.send_train(c, to, &train, seg, n).await;
                     self.train = train;
                 }
                 i += n;
             }
             self.give_back(c, q, alone, dests);
+        }
+        self.trim_lists();
+    }
+
+    /// Give back the room of a burst: the send lists and the train shrink to what they
+    /// held lately, once per `braid_proto::room::PERIOD` at most.
+    fn trim_lists(&mut self) {
+        let now = self.now();
+        let most = self.outq.iter().map(Vec::capacity).max().unwrap_or(0);
+        if let Some(keep) = self.lists_room.check(now, most) {
+            for c in 0..self.outq.len() {
+                self.outq[c].shrink_to(keep);
+                self.dests[c].shrink_to(keep);
+                self.alone[c].shrink_to(keep);
+            }
+        }
+        if let Some(keep) = self.train_room.check(now, self.train.capacity()) {
+            self.train.shrink_to(keep);
         }
     }
 
@@ -2754,5 +2793,50 @@ mod app_queue_tests {
             "{r:?}"
         );
         assert!(rx.try_recv().is_none());
+    }
+}
+
+#[cfg(test)]
+mod task_size_tests {
+    use super::*;
+
+    /// A session's task holds its driver (and the machine in it, some 8 KB) once, by
+    /// a pointer: an async fn holds its arguments in its future, and a driver moved in
+    /// by value was held there twice, so every idle peer of a server paid for it
+    /// twice (issue 30).
+    #[tokio::test]
+    async fn the_task_holds_the_driver_by_a_pointer() {
+        let any = "127.0.0.1:0".parse().unwrap();
+        let channels = (0..2)
+            .map(|c| crate::ChannelConfig::new(format!("c{c}"), any, any))
+            .collect();
+        let cfg = SessionConfig::new(channels, "a braid-io test key of 32 bytes or more");
+        let ch = Channels::bind(&cfg).unwrap();
+        let pool = HandshakePool::start(HS_QUEUE, HS_QUEUE).unwrap();
+        let (_net_tx, net_rx) = mpsc::channel(16);
+        let (_data_tx, data_rx) = app_queue(APP_QUEUE);
+        let (deliver_tx, _deliver_rx) = mpsc::channel(16);
+        let (_cmd_tx, cmd_rx) = mpsc::channel(4);
+        let (_close_tx, close_rx) = watch::channel(false);
+        let (peer_tx, _peer_rx) = watch::channel(Link::default());
+        let budgets = Budget::per_channel(2);
+        let driver = Driver::new(
+            cfg,
+            Sockets::from(ch),
+            deliver_tx,
+            peer_tx,
+            budgets,
+            pool,
+            Some(1),
+        )
+        .unwrap();
+        let driver_size = std::mem::size_of_val(&driver);
+        let task = Box::new(driver).run(net_rx, data_rx, cmd_rx, close_rx);
+        let task_size = std::mem::size_of_val(&task);
+        // Some 1 KB when written (the driver 7.9 KB); 16.7 KB with the driver by value.
+        assert!(
+            task_size < driver_size / 4,
+            "the task's future is {task_size} bytes, the driver {driver_size}"
+        );
     }
 }

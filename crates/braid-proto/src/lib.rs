@@ -34,6 +34,7 @@ pub mod harness;
 pub mod overlay;
 pub mod reseq;
 pub mod rng;
+pub mod room;
 pub mod sched;
 pub mod session;
 pub mod stats;

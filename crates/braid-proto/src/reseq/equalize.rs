@@ -71,7 +71,8 @@ impl Equalizer {
             offset: vec![None; n],
             samples: (0..n).map(|_| VecDeque::new()).collect(),
             last_marker: vec![None; n],
-            batches: VecDeque::with_capacity(BATCHES),
+            // Grown as markers come (at most BATCHES).
+            batches: VecDeque::new(),
             held: (0..n).map(|_| VecDeque::new()).collect(),
             held_total: 0,
             spare: Vec::new(),

@@ -30,7 +30,8 @@ pub(crate) struct Buffered {
 impl Buffered {
     pub(crate) fn new(sched: Sched, n: usize, limit: usize, max_wait: Duration) -> Buffered {
         Buffered {
-            bufs: (0..n).map(|_| VecDeque::with_capacity(64)).collect(),
+            // Grown on the first data: an idle session's resequencer holds no room.
+            bufs: (0..n).map(|_| VecDeque::new()).collect(),
             follow: Follower::new(sched),
             blocked: None,
             last_arrival: vec![Instant::ZERO; n],

@@ -237,7 +237,8 @@ impl Resequencer {
             limit: rx.buffer_packets,
             engine,
             sink: Sink {
-                out: VecDeque::with_capacity(64),
+                // Grown on the first data: an idle session holds no room.
+                out: VecDeque::new(),
                 stats: Stats::new(n),
             },
             equalizer: (rx.equalize && cfg.mode != Mode::None).then(|| equalize::Equalizer::new(n)),

@@ -1317,8 +1317,10 @@ pub(crate) struct Crypto {
     next_index: u32,
     /// The high 16 bits of every key index we choose ([`Crypto::set_index_prefix`]).
     index_prefix: Option<u16>,
-    init: Option<Initiation>,
-    pending: Option<Pending>,
+    // Boxed, as both are there only during a handshake: an established session (each
+    // of a server's idle peers) holds two pointers instead of some 2 KB.
+    init: Option<Box<Initiation>>,
+    pending: Option<Box<Pending>>,
     current: Option<Keypair>,
     older: std::collections::VecDeque<Keypair>,
     peer_run: Option<u64>,
@@ -1410,7 +1412,8 @@ impl Crypto {
             sources: vec![Source::default(); channels],
             cookie_secret: None,
             load: Load::default(),
-            seen: std::collections::VecDeque::with_capacity(SEEN),
+            // Grown as initiations come (at most SEEN): an idle peer has seen one or two.
+            seen: std::collections::VecDeque::new(),
             inflight: Vec::new(),
             offload: false,
             jobs: std::collections::VecDeque::new(),
@@ -1593,7 +1596,7 @@ impl Crypto {
         let msg = Bytes::from(msg);
         let jitter = self.drbg.u64() % (HANDSHAKE_JITTER.as_micros() + 1);
         self.stats.initiated += 1;
-        self.init = Some(Initiation {
+        self.init = Some(Box::new(Initiation {
             index,
             hs,
             msg: msg.clone(),
@@ -1601,7 +1604,7 @@ impl Crypto {
             started: now,
             timeout: HANDSHAKE_TIMEOUT + Duration::from_micros(jitter),
             refused: false,
-        });
+        }));
         Some(msg)
     }
 
@@ -2001,11 +2004,11 @@ impl Crypto {
             false,
         );
         // The newest initiation replaces the pending one: its initiator gave that up.
-        self.pending = Some(Pending {
+        self.pending = Some(Box::new(Pending {
             keys,
             mac1: d.mac1,
             response: a.response,
-        });
+        }));
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -2275,7 +2278,7 @@ impl Crypto {
     fn find<'a>(
         current: &'a mut Option<Keypair>,
         older: &'a mut std::collections::VecDeque<Keypair>,
-        pending: &'a mut Option<Pending>,
+        pending: &'a mut Option<Box<Pending>>,
         index: u32,
     ) -> Option<(Slot, &'a mut Keypair)> {
         if current.as_ref().is_some_and(|k| k.local == index) {

@@ -662,6 +662,8 @@ pub struct Session {
     rx: epoch::Rx,
     peer: liveness::Peer,
     out: VecDeque<Transmit>,
+    /// The most `out` held lately: its room after a burst is given back.
+    out_room: crate::room::Room,
     deliver: VecDeque<Bytes>,
     events: VecDeque<Event>,
     /// Number of our last heartbeat's hellos (24 bits, wrapping).
@@ -732,6 +734,7 @@ impl Session {
             rx: epoch::Rx::new(all, reseq, n),
             peer: liveness::Peer::new(all),
             out: VecDeque::new(),
+            out_room: crate::room::Room::new(),
             deliver: VecDeque::new(),
             events: VecDeque::new(),
             hello_seq: 0,
@@ -1458,6 +1461,7 @@ impl Session {
                     bytes: b,
                     destination: None,
                 });
+                self.out_room.note(self.out.len());
             }
         }
     }
@@ -1639,7 +1643,13 @@ impl Session {
     /// is for a channel whose endpoint is not known yet is dropped (a server waits to
     /// be reached).
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
-        let mut t = self.out.pop_front()?;
+        let Some(mut t) = self.out.pop_front() else {
+            // Drained: the room of a burst (a probe's train) is not kept for good.
+            if let Some(keep) = self.out_room.check(self.clock, self.out.capacity()) {
+                self.out.shrink_to(keep);
+            }
+            return None;
+        };
         loop {
             // A channel whose uplink is gone sends nothing (`Session::set_uplink`), nor
             // one with no address of the peer to send to.
@@ -1727,6 +1737,7 @@ impl Session {
             bytes,
             destination: None,
         });
+        self.out_room.note(self.out.len());
     }
 
     fn send_ctrl(&mut self, c: usize, m: &Msg) {

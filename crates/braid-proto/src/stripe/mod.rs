@@ -142,7 +142,8 @@ impl Striper {
         };
         Ok(Striper {
             chooser,
-            out: VecDeque::with_capacity(64),
+            // Grown on the first packets: an idle session holds no room.
+            out: VecDeque::new(),
             sent: 0,
             channel_count: vec![0; n],
             digest: vec![0; n],
