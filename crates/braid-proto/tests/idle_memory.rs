@@ -131,4 +131,20 @@ fn an_idle_session_holds_little() {
         per_session <= BUDGET,
         "an idle session holds {per_session} bytes, over the budget of {BUDGET}"
     );
+    // And it stays there while idle: 30 s more of hellos and heartbeat markers.
+    // (Before idle markers were coalesced, the receiver kept every heartbeat marker
+    // of the channel it was not waiting on, some 20 a second, until the channel's
+    // buffer was full: +44 KiB per session over these 30 s.)
+    run(
+        &mut s,
+        &mut now,
+        Duration::from_secs(30),
+        Duration::from_millis(1),
+    );
+    let later = (live() - before) / 2;
+    eprintln!("after 30 s more: {later} bytes");
+    assert!(
+        later - per_session <= 4096,
+        "an idle session grew from {per_session} to {later} bytes in 30 s"
+    );
 }

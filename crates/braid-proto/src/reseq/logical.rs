@@ -98,9 +98,31 @@ impl Buffered {
     }
 
     /// Queue `item` on `channel`, keeping the buffer within the limit; an item that
-    /// does not fit is dropped and counted.
+    /// does not fit is dropped and counted. A marker that repeats the one at the
+    /// buffer's tail (an idle sender's heartbeat: same position, same count sent, no
+    /// quantum change) is not queued: taking it would change nothing, and an idle
+    /// session on a channel the receiver does not visit would otherwise hold one more
+    /// per heartbeat until the buffer is full (some 200 KiB per idle peer of a server
+    /// after a few minutes, and then overflow drops).
     pub(crate) fn push(&mut self, channel: usize, item: Item, stats: &mut Stats) {
         let q = &mut self.bufs[channel];
+        if let (
+            Item::Marker {
+                position,
+                sent,
+                quantum,
+            },
+            Some(Item::Marker {
+                position: p,
+                sent: s,
+                quantum: qn,
+            }),
+        ) = (&item, q.back())
+        {
+            if (position, sent, quantum) == (p, s, qn) {
+                return;
+            }
+        }
         if q.len() >= self.limit {
             stats.channels[channel].overflow_drops += 1;
             return;
