@@ -2105,9 +2105,25 @@ impl Driver {
             .enumerate()
             .map(|(k, c)| format!("{} ({})", kept + k, c.name))
             .collect();
+        // Kept channels renamed, or with another mtu or pace.
+        let changed: Vec<String> = (0..kept)
+            .filter_map(|i| {
+                let (o, c) = (&self.cfg.channels[i], &run_cfg.channels[i]);
+                if o.name != c.name {
+                    Some(format!("{i} ({} -> {})", o.name, c.name))
+                } else if o.mtu != c.mtu || o.pace_bps != c.pace_bps || o.pace_auto != c.pace_auto {
+                    Some(format!("{i} ({}): mtu or pace", c.name))
+                } else {
+                    None
+                }
+            })
+            .collect();
         self.cfg = run_cfg;
         self.machine = machine;
         let mut what = format!("channels {old_n} -> {new_n}");
+        if !changed.is_empty() {
+            what += &format!(", changed: {}", changed.join(", "));
+        }
         if !added.is_empty() {
             what += &format!(", added or bound anew: {}", added.join(", "));
         }
