@@ -2013,7 +2013,13 @@ impl Driver {
         let new_w: Vec<u32> = new.channels.iter().map(|c| c.weight).collect();
         let run_w: Vec<u32> = run_cfg.channels.iter().map(|c| c.weight).collect();
         let mut notes = Vec::new();
-        if new_w != run_w {
+        if new_w != run_w && run_cfg.core.mode == braid_proto::Mode::Trr {
+            // As a reload's weights (`reload::session_changes`): trr's receiver cannot
+            // follow quanta that move.
+            notes.push(format!(
+                "channel weights {new_w:?} not applied (trr mode): they wait for a restart"
+            ));
+        } else if new_w != run_w {
             match machine.set_weights(&new_w) {
                 Ok(()) => notes.push(format!("channel weights {new_w:?}")),
                 Err(e) => notes.push(format!(

@@ -602,8 +602,11 @@ fn a_client_adds_and_removes_a_channel_by_a_reload_and_its_server_serves_it() {
     let stream = Stream::start(&ns_c, &ns_s, "10.95.0.1:5002");
     std::thread::sleep(Duration::from_millis(500));
 
-    // The client adds its third channel.
-    reload(&file_c, &client(3), &lab.children[1]);
+    // The client adds its third channel, and in the same reload gives its first twice
+    // the weight: the new run's handshake carries the weights the server's session
+    // has, and the new one applies on top (the server follows through the markers).
+    let heavier = client(3).replacen("name = \"c0\"\n", "name = \"c0\"\nweight = 2\n", 1);
+    reload(&file_c, &heavier, &lab.children[1]);
     let t0 = Instant::now();
     let joined = until(&ctl_c, Duration::from_secs(5), |s| {
         count(s) == 3 && sends_over(s, 3)
@@ -632,6 +635,8 @@ fn a_client_adds_and_removes_a_channel_by_a_reload_and_its_server_serves_it() {
             "channel {i}: client {c}\nserver {s}"
         );
     }
+    let quantum = |i: usize| chan(&c, i)["quantum"].as_u64().unwrap_or(0);
+    assert_eq!(quantum(0), 2 * quantum(1), "{c}");
 
     // And removes it.
     reload(&file_c, &client(2), &lab.children[1]);
@@ -657,6 +662,7 @@ fn a_client_adds_and_removes_a_channel_by_a_reload_and_its_server_serves_it() {
     assert!(lost <= 2 * LOST_PER_CHANGE, "{lost} of {sent} pings lost");
     let log_c = log_of(lab.children.pop().unwrap());
     assert!(log_c.contains("reload: channels 2 -> 3"), "{log_c}");
+    assert!(log_c.contains("; channel weights [2, 1, 1]; "), "{log_c}");
     assert!(log_c.contains("reload: channels 3 -> 2"), "{log_c}");
     let log_s = log_of(lab.children.pop().unwrap());
     assert!(
