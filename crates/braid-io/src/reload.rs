@@ -1,7 +1,9 @@
 //! Reloading a running tunnel's configuration (SIGHUP, `systemctl reload braid@NAME`):
 //! what changed between the file the tunnel runs with and the file now ([`plan`]),
 //! which of the changes apply at once (channel weights, the log level, a server's
-//! peers) and which need a restart, and applying them ([`apply`]).
+//! peers, a channel's addresses, a channel added or removed: `docs/tunnel.md`, "A
+//! channel added or removed at run time") and which need a restart, and applying them
+//! ([`apply`]).
 
 use std::path::Path;
 
@@ -26,6 +28,10 @@ pub struct Plan {
     /// a tunnel that is no server: applied to the running session (a new socket for
     /// the channel, no new handshake).
     pub channels: Vec<(usize, ChannelConfig)>,
+    /// A new channel list (a channel added or removed, or one's name, mtu or pace
+    /// changed), on a tunnel that is no server: the session starts a new run over it,
+    /// with a new handshake, in the same process (`Driver::change_channels`).
+    pub channel_list: Option<Vec<ChannelConfig>>,
     /// The changed settings that only a restart applies, by name as in the file.
     pub restart: Vec<String>,
 }
@@ -37,6 +43,7 @@ impl Plan {
             && self.log_level.is_none()
             && self.peers.is_none()
             && self.channels.is_empty()
+            && self.channel_list.is_none()
             && self.restart.is_empty()
     }
 }
@@ -71,7 +78,8 @@ pub fn plan(old: &FileConfig, new: &FileConfig) -> Plan {
 pub type SetLogLevel<'a> = &'a mut (dyn FnMut(Option<&str>) -> Result<String, String> + Send);
 
 /// One reload: re-read `path`, apply what the running tunnel can take (channel
-/// weights, a channel's local, remote and device, a server's peers, the log level
+/// weights, a channel's local, remote and device, a new channel list (a new run of the
+/// session), a server's peers, the log level
 /// through `set_log_level`, which answers
 /// what it did) and log what needs a restart. `running` keeps what is in force.
 /// What it did, in words (as logged), or, if the file could not be read or a change
@@ -117,6 +125,9 @@ pub async fn apply(
     }
     for (i, c) in plan.channels {
         note(apply_channel(i, c, running, stats).await);
+    }
+    if let Some(list) = plan.channel_list {
+        note(apply_channel_list(list, running, stats).await);
     }
     if let Some(level) = plan.log_level {
         apply_log_level(level, running, set_log_level);
@@ -195,6 +206,26 @@ async fn apply_channel(
     }
 }
 
+/// A new channel list into the running session (and `running`, once taken): a new
+/// run of the session over it.
+async fn apply_channel_list(
+    list: Vec<ChannelConfig>,
+    running: &mut FileConfig,
+    stats: &StatsHandle,
+) -> Result<String, String> {
+    let mut cfg = running.session.clone();
+    cfg.channels = list;
+    match stats.set_channels(cfg.clone()).await {
+        Ok(m) => {
+            running.session.channels = cfg.channels;
+            Ok(m)
+        }
+        Err(e) => Err(format!(
+            "the channel list was not changed: {e}; the running channels are kept"
+        )),
+    }
+}
+
 /// The new log level, through the logger braid set up (if it did).
 fn apply_log_level(
     level: Option<String>,
@@ -249,10 +280,13 @@ fn session_changes(a: &SessionConfig, b: &SessionConfig, movable: bool, p: &mut 
     let before = p.restart.len();
     channel_changes(a, b, movable, p);
     setting_changes(a, b, p);
-    let same_channels = a.channels.len() == b.channels.len();
+    let same_channels = a.channels.len() == b.channels.len() && p.channel_list.is_none();
     // A setting added to the session later and not named above still shows.
     let mut rest = b.clone();
-    if same_channels {
+    if p.channel_list.is_some() {
+        // The new list is applied whole (weights included).
+        rest.channels.clone_from(&a.channels);
+    } else if same_channels {
         for (r, x) in rest.channels.iter_mut().zip(&a.channels) {
             r.weight = x.weight;
             if movable {
@@ -278,10 +312,32 @@ fn session_changes(a: &SessionConfig, b: &SessionConfig, movable: bool, p: &mut 
     }
 }
 
-/// The channels' count, name, MTU and pace (need a restart), and each channel's
-/// addresses and device (applied at once where `movable`: a tunnel's own sockets;
-/// else a restart). Weights are [`session_changes`]' own.
+/// The channels' count, name, MTU and pace (where `movable`, a tunnel's own sockets:
+/// a new channel list, applied by a new run of the session, if the bond's largest
+/// datagram stays; else a restart), and each channel's addresses and device (applied
+/// at once where `movable`; else a restart). Weights are [`session_changes`]' own,
+/// but for a new list, which carries them.
 fn channel_changes(a: &SessionConfig, b: &SessionConfig, movable: bool, p: &mut Plan) {
+    let listed = |x: &ChannelConfig, y: &ChannelConfig| {
+        x.name != y.name || x.mtu != y.mtu || x.pace_bps != y.pace_bps || x.pace_auto != y.pace_auto
+    };
+    let relisted = a.channels.len() != b.channels.len()
+        || a.channels
+            .iter()
+            .zip(&b.channels)
+            .any(|(x, y)| listed(x, y));
+    if movable && relisted {
+        if a.max_inner() == b.max_inner() {
+            p.channel_list = Some(b.channels.clone());
+        } else {
+            p.restart.push(format!(
+                "the bond's largest datagram ({} -> {} bytes, from the channels' mtu and address families; both ends' runs must share it)",
+                a.max_inner(),
+                b.max_inner()
+            ));
+        }
+        return;
+    }
     if a.channels.len() != b.channels.len() {
         p.restart.push(format!(
             "the number of channels ({} -> {})",
@@ -430,12 +486,19 @@ weight = 1
         assert_eq!(moved, vec![0, 1]);
         assert_eq!(p.channels[0].1.local.to_string(), "127.0.0.2:7001");
         assert_eq!(p.channels[1].1.device.as_deref(), Some("wwan0"));
+        // A smaller mtu lowers the bond's largest datagram, which both ends' runs
+        // share: a restart.
         let p = plan(
             &cfg(BASE),
             &cfg(&BASE.replace("weight = 1", "weight = 1\nmtu = 1400")),
         );
-        assert_eq!(p.restart, vec!["channel[1].mtu"]);
-        assert!(p.channels.is_empty());
+        assert_eq!(p.restart.len(), 1, "{:?}", p.restart);
+        assert!(
+            p.restart[0].starts_with("the bond's largest datagram"),
+            "{:?}",
+            p.restart
+        );
+        assert!(p.channels.is_empty() && p.channel_list.is_none());
     }
 
     #[test]
@@ -494,12 +557,56 @@ weight = 1
     }
 
     #[test]
-    fn a_different_channel_count_needs_a_restart() {
-        let new = format!(
-            "{BASE}\n[[channel]]\nlocal = \"127.0.0.1:7003\"\nremote = \"127.0.0.1:7103\"\n"
+    fn a_channel_added_removed_or_renamed_is_a_new_channel_list() {
+        let three = format!(
+            "{BASE}\n[[channel]]\nlocal = \"127.0.0.1:7003\"\nremote = \"127.0.0.1:7103\"\nweight = 3\n"
         );
-        let p = plan(&cfg(BASE), &cfg(&new));
-        assert_eq!(p.restart, vec!["the number of channels (2 -> 3)"]);
-        assert_eq!(p.weights, None);
+        let p = plan(&cfg(BASE), &cfg(&three));
+        assert!(p.restart.is_empty(), "{:?}", p.restart);
+        assert_eq!(p.weights, None, "the list carries them");
+        assert!(p.channels.is_empty());
+        let list = p.channel_list.expect("a new channel list");
+        assert_eq!(list.len(), 3);
+        assert_eq!(list[2].local.to_string(), "127.0.0.1:7003");
+        assert_eq!(list[2].weight, 3);
+        // Removed again; and a channel renamed, with a weight changed alongside.
+        let p = plan(&cfg(&three), &cfg(BASE));
+        assert_eq!(p.channel_list.map(|l| l.len()), Some(2));
+        assert!(p.restart.is_empty(), "{:?}", p.restart);
+        let renamed = BASE
+            .replace("weight = 2", "weight = 2\nname = \"lte\"")
+            .replace("weight = 1", "weight = 4");
+        let p = plan(&cfg(BASE), &cfg(&renamed));
+        assert!(p.restart.is_empty() && p.weights.is_none(), "{p:?}");
+        let list = p.channel_list.expect("a new channel list");
+        assert_eq!((list[0].name.as_str(), list[1].weight), ("lte", 4));
+        // Other changes in the same reload still need their restart.
+        let p = plan(
+            &cfg(BASE),
+            &cfg(&three.replace("[session]\n", "[session]\nheartbeat = \"20ms\"\n")),
+        );
+        assert!(p.channel_list.is_some());
+        assert_eq!(p.restart, vec!["session.heartbeat"]);
+    }
+
+    #[test]
+    fn a_servers_channel_count_still_needs_a_restart() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let key = dir.path().join("s.key");
+        std::fs::write(&key, crate::keys::encode(&crate::keys::generate().unwrap())).unwrap();
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let peer = crate::keys::encode(&crate::keys::public_key(&[1; 32]));
+        let server = |channels: &str| {
+            let text = format!(
+                "[tunnel]\nname = \"srv\"\n\n[session]\nprivate_key_file = \"s.key\"\n{channels}\n[[peer]]\nname = \"p\"\npublic_key = \"{peer}\"\nallowed_ips = [\"10.1.0.0/16\"]\n"
+            );
+            FileConfig::parse("s.toml", &text, Some(dir.path())).unwrap_or_else(|e| panic!("{e}"))
+        };
+        let one = "\n[[channel]]\nlocal = \"0.0.0.0:7100\"\n";
+        let two = format!("{one}\n[[channel]]\nlocal = \"0.0.0.0:7101\"\n");
+        let p = plan(&server(one), &server(&two));
+        assert!(p.channel_list.is_none());
+        assert_eq!(p.restart, vec!["the number of channels (1 -> 2)"]);
     }
 }

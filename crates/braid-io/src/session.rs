@@ -122,6 +122,9 @@ enum Cmd {
         Box<crate::config::ChannelConfig>,
         oneshot::Sender<Result<String, String>>,
     ),
+    /// A new channel list (a reload added or removed a channel, or changed one's
+    /// name, mtu or pace): a new run of the session over it ([`Driver::change_channels`]).
+    Channels(Box<SessionConfig>, oneshot::Sender<Result<String, String>>),
 }
 
 /// A striping session over a set of UDP channels.
@@ -207,7 +210,12 @@ impl Refusal {
             return SessionError::SettingsMismatch { mismatch };
         }
         let (index, failure, remote) = l.rejected.expect("waited for it");
-        let name = self.channels[index].clone();
+        // A channel a reload added since (`Driver::change_channels`) has no name here.
+        let name = self
+            .channels
+            .get(index)
+            .cloned()
+            .unwrap_or_else(|| format!("channel {index}"));
         SessionError::HandshakeRefused {
             index,
             name,
@@ -945,6 +953,26 @@ impl StatsHandle {
         }
     }
 
+    /// A reload that changes the channel list (`cfg` is the running session's settings
+    /// with the new channels): the session starts a new run over them, with a new
+    /// handshake, in the same process (the TUN device and the kept channels' sockets
+    /// stay). What was done, or why not (the running session is then untouched).
+    pub async fn set_channels(&self, cfg: SessionConfig) -> Result<String, String> {
+        match &self.0 {
+            Handle::Session(cmd) => {
+                let (tx, rx) = oneshot::channel();
+                cmd.send(Cmd::Channels(Box::new(cfg), tx))
+                    .await
+                    .map_err(|_| "the session has stopped".to_string())?;
+                rx.await
+                    .map_err(|_| "the session has stopped".to_string())?
+            }
+            Handle::Server(_) => Err(
+                "a server's channel sockets are shared by every peer: a restart applies a new channel list (a server may list more channels than a client has: the client's bond runs over those it has)".into(),
+            ),
+        }
+    }
+
     /// A server's reload: serve exactly `peers` from now on (added ones start being
     /// served, removed ones are closed, the others keep their sessions); what changed,
     /// in words. `Err(Config)` for a point-to-point tunnel.
@@ -1282,8 +1310,9 @@ fn log_peer_event(e: Event) {
         Event::PeerClosed => info!(
             "peer closed the session: its channels go quiet as meant (a new run of it is accepted)"
         ),
-        Event::ChannelCountMismatch { ours, theirs } => warn!(
-            "the peer has {theirs} channels configured and we have {ours}: hellos ignored; both ends need the same channel list"
+        Event::ChannelCountMismatch { ours, theirs } => info!(
+            "the peer's run has {theirs} channels and ours {ours}: the bond runs over the first {}; the others stay out of it until both ends list them (a reload at the other end)",
+            ours.min(theirs)
         ),
         _ => {}
     }
@@ -1653,6 +1682,7 @@ impl Driver {
             let watching = self.own.as_ref().is_some_and(Own::watching);
             let mut look = false;
             let mut change = None;
+            let mut resize = None;
             tokio::select! {
                 _ = async { watch.as_mut().expect("checked").rung().await }, if watch.is_some() => {
                     look = true;
@@ -1661,6 +1691,7 @@ impl Driver {
                 _ = close.wait_for(|&c| c) => closing = true,
                 c = cmd.recv() => match c {
                     Some(Cmd::Channel(i, c, reply)) => change = Some((i, c, reply)),
+                    Some(Cmd::Channels(c, reply)) => resize = Some((c, reply)),
                     Some(c) => self.on_cmd(c),
                     None => break,
                 },
@@ -1694,6 +1725,18 @@ impl Driver {
             }
             if let Some((i, c, reply)) = change {
                 let r = self.change_channel(i, *c).await;
+                let _ = reply.send(r);
+            }
+            if let Some((c, reply)) = resize {
+                let r = self.change_channels(*c, &mut net).await;
+                if r.is_ok() {
+                    // The old run's handshake work, still on the handshake thread, is
+                    // not the new run's: its results go nowhere.
+                    let (tx, rx) = mpsc::unbounded_channel();
+                    self.hs_done_tx = tx;
+                    hs_done = rx;
+                    hs_open = true;
+                }
                 let _ = reply.send(r);
             }
             self.carry_out().await;
@@ -1831,7 +1874,7 @@ impl Driver {
                 Ok(()) => info!("channel weights now {w:?}"),
                 Err(e) => warn!("{e}"),
             },
-            Cmd::Channel(_, _, reply) => {
+            Cmd::Channel(_, _, reply) | Cmd::Channels(_, reply) => {
                 let _ = reply.send(Err("not here".into()));
             }
             Cmd::Tun(tun) => {
@@ -1906,6 +1949,213 @@ impl Driver {
             None => done.push("its uplink is not there: out of the bond until it is".into()),
         }
         Ok(done.join(", "))
+    }
+
+    /// A new channel list (a reload): channels added, removed, or renamed, or with
+    /// another mtu or pace. The channel list is shared by both ends, and the session
+    /// machine's channels are fixed for a run, so the session starts a new run over
+    /// the new list: a new machine, a new handshake (the peer sees a restart), the
+    /// TUN device, the application's queues and the kept channels' sockets as they
+    /// are. The peer's run may still have the old list (its reload comes later): the
+    /// bond then runs over the channels both have, by position, and the others stay
+    /// out of it until the peer has them too (`braid_proto::session`, issue 30).
+    ///
+    /// Refused, with the running session untouched: on a server's shared sockets, a
+    /// list that does not validate, one that changes the bond's largest datagram (the
+    /// peer's run must share it), or a new channel whose socket cannot be bound.
+    async fn change_channels(
+        &mut self,
+        new: SessionConfig,
+        net: &mut mpsc::Receiver<Received>,
+    ) -> Result<String, String> {
+        if self.own.is_none() {
+            return Err("a server's channel sockets are shared by every peer: a restart applies a new channel list".into());
+        }
+        new.validate()?;
+        if new.max_inner() != self.cfg.max_inner() {
+            return Err(format!(
+                "the bond's largest datagram would change ({} -> {} bytes, from the channels' mtu): both ends' runs must share it, so this needs a restart at both ends",
+                self.cfg.max_inner(),
+                new.max_inner()
+            ));
+        }
+        let (old_n, new_n) = (self.cfg.channels.len(), new.channels.len());
+        let kept = old_n.min(new_n);
+        // The kept channels keep the weights this run's handshake carried (the peer's
+        // run has them); the file's weights apply on top, as a reload's weights do.
+        let mut run_cfg = new.clone();
+        for (c, o) in run_cfg.channels.iter_mut().zip(&self.cfg.channels) {
+            c.weight = o.weight;
+        }
+        // Sockets for the channels added and the kept ones moved (another local
+        // address or device), before anything is torn down: one that cannot be bound
+        // leaves the running session as it is. A device not there yet is no error: the
+        // channel waits for its uplink.
+        let moved = |i: usize| {
+            i >= kept || {
+                let (o, c) = (&self.cfg.channels[i], &new.channels[i]);
+                o.local != c.local || o.device != c.device
+            }
+        };
+        let mut fresh = Vec::new();
+        for i in 0..new_n {
+            if !moved(i) {
+                fresh.push(None);
+                continue;
+            }
+            match bind_channel(&run_cfg, i) {
+                Ok(s) => fresh.push(Some(Some(s))),
+                Err(SessionError::Device { error, .. })
+                    if error.raw_os_error() == Some(libc::ENODEV) =>
+                {
+                    fresh.push(Some(None))
+                }
+                Err(e) => return Err(format!("{e}; the running channels are kept")),
+            }
+        }
+        let mut seed = [0u8; 32];
+        getrandom::fill(&mut seed)
+            .map_err(|e| format!("no randomness from the operating system: {e}"))?;
+        let now = self.now();
+        let mut machine = machine::Session::new(run_cfg.session_config(), seed, now)
+            .map_err(|e| format!("{}; the running channels are kept", e.0))?;
+        machine.offload_handshakes();
+        let unix = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        machine.set_wall_clock(now, unix);
+        for (i, c) in run_cfg.channels.iter().enumerate() {
+            machine.set_endpoint(i, c.remote);
+        }
+        let new_w: Vec<u32> = new.channels.iter().map(|c| c.weight).collect();
+        let run_w: Vec<u32> = run_cfg.channels.iter().map(|c| c.weight).collect();
+        let mut notes = Vec::new();
+        if new_w != run_w && run_cfg.core.mode == braid_proto::Mode::Trr {
+            // As a reload's weights (`reload::session_changes`): trr's receiver cannot
+            // follow quanta that move.
+            notes.push(format!(
+                "channel weights {new_w:?} not applied (trr mode): they wait for a restart"
+            ));
+        } else if new_w != run_w {
+            match machine.set_weights(&new_w) {
+                Ok(()) => notes.push(format!("channel weights {new_w:?}")),
+                Err(e) => notes.push(format!(
+                    "channel weights {new_w:?} not applied ({e}): they wait for a restart"
+                )),
+            }
+        }
+        // The readers stop (they count into the old run's queue shares and admit by
+        // its keys); what they queued was for the old run's keys, and is dropped.
+        let own = self.own.as_mut().expect("checked");
+        for r in own.readers.iter_mut() {
+            if let Some(r) = r.take() {
+                r.abort();
+                let _ = r.await;
+            }
+        }
+        while net.try_recv().is_ok() {}
+        let was_gone: Vec<bool> = (0..kept).map(|i| self.machine.uplink_gone(i)).collect();
+        let (_, limits) = Channels::limits(&run_cfg);
+        self.budgets = Budget::per_channel(new_n);
+        fn fit<T: Default>(v: &mut Vec<T>, n: usize) {
+            v.resize_with(n, T::default);
+        }
+        fit(&mut self.socks, new_n);
+        fit(&mut self.states, new_n);
+        self.locals.resize(new_n, run_cfg.channels[0].local);
+        fit(&mut self.outq, new_n);
+        fit(&mut self.dests, new_n);
+        fit(&mut self.hs_source, new_n);
+        fit(&mut self.alone, new_n);
+        fit(&mut self.tx_errors, new_n);
+        let own = self.own.as_mut().expect("checked");
+        own.limits = limits;
+        fit(&mut own.readers, new_n);
+        fit(&mut own.bound, new_n);
+        fit(&mut own.bind_warned, new_n);
+        own.uplinks = run_cfg
+            .channels
+            .iter()
+            .map(crate::uplink::Uplink::of)
+            .collect();
+        let ifs = crate::uplink::interfaces().unwrap_or_default();
+        let mut added = Vec::new();
+        for (i, f) in fresh.into_iter().enumerate() {
+            let Some(f) = f else { continue };
+            own.bound[i] = None;
+            own.bind_warned[i] = false;
+            let name = &run_cfg.channels[i].name;
+            match f {
+                Some((sock, state, local)) => {
+                    // Bound for the uplink there now (a later look binds it anew only
+                    // if that changes).
+                    own.bound[i] = own.uplinks[i].as_ref().and_then(|u| u.check(&ifs).ok());
+                    self.socks[i] = Some(sock);
+                    self.states[i] = Some(state);
+                    self.locals[i] = local;
+                    added.push(format!("{i} ({name}) bound at {local}"));
+                }
+                None => {
+                    self.socks[i] = None;
+                    self.states[i] = None;
+                    self.locals[i] = run_cfg.channels[i].local;
+                    added.push(format!("{i} ({name}) waiting for its uplink"));
+                }
+            }
+        }
+        for i in 0..new_n {
+            match (&self.socks[i], &self.states[i]) {
+                (Some(s), Some(state)) => {
+                    own.readers[i] = Some(tokio::spawn(reader(
+                        i,
+                        s.clone(),
+                        state.clone(),
+                        own.net_tx.clone(),
+                        self.budgets[i].clone(),
+                        limits,
+                    )));
+                    if was_gone.get(i).copied().unwrap_or(false) {
+                        machine.set_uplink(now, i, false);
+                    }
+                }
+                _ => machine.set_uplink(now, i, false),
+            }
+        }
+        // A channel waiting for its uplink is looked at now.
+        own.next_look = tokio::time::Instant::now();
+        let removed: Vec<String> = self.cfg.channels[kept..]
+            .iter()
+            .enumerate()
+            .map(|(k, c)| format!("{} ({})", kept + k, c.name))
+            .collect();
+        // Kept channels renamed, or with another mtu or pace.
+        let changed: Vec<String> = (0..kept)
+            .filter_map(|i| {
+                let (o, c) = (&self.cfg.channels[i], &run_cfg.channels[i]);
+                if o.name != c.name {
+                    Some(format!("{i} ({} -> {})", o.name, c.name))
+                } else if o.mtu != c.mtu || o.pace_bps != c.pace_bps || o.pace_auto != c.pace_auto {
+                    Some(format!("{i} ({}): mtu or pace", c.name))
+                } else {
+                    None
+                }
+            })
+            .collect();
+        self.cfg = run_cfg;
+        self.machine = machine;
+        let mut what = format!("channels {old_n} -> {new_n}");
+        if !changed.is_empty() {
+            what += &format!(", changed: {}", changed.join(", "));
+        }
+        if !added.is_empty() {
+            what += &format!(", added or bound anew: {}", added.join(", "));
+        }
+        if !removed.is_empty() {
+            what += &format!(", removed: {} (socket closed)", removed.join(", "));
+        }
+        notes.insert(0, what);
+        notes.push("a new run of the session with a new handshake (the TUN device stays); the bond runs over the channels both ends have until the peer's list is the same".into());
+        Ok(notes.join("; "))
     }
 
     /// A batch of datagrams from channel `c`'s reader, and what else is already

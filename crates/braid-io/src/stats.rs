@@ -255,7 +255,7 @@ pub struct SessionStats {
     #[serde(default)]
     pub handshake_failures: u64,
     /// Handshakes refused because the peer's settings (mode, scheduler, weights,
-    /// security, credits, channel count) differ from ours (the log names the setting).
+    /// security, credits) differ from ours (the log names the setting).
     #[serde(default)]
     pub settings_mismatches: u64,
     /// Handshake messages dropped for a wrong mac1, before any public-key work.
@@ -1218,7 +1218,7 @@ const COUNTERS: &[(bool, &str, &str)] = &[
     (false, "replays", "Sealed datagrams replayed, reordered too far or reflected, all channels"),
     (false, "handshakes", "Handshakes completed (the first, re-keys, after peer restarts)"),
     (false, "handshake_failures", "Handshake messages that failed (wrong key, corrupted, stray responses)"),
-    (false, "settings_mismatches", "Handshakes refused because the peer's settings (mode, scheduler, weights, security, credits, channel count) differ from ours"),
+    (false, "settings_mismatches", "Handshakes refused because the peer's settings (mode, scheduler, weights, security, credits) differ from ours"),
     (false, "handshake_mac1_failures", "Handshake messages dropped for a wrong mac1, before any public-key work"),
     (false, "cookie_replies_sent", "Cookie replies sent: we were under handshake load"),
     (false, "cookie_replies_received", "Cookie replies received: the peer was under handshake load"),

@@ -506,6 +506,9 @@ struct Keypair {
     counters: Vec<u64>,
     windows: Vec<Window>,
     peer_run: u64,
+    /// The peer's number of channels (its settings): the bond runs over the channels
+    /// both ends have.
+    peer_channels: usize,
     /// We initiated the handshake that made it.
     initiator: bool,
 }
@@ -529,6 +532,7 @@ impl Keypair {
             counters: vec![0; channels],
             windows: vec![Window::new(); channels],
             peer_run,
+            peer_channels: channels,
             initiator,
         }
     }
@@ -1047,6 +1051,8 @@ pub(crate) struct Established {
     pub first: bool,
     /// The peer's run changed: it restarted.
     pub restart: bool,
+    /// The peer's number of channels (fixed for a run).
+    pub peer_channels: usize,
 }
 
 /// Handshake counters.
@@ -1994,7 +2000,7 @@ impl Crypto {
         }
         // Initiator sends with the first key, responder with the second.
         let (i2r, r2i) = a.split;
-        let keys = Keypair::new(
+        let mut keys = Keypair::new(
             a.index,
             d.sender,
             (r2i, i2r),
@@ -2003,6 +2009,7 @@ impl Crypto {
             a.peer_run,
             false,
         );
+        keys.peer_channels = a.theirs.weights.len();
         // The newest initiation replaces the pending one: its initiator gave that up.
         self.pending = Some(Box::new(Pending {
             keys,
@@ -2057,7 +2064,7 @@ impl Crypto {
             return;
         }
         let (i2r, r2i) = init.hs.dangerously_get_raw_split();
-        let keys = Keypair::new(
+        let mut keys = Keypair::new(
             init.index,
             sender,
             (i2r, r2i),
@@ -2066,6 +2073,7 @@ impl Crypto {
             peer_run,
             true,
         );
+        keys.peer_channels = theirs.weights.len();
         self.init = None;
         out.authenticated = true;
         out.established = Some(self.install(keys));
@@ -2162,6 +2170,7 @@ impl Crypto {
         let e = Established {
             first: self.peer_run.is_none(),
             restart: self.peer_run.is_some_and(|r| r != keys.peer_run),
+            peer_channels: keys.peer_channels,
         };
         self.peer_run = Some(keys.peer_run);
         self.peer_ended = false;

@@ -143,14 +143,32 @@ impl Rx {
 }
 
 impl Session {
-    /// The peer restarted: both directions start over at epoch 0 over every channel.
+    /// The channels both ends have, as a set (every channel unless the peer's run
+    /// has fewer).
+    pub(super) fn common_set(&self) -> u64 {
+        if self.common >= self.n {
+            self.all
+        } else {
+            bit(self.common) - 1
+        }
+    }
+
+    /// The striper/resequencer configuration for an epoch over `members` (of the
+    /// common channels).
+    fn stripe(&self, members: &[usize]) -> crate::StripeConfig {
+        self.cfg.stripe_config_over(members, self.common)
+    }
+
+    /// The peer restarted (or its run has another channel list): both directions start
+    /// over at epoch 0 over every channel both ends have.
     pub(super) fn reset_epochs(&mut self, now: Instant) {
-        let members: Vec<usize> = (0..self.n).collect();
-        let sc = self.cfg.stripe_config(&members);
+        let members: Vec<usize> = (0..self.common).collect();
+        let set = self.common_set();
+        let sc = self.stripe(&members);
         self.tx.account();
         self.tx.striper = Striper::new(sc.clone()).expect("validated");
         self.tx.epoch = 0;
-        self.tx.set = self.all;
+        self.tx.set = set;
         self.tx.members = members;
         self.tx.switching = None;
         self.tx.lingering_end = None;
@@ -160,8 +178,9 @@ impl Session {
         // The new resequencer holds with the same repair margin as the old one.
         self.repair_margin();
         self.rx.epoch = 0;
-        self.rx.set = self.all;
-        self.rx.index = (0..self.n).map(Some).collect();
+        self.rx.set = set;
+        let common = self.common;
+        self.rx.index = (0..self.n).map(|i| (i < common).then_some(i)).collect();
         self.rx.pending = None;
         self.rx.end_seen = 0;
         self.rx.ended = 0;
@@ -191,7 +210,8 @@ impl Session {
         // a return direction rides one channel (`super::return_path`).
         // Nor do channels whose uplink is gone (`Session::set_uplink`), though the peer
         // still hears us on them until its `dead_after`.
-        let heard = self.peer.mask & self.all & !self.uplink_down;
+        // Nor channels the peer's run does not have (`Session::on_new_peer`).
+        let heard = self.peer.mask & self.common_set() & !self.uplink_down;
         let desired = self.with_return_path(self.without_demoted(heard));
         if desired == 0 {
             return;
@@ -304,8 +324,8 @@ impl Session {
         let new_epoch = sw.new_epoch;
         self.tx.lingering_end = Some(self.epoch_end(sw, a.set));
         self.tx.account();
-        let members = members_of(a.set & self.all);
-        self.tx.striper = Striper::new(self.cfg.stripe_config(&members)).expect("validated");
+        let members = members_of(a.set & self.common_set());
+        self.tx.striper = Striper::new(self.stripe(&members)).expect("validated");
         self.tx.striper.set_epoch(new_epoch);
         self.tx.epoch = new_epoch;
         self.tx.set = a.set;
@@ -351,7 +371,7 @@ impl Session {
         if e.old_epoch != self.rx.epoch
             || e.old_set != self.rx.set
             || e.finals.len() != members
-            || e.new_set & !self.all != 0
+            || e.new_set & !self.common_set() != 0
         {
             return;
         }
@@ -469,7 +489,7 @@ impl Session {
         self.rx.switch_lost += self.rx.reseq.buffered() as u64;
         self.rx.account();
         let members = members_of(p.new_set);
-        self.rx.reseq = Resequencer::new(&self.cfg.stripe_config(&members)).expect("validated");
+        self.rx.reseq = Resequencer::new(&self.stripe(&members)).expect("validated");
         self.rx.reseq.set_epoch(p.new_epoch);
         // The new resequencer holds with the old one's repair margin from its first
         // datagram, not from the next heartbeat: until then the traffic would come out

@@ -95,7 +95,6 @@ pub(super) struct Peer {
     pub mask: u64,
     pub report_at: Option<Instant>,
     pub silent_warned: bool,
-    pub mismatch_warned: bool,
     /// Number of the newest hello applied (stale ones are passed over).
     pub hello_seq: Option<u32>,
     /// The peer said it ends this run (a close message): its silence is no failure.
@@ -111,7 +110,6 @@ impl Peer {
             mask: all,
             report_at: None,
             silent_warned: false,
-            mismatch_warned: false,
             hello_seq: None,
             closed: false,
         }
@@ -355,16 +353,6 @@ impl Session {
 
     pub(super) fn on_hello(&mut self, c: usize, h: Hello, now: Instant) {
         self.chans[c].n.rx_hellos += 1;
-        if h.channels as usize != self.n {
-            if !self.peer.mismatch_warned {
-                self.peer.mismatch_warned = true;
-                self.events.push_back(Event::ChannelCountMismatch {
-                    ours: self.n,
-                    theirs: h.channels as usize,
-                });
-            }
-            return;
-        }
         // Hellos of one heartbeat go out on every channel at once, so after an outage
         // the ones queued on a channel that was down arrive among newer ones from the
         // others: applying a stale one reported channels lost that the peer hears again,
@@ -374,7 +362,9 @@ impl Session {
             return;
         }
         self.peer.hello_seq = Some(h.seq);
-        let mask = h.rx_mask & self.all;
+        // Only the channels both ends have count (another number of channels is the
+        // handshake's to see: `Session::on_new_peer`).
+        let mask = h.rx_mask & self.common_set();
         for i in 0..self.n {
             let hears = mask & bit(i) != 0;
             if self.chans[i].peer_hears_us != hears {

@@ -103,6 +103,8 @@ pub struct ChannelParams {
 /// Everything one end of a session needs. Both ends must agree on the channel order,
 /// the weights, the scheduler, the mode and the key; the handshake compares what must
 /// match ([`Config::settings`], `session::settings`) and refuses a peer that differs.
+/// The number of channels may differ (one end's reload added or removed one before the
+/// other's): the bond runs over the channels both ends have.
 #[derive(Clone, PartialEq)]
 pub struct Config {
     /// The channels, in the same order at both ends.
@@ -414,8 +416,16 @@ impl Config {
     /// The striper/resequencer configuration for an epoch over these channels (indices
     /// into [`Config::channels`], increasing).
     pub fn stripe_config(&self, members: &[usize]) -> StripeConfig {
+        self.stripe_config_over(members, self.channels.len())
+    }
+
+    /// [`Config::stripe_config`] for a bond over the first `common` channels alone
+    /// (those both ends have, when the peer has fewer): the quanta are made from
+    /// their weights, as the peer makes them from its own.
+    pub fn stripe_config_over(&self, members: &[usize], common: usize) -> StripeConfig {
         let max_packet = self.max_inner();
-        let all: Vec<u32> = self.channels.iter().map(|c| c.weight).collect();
+        let common = common.clamp(1, self.channels.len());
+        let all: Vec<u32> = self.channels[..common].iter().map(|c| c.weight).collect();
         let quanta = settings::quanta(self.scheduler, max_packet, &all);
         let weights = members.iter().map(|&i| quanta[i]).collect();
         let mut markers = self.markers;
@@ -511,7 +521,10 @@ pub enum Event {
     /// The peer ended the session on purpose (a close message, [`Session::close`]):
     /// its channels going silent from now on is no failure, and is not reported.
     PeerClosed,
-    /// The peer has a different number of channels configured; its hellos are ignored.
+    /// The peer's run has a different number of channels (a reload added or removed
+    /// one at one end and not yet at the other): the bond runs over the first
+    /// `min(ours, theirs)`, by position; the others stay out of it until both ends
+    /// have them (reported once per run of the peer).
     ChannelCountMismatch {
         /// Ours.
         ours: usize,
@@ -656,6 +669,9 @@ pub struct Session {
     cfg: Config,
     n: usize,
     all: u64,
+    /// The channels the bond runs over: the first `common`, those both ends have
+    /// (ours, or fewer when the peer's run has fewer; `Session::on_new_peer`).
+    common: usize,
     crypto: Crypto,
     chans: Vec<liveness::Chan>,
     tx: epoch::Tx,
@@ -728,6 +744,7 @@ impl Session {
         let mut s = Session {
             n,
             all,
+            common: n,
             crypto: cfg.crypto(seed)?,
             chans: (0..n).map(|_| liveness::Chan::new(now)).collect(),
             tx: epoch::Tx::new(all, members, striper, n),
@@ -1231,7 +1248,7 @@ impl Session {
 
     fn on_established(&mut self, now: Instant, e: Established) {
         if e.first || e.restart {
-            self.on_new_peer(now, e.restart);
+            self.on_new_peer(now, e.restart, e.peer_channels);
         } else {
             self.events.push_back(Event::Rekeyed);
         }
@@ -1831,8 +1848,19 @@ impl Session {
         }
     }
 
-    fn on_new_peer(&mut self, now: Instant, restart: bool) {
+    fn on_new_peer(&mut self, now: Instant, restart: bool, peer_channels: usize) {
         self.flows_on_new_peer();
+        // A run of the peer with another channel list (a reload added or removed a
+        // channel at one end): the bond runs over the channels both have.
+        let common = self.n.min(peer_channels.max(1));
+        let resized = common != self.common;
+        self.common = common;
+        if peer_channels != self.n {
+            self.events.push_back(Event::ChannelCountMismatch {
+                ours: self.n,
+                theirs: peer_channels,
+            });
+        }
         if restart {
             self.events.push_back(Event::PeerRestarted);
             self.reset_epochs(now);
@@ -1842,9 +1870,25 @@ impl Session {
             }
         } else {
             self.events.push_back(Event::PeerHeard);
+            if resized {
+                // Nothing was striped yet: both directions start over the common
+                // channels.
+                self.reset_epochs(now);
+            }
         }
         let gone = self.uplink_down;
         for (i, c) in self.chans.iter_mut().enumerate() {
+            if i >= common {
+                // The peer has no such channel (yet): out of the bond, nothing heard.
+                if c.state != LinkState::Down {
+                    c.state = LinkState::Down;
+                    c.since = now;
+                }
+                c.last_rx = None;
+                c.run_start = None;
+                c.peer_hears_us = false;
+                continue;
+            }
             if gone & bit(i) != 0 {
                 // Its uplink is gone (`Session::set_uplink`): it stays down.
                 continue;
@@ -1855,7 +1899,7 @@ impl Session {
             c.run_start = None;
             c.peer_hears_us = true;
         }
-        self.peer.mask = self.all;
+        self.peer.mask = self.common_set();
         self.peer.report_at = None;
         self.peer.seen = true;
         // A new run numbers its hellos from the start.

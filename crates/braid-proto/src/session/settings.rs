@@ -9,6 +9,9 @@
 //! What must be equal, and why:
 //!
 //! * **channels**: the channel list is matched by position (hellos, epochs, nonces).
+//!   The two ends may have different numbers of channels (a reload adds or removes
+//!   one at one end before the other): the bond runs over the channels both have, and
+//!   what must match below is compared over those.
 //! * **mode**: each end's receiver parses what the other's striper sends (header-free
 //!   data with markers, sequence headers, or triggers).
 //! * **security**: `encrypt`, `auth` and `none` seal data differently; a datagram of the
@@ -230,17 +233,9 @@ impl Settings {
             .or_else(|| self.quanta_mismatch(theirs))
     }
 
-    /// The first of the settings that must be equal at both ends (the number of
-    /// channels, mode, security, the scheduler when the mode resequences, credits) in
+    /// The first of the settings that must be equal at both ends (mode, security, the scheduler when the mode resequences, credits) in
     /// which `theirs` differs from ours.
     fn setting_mismatch(&self, theirs: &Settings) -> Option<Mismatch> {
-        if self.weights.len() != theirs.weights.len() {
-            return differs(
-                "number of channels",
-                self.weights.len().to_string(),
-                theirs.weights.len().to_string(),
-            );
-        }
         if self.mode != theirs.mode {
             return differs("mode", quote(self.mode.name()), quote(theirs.mode.name()));
         }
@@ -275,15 +270,17 @@ impl Settings {
         if !matches!(self.mode, Mode::Logical | Mode::Trr) {
             return None;
         }
-        let q = |s: &Settings| quanta(s.scheduler, s.max_packet, &s.weights);
+        // Over the channels both ends have (the bond runs over those alone).
+        let common = self.weights.len().min(theirs.weights.len());
+        let q = |s: &Settings| quanta(s.scheduler, s.max_packet, &s.weights[..common]);
         if q(self) == q(theirs) {
             return None;
         }
         let hint = |hint, m: Option<Mismatch>| m.map(|m| Mismatch { hint, ..m });
         // Same quanta from other weights is no mismatch (2:4 is 1:2); name what makes
         // them differ.
-        let same_ratio = quanta(SchedulerKind::Srr, 1 << 16, &self.weights)
-            == quanta(SchedulerKind::Srr, 1 << 16, &theirs.weights);
+        let same_ratio = quanta(SchedulerKind::Srr, 1 << 16, &self.weights[..common])
+            == quanta(SchedulerKind::Srr, 1 << 16, &theirs.weights[..common]);
         if same_ratio && self.max_packet != theirs.max_packet {
             return hint(
                 " (the channels' smallest mtu, less the IP/UDP headers and the \
@@ -387,12 +384,22 @@ mod tests {
         assert_eq!(a.mismatch(&b), None);
         b.security = SecurityMode::Auth;
         assert_eq!(a.mismatch(&b).unwrap().setting, "security");
+        // Another number of channels is no mismatch: the bond runs over the channels
+        // both ends have, and their quanta must agree (a reload adds or removes a
+        // channel at one end before the other).
         let mut theirs = base();
         theirs.weights = vec![1, 2, 3];
+        assert_eq!(ours.mismatch(&theirs), None);
+        theirs.weights = vec![2, 4, 1];
         assert_eq!(
-            ours.mismatch(&theirs).unwrap().setting,
-            "number of channels"
+            ours.mismatch(&theirs),
+            None,
+            "the common two in the same ratio"
         );
+        theirs.weights = vec![1, 1, 3];
+        assert_eq!(ours.mismatch(&theirs).unwrap().setting, "channel weights");
+        theirs.weights = vec![1];
+        assert_eq!(ours.mismatch(&theirs), None);
         let mut theirs = base();
         theirs.credits = Some(CreditConfig {
             window: 64,

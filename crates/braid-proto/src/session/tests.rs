@@ -1371,6 +1371,7 @@ fn set_weights_moves_the_stripe_and_survives_a_new_epoch() {
 }
 
 /// Bad-link demotion (`session::demote`) between two sessions.
+mod channels;
 mod demote;
 mod endpoint;
 mod flows;

@@ -23,8 +23,9 @@ pub struct Args {
     /// with [[peer]] sections, a server for those peers. SIGHUP (systemctl reload),
     /// or `reload` on the control socket (`braid peer add`/`remove`), re-reads it: new
     /// channel weights, a channel's local, remote and device (not on a server),
-    /// tunnel.log_level and a server's peers apply at once, the log names the changes
-    /// that need a restart.
+    /// tunnel.log_level and a server's peers apply at once; a channel added or removed
+    /// (not on a server) applies with a new handshake, the TUN device staying; the log
+    /// names the changes that need a restart.
     #[arg(long)]
     config: PathBuf,
     /// Serve Prometheus metrics at http://ADDR/metrics (overrides tunnel.metrics).
@@ -135,8 +136,8 @@ fn notify(state: &[NotifyState]) {
 
 /// On each SIGHUP, and each `reload` on the control socket (`braid peer add`, whose
 /// answer says what changed): re-read the configuration file, apply what the running
-/// tunnel can take (channel weights, a channel's addresses and device, a server's
-/// peers, the log level) and log what
+/// tunnel can take (channel weights, a channel's addresses and device, a new channel
+/// list, a server's peers, the log level) and log what
 /// needs a restart (`braid_io::reload`).
 async fn reload_on_hangup(
     mut hup: Signal,
