@@ -249,7 +249,10 @@ fn diagnose(l: &Link) -> String {
 #[derive(Clone)]
 pub struct SessionSender {
     data: AppTx,
-    max_datagram: usize,
+    /// The largest datagram (less the security envelope) the bond carries now: the
+    /// configured one, lowered by path MTU discovery (`session::pmtu`), which the
+    /// driver follows.
+    max_datagram: Arc<AtomicUsize>,
     overhead: usize,
 }
 
@@ -261,10 +264,11 @@ impl SessionSender {
             return Err(SessionError::Empty);
         }
         let esc = usize::from(self.overhead == 0 && wire::needs_escape(m));
-        if m.len() + self.overhead + esc > self.max_datagram {
+        let max_datagram = self.max_datagram.load(Ordering::Relaxed);
+        if m.len() + self.overhead + esc > max_datagram {
             return Err(SessionError::TooLarge {
                 len: m.len(),
-                max: self.max_datagram - self.overhead - esc,
+                max: max_datagram - self.overhead - esc,
             });
         }
         Ok(())
@@ -303,9 +307,10 @@ impl SessionSender {
     }
 
     /// The largest message that does not start with a byte `0xB0..=0xBF` (those need a
-    /// one-byte escape in the header-free modes, so one byte less).
+    /// one-byte escape in the header-free modes, so one byte less), now: with path
+    /// MTU discovery it follows the smallest channel's path MTU.
     pub fn max_message(&self) -> usize {
-        self.max_datagram - self.overhead
+        self.max_datagram.load(Ordering::Relaxed) - self.overhead
     }
 }
 
@@ -725,13 +730,15 @@ impl Session {
         let (cmd_tx, cmd_rx) = mpsc::channel(64);
         let (close_tx, close_rx) = watch::channel(false);
         let (peer_tx, peer_rx) = watch::channel(Link::default());
+        let max_datagram = Arc::new(AtomicUsize::new(cfg.max_inner() as usize));
         let sender = SessionSender {
             data: data_tx,
-            max_datagram: cfg.max_inner() as usize,
+            max_datagram: max_datagram.clone(),
             overhead: cfg.data_overhead() as usize,
         };
         let mut driver = Driver::new(cfg, ch, deliver_tx, peer_tx, budgets, pool, index_prefix)?;
         driver.own = own;
+        driver.path_limit = max_datagram;
         let run = driver.run(net_rx, data_rx, cmd_rx, close_rx);
         let task = match span {
             Some(span) => tokio::spawn(tracing::Instrument::instrument(run, span)),
@@ -1312,6 +1319,13 @@ struct Driver {
     deliver_drops: u64,
     /// Per channel: sends the socket refused.
     tx_errors: Vec<u64>,
+    /// What [`SessionSender`] takes now (the largest datagram less the security
+    /// envelope): the machine's [`machine::Session::path_max_packet`] plus the mode's
+    /// header, set at each [`Event::PathMtu`].
+    path_limit: Arc<AtomicUsize>,
+    /// The TUN device's MTU when it was set up (`tunnel.mtu`, or the bond's): the
+    /// most path MTU discovery gives it back.
+    tun_mtu_cap: Option<u32>,
     /// Per channel: the readers' queue shares.
     budgets: Vec<Arc<Budget>>,
     /// Public-key work of handshakes, to the handshake thread (bounded: what does not
@@ -1582,6 +1596,8 @@ impl Driver {
             machine,
             origin: std::time::Instant::now(),
             tx_errors: vec![0; socks.len()],
+            path_limit: Arc::new(AtomicUsize::new(0)),
+            tun_mtu_cap: None,
             outq: vec![Vec::new(); socks.len()],
             dests: vec![Vec::new(); socks.len()],
             hs_source: vec![None; socks.len()],
@@ -1818,6 +1834,14 @@ impl Driver {
                 let _ = reply.send(Err("not here".into()));
             }
             Cmd::Tun(tun) => {
+                self.tun_mtu_cap = tun.mtu().ok();
+                let bond = self.machine.path_max_packet() as u32;
+                if self.tun_mtu_cap.is_some_and(|cap| cap > bond) {
+                    // Path MTU discovery lowered the bond before the device came.
+                    if let Err(e) = tun.set_mtu(bond) {
+                        warn!("TUN {}: setting the mtu to {bond} failed: {e}", tun.name());
+                    }
+                }
                 self.tun_out = Some(Box::new(TunOut {
                     tun,
                     batch: Vec::with_capacity(crate::offload::MAX_SEGMENTS),
@@ -2025,14 +2049,24 @@ impl Driver {
     /// equal-size datagrams (the last may be shorter) as one GSO train where the kernel
     /// can, otherwise one datagram per call. A capacity probe's datagrams go one per
     /// call: a shaper passes a GSO train whole, and the probe must see the link space
-    /// them (`braid_proto::session::probe`).
+    /// them (`braid_proto::session::probe`); so does a path MTU probe
+    /// (`braid_proto::session::pmtu`). The sockets never fragment (quinn-udp sets
+    /// `IP_PMTUDISC_PROBE`, and for IPv6 `IPV6_PMTUDISC_PROBE` and `IPV6_DONTFRAG`):
+    /// a probe too big for the path is dropped on the way, or refused at once with
+    /// `EMSGSIZE`, which quinn-udp takes as sent: the probe is simply lost.
     async fn send_out(&mut self) {
         while let Some(t) = self.machine.poll_transmit() {
             // The machine gives each a destination once it has set endpoints.
             let Some(to) = t.destination else { continue };
             self.outq[t.channel].push(t.bytes);
             self.dests[t.channel].push(to);
-            self.alone[t.channel].push(t.kind == machine::DatagramKind::Probe);
+            // A path MTU probe goes alone too: one too big for the link fails its
+            // send (EMSGSIZE), which must not take a GSO train's other datagrams
+            // with it.
+            self.alone[t.channel].push(matches!(
+                t.kind,
+                machine::DatagramKind::Probe | machine::DatagramKind::MtuProbe
+            ));
         }
         for c in 0..self.outq.len() {
             if self.outq[c].is_empty() {
@@ -2147,12 +2181,46 @@ impl Driver {
                 | Event::ChannelPromoted { .. }
                 | Event::ChannelMeasured { .. }
                 | Event::ChannelProbeFailed { .. }) => self.log_channel_role(e),
+                Event::PathMtu { channel, from, to } => self.on_path_mtu(channel, from, to),
                 e @ (Event::TxSwitchStarted { .. }
                 | Event::TxRetarget { .. }
                 | Event::TxEpoch { .. }
                 | Event::ReturnPath { .. }
                 | Event::RxEpochEnding { .. }
                 | Event::RxEpoch { .. }) => self.log_epoch_event(e),
+            }
+        }
+    }
+
+    /// Path MTU discovery changed channel `channel`'s largest datagram from `from` to
+    /// `to`: the bond's largest packet follows the smallest channel, and so do the
+    /// sender's limit (the TUN reader's MSS clamp and ICMP answers read it) and the
+    /// TUN device's MTU.
+    fn on_path_mtu(&mut self, channel: usize, from: u32, to: u32) {
+        let bond = self.machine.path_max_packet();
+        let limit = bond + self.cfg.data_overhead() as usize;
+        let before = self.path_limit.swap(limit, Ordering::Relaxed);
+        let name = &self.cfg.channels[channel].name;
+        let udp = self.cfg.channels[channel].udp_overhead();
+        info!(
+            channel,
+            "channel {channel} ({name}): path MTU {} -> {} bytes (datagrams of {from} -> {to}); the bond carries packets of {bond} bytes",
+            from + udp,
+            to + udp
+        );
+        if before == limit {
+            return;
+        }
+        if let Some(t) = &self.tun_out {
+            let mtu = self
+                .tun_mtu_cap
+                .map_or(bond as u32, |cap| cap.min(bond as u32));
+            match t.tun.set_mtu(mtu) {
+                Ok(()) => info!(
+                    "TUN {}: mtu {mtu} (the bond's, from path MTU discovery)",
+                    t.tun.name()
+                ),
+                Err(e) => warn!("TUN {}: setting the mtu to {mtu} failed: {e}", t.tun.name()),
             }
         }
     }
@@ -2503,6 +2571,7 @@ fn queueing_stats(s: &machine::SessionStats, base: SessionStats) -> SessionStats
         pacing_drops: s.pacing.map_or(0, |p| p.drops),
         probe_trains: s.probes.trains_sent,
         probe_reports: s.probes.reports,
+        bond_mtu: s.path_max_packet as u64,
         credit_stalls: s.credits.map_or(0, |c| c.stalls),
         credits_sent: s.credits.map_or(0, |c| c.credits_sent),
         credit_refused: s.credits.map_or(0, |c| c.refused),
@@ -2570,6 +2639,9 @@ fn channel_estimates(
         measured_bps: c.measured_bps.unwrap_or(-1.0),
         probe: probe_name(c).into(),
         probe_detail: probe_detail(c),
+        plpmtu: c.pmtu.map_or(-1.0, f64::from),
+        pmtu_probes_sent: c.pmtu_stats.probes_sent,
+        pmtu_probes_lost: c.pmtu_stats.probes_lost,
         ..base
     }
 }
@@ -2720,7 +2792,7 @@ mod app_queue_tests {
         let (data, mut rx) = app_queue(4);
         let sender = SessionSender {
             data,
-            max_datagram: 100,
+            max_datagram: Arc::new(AtomicUsize::new(100)),
             overhead: 10,
         };
         let ms: Vec<Bytes> = (0..10u8).map(|i| Bytes::from(vec![i; 5])).collect();
@@ -2744,7 +2816,7 @@ mod app_queue_tests {
         let (data, mut rx) = app_queue(4);
         let sender = SessionSender {
             data,
-            max_datagram: 100,
+            max_datagram: Arc::new(AtomicUsize::new(100)),
             overhead: 10,
         };
         let ms = vec![Bytes::from_static(b"ok"), Bytes::from(vec![1u8; 91])];

@@ -400,9 +400,6 @@ async fn read_tun(
     sender: SessionSender,
     counts: Arc<ReadCounts>,
 ) -> std::io::Result<()> {
-    // The largest inner packet the bond carries: TCP SYNs entering the tunnel announce
-    // no larger a segment (crate::mss), and super-segments are cut to it.
-    let bond_mtu = sender.max_message();
     match tun.set_offload() {
         Ok(o) => info!("TUN {}: transmit offload {o:?}", tun.name()),
         Err(e) => info!(
@@ -419,6 +416,11 @@ async fn read_tun(
     loop {
         let n = tun.recv_frame(&mut buf).await?;
         counts.reads.fetch_add(1, Ordering::Relaxed);
+        // The largest inner packet the bond carries now (path MTU discovery may lower
+        // or raise it at any time): TCP SYNs entering the tunnel announce no larger a
+        // segment (crate::mss), super-segments are cut to it, and larger packets are
+        // answered with ICMP (crate::icmp).
+        let bond_mtu = sender.max_message();
         let clamp = |p: &mut [u8]| {
             crate::mss::clamp(p, bond_mtu);
         };
