@@ -1835,11 +1835,11 @@ impl Driver {
             }
             Cmd::Tun(tun) => {
                 self.tun_mtu_cap = tun.mtu().ok();
-                let bond = self.machine.path_max_packet() as u32;
-                if self.tun_mtu_cap.is_some_and(|cap| cap > bond) {
+                let mtu = tun_mtu_for(self.machine.path_max_packet() as u32, self.tun_mtu_cap);
+                if self.tun_mtu_cap.is_some_and(|cap| cap > mtu) {
                     // Path MTU discovery lowered the bond before the device came.
-                    if let Err(e) = tun.set_mtu(bond) {
-                        warn!("TUN {}: setting the mtu to {bond} failed: {e}", tun.name());
+                    if let Err(e) = tun.set_mtu(mtu) {
+                        warn!("TUN {}: setting the mtu to {mtu} failed: {e}", tun.name());
                     }
                 }
                 self.tun_out = Some(Box::new(TunOut {
@@ -2212,9 +2212,7 @@ impl Driver {
             return;
         }
         if let Some(t) = &self.tun_out {
-            let mtu = self
-                .tun_mtu_cap
-                .map_or(bond as u32, |cap| cap.min(bond as u32));
+            let mtu = tun_mtu_for(bond as u32, self.tun_mtu_cap);
             match t.tun.set_mtu(mtu) {
                 Ok(()) => info!(
                     "TUN {}: mtu {mtu} (the bond's, from path MTU discovery)",
@@ -2559,6 +2557,18 @@ impl Driver {
     }
 }
 
+/// The TUN device's MTU for a bond that carries packets of `bond` bytes: that, never
+/// above the device's configured MTU (`cap`) nor below 1280 (IPv6's minimum: below it
+/// the kernel takes the device's IPv6 addresses away). A packet between the bond's
+/// size and 1280 is answered or fragmented by braid (`crate::icmp`).
+fn tun_mtu_for(bond: u32, cap: Option<u32>) -> u32 {
+    let floor = bond.max(IPV6_MIN_MTU);
+    cap.map_or(floor, |c| c.min(floor))
+}
+
+/// The smallest MTU an IPv6 link may have (RFC 8200).
+const IPV6_MIN_MTU: u32 = 1280;
+
 /// `base` with the session's AQM, pacing, probe-train and credit counters filled in.
 fn queueing_stats(s: &machine::SessionStats, base: SessionStats) -> SessionStats {
     SessionStats {
@@ -2649,6 +2659,16 @@ fn channel_estimates(
 #[cfg(test)]
 mod gso_tests {
     use super::*;
+
+    #[test]
+    fn the_tun_mtu_follows_the_bond_between_1280_and_its_configured_mtu() {
+        assert_eq!(tun_mtu_for(1340, Some(1440)), 1340);
+        assert_eq!(tun_mtu_for(1420, Some(1400)), 1400);
+        // Never below IPv6's minimum: the kernel would drop the device's IPv6.
+        assert_eq!(tun_mtu_for(1220, Some(1440)), 1280);
+        assert_eq!(tun_mtu_for(1220, Some(1200)), 1200);
+        assert_eq!(tun_mtu_for(1300, None), 1300);
+    }
 
     fn q(sizes: &[usize]) -> Vec<Bytes> {
         sizes.iter().map(|&n| Bytes::from(vec![0u8; n])).collect()

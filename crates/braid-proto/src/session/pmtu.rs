@@ -81,7 +81,8 @@ pub const RAISE_AFTER: Duration = Duration::from_secs(600);
 pub struct Config {
     /// Per channel: (base, max) sealed datagram sizes (UDP payload bytes). Empty: every
     /// channel from `min(1232, max_datagram)` to the session's `max_datagram`; a
-    /// driver sets each channel's from its address family and `mtu`.
+    /// driver sets each channel's from its address family and `mtu`. The search
+    /// never goes above the session's `max_datagram` (the smallest channel's max).
     pub bounds: Vec<(u32, u32)>,
     /// A channel settled below its max probes upward again this long after.
     pub raise_after: Duration,
@@ -110,7 +111,7 @@ impl Config {
                 return Err(format!(
                     "channel {c}: path MTU bounds {base}..{max} are not within {MIN_SIZE}..65535 \
                      with the base at most the max and the max at least the session's \
-                     largest datagram ({max_datagram})"
+                     largest datagram ({max_datagram}, which caps the search)"
                 ));
             }
         }
@@ -224,7 +225,11 @@ pub(super) struct Step {
 
 impl Chan {
     pub fn new(cfg: &Config, c: usize, max_datagram: u32) -> Chan {
+        // Never above the session's largest datagram: the bond carries no more, and a
+        // peer's readers drop larger datagrams unread.
         let (base, max) = cfg.bounds_of(c, max_datagram);
+        let max = max.min(max_datagram).max(MIN_SIZE);
+        let base = base.min(max);
         Chan {
             base,
             max,
@@ -605,6 +610,21 @@ mod tests {
 
     fn at(ms: u64) -> Instant {
         Instant::from_micros(ms * MS)
+    }
+
+    #[test]
+    fn the_search_stays_within_the_sessions_largest_datagram() {
+        // A channel configured larger than the bond's smallest (an IPv4 channel next
+        // to an IPv6 one): its peer's readers drop anything above the session's size.
+        let cfg = Config {
+            bounds: vec![(1252, 1472)],
+            raise_after: RAISE_AFTER,
+        };
+        let mut ch = Chan::new(&cfg, 0, 1452);
+        assert_eq!(ch.plpmtu, 1452);
+        let mut id = 0;
+        let s = ch.step(Instant::ZERO, true, MIN_TIMEOUT, &mut id);
+        assert_eq!(s.send, Some((1, 1452)));
     }
 
     #[test]
