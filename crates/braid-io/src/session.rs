@@ -249,10 +249,11 @@ fn diagnose(l: &Link) -> String {
 #[derive(Clone)]
 pub struct SessionSender {
     data: AppTx,
-    /// The largest datagram (less the security envelope) the bond carries now: the
-    /// configured one, lowered by path MTU discovery (`session::pmtu`), which the
-    /// driver follows.
-    max_datagram: Arc<AtomicUsize>,
+    /// The largest datagram (less the security envelope) the session takes.
+    max_datagram: usize,
+    /// The largest the bond carries now: `max_datagram`, lowered by path MTU
+    /// discovery (`session::pmtu`), which the driver follows.
+    path_datagram: Arc<AtomicUsize>,
     overhead: usize,
 }
 
@@ -264,11 +265,10 @@ impl SessionSender {
             return Err(SessionError::Empty);
         }
         let esc = usize::from(self.overhead == 0 && wire::needs_escape(m));
-        let max_datagram = self.max_datagram.load(Ordering::Relaxed);
-        if m.len() + self.overhead + esc > max_datagram {
+        if m.len() + self.overhead + esc > self.max_datagram {
             return Err(SessionError::TooLarge {
                 len: m.len(),
-                max: max_datagram - self.overhead - esc,
+                max: self.max_datagram - self.overhead - esc,
             });
         }
         Ok(())
@@ -307,10 +307,21 @@ impl SessionSender {
     }
 
     /// The largest message that does not start with a byte `0xB0..=0xBF` (those need a
-    /// one-byte escape in the header-free modes, so one byte less), now: with path
-    /// MTU discovery it follows the smallest channel's path MTU.
+    /// one-byte escape in the header-free modes, so one byte less).
     pub fn max_message(&self) -> usize {
-        self.max_datagram.load(Ordering::Relaxed) - self.overhead
+        self.max_datagram - self.overhead
+    }
+
+    /// The largest message the bond carries now ([`SessionSender::max_message`], or
+    /// less while path MTU discovery finds a channel whose path carries less): what
+    /// the tunnel clamps TCP's MSS to, cuts segments to and answers larger packets
+    /// with ICMP by. A larger message up to `max_message` is still taken, and may be
+    /// lost on that channel's path.
+    pub fn path_max_message(&self) -> usize {
+        self.path_datagram
+            .load(Ordering::Relaxed)
+            .min(self.max_datagram)
+            .saturating_sub(self.overhead)
     }
 }
 
@@ -730,15 +741,16 @@ impl Session {
         let (cmd_tx, cmd_rx) = mpsc::channel(64);
         let (close_tx, close_rx) = watch::channel(false);
         let (peer_tx, peer_rx) = watch::channel(Link::default());
-        let max_datagram = Arc::new(AtomicUsize::new(cfg.max_inner() as usize));
+        let path_datagram = Arc::new(AtomicUsize::new(cfg.max_inner() as usize));
         let sender = SessionSender {
             data: data_tx,
-            max_datagram: max_datagram.clone(),
+            max_datagram: cfg.max_inner() as usize,
+            path_datagram: path_datagram.clone(),
             overhead: cfg.data_overhead() as usize,
         };
         let mut driver = Driver::new(cfg, ch, deliver_tx, peer_tx, budgets, pool, index_prefix)?;
         driver.own = own;
-        driver.path_limit = max_datagram;
+        driver.path_limit = path_datagram;
         let run = driver.run(net_rx, data_rx, cmd_rx, close_rx);
         let task = match span {
             Some(span) => tokio::spawn(tracing::Instrument::instrument(run, span)),
@@ -2812,7 +2824,8 @@ mod app_queue_tests {
         let (data, mut rx) = app_queue(4);
         let sender = SessionSender {
             data,
-            max_datagram: Arc::new(AtomicUsize::new(100)),
+            max_datagram: 100,
+            path_datagram: Arc::new(AtomicUsize::new(100)),
             overhead: 10,
         };
         let ms: Vec<Bytes> = (0..10u8).map(|i| Bytes::from(vec![i; 5])).collect();
@@ -2836,7 +2849,8 @@ mod app_queue_tests {
         let (data, mut rx) = app_queue(4);
         let sender = SessionSender {
             data,
-            max_datagram: Arc::new(AtomicUsize::new(100)),
+            max_datagram: 100,
+            path_datagram: Arc::new(AtomicUsize::new(100)),
             overhead: 10,
         };
         let ms = vec![Bytes::from_static(b"ok"), Bytes::from(vec![1u8; 91])];
