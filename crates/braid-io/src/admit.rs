@@ -25,7 +25,7 @@
 //! new key can arrive before its index is here.
 
 use braid_proto::session::{plausible_counter, Session, RECEIVING_KEYS};
-use braid_proto::wire::secure::Header;
+use braid_proto::wire::secure::{Header, LANE_PROBE};
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 
 /// An index slot that holds no key.
@@ -43,7 +43,8 @@ struct Key {
     version: AtomicU64,
     /// The key's local index, or [`NO_KEY`].
     index: AtomicU64,
-    /// Per channel, the window's top.
+    /// Per channel, the window's top; then per channel, its probe lane's
+    /// (`wire::secure`: path MTU probes have their own counter).
     tops: Box<[AtomicU64]>,
 }
 
@@ -53,7 +54,7 @@ impl Windows {
             keys: std::array::from_fn(|_| Key {
                 version: AtomicU64::new(0),
                 index: AtomicU64::new(NO_KEY),
-                tops: (0..channels).map(|_| AtomicU64::new(0)).collect(),
+                tops: (0..2 * channels).map(|_| AtomicU64::new(0)).collect(),
             }),
         }
     }
@@ -123,10 +124,16 @@ impl Windows {
             // Any channel's window: an in-bond repair is the same sealed datagram sent
             // again on another channel, its counter that of the channel it was
             // sealed for (the session opens it with that channel's nonce).
-            let plausible = channel < k.tops.len()
-                && k.tops
-                    .iter()
-                    .any(|t| plausible_counter(t.load(Ordering::Relaxed), h.counter));
+            // A probe's counter is its channel's probe lane's (never repaired).
+            let n = k.tops.len() / 2;
+            let plausible = channel < n
+                && if h.lane == LANE_PROBE {
+                    plausible_counter(k.tops[n + channel].load(Ordering::Relaxed), h.counter)
+                } else {
+                    k.tops[..n]
+                        .iter()
+                        .any(|t| plausible_counter(t.load(Ordering::Relaxed), h.counter))
+                };
             fence(Ordering::Acquire);
             if v & 1 == 1 || k.version.load(Ordering::Relaxed) != v {
                 // Being given to another key right now: let the session judge.
@@ -149,6 +156,7 @@ mod tests {
             encrypted: true,
             index,
             counter,
+            lane: braid_proto::wire::secure::LANE_MAIN,
         };
         let mut d = h.to_bytes().to_vec();
         d.resize(OVERHEAD + 100, 0);
@@ -195,6 +203,23 @@ mod tests {
         // Another index, and a channel the session does not have.
         assert!(!w.admits(0, &sealed(8, 5000)));
         assert!(!w.admits(2, &sealed(7, 5000)));
+    }
+
+    #[test]
+    fn a_probe_lane_counter_is_judged_by_its_own_window() {
+        let w = Windows::new(2);
+        // Lane 0 of each channel far along, the probe lanes near their start.
+        publish(&w, &[(7, &[100_000, 100_000, 3, 0])]);
+        let probe = |c: u64| {
+            let mut d = sealed(7, c);
+            d[2] = LANE_PROBE;
+            d
+        };
+        assert!(w.admits(0, &probe(3)));
+        assert!(w.admits(1, &probe(0)));
+        // Not by lane 0's windows: a probe counter near those is implausible.
+        assert!(!w.admits(0, &probe(100_000 + PLAUSIBLE_AHEAD)));
+        assert!(!w.admits(0, &sealed(7, 3)));
     }
 
     #[test]

@@ -277,8 +277,28 @@ impl SessionConfig {
                 .collect(),
             max_datagram: self.max_datagram(),
             pacing: self.pacing(),
+            pmtu: self.pmtu(),
             ..self.core.clone()
         }
+    }
+
+    /// Path MTU discovery, if on: each channel searched from 1280 bytes of IP packet
+    /// (or its `mtu`, if lower) to its `mtu`, less its IP and UDP headers.
+    fn pmtu(&self) -> Option<braid_proto::session::pmtu::Config> {
+        let mut m = self.core.pmtu.clone()?;
+        m.bounds = self
+            .channels
+            .iter()
+            .map(|c| {
+                let max = c.mtu.saturating_sub(c.udp_overhead());
+                let base = braid_proto::session::pmtu::BASE_IP
+                    .min(c.mtu)
+                    .saturating_sub(c.udp_overhead())
+                    .max(braid_proto::session::pmtu::MIN_SIZE);
+                (base.min(max), max)
+            })
+            .collect();
+        Some(m)
     }
 
     /// The braid-proto configuration for an epoch over these physical channels.

@@ -1029,6 +1029,7 @@ fn aimed_at_peer(
                 encrypted: true,
                 index,
                 counter,
+                lane: braid_proto::wire::secure::LANE_MAIN,
             };
             let mut d = h.to_bytes().to_vec();
             d.extend_from_slice(&r[8..]);

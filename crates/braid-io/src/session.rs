@@ -257,7 +257,11 @@ fn diagnose(l: &Link) -> String {
 #[derive(Clone)]
 pub struct SessionSender {
     data: AppTx,
+    /// The largest datagram (less the security envelope) the session takes.
     max_datagram: usize,
+    /// The largest the bond carries now: `max_datagram`, lowered by path MTU
+    /// discovery (`session::pmtu`), which the driver follows.
+    path_datagram: Arc<AtomicUsize>,
     overhead: usize,
 }
 
@@ -314,6 +318,18 @@ impl SessionSender {
     /// one-byte escape in the header-free modes, so one byte less).
     pub fn max_message(&self) -> usize {
         self.max_datagram - self.overhead
+    }
+
+    /// The largest message the bond carries now ([`SessionSender::max_message`], or
+    /// less while path MTU discovery finds a channel whose path carries less): what
+    /// the tunnel clamps TCP's MSS to, cuts segments to and answers larger packets
+    /// with ICMP by. A larger message up to `max_message` is still taken, and may be
+    /// lost on that channel's path.
+    pub fn path_max_message(&self) -> usize {
+        self.path_datagram
+            .load(Ordering::Relaxed)
+            .min(self.max_datagram)
+            .saturating_sub(self.overhead)
     }
 }
 
@@ -733,9 +749,11 @@ impl Session {
         let (cmd_tx, cmd_rx) = mpsc::channel(64);
         let (close_tx, close_rx) = watch::channel(false);
         let (peer_tx, peer_rx) = watch::channel(Link::default());
+        let path_datagram = Arc::new(AtomicUsize::new(cfg.max_inner() as usize));
         let sender = SessionSender {
             data: data_tx,
             max_datagram: cfg.max_inner() as usize,
+            path_datagram: path_datagram.clone(),
             overhead: cfg.data_overhead() as usize,
         };
         // Boxed: the driver (the machine in it, some 8 KB) is moved into the task's
@@ -751,6 +769,7 @@ impl Session {
             index_prefix,
         )?);
         driver.own = own;
+        driver.path_limit = path_datagram;
         let run = driver.run(net_rx, data_rx, cmd_rx, close_rx);
         let task = match span {
             Some(span) => tokio::spawn(tracing::Instrument::instrument(run, span)),
@@ -1356,6 +1375,13 @@ struct Driver {
     deliver_drops: u64,
     /// Per channel: sends the socket refused.
     tx_errors: Vec<u64>,
+    /// What [`SessionSender`] takes now (the largest datagram less the security
+    /// envelope): the machine's [`machine::Session::path_max_packet`] plus the mode's
+    /// header, set at each [`Event::PathMtu`].
+    path_limit: Arc<AtomicUsize>,
+    /// The TUN device's MTU when it was set up (`tunnel.mtu`, or the bond's): the
+    /// most path MTU discovery gives it back.
+    tun_mtu_cap: Option<u32>,
     /// Per channel: the readers' queue shares.
     budgets: Vec<Arc<Budget>>,
     /// Public-key work of handshakes, to the handshake thread (bounded: what does not
@@ -1626,6 +1652,8 @@ impl Driver {
             machine,
             origin: std::time::Instant::now(),
             tx_errors: vec![0; socks.len()],
+            path_limit: Arc::new(AtomicUsize::new(0)),
+            tun_mtu_cap: None,
             outq: vec![Vec::new(); socks.len()],
             dests: vec![Vec::new(); socks.len()],
             hs_source: vec![None; socks.len()],
@@ -1878,6 +1906,14 @@ impl Driver {
                 let _ = reply.send(Err("not here".into()));
             }
             Cmd::Tun(tun) => {
+                self.tun_mtu_cap = tun.mtu().ok();
+                let mtu = tun_mtu_for(self.machine.path_max_packet() as u32, self.tun_mtu_cap);
+                if self.tun_mtu_cap.is_some_and(|cap| cap > mtu) {
+                    // Path MTU discovery lowered the bond before the device came.
+                    if let Err(e) = tun.set_mtu(mtu) {
+                        warn!("TUN {}: setting the mtu to {mtu} failed: {e}", tun.name());
+                    }
+                }
                 self.tun_out = Some(Box::new(TunOut {
                     tun,
                     batch: Vec::with_capacity(crate::offload::MAX_SEGMENTS),
@@ -2292,14 +2328,24 @@ impl Driver {
     /// equal-size datagrams (the last may be shorter) as one GSO train where the kernel
     /// can, otherwise one datagram per call. A capacity probe's datagrams go one per
     /// call: a shaper passes a GSO train whole, and the probe must see the link space
-    /// them (`braid_proto::session::probe`).
+    /// them (`braid_proto::session::probe`); so does a path MTU probe
+    /// (`braid_proto::session::pmtu`). The sockets never fragment (quinn-udp sets
+    /// `IP_PMTUDISC_PROBE`, and for IPv6 `IPV6_PMTUDISC_PROBE` and `IPV6_DONTFRAG`):
+    /// a probe too big for the path is dropped on the way, or refused at once with
+    /// `EMSGSIZE`, which quinn-udp takes as sent: the probe is simply lost.
     async fn send_out(&mut self) {
         while let Some(t) = self.machine.poll_transmit() {
             // The machine gives each a destination once it has set endpoints.
             let Some(to) = t.destination else { continue };
             self.outq[t.channel].push(t.bytes);
             self.dests[t.channel].push(to);
-            self.alone[t.channel].push(t.kind == machine::DatagramKind::Probe);
+            // A path MTU probe goes alone too: one too big for the link fails its
+            // send (EMSGSIZE), which must not take a GSO train's other datagrams
+            // with it.
+            self.alone[t.channel].push(matches!(
+                t.kind,
+                machine::DatagramKind::Probe | machine::DatagramKind::MtuProbe
+            ));
         }
         for q in &self.outq {
             self.lists_room.note(q.len());
@@ -2436,12 +2482,44 @@ impl Driver {
                 | Event::ChannelPromoted { .. }
                 | Event::ChannelMeasured { .. }
                 | Event::ChannelProbeFailed { .. }) => self.log_channel_role(e),
+                Event::PathMtu { channel, from, to } => self.on_path_mtu(channel, from, to),
                 e @ (Event::TxSwitchStarted { .. }
                 | Event::TxRetarget { .. }
                 | Event::TxEpoch { .. }
                 | Event::ReturnPath { .. }
                 | Event::RxEpochEnding { .. }
                 | Event::RxEpoch { .. }) => self.log_epoch_event(e),
+            }
+        }
+    }
+
+    /// Path MTU discovery changed channel `channel`'s largest datagram from `from` to
+    /// `to`: the bond's largest packet follows the smallest channel, and so do the
+    /// sender's limit (the TUN reader's MSS clamp and ICMP answers read it) and the
+    /// TUN device's MTU.
+    fn on_path_mtu(&mut self, channel: usize, from: u32, to: u32) {
+        let bond = self.machine.path_max_packet();
+        let limit = bond + self.cfg.data_overhead() as usize;
+        let before = self.path_limit.swap(limit, Ordering::Relaxed);
+        let name = &self.cfg.channels[channel].name;
+        let udp = self.cfg.channels[channel].udp_overhead();
+        info!(
+            channel,
+            "channel {channel} ({name}): path MTU {} -> {} bytes (datagrams of {from} -> {to}); the bond carries packets of {bond} bytes",
+            from + udp,
+            to + udp
+        );
+        if before == limit {
+            return;
+        }
+        if let Some(t) = &self.tun_out {
+            let mtu = tun_mtu_for(bond as u32, self.tun_mtu_cap);
+            match t.tun.set_mtu(mtu) {
+                Ok(()) => info!(
+                    "TUN {}: mtu {mtu} (the bond's, from path MTU discovery)",
+                    t.tun.name()
+                ),
+                Err(e) => warn!("TUN {}: setting the mtu to {mtu} failed: {e}", t.tun.name()),
             }
         }
     }
@@ -2780,6 +2858,18 @@ impl Driver {
     }
 }
 
+/// The TUN device's MTU for a bond that carries packets of `bond` bytes: that, never
+/// above the device's configured MTU (`cap`) nor below 1280 (IPv6's minimum: below it
+/// the kernel takes the device's IPv6 addresses away). A packet between the bond's
+/// size and 1280 is answered or fragmented by braid (`crate::icmp`).
+fn tun_mtu_for(bond: u32, cap: Option<u32>) -> u32 {
+    let floor = bond.max(IPV6_MIN_MTU);
+    cap.map_or(floor, |c| c.min(floor))
+}
+
+/// The smallest MTU an IPv6 link may have (RFC 8200).
+const IPV6_MIN_MTU: u32 = 1280;
+
 /// `base` with the session's AQM, pacing, probe-train and credit counters filled in.
 fn queueing_stats(s: &machine::SessionStats, base: SessionStats) -> SessionStats {
     SessionStats {
@@ -2792,6 +2882,7 @@ fn queueing_stats(s: &machine::SessionStats, base: SessionStats) -> SessionStats
         pacing_drops: s.pacing.map_or(0, |p| p.drops),
         probe_trains: s.probes.trains_sent,
         probe_reports: s.probes.reports,
+        bond_mtu: s.path_max_packet as u64,
         credit_stalls: s.credits.map_or(0, |c| c.stalls),
         credits_sent: s.credits.map_or(0, |c| c.credits_sent),
         credit_refused: s.credits.map_or(0, |c| c.refused),
@@ -2859,6 +2950,9 @@ fn channel_estimates(
         measured_bps: c.measured_bps.unwrap_or(-1.0),
         probe: probe_name(c).into(),
         probe_detail: probe_detail(c),
+        plpmtu: c.pmtu.map_or(-1.0, f64::from),
+        pmtu_probes_sent: c.pmtu_stats.probes_sent,
+        pmtu_probes_lost: c.pmtu_stats.probes_lost,
         ..base
     }
 }
@@ -2866,6 +2960,16 @@ fn channel_estimates(
 #[cfg(test)]
 mod gso_tests {
     use super::*;
+
+    #[test]
+    fn the_tun_mtu_follows_the_bond_between_1280_and_its_configured_mtu() {
+        assert_eq!(tun_mtu_for(1340, Some(1440)), 1340);
+        assert_eq!(tun_mtu_for(1420, Some(1400)), 1400);
+        // Never below IPv6's minimum: the kernel would drop the device's IPv6.
+        assert_eq!(tun_mtu_for(1220, Some(1440)), 1280);
+        assert_eq!(tun_mtu_for(1220, Some(1200)), 1200);
+        assert_eq!(tun_mtu_for(1300, None), 1300);
+    }
 
     fn q(sizes: &[usize]) -> Vec<Bytes> {
         sizes.iter().map(|&n| Bytes::from(vec![0u8; n])).collect()
@@ -3010,6 +3114,7 @@ mod app_queue_tests {
         let sender = SessionSender {
             data,
             max_datagram: 100,
+            path_datagram: Arc::new(AtomicUsize::new(100)),
             overhead: 10,
         };
         let ms: Vec<Bytes> = (0..10u8).map(|i| Bytes::from(vec![i; 5])).collect();
@@ -3034,6 +3139,7 @@ mod app_queue_tests {
         let sender = SessionSender {
             data,
             max_datagram: 100,
+            path_datagram: Arc::new(AtomicUsize::new(100)),
             overhead: 10,
         };
         let ms = vec![Bytes::from_static(b"ok"), Bytes::from(vec![1u8; 91])];

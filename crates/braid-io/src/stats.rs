@@ -190,6 +190,17 @@ pub struct ChannelSnapshot {
     /// when it did).
     #[serde(default)]
     pub probe_detail: String,
+    /// Path MTU discovery (`session::pmtu`): the largest datagram the channel carries
+    /// now, its PLPMTU, bytes of UDP payload (-1: discovery off).
+    #[serde(default = "minus_one_f64")]
+    pub plpmtu: f64,
+    /// Path MTU discovery: MTU probes sent on the channel.
+    #[serde(default)]
+    pub pmtu_probes_sent: u64,
+    /// Path MTU discovery: MTU probes the peer did not acknowledge in time (too big
+    /// for the path, or lost).
+    #[serde(default)]
+    pub pmtu_probes_lost: u64,
 }
 
 /// A snapshot of a whole session.
@@ -316,6 +327,10 @@ pub struct SessionStats {
     /// Capacity probes (`pace = "auto"`): trains we sent to measure our channels.
     #[serde(default)]
     pub probe_trains: u64,
+    /// The largest inner packet the bond carries now, bytes: the TUN device's MTU
+    /// (path MTU discovery lowers it to the smallest channel's).
+    #[serde(default)]
+    pub bond_mtu: u64,
     /// Capacity probes: reports of our trains that came back (channels measured).
     #[serde(default)]
     pub probe_reports: u64,
@@ -1248,6 +1263,8 @@ const COUNTERS: &[(bool, &str, &str)] = &[
     (false, "credit_stalls", "Credits: times a channel ran out of credit and the striper waited"),
     (false, "credits_sent", "Credits: credits sent to the peer"),
     (false, "credit_refused", "Credits: data refused because the peer was past its credit"),
+    (true, "pmtu_probes_sent", "Path MTU discovery: MTU probes sent on the channel"),
+    (true, "pmtu_probes_lost", "Path MTU discovery: MTU probes the peer did not acknowledge in time (too big for the path, or lost)"),
     (true, "state_changes", "Times the channel's state (wait, up, down) changed"),
     (true, "endpoint_changes", "Times the peer's address on the channel moved (an authenticated datagram from a new address: a NAT's new mapping, roaming)"),
     (true, "handshake_failures", "Handshake messages that failed on the channel: the peer's initiations we refused, rejections of ours, unauthenticated or stale responses"),
@@ -1298,6 +1315,7 @@ const GAUGES: &[(bool, &str, &str, &str, f64)] = &[
     (false, "return_path_channel", "return_path_channel", "The channel the return path rides alone (-1: every channel)", 1.0),
     (false, "rx_waiting_channel", "rx_waiting_channel", "The channel whose next packet the receiver waits for while later data is held (-1: none)", 1.0),
     (false, "rx_waiting_s", "rx_waiting_seconds", "How long the receiver has waited for that channel's next packet, seconds (0: no wait)", 1.0),
+    (false, "bond_mtu", "bond_mtu_bytes", "The largest inner packet the bond carries now, bytes (the TUN device's MTU; path MTU discovery follows the smallest channel)", 1.0),
     (false, "tx_queued", "tx_queued_packets", "Packets waiting in the transmit queue (for pacing, credit or an epoch switch)", 1.0),
     (true, "state_since_s", "state_since_seconds", "Seconds since the channel's state last changed", 1.0),
     (true, "peer_hears_us", "peer_hears_us", "1 while the peer reports hearing us on the channel", 1.0),
@@ -1319,6 +1337,7 @@ const GAUGES: &[(bool, &str, &str, &str, f64)] = &[
     (true, "queue_delay_ms", "queue_delay_seconds", "Queueing delay the AQM measures on the channel, seconds (-1: AQM off or no recent sample)", 1e-3),
     (true, "credit_balance", "credit_balance_packets", "Packets our data may still put into the peer's buffer for the channel (-1: credits off)", 1.0),
     (true, "pace_bps", "pace_bytes_per_second", "The rate the channel is paced at, bytes per second on the wire (-1: not paced)", 0.125),
+    (true, "plpmtu", "plpmtu_bytes", "Path MTU discovery: the largest datagram the channel carries now, bytes of UDP payload (-1: discovery off)", 1.0),
     (true, "measured_bps", "measured_bytes_per_second", "The channel's rate as its capacity probe measured it, bytes per second on the wire (-1: not measured)", 0.125),
 ];
 
@@ -1372,6 +1391,10 @@ fn render(reg: &Registry) -> String {
     let mut out = String::new();
     let _ = prometheus_client::encoding::text::encode(&mut out, reg);
     out
+}
+
+fn minus_one_f64() -> f64 {
+    -1.0
 }
 
 fn minus_one() -> i64 {

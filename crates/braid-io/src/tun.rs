@@ -352,7 +352,16 @@ impl Tun {
         Ok(())
     }
 
-    /// Set the MTU.
+    /// The device's MTU.
+    pub fn mtu(&self) -> Result<u32, TunError> {
+        let mut r = ifreq(&self.name);
+        self.ctl("reading the MTU", libc::SIOCGIFMTU, &mut r)?;
+        // SAFETY: SIOCGIFMTU filled the union's MTU member.
+        let mtu = unsafe { r.ifr_ifru.ifru_mtu };
+        Ok(u32::try_from(mtu).unwrap_or(0))
+    }
+
+    /// Set the device's MTU.
     pub fn set_mtu(&self, mtu: u32) -> Result<(), TunError> {
         let mut r = ifreq(&self.name);
         r.ifr_ifru.ifru_mtu = mtu as libc::c_int;

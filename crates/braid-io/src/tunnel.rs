@@ -400,9 +400,6 @@ async fn read_tun(
     sender: SessionSender,
     counts: Arc<ReadCounts>,
 ) -> std::io::Result<()> {
-    // The largest inner packet the bond carries: TCP SYNs entering the tunnel announce
-    // no larger a segment (crate::mss), and super-segments are cut to it.
-    let bond_mtu = sender.max_message();
     match tun.set_offload() {
         Ok(o) => info!("TUN {}: transmit offload {o:?}", tun.name()),
         Err(e) => info!(
@@ -419,6 +416,11 @@ async fn read_tun(
     loop {
         let n = tun.recv_frame(&mut buf).await?;
         counts.reads.fetch_add(1, Ordering::Relaxed);
+        // The largest inner packet the bond carries now (path MTU discovery may lower
+        // or raise it at any time): TCP SYNs entering the tunnel announce no larger a
+        // segment (crate::mss), super-segments are cut to it, and larger packets are
+        // answered with ICMP (crate::icmp).
+        let bond_mtu = sender.path_max_message();
         let clamp = |p: &mut [u8]| {
             crate::mss::clamp(p, bond_mtu);
         };
@@ -450,8 +452,11 @@ async fn read_tun(
 /// before it sends); those the bond cannot carry as they are (not TCP segments braid
 /// cut: those fit) are moved to `unfit`. False once the session has closed.
 async fn hand_over(sender: &SessionSender, pkts: &mut Vec<Bytes>, unfit: &mut Vec<Bytes>) -> bool {
+    // What the bond carries now (path MTU discovery): a larger packet is answered.
+    let path_max = sender.path_max_message();
     pkts.retain(|p| {
-        let fits = sender.check(p).is_ok();
+        // (IP packets never start with 0xB_: no escape byte to count.)
+        let fits = sender.check(p).is_ok() && p.len() <= path_max;
         if !fits {
             unfit.push(p.clone());
         }

@@ -65,7 +65,7 @@ use crate::arena::Arena;
 use crate::time::{Duration, Instant};
 use crate::wire::secure::{
     self, Handshake, Header, Timestamp, COOKIE_NONCE_LEN, COOKIE_SEALED_LEN, ECHO_LEN, HEADER_LEN,
-    INIT_HEADER_LEN, MAC_LEN, TAG_LEN, TIMESTAMP_LEN,
+    INIT_HEADER_LEN, LANE_MAIN, LANE_PROBE, MAC_LEN, TAG_LEN, TIMESTAMP_LEN,
 };
 
 /// What the security layer does to each datagram.
@@ -502,8 +502,9 @@ struct Keypair {
     send: Aead,
     recv: Aead,
     created: Instant,
-    /// Next counter per channel.
+    /// Next counter per channel, then per channel's probe lane (`n + c`).
     counters: Vec<u64>,
+    /// Receive windows, laid out as `counters`.
     windows: Vec<Window>,
     peer_run: u64,
     /// The peer's number of channels (its settings): the bond runs over the channels
@@ -529,8 +530,9 @@ impl Keypair {
             send: Aead::new(&send),
             recv: Aead::new(&recv),
             created: now,
-            counters: vec![0; channels],
-            windows: vec![Window::new(); channels],
+            // Lane 0 of each channel, then its probe lane (`wire::secure`).
+            counters: vec![0; 2 * channels],
+            windows: vec![Window::new(); 2 * channels],
             peer_run,
             peer_channels: channels,
             initiator,
@@ -538,9 +540,28 @@ impl Keypair {
     }
 }
 
-fn nonce(channel: usize, counter: u64) -> Nonce {
+/// The slot of channel `c`'s `lane` in a keypair's counters and windows, for `n`
+/// channels.
+fn lane_slot(n: usize, c: usize, lane: u8) -> usize {
+    if lane == LANE_PROBE {
+        n + c
+    } else {
+        c
+    }
+}
+
+/// The nonce's channel word: the channel index, its top bit set in the probe lane.
+fn lane_word(c: usize, lane: u8) -> u32 {
+    if lane == LANE_PROBE {
+        0x8000_0000 | c as u32
+    } else {
+        c as u32
+    }
+}
+
+fn nonce(channel: u32, counter: u64) -> Nonce {
     let mut n = [0u8; 12];
-    n[..4].copy_from_slice(&(channel as u32).to_be_bytes());
+    n[..4].copy_from_slice(&channel.to_be_bytes());
     n[4..].copy_from_slice(&counter.to_be_bytes());
     Nonce::assume_unique_for_key(n)
 }
@@ -1373,6 +1394,8 @@ pub(crate) struct Crypto {
     /// The last datagram [`Crypto::open`] accepted was the newest yet on its channel
     /// under the current (or pending) keys: not a late one, not under older keys.
     pub newest: bool,
+    /// The lane of the last datagram [`Crypto::open`] accepted (`wire::secure`).
+    pub lane: u8,
 }
 
 impl Crypto {
@@ -1427,6 +1450,7 @@ impl Crypto {
             peer_ended: false,
             source: None,
             newest: false,
+            lane: LANE_MAIN,
         })
     }
 
@@ -1515,7 +1539,8 @@ impl Crypto {
 
     /// The receive windows of every key a sealed datagram may name now (the pending,
     /// current and older keys, at most [`RECEIVING_KEYS`]): for each, its local index
-    /// and, per channel, the window's top (highest counter accepted + 1; 0: none yet).
+    /// and, per channel, the window's top (highest counter accepted + 1; 0: none yet),
+    /// then the same for every channel's probe lane (`wire::secure`): `2 n` tops.
     /// A driver that queues datagrams before the session opens them can drop, unopened,
     /// those no key could accept ([`plausible_counter`]).
     pub fn receive_windows(&self, mut each: impl FnMut(u32, &mut dyn Iterator<Item = u64>)) {
@@ -1527,6 +1552,7 @@ impl Crypto {
             .chain(self.current.as_ref())
             .chain(self.older.iter());
         for k in keys {
+            // Lane 0 of every channel, then every channel's probe lane.
             each(k.local, &mut k.windows.iter().map(|w| w.top));
         }
     }
@@ -2198,17 +2224,33 @@ impl Crypto {
         parts: &[&[u8]],
         encrypt: bool,
     ) -> Option<Bytes> {
+        self.seal_lane(now, c, LANE_MAIN, parts, encrypt)
+    }
+
+    /// [`Crypto::seal`] in channel `c`'s `lane` ([`LANE_PROBE`]: path MTU probes,
+    /// with their own counter).
+    pub fn seal_lane(
+        &mut self,
+        now: Instant,
+        c: usize,
+        lane: u8,
+        parts: &[&[u8]],
+        encrypt: bool,
+    ) -> Option<Bytes> {
         let reject_after = self.reject_after();
         let k = self.current.as_mut()?;
-        let counter = k.counters[c];
+        let i = lane_slot(k.counters.len() / 2, c, lane);
+        let counter = k.counters[i];
         if counter >= REJECT_AFTER_COUNT || now - k.created >= reject_after {
             return None;
         }
-        k.counters[c] += 1;
+        k.counters[i] += 1;
+        let c = lane_word(c, lane);
         let header = Header {
             encrypted: encrypt,
             index: k.remote,
             counter,
+            lane,
         }
         .to_bytes();
         let inner_len: usize = parts.iter().map(|p| p.len()).sum();
@@ -2243,7 +2285,7 @@ impl Crypto {
         }
         let body_end = d.len() - TAG_LEN;
         let tag = &d[body_end..];
-        let n = nonce(c, h.counter);
+        let n = nonce(lane_word(c, h.lane), h.counter);
         let reject_after = self.reject_after();
         let (slot, k) = Self::find(
             &mut self.current,
@@ -2255,7 +2297,8 @@ impl Crypto {
         if now - k.created >= reject_after {
             return Err(Reject::Unauthenticated);
         }
-        if c >= k.windows.len() || !k.windows[c].fresh(h.counter) {
+        let w = lane_slot(k.windows.len() / 2, c, h.lane);
+        if c >= k.windows.len() / 2 || !k.windows[w].fresh(h.counter) {
             return Err(Reject::Replay);
         }
         let inner = if h.encrypted {
@@ -2271,9 +2314,16 @@ impl Crypto {
             k.recv.open(n, &d[..body_end], &mut [], tag)?;
             d.slice(HEADER_LEN..body_end)
         };
-        let gap = k.windows[c].mark(h.counter);
-        self.newest = gap >= 0 && !matches!(slot, Slot::Older);
-        self.missing[c] = self.missing[c].saturating_add(gap.max(0) as u64);
+        let gap = k.windows[w].mark(h.counter);
+        self.lane = h.lane;
+        if h.lane == LANE_PROBE {
+            // A probe's lane is its own: a lost probe is no lost datagram, and a probe
+            // moves no endpoint.
+            self.newest = false;
+        } else {
+            self.newest = gap >= 0 && !matches!(slot, Slot::Older);
+            self.missing[c] = self.missing[c].saturating_add(gap.max(0) as u64);
+        }
         self.last_heard = Some(now);
         let established = match slot {
             Slot::Pending => self.pending.take().map(|p| self.install(p.keys)),

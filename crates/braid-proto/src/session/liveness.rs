@@ -148,6 +148,7 @@ impl Session {
         self.send_hellos();
         self.send_feedback(now);
         self.probe_step(now);
+        self.pmtu_step(now);
         self.send_lingering_end();
         if self.tx.switching.is_some() {
             self.send_end();
@@ -233,6 +234,9 @@ impl Session {
         }
         self.chans[c].fb_rx.peer_ts = Some((f.timestamp, now));
         self.chans[c].fb_tx.on_report(now, &f);
+        if let Some(m) = self.pmtu.get_mut(c) {
+            m.on_feedback(now, f.missing);
+        }
     }
 
     fn liveness(&mut self, now: Instant) {

@@ -54,6 +54,7 @@ pub mod feedback;
 pub mod flows;
 mod liveness;
 mod pacing;
+pub mod pmtu;
 pub mod probe;
 pub mod return_path;
 pub mod schema;
@@ -173,6 +174,9 @@ pub struct Config {
     /// Flow policies of our transmit direction (`session::flows`): which inner
     /// packets go redundantly or on the lowest-delay channel instead of the stripe.
     pub flows: FlowConfig,
+    /// Path MTU discovery per channel (`session::pmtu`). `None`: off (each channel
+    /// carries `max_datagram`); on by default.
+    pub pmtu: Option<pmtu::Config>,
 }
 
 impl std::fmt::Debug for Config {
@@ -208,6 +212,7 @@ impl std::fmt::Debug for Config {
             .field("pacing", &self.pacing)
             .field("return_path", &self.return_path)
             .field("flows", &self.flows)
+            .field("pmtu", &self.pmtu)
             .finish()
     }
 }
@@ -244,6 +249,7 @@ impl Config {
             pacing: None,
             return_path: None,
             flows: FlowConfig::default(),
+            pmtu: None,
         };
         // The defaults are valid for any channel count (a unit test checks it).
         let applied = schema::SessionSettings::default().apply(&mut c);
@@ -295,6 +301,9 @@ impl Config {
             r.validate()?;
         }
         self.flows.validate()?;
+        if let Some(m) = &self.pmtu {
+            m.validate(n, self.max_datagram)?;
+        }
         if self.dead_after < self.heartbeat + self.heartbeat {
             return Err(format!(
                 "dead_after ({} ms) must be at least twice the heartbeat ({} ms)",
@@ -461,6 +470,10 @@ pub enum DatagramKind {
     /// One datagram of a capacity probe's train (`session::probe`): send it alone, not
     /// batched with the others into one GSO send, so the link spaces the train.
     Probe,
+    /// A path MTU probe (`session::pmtu`): send it alone, with Don't Fragment; if it
+    /// is too big for the path (the kernel may say so at once, `EMSGSIZE`), it is
+    /// simply lost.
+    MtuProbe,
     /// A packet of a redundant or lowest-delay flow (`session::flows`), outside the
     /// stripe; always sealed.
     Flow,
@@ -640,6 +653,17 @@ pub enum Event {
         /// Its channel set.
         set: u64,
     },
+    /// Transmit direction: path MTU discovery (`session::pmtu`) changed the largest
+    /// datagram the channel carries; [`Session::path_max_packet`] says what the bond
+    /// carries now.
+    PathMtu {
+        /// Channel index.
+        channel: usize,
+        /// Its PLPMTU before (sealed datagram bytes, UDP payload).
+        from: u32,
+        /// Its PLPMTU now.
+        to: u32,
+    },
     /// Transmit direction: the return path (`session::return_path`) is cut to this
     /// channel alone (`Some`) or back to every channel (`None`), at the next epoch.
     ReturnPath {
@@ -707,6 +731,10 @@ pub struct Session {
     flows: flows::Flows,
     /// Capacity probes: our trains and the peer's.
     probes: probe::Probes,
+    /// Path MTU discovery per channel (empty: off).
+    pmtu: Vec<pmtu::Chan>,
+    /// The number of our last MTU probe.
+    pmtu_id: u32,
     credit_rx: Option<credits::Rx>,
     /// Credit counters of past epochs, and the session's own.
     credit_n: CreditCounters,
@@ -772,6 +800,12 @@ impl Session {
             return_path: return_path::ReturnPath::default(),
             flows: flows::Flows::new(cfg.flows.clone()),
             probes: probe::Probes::new(n, cfg.pacing.as_ref().is_some_and(|p| p.probe)),
+            pmtu: cfg.pmtu.as_ref().map_or_else(Vec::new, |m| {
+                (0..n)
+                    .map(|c| pmtu::Chan::new(m, c, cfg.max_datagram))
+                    .collect()
+            }),
+            pmtu_id: 0,
             credit_rx,
             credit_n: CreditCounters::default(),
             endpoints: vec![None; n],
@@ -814,6 +848,23 @@ impl Session {
     /// header-free modes, so one byte less).
     pub fn max_packet(&self) -> usize {
         (self.cfg.max_inner() - self.cfg.data_overhead()) as usize
+    }
+
+    /// The largest application packet the bond carries now: [`Session::max_packet`],
+    /// or with path MTU discovery (`session::pmtu`) the smallest channel PLPMTU less
+    /// the same overheads, if lower. It changes with [`Event::PathMtu`]; a driver
+    /// sizes its TUN device, clamps TCP's MSS and answers larger packets with ICMP by
+    /// it. [`Session::handle_packet`] still takes up to [`Session::max_packet`], but
+    /// a larger packet than this may be lost on a channel's path.
+    pub fn path_max_packet(&self) -> usize {
+        let Some(smallest) = self.pmtu.iter().map(|m| m.plpmtu).min() else {
+            return self.max_packet();
+        };
+        let inner = smallest
+            .min(self.cfg.max_datagram)
+            .saturating_sub(self.cfg.security.data_overhead() as u32)
+            .saturating_sub(self.cfg.data_overhead());
+        inner as usize
     }
 
     /// A packet from the application. While an epoch switch waits for its ack, up to
@@ -1029,7 +1080,8 @@ impl Session {
         match self.open(c, d) {
             Ok((sealed_for, inner, established)) => {
                 self.on_authentic(now, c, source, sealed_for, established);
-                if sealed_for == c {
+                // A path MTU probe counts for nothing of the channel's traffic.
+                if sealed_for == c && self.crypto.lane != wire::secure::LANE_PROBE {
                     self.on_channel_own(now, c, d.len(), &inner);
                 }
                 Some((sealed_for, inner))
@@ -1087,6 +1139,11 @@ impl Session {
     /// passes on, in counter order, what is no longer held behind a gap; without it (or
     /// when `d` carries no counters) its contents go straight on.
     fn repair(&mut self, now: Instant, c: usize, sealed_for: usize, d: &Bytes, inner: Bytes) {
+        if self.crypto.lane == wire::secure::LANE_PROBE {
+            // A path MTU probe: its own counter, never repaired (`session::pmtu`).
+            self.on_inner(now, now, c, inner, false);
+            return;
+        }
         match (self.cfg.arq, sealed_id(d)) {
             (Some(a), Some(id)) => self.repair_in_order(now, c, sealed_for, a, id, inner),
             _ => self.on_inner(now, now, c, inner, false),
@@ -1190,7 +1247,7 @@ impl Session {
     }
 
     /// Each key a sealed datagram may name now: its local index and, per channel, its
-    /// receive window's top (see [`crypto::plausible_counter`]). Cheap; a driver that
+    /// receive window's top, then per channel its probe lane's (`wire::secure`) (see [`crypto::plausible_counter`]). Cheap; a driver that
     /// filters datagrams before queueing them calls it whenever it has fed the session.
     pub fn receive_windows(&self, each: impl FnMut(u32, &mut dyn Iterator<Item = u64>)) {
         self.crypto.receive_windows(each);
@@ -1850,6 +1907,9 @@ impl Session {
 
     fn on_new_peer(&mut self, now: Instant, restart: bool, peer_channels: usize) {
         self.flows_on_new_peer();
+        for m in &mut self.pmtu {
+            m.peer_new();
+        }
         // A run of the peer with another channel list (a reload added or removed a
         // channel at one end): the bond runs over the channels both have.
         let common = self.n.min(peer_channels.max(1));
@@ -1931,6 +1991,8 @@ impl Session {
             Msg::Probe(p) => self.on_probe(c, &p, arrived, repaired),
             Msg::ProbeReport(r) => self.on_probe_report(now, c, &r),
             Msg::Close(_) => self.on_close(),
+            Msg::MtuProbe(p) => self.on_mtu_probe(c, &p),
+            Msg::MtuAck(a) => self.on_mtu_ack(now, c, &a),
         }
     }
 }

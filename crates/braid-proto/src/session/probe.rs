@@ -473,8 +473,13 @@ impl super::Session {
             self.send_ctrl(c, &Msg::ProbeReport(r));
         }
         let chans = &self.chans;
+        let pmtu = &self.pmtu;
+        // With path MTU discovery, not before the channel's size is known: a train of
+        // datagrams too big for the path would be lost whole.
         let due = self.probes.due(now, |c| {
-            chans[c].state == LinkState::Up && chans[c].peer_hears_us
+            chans[c].state == LinkState::Up
+                && chans[c].peer_hears_us
+                && pmtu.get(c).is_none_or(super::pmtu::Chan::known)
         });
         for c in self.probes.take_gave_up() {
             let reason = self.probes.failure(c).unwrap_or(ProbeFailure::NoReport);
@@ -488,10 +493,13 @@ impl super::Session {
                     .map(|r| r.round() as u64),
             });
         }
-        // Control messages are always sealed: the train's datagrams are the largest
-        // the channel carries.
-        let len = (self.cfg.max_datagram as usize).saturating_sub(secure::OVERHEAD);
         for (c, train) in due {
+            // Control messages are always sealed: the train's datagrams are the largest
+            // the channel carries (its path MTU, with discovery on).
+            let largest = self.pmtu.get(c).map_or(self.cfg.max_datagram, |m| {
+                m.plpmtu.min(self.cfg.max_datagram)
+            });
+            let len = (largest as usize).saturating_sub(secure::OVERHEAD);
             for index in 0..TRAIN_LEN {
                 let p = Probe {
                     channel: c as u8,

@@ -212,6 +212,8 @@ pub struct SessionSettings {
     pub demote_rtt_ratio: f64,
     /// The return path: acknowledgements ride the fastest channel alone.
     pub return_path: bool,
+    /// Path MTU discovery per channel (`session::pmtu`).
+    pub pmtu: bool,
     // --- flows (session::flows) ---
     /// Automatic classification of real-time flows.
     pub flow_auto: bool,
@@ -274,6 +276,7 @@ impl Default for SessionSettings {
             promote_after: Dur(demote.promote_after),
             demote_rtt_ratio: demote.rtt_ratio,
             return_path: true,
+            pmtu: true,
             flow_auto: true,
             flow_copies: 2,
             flow: Vec::new(),
@@ -348,6 +351,12 @@ impl SessionSettings {
         cfg.credits = self.credits(cfg.receiver.buffer_packets)?;
         cfg.demote = self.demote()?;
         cfg.return_path = self.return_path.then(ReturnPathConfig::default);
+        // The bounds a driver set (per channel) stay.
+        cfg.pmtu = match (self.pmtu, cfg.pmtu.take()) {
+            (false, _) => None,
+            (true, Some(m)) => Some(m),
+            (true, None) => Some(super::pmtu::Config::default()),
+        };
         cfg.flows = self.flows()?;
         Ok(())
     }
@@ -738,6 +747,10 @@ pub const REFERENCE: &[KeyDoc] = &[
     KeyDoc {
         key: "return_path",
         doc: "the return path: while this end sends little more than the acknowledgements of the peer's flow, its data rides the channel with the shortest round trip alone (see \"The return path\" below)",
+    },
+    KeyDoc {
+        key: "pmtu",
+        doc: "path MTU discovery per channel (RFC 8899 style, see \"Path MTU\" in `docs/tunnel.md`): each end probes the largest datagram each channel's path carries, between 1280 bytes of IP packet and the channel's `mtu`, confirms it every 30 s (and when the peer reports losses), falls back when it stops passing and probes upward again every 10 minutes; the bond's MTU (the TUN device's, the MSS clamp's) follows the smallest. A few probe datagrams per channel; `false`: every channel carries its `mtu` as configured",
     },
     KeyDoc {
         key: "flow_auto",

@@ -119,6 +119,13 @@ pub struct ChannelInfo {
     pub arq: super::ArqChannelStats,
     /// With credits on: the credit left for our data on this channel (packets).
     pub credit_balance: Option<u64>,
+    /// Path MTU discovery (`session::pmtu`), when on: the largest datagram (UDP
+    /// payload) the channel carries now, its PLPMTU.
+    pub pmtu: Option<u32>,
+    /// Where its discovery stands (`None`: off).
+    pub pmtu_phase: Option<super::pmtu::Phase>,
+    /// Its discovery's counters (zero when off).
+    pub pmtu_stats: super::pmtu::PmtuStats,
 }
 
 /// A snapshot of a whole session.
@@ -186,6 +193,9 @@ pub struct SessionStats {
     pub return_path_cuts: u64,
     /// Real-time flows' counters (`session::flows`).
     pub flows: super::FlowStats,
+    /// The largest inner packet the bond carries now ([`Session::path_max_packet`]):
+    /// with path MTU discovery, from the smallest channel PLPMTU.
+    pub path_max_packet: usize,
     /// Per channel.
     pub channels: Vec<ChannelInfo>,
 }
@@ -228,6 +238,7 @@ impl Session {
             quanta_changes: self.adapt.as_ref().map_or(0, |a| a.changes),
             aqm: self.aqm.as_ref().map(|a| a.stats(now)),
             credits: self.credit_counters(),
+            path_max_packet: self.path_max_packet(),
             pacing: self.pacer.as_ref().map(|p| p.stats),
             probes: self.probes.stats,
             queued: self.tx.pending.len(),
@@ -292,6 +303,9 @@ impl Session {
             handshake_failures: self.crypto.failed_on(i),
             tx_bps: c.n.tx_bps,
             rx_bps: c.n.rx_bps,
+            pmtu: self.pmtu.get(i).map(|m| m.plpmtu),
+            pmtu_phase: self.pmtu.get(i).map(|m| m.phase),
+            pmtu_stats: self.pmtu.get(i).map(|m| m.stats).unwrap_or_default(),
             striper: t,
             resequencer: r,
             arq: self.arq_rx[i].stats.merged(&self.arq_tx[i].stats),

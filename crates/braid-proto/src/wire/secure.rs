@@ -10,7 +10,7 @@
 //! ```text
 //!  0        1        2        3        4                                   8
 //! +--------+--------+--------+--------+-----------------------------------+
-//! | B8/B9  |version |  zero  |  zero  |   receiver's key index (u32)      |
+//! | B8/B9  |version |  lane  |  zero  |   receiver's key index (u32)      |
 //! +--------+--------+--------+--------+-----------------------------------+
 //! |                 counter on this channel (u64)                          |  8..16
 //! +------------------------------------------------------------------------+
@@ -21,6 +21,12 @@
 //! | and the body; nonce = channel index (u32) || counter (u64)             |
 //! +------------------------------------------------------------------------+
 //! ```
+//!
+//! Lane: 0 for everything but path MTU probes, which travel in lane 1, the channel's
+//! *probe lane* (`session::pmtu`): its own counter and replay window, and the nonce's
+//! channel index with its top bit set (`0x8000_0000 | channel`). A probe too big for
+//! the path is lost without leaving a gap in lane 0's counter, which the receiver
+//! counts as loss (feedback, in-bond repair). Other lanes are refused.
 //!
 //! The counter is per channel and per key: it protects against replay (a window of
 //! 2048 per channel) and is not a stream sequence number, so logical reception stays
@@ -110,9 +116,16 @@ pub struct Header {
     pub encrypted: bool,
     /// The receiver's key index.
     pub index: u32,
-    /// Counter on this channel.
+    /// Counter on this channel (in its lane).
     pub counter: u64,
+    /// The counter's lane: [`LANE_MAIN`] or [`LANE_PROBE`].
+    pub lane: u8,
 }
+
+/// The lane of every sealed datagram but path MTU probes.
+pub const LANE_MAIN: u8 = 0;
+/// The lane of path MTU probes (`session::pmtu`).
+pub const LANE_PROBE: u8 = 1;
 
 /// Why a datagram of this module could not be parsed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -136,10 +149,11 @@ impl Header {
             TYPE_SIGNED => false,
             _ => return Err(SecureError::Unknown),
         };
-        if b[1] != VERSION || b[2] != 0 || b[3] != 0 {
+        if b[1] != VERSION || b[2] > LANE_PROBE || b[3] != 0 {
             return Err(SecureError::Unknown);
         }
         Ok(Header {
+            lane: b[2],
             encrypted,
             index: u32::from_be_bytes([b[4], b[5], b[6], b[7]]),
             counter: super::read_u64(b, 8),
@@ -155,6 +169,7 @@ impl Header {
             TYPE_SIGNED
         };
         h[1] = VERSION;
+        h[2] = self.lane;
         h[4..8].copy_from_slice(&self.index.to_be_bytes());
         h[8..16].copy_from_slice(&self.counter.to_be_bytes());
         h
@@ -446,6 +461,7 @@ mod tests {
             encrypted: true,
             index: 0x0102_0304,
             counter: 5,
+            lane: LANE_MAIN,
         };
         let b = h.to_bytes();
         assert_eq!(b, [0xB8, 1, 0, 0, 1, 2, 3, 4, 0, 0, 0, 0, 0, 0, 0, 5]);
@@ -454,7 +470,13 @@ mod tests {
         assert_eq!(Header::parse(&d), Ok(h));
         d[0] = 0xB9;
         assert!(!Header::parse(&d).unwrap().encrypted);
+        // The probe lane.
         d[2] = 1;
+        assert_eq!(Header::parse(&d).unwrap().lane, LANE_PROBE);
+        d[2] = 2;
+        assert_eq!(Header::parse(&d), Err(SecureError::Unknown));
+        d[2] = 0;
+        d[3] = 1;
         assert_eq!(Header::parse(&d), Err(SecureError::Unknown));
         assert_eq!(Header::parse(&d[..31]), Err(SecureError::Truncated));
     }

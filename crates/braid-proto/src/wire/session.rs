@@ -1,5 +1,5 @@
 //! Session messages (hello, epoch end, epoch ack, feedback, resend, probe, probe
-//! report, close), first byte `0xB4`, spoken by the session machine ([`crate::session`]).
+//! report, close, MTU probe, MTU ack), first byte `0xB4`, spoken by the session machine ([`crate::session`]).
 //! Each is followed on the wire by the authentication trailer of
 //! [`crate::session::auth`]. All integers are big-endian.
 //!
@@ -10,7 +10,8 @@
 //! +--------+--------+--------+--------+
 //! |  0xB4  |version |  kind  | channel|  kind: 1 hello, 2 epoch end, 3 epoch ack,
 //! +--------+--------+--------+--------+  4 feedback, 5 resend, 6 probe, 7 report,
-//!                                          8 close
+//!                                          8 close, (9 flow datagram: `wire::flow`),
+//!                                          10 MTU probe, 11 MTU ack
 //!                                          channel: physical index it was sent on
 //! ```
 //!
@@ -125,6 +126,28 @@
 //!
 //! A lost close costs only the peer's warnings: it then sees its channels go silent.
 //! A peer that restarts is a new run (a new handshake) and is heard as usual.
+//!
+//! **MTU probe** (kind 10, at least 12 bytes), path MTU discovery
+//! (`session::pmtu`): padded with zeros so that the sealed datagram is exactly the
+//! size being tried on the channel. It is sealed in the channel's *probe lane*
+//! (`wire::secure`, byte 2 of the sealed header = 1): its own counter, so a probe
+//! too big for the path leaves no gap in the channel's sealing counter and is never
+//! taken for a lost datagram.
+//!
+//! ```text
+//!  4..8:   probe number (u32): the sender's, increasing
+//!  8..10:  size (u16): the sealed datagram's length on the wire (UDP payload)
+//! 10..12:  zero | 12..: padding (zeros)
+//! ```
+//!
+//! **MTU ack** (kind 11, 12 bytes), sent by the receiver of an MTU probe on the
+//! channel it came on (in the ordinary lane):
+//!
+//! ```text
+//!  4..8:   probe number (u32), echoed
+//!  8..10:  size (u16): the length of the sealed probe as it arrived
+//! 10..12:  zero
+//! ```
 
 use super::TYPE_SESSION;
 
@@ -146,6 +169,12 @@ pub const KIND_PROBE: u8 = 6;
 pub const KIND_PROBE_REPORT: u8 = 7;
 /// Kind byte of a close.
 pub const KIND_CLOSE: u8 = 8;
+/// Kind byte of an MTU probe (path MTU discovery).
+pub const KIND_MTU_PROBE: u8 = 10;
+/// Kind byte of an MTU ack.
+pub const KIND_MTU_ACK: u8 = 11;
+/// Bytes of an MTU probe before its padding (its smallest size), and of an MTU ack.
+pub const MTU_PROBE_MIN_LEN: usize = 12;
 /// Most counters in one resend request.
 pub const RESEND_MAX: usize = 32;
 /// Bytes of a probe before its padding (its smallest size).
@@ -291,6 +320,22 @@ pub struct ProbeReport {
     pub span_us: u64,
 }
 
+/// A datagram of path MTU discovery, or its acknowledgement (see the module docs):
+/// both carry the probe's number and a size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MtuProbe {
+    /// Channel it was sent on.
+    pub channel: u8,
+    /// The prober's number for the probe.
+    pub id: u32,
+    /// In a probe: the sealed datagram's intended length; in an ack: its length on
+    /// arrival.
+    pub size: u16,
+    /// A probe: its whole length with padding (at least [`MTU_PROBE_MIN_LEN`]); an
+    /// ack: [`MTU_PROBE_MIN_LEN`].
+    pub len: usize,
+}
+
 /// Any session message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Msg {
@@ -310,6 +355,10 @@ pub enum Msg {
     ProbeReport(ProbeReport),
     /// The sender ends the session on purpose; the field is the channel it was sent on.
     Close(u8),
+    /// A path MTU probe, padded.
+    MtuProbe(MtuProbe),
+    /// The acknowledgement of a path MTU probe.
+    MtuAck(MtuProbe),
 }
 
 fn u32_at(b: &[u8], at: usize) -> u32 {
@@ -358,6 +407,7 @@ impl Msg {
                 }
                 Ok(Msg::Close(channel))
             }
+            KIND_MTU_PROBE | KIND_MTU_ACK => parse_mtu(b, channel),
             _ => Err(CtrlError::Unknown),
         }
     }
@@ -373,6 +423,7 @@ impl Msg {
             Msg::Probe(p) => p.channel,
             Msg::ProbeReport(r) => r.channel,
             Msg::Close(c) => *c,
+            Msg::MtuProbe(p) | Msg::MtuAck(p) => p.channel,
         }
     }
 
@@ -391,9 +442,41 @@ impl Msg {
                 v.extend_from_slice(&[TYPE_SESSION, VERSION, KIND_CLOSE, *c]);
                 v.extend_from_slice(&[0; 4]);
             }
+            Msg::MtuProbe(p) => write_mtu(KIND_MTU_PROBE, p, &mut v),
+            Msg::MtuAck(p) => write_mtu(KIND_MTU_ACK, p, &mut v),
         }
         v
     }
+}
+
+/// An MTU probe (padded to its length) or ack.
+fn write_mtu(kind: u8, p: &MtuProbe, v: &mut Vec<u8>) {
+    v.extend_from_slice(&[TYPE_SESSION, VERSION, kind, p.channel]);
+    v.extend_from_slice(&p.id.to_be_bytes());
+    v.extend_from_slice(&p.size.to_be_bytes());
+    v.extend_from_slice(&[0; 2]);
+    if kind == KIND_MTU_PROBE {
+        v.resize(p.len.max(MTU_PROBE_MIN_LEN), 0);
+    }
+}
+
+/// An MTU probe (any length from 12) or ack (12 bytes).
+fn parse_mtu(b: &[u8], channel: u8) -> Result<Msg, CtrlError> {
+    let probe = b[2] == KIND_MTU_PROBE;
+    if b.len() < MTU_PROBE_MIN_LEN || (!probe && b.len() != MTU_PROBE_MIN_LEN) {
+        return Err(CtrlError::Length);
+    }
+    let p = MtuProbe {
+        channel,
+        id: u32_at(b, 4),
+        size: u16_at(b, 8),
+        len: b.len(),
+    };
+    Ok(if probe {
+        Msg::MtuProbe(p)
+    } else {
+        Msg::MtuAck(p)
+    })
 }
 
 /// A hello: 24 bytes.
@@ -619,6 +702,29 @@ fn parse_probe_report(b: &[u8], channel: u8) -> Result<Msg, CtrlError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mtu_probe_and_ack_bytes() {
+        let p = MtuProbe {
+            channel: 1,
+            id: 0x0102_0304,
+            size: 1400,
+            len: 20,
+        };
+        let b = Msg::MtuProbe(p).to_vec();
+        assert_eq!(
+            b,
+            [0xB4, 1, 10, 1, 1, 2, 3, 4, 0x05, 0x78, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]
+        );
+        assert_eq!(Msg::parse(&b), Ok(Msg::MtuProbe(p)));
+        let a = MtuProbe { len: 12, ..p };
+        let b = Msg::MtuAck(a).to_vec();
+        assert_eq!(b, [0xB4, 1, 11, 1, 1, 2, 3, 4, 0x05, 0x78, 0, 0]);
+        assert_eq!(Msg::parse(&b), Ok(Msg::MtuAck(a)));
+        // An ack is 12 bytes exactly; a probe at least 12.
+        assert_eq!(Msg::parse(&[&b[..], &[0]].concat()), Err(CtrlError::Length));
+        assert_eq!(Msg::parse(&b[..11]), Err(CtrlError::Length));
+    }
 
     #[test]
     fn hello_bytes() {
