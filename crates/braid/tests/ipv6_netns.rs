@@ -134,9 +134,17 @@ fn a_bond_of_an_ipv4_and_an_ipv6_channel_carries_ipv4_and_ipv6() {
     }
     for ctl in [&ca, &cb] {
         let s = status(ctl).unwrap();
-        for c in s["channels"].as_array().unwrap() {
+        let channels = s["channels"].as_array().unwrap();
+        let data = |c: &Value| c["rx_data_packets"].as_u64().unwrap();
+        let total: u64 = channels.iter().map(data).sum();
+        assert!(total >= 80, "{total} data packets received in all: {s}");
+        for c in channels {
             assert_eq!(c["state"], "up", "{c}");
-            assert!(c["rx_data_packets"].as_u64().unwrap() >= 20, "{c}");
+            // Striped over both: each channel a real share. Not an even one: the
+            // weights follow the rates each channel measured at the start, and an
+            // unshaped veth measures at whatever the loaded machine gives (19 of 80
+            // seen on one channel, 61 on the other).
+            assert!(data(c) * 10 >= total, "{} of {total}: {c}", data(c));
         }
         assert_eq!(s["auth_failures"], 0);
     }
