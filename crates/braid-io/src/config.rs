@@ -112,7 +112,7 @@ pub struct SessionConfig {
     /// The session machine's settings, from the one schema
     /// ([`braid_proto::session::schema::SessionSettings`]): mode, scheduler, keys,
     /// timers, repair, credits and the rest. Its `channels`, `max_datagram` and
-    /// `pacing` follow from [`SessionConfig::channels`] and are filled in by
+    /// `pacing` (and `pmtu`'s bounds) follow from [`SessionConfig::channels`] and are filled in by
     /// [`SessionConfig::session_config`]; what is set there is not used.
     pub core: braid_proto::session::Config,
     /// SO_RCVBUF / SO_SNDBUF per channel socket, in bytes (0: kernel default).
@@ -161,10 +161,19 @@ impl SessionConfig {
         let mut core = self.session_config();
         s.apply(&mut core)?;
         // What follows from the channels stays with them (`session_config`).
+        let pmtu = core
+            .pmtu
+            .take()
+            .map(|m| braid_proto::session::pmtu::Config {
+                bounds: Vec::new(),
+                ..m
+            });
         self.core = braid_proto::session::Config {
             channels: Vec::new(),
             max_datagram: 0,
             pacing: None,
+            // Its per-channel bounds too (a reload compares the rest).
+            pmtu,
             ..core
         };
         // Unset, adaptive weights follow whether every channel is paced; a channel

@@ -1756,7 +1756,9 @@ impl Driver {
                 let _ = reply.send(r);
             }
             if let Some((c, reply)) = resize {
-                let r = self.change_channels(*c, &mut net).await;
+                // Boxed: its future holds a new session machine across awaits, which
+                // every peer's task would otherwise carry all its life.
+                let r = Box::pin(self.change_channels(*c, &mut net)).await;
                 if r.is_ok() {
                     // The old run's handshake work, still on the handshake thread, is
                     // not the new run's: its results go nowhere.
@@ -2179,6 +2181,7 @@ impl Driver {
             .collect();
         self.cfg = run_cfg;
         self.machine = machine;
+        self.sync_path_limit();
         let mut what = format!("channels {old_n} -> {new_n}");
         if !changed.is_empty() {
             what += &format!(", changed: {}", changed.join(", "));
@@ -2499,8 +2502,6 @@ impl Driver {
     /// TUN device's MTU.
     fn on_path_mtu(&mut self, channel: usize, from: u32, to: u32) {
         let bond = self.machine.path_max_packet();
-        let limit = bond + self.cfg.data_overhead() as usize;
-        let before = self.path_limit.swap(limit, Ordering::Relaxed);
         let name = &self.cfg.channels[channel].name;
         let udp = self.cfg.channels[channel].udp_overhead();
         info!(
@@ -2509,6 +2510,17 @@ impl Driver {
             from + udp,
             to + udp
         );
+        self.sync_path_limit();
+    }
+
+    /// The TUN reader's limit and the TUN device's MTU follow the machine's path
+    /// limit: on each path-MTU change, and when a channel-list reload installs a new
+    /// run (whose channels start at their configured size: the old run's lowered
+    /// limit must not stay).
+    fn sync_path_limit(&mut self) {
+        let bond = self.machine.path_max_packet();
+        let limit = bond + self.cfg.data_overhead() as usize;
+        let before = self.path_limit.swap(limit, Ordering::Relaxed);
         if before == limit {
             return;
         }

@@ -438,7 +438,7 @@ async fn read_tun(
         counts
             .packets
             .fetch_add(pkts.len() as u64, Ordering::Relaxed);
-        if !hand_over(&sender, &mut pkts, &mut unfit).await {
+        if !hand_over(&sender, &mut pkts, &mut unfit, bond_mtu).await {
             return Ok(());
         }
         // Answered, fragmented or dropped after the rest.
@@ -450,10 +450,15 @@ async fn read_tun(
 
 /// Hand a read's packets to the session as one batch (the driver takes it whole
 /// before it sends); those the bond cannot carry as they are (not TCP segments braid
-/// cut: those fit) are moved to `unfit`. False once the session has closed.
-async fn hand_over(sender: &SessionSender, pkts: &mut Vec<Bytes>, unfit: &mut Vec<Bytes>) -> bool {
-    // What the bond carries now (path MTU discovery): a larger packet is answered.
-    let path_max = sender.path_max_message();
+/// cut: those fit) are moved to `unfit`. `path_max` is what the bond carries now (path
+/// MTU discovery), read once per read so that the cut, this check and the answer to a
+/// packet too big all use the same value. False once the session has closed.
+async fn hand_over(
+    sender: &SessionSender,
+    pkts: &mut Vec<Bytes>,
+    unfit: &mut Vec<Bytes>,
+    path_max: usize,
+) -> bool {
     pkts.retain(|p| {
         // (IP packets never start with 0xB_: no escape byte to count.)
         let fits = sender.check(p).is_ok() && p.len() <= path_max;

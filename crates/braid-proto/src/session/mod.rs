@@ -857,7 +857,9 @@ impl Session {
     /// it. [`Session::handle_packet`] still takes up to [`Session::max_packet`], but
     /// a larger packet than this may be lost on a channel's path.
     pub fn path_max_packet(&self) -> usize {
-        let Some(smallest) = self.pmtu.iter().map(|m| m.plpmtu).min() else {
+        // Over the channels both ends have: one the peer's run lacks carries nothing,
+        // whatever size an earlier run left it at.
+        let Some(smallest) = self.pmtu.iter().take(self.common).map(|m| m.plpmtu).min() else {
             return self.max_packet();
         };
         let inner = smallest

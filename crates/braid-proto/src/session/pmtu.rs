@@ -285,6 +285,9 @@ impl Chan {
     /// The peer was heard anew (it restarted): whether it answers probes is not known.
     pub fn peer_new(&mut self) {
         self.answered = false;
+        // The new run's feedback counts from zero.
+        self.missing = 0;
+        self.suspected_at = None;
         self.stop();
     }
 
@@ -688,6 +691,30 @@ mod tests {
         // The peer reports losses: the size is confirmed now, not in 30 s.
         p.ch.on_feedback(p.now, 5);
         p.run_until(at(8000));
+        assert_eq!(p.ch.plpmtu, 1300, "{:?}", p.changes);
+    }
+
+    #[test]
+    fn after_a_peer_restart_its_first_missing_datagrams_still_count() {
+        let mut p = Path::new(1472);
+        p.run_until(at(1000));
+        // The old run's feedback had counted 50 missing.
+        p.ch.on_feedback(p.now, 50);
+        p.run_until(at(5000));
+        assert_eq!(p.ch.plpmtu, 1472);
+        // The peer restarts; its new run counts from zero. The path shrank: the new
+        // run's first losses (5, fewer than the old run's 50) must make the size
+        // suspect as they would have before.
+        p.ch.peer_new();
+        p.run_until(at(7000));
+        assert_eq!(
+            p.ch.phase,
+            Phase::Settled,
+            "searched again after the restart"
+        );
+        p.path = 1300;
+        p.ch.on_feedback(p.now, 5);
+        p.run_until(at(13_000));
         assert_eq!(p.ch.plpmtu, 1300, "{:?}", p.changes);
     }
 

@@ -159,3 +159,24 @@ fn other_weights_on_the_common_channels_are_still_refused() {
     )));
     assert!(p.delivered.is_empty());
 }
+
+/// Path MTU over a channel the peer's run no longer has: A's third channel settled
+/// on a smaller path, then B reloads with two channels. The bond's largest packet is
+/// the common channels' again, not the size the lost channel was left at.
+#[test]
+fn a_channel_the_peer_dropped_no_longer_sets_the_bonds_size() {
+    let two = || weighted(&[1, 1], Mode::Logical);
+    let three = || weighted(&[1, 1, 1], Mode::Logical);
+    let mut p = pair(three(), three());
+    p.ab[2].mtu = 1372;
+    p.ba[2].mtu = 1372;
+    p.run_until(at_ms(6000));
+    assert_eq!(p.a.path_max_packet(), 1372 - 32, "channel 2's path found");
+    reload_b(&mut p, two(), 44);
+    p.run_until(at_ms(8000));
+    assert!(p
+        .events_a
+        .iter()
+        .any(|(_, e)| *e == Event::ChannelCountMismatch { ours: 3, theirs: 2 }));
+    assert_eq!(p.a.path_max_packet(), 1472 - 32);
+}
