@@ -1843,6 +1843,48 @@ fn replayed_initiations_break_no_rekey() {
     assert!(p.delivered.windows(2).all(|w| w[0] < w[1]));
 }
 
+/// A busy flow over channels that lose nothing proves them clean within a second of
+/// the start, and the repair margin comes off then, not after [`super::MARGIN_AFTER_GAP`]
+/// (every flow of a tunnel's first 30 s paid a repair's time on each packet: TCP over
+/// two 10 ms links saw 72 ms round trips). A channel that loses one datagram in 300
+/// shows it before its proof is in, and the margin stays.
+#[test]
+fn a_busy_flow_over_clean_channels_lifts_the_repair_margin_within_a_second() {
+    let latency = |p: &Pair, from_ms: u64, to_ms: u64| -> Vec<u64> {
+        // Packet k was sent at k x 250 us.
+        p.delivered
+            .iter()
+            .zip(&p.delivered_at)
+            .filter(|(&id, _)| id / 4 >= from_ms && id / 4 < to_ms)
+            .map(|(&id, &at)| {
+                at.saturating_since(Instant::from_micros(id * 250))
+                    .as_micros()
+                    / 1000
+            })
+            .collect()
+    };
+    for mode in [Mode::Logical, Mode::Seq, Mode::Trr] {
+        let mut p = pair_with(2, mode, &[10, 10], arq_on);
+        p.every = Duration::from_micros(250);
+        p.run_until(at_ms(3000));
+        // Held for a repair's time at first, once the round trip is known (2 x 10 ms + 5 ms
+        // more), not after.
+        let early = latency(&p, 300, 400);
+        assert!(early.iter().all(|&ms| ms >= 30), "{mode:?}: {early:?}");
+        let late = latency(&p, 1500, 2500);
+        assert!(late.len() > 3000, "{mode:?}: {}", late.len());
+        // (TRR waits for its triggers, every 5 ms: up to 15 ms.)
+        assert!(late.iter().all(|&ms| ms <= 16), "{mode:?}: {late:?}");
+
+        let mut p = pair_with(2, mode, &[10, 10], arq_on);
+        p.every = Duration::from_micros(250);
+        p.ab[1].drop_every = 300;
+        p.run_until(at_ms(3000));
+        let late = latency(&p, 1500, 2500);
+        assert!(late.iter().all(|&ms| ms >= 30), "{mode:?}: {late:?}");
+    }
+}
+
 /// In-bond repair adds no delay while the channels lose nothing: once they have shown
 /// it for [`super::MARGIN_AFTER_GAP`], a sparse flow (a ping every 500 ms over two
 /// 20 ms paths) is delivered one path's delay after it was sent, as without repair.
