@@ -244,8 +244,6 @@ pub(crate) struct Shared {
     logs: Mutex<Logs>,
     started: std::time::Instant,
     tun: Arc<Tun>,
-    /// The largest inner packet the bond carries (TCP MSS clamping).
-    bond_mtu: usize,
     next_slot: Mutex<u16>,
 }
 
@@ -351,7 +349,6 @@ impl Shared {
             logs: Mutex::new(logs),
             started: std::time::Instant::now(),
             tun,
-            bond_mtu: (base.max_inner() - base.data_overhead()) as usize,
             next_slot: Mutex::new(random_slot()),
             base,
         });
@@ -862,6 +859,7 @@ fn link_scoped(a: std::net::IpAddr) -> bool {
 /// Packets from the TUN device to the peer that owns their destination.
 async fn route_from_tun(shared: Arc<Shared>) -> std::io::Result<()> {
     let mut buf = vec![0u8; 65536];
+    let mut too_big = crate::tunnel::TooBigCounts::default();
     loop {
         let n = shared.tun.recv(&mut buf).await?;
         if n == 0 {
@@ -889,7 +887,16 @@ async fn route_from_tun(shared: Arc<Shared>) -> std::io::Result<()> {
             peer.counters.not_connected.fetch_add(1, Ordering::Relaxed);
             continue;
         };
-        crate::mss::clamp(pkt, shared.bond_mtu);
+        // This peer's bond, as its path MTU discovery finds it (the shared TUN device
+        // keeps the largest any peer's configuration carries): SYNs announce no larger
+        // a segment, and a larger packet is answered with ICMP (or fragmented) as the
+        // client's tunnel does, not sent to be lost on the path.
+        let mtu = r.sender.path_max_message();
+        crate::mss::clamp(pkt, mtu);
+        if pkt.len() > mtu {
+            too_big.handle(&shared.tun, &r.sender, pkt, mtu).await;
+            continue;
+        }
         match r.sender.try_send(Bytes::copy_from_slice(pkt)) {
             Ok(true) => {}
             Ok(false) | Err(SessionError::Closed) => {

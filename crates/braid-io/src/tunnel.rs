@@ -489,7 +489,7 @@ const READ_BUF: usize = 1 << 17;
 /// Inner packets larger than the bond carries (`crate::icmp`): answered, fragmented or
 /// dropped, counted, and logged at most every 10 s.
 #[derive(Default)]
-struct TooBigCounts {
+pub(crate) struct TooBigCounts {
     answered: u64,
     fragmented: u64,
     dropped: u64,
@@ -497,7 +497,13 @@ struct TooBigCounts {
 }
 
 impl TooBigCounts {
-    async fn handle(&mut self, tun: &Tun, sender: &SessionSender, pkt: &[u8], mtu: usize) {
+    pub(crate) async fn handle(
+        &mut self,
+        tun: &Tun,
+        sender: &SessionSender,
+        pkt: &[u8],
+        mtu: usize,
+    ) {
         match crate::icmp::too_big(pkt, mtu) {
             TooBig::Answer(a) => {
                 self.answered += 1;

@@ -13,68 +13,18 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use braid_io::keys;
 use serde_json::Value;
 
 mod common;
 use common::{ping_until, sh, status, Lab};
 
-fn skip_reason() -> Option<String> {
-    common::netns_skip_reason(
-        "network namespaces and a TUN device",
-        &[("ip", "iproute2"), ("ping", "iputils-ping")],
-        None,
-    )
-}
-
-const KEY: &str = "AyHDMTOweHmwGSs7vubt5lmmRKjx62UXkWxeQzJRXms=";
-
-/// The TUN device's MTU in namespace `ns`.
-fn tun_mtu(ns: &str) -> u32 {
-    let out = Command::new("ip")
-        .args(["-n", ns, "-o", "link", "show", "dev", "braidpmtu"])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    let mtu = text
-        .split_whitespace()
-        .skip_while(|w| *w != "mtu")
-        .nth(1)
-        .unwrap_or_else(|| panic!("no mtu in {text:?}"));
-    mtu.parse().unwrap()
-}
-
-/// `ping -M do` (Don't Fragment) of `size` bytes of payload, `count` of them, from
-/// `ns` to `to`: its output.
-fn df_ping(ns: &str, to: &str, size: u32, count: u32) -> (bool, String) {
-    let out = Command::new("ip")
-        .args(["netns", "exec", ns, "ping", "-4", "-M", "do", "-n"])
-        .args(["-c", &count.to_string(), "-i", "0.01", "-W", "1"])
-        .args(["-s", &size.to_string(), to])
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
-}
-
-fn plpmtu(s: &Value, c: usize) -> f64 {
-    s["channels"][c]["plpmtu"].as_f64().unwrap()
-}
-
-#[test]
-fn a_channel_behind_a_smaller_hop_is_found_and_the_bond_follows_it() {
-    let test = "a_channel_behind_a_smaller_hop_is_found_and_the_bond_follows_it";
-    if let Some(why) = skip_reason() {
-        common::skip(test, &why);
-        return;
-    }
-    let id = std::process::id() % 100_000;
+/// The namespaces `[client, router, server, host]` of the test's topology, in `lab`:
+/// channel 0 joins client and server directly (10.231.0.1 - .2), channel 1 goes
+/// through the router (10.232.0.1 -> 10.233.0.2), whose hop to the server carries at
+/// most 1400 bytes; the host (10.234.0.2) sits behind the client on a 1500-byte link.
+fn topology(lab: &mut Lab, id: u32) -> [String; 4] {
     let [a, r, b, h] = ["a", "r", "b", "h"].map(|x| format!("pmtu{id}{x}"));
-    let dir = std::env::temp_dir().join(format!("braid-pmtu-{id}"));
-    let mut lab = Lab::new(dir.clone());
     for n in [&a, &r, &b, &h] {
         lab.add_ns(n);
     }
@@ -166,6 +116,66 @@ fn a_channel_behind_a_smaller_hop_is_found_and_the_bond_follows_it() {
         "10.234.0.1",
     ]);
 
+    [a, r, b, h]
+}
+
+fn skip_reason() -> Option<String> {
+    common::netns_skip_reason(
+        "network namespaces and a TUN device",
+        &[("ip", "iproute2"), ("ping", "iputils-ping")],
+        None,
+    )
+}
+
+const KEY: &str = "AyHDMTOweHmwGSs7vubt5lmmRKjx62UXkWxeQzJRXms=";
+
+/// The TUN device's MTU in namespace `ns`.
+fn tun_mtu(ns: &str) -> u32 {
+    let out = Command::new("ip")
+        .args(["-n", ns, "-o", "link", "show", "dev", "braidpmtu"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mtu = text
+        .split_whitespace()
+        .skip_while(|w| *w != "mtu")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no mtu in {text:?}"));
+    mtu.parse().unwrap()
+}
+
+/// `ping -M do` (Don't Fragment) of `size` bytes of payload, `count` of them, from
+/// `ns` to `to`: its output.
+fn df_ping(ns: &str, to: &str, size: u32, count: u32) -> (bool, String) {
+    let out = Command::new("ip")
+        .args(["netns", "exec", ns, "ping", "-4", "-M", "do", "-n"])
+        .args(["-c", &count.to_string(), "-i", "0.01", "-W", "1"])
+        .args(["-s", &size.to_string(), to])
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+fn plpmtu(s: &Value, c: usize) -> f64 {
+    s["channels"][c]["plpmtu"].as_f64().unwrap()
+}
+
+#[test]
+fn a_channel_behind_a_smaller_hop_is_found_and_the_bond_follows_it() {
+    let test = "a_channel_behind_a_smaller_hop_is_found_and_the_bond_follows_it";
+    if let Some(why) = skip_reason() {
+        common::skip(test, &why);
+        return;
+    }
+    let id = std::process::id() % 100_000;
+    let dir = std::env::temp_dir().join(format!("braid-pmtu-{id}"));
+    let mut lab = Lab::new(dir.clone());
+    let [a, _, b, h] = topology(&mut lab, id);
     let (ca, cb) = (dir.join("a.sock"), dir.join("b.sock"));
     let config = |addr: &str, ctl: &Path, chans: &str| {
         format!(
@@ -267,4 +277,91 @@ fn a_channel_behind_a_smaller_hop_is_found_and_the_bond_follows_it() {
     ]);
     let (ok, text) = df_ping(&h, "10.80.0.2", 1340 - 28, 10);
     assert!(ok, "{text}");
+}
+
+/// A server (`[[peer]]`) shares one TUN device among its peers, which keeps the
+/// configured MTU: each peer's bond is found by that peer's session, and a packet
+/// routed to the peer is answered by the peer's bond. With the client behind the same
+/// 1400-byte hop, a ping from the server's side of 1341 bytes with Don't Fragment gets
+/// an ICMP "fragmentation needed" naming 1340, and one of 1340 passes. (Before, the
+/// server sent it by its configured size: no answer, and the ping crossed only because
+/// its flow kept to the direct channel; on the routed one it is lost.)
+#[test]
+fn a_server_answers_by_each_peers_bond_not_its_shared_device() {
+    let test = "a_server_answers_by_each_peers_bond_not_its_shared_device";
+    if let Some(why) = skip_reason() {
+        common::skip(test, &why);
+        return;
+    }
+    let id = std::process::id() % 100_000 + 100_000;
+    let dir = std::env::temp_dir().join(format!("braid-pmtu-{id}"));
+    let mut lab = Lab::new(dir.clone());
+    let [a, _, b, _] = topology(&mut lab, id);
+    let (ks, kc) = (keys::generate().unwrap(), keys::generate().unwrap());
+    let public = |k: &[u8; 32]| keys::encode(&keys::public_key(k));
+    common::write_private(&dir.join("s.key"), &keys::encode(&ks));
+    common::write_private(&dir.join("c.key"), &keys::encode(&kc));
+    let (ca, cb) = (dir.join("a.sock"), dir.join("b.sock"));
+    let session = "heartbeat = \"20ms\"\ndead_after = \"200ms\"\n";
+    let server = format!(
+        "[tunnel]\nname = \"braidpmtu\"\naddress = \"10.80.0.2/24\"\ncontrol = \"{}\"\n\n[session]\nprivate_key_file = \"{}\"\n{session}\n[[channel]]\nname = \"direct\"\nlocal = \"0.0.0.0:7000\"\nmtu = 1500\n\n[[channel]]\nname = \"routed\"\nlocal = \"0.0.0.0:7001\"\nmtu = 1500\n\n[[peer]]\nname = \"site\"\npublic_key = \"{}\"\nallowed_ips = [\"10.80.0.1/32\"]\n",
+        cb.display(),
+        dir.join("s.key").display(),
+        public(&kc)
+    );
+    let client = format!(
+        "[tunnel]\nname = \"braidpmtu\"\naddress = \"10.80.0.1/24\"\ncontrol = \"{}\"\n\n[session]\nprivate_key_file = \"{}\"\npeer_public_key = \"{}\"\n{session}\n[[channel]]\nname = \"direct\"\nremote = \"10.231.0.2:7000\"\nmtu = 1500\n\n[[channel]]\nname = \"routed\"\nremote = \"10.233.0.2:7001\"\nmtu = 1500\n",
+        ca.display(),
+        dir.join("c.key").display(),
+        public(&ks)
+    );
+    common::write_private(&dir.join("b.toml"), &server);
+    common::write_private(&dir.join("a.toml"), &client);
+    lab.children
+        .push(common::start_tunnel(&b, &dir.join("b.toml")));
+    lab.children
+        .push(common::start_tunnel(&a, &dir.join("a.toml")));
+    let logs = |lab: &mut Lab| -> Vec<String> {
+        std::mem::take(&mut lab.children)
+            .into_iter()
+            .map(|mut c| {
+                let _ = c.kill();
+                String::from_utf8_lossy(&c.wait_with_output().unwrap().stderr).into()
+            })
+            .collect()
+    };
+    // The client finds its routed channel's 1372-byte datagrams; the server's session
+    // for it finds the same the other way (the hop is 1400 both ways).
+    let t0 = Instant::now();
+    while !status(&ca).is_some_and(|s| s["bond_mtu"] == 1340) {
+        if t0.elapsed() > Duration::from_secs(30) {
+            panic!(
+                "path MTU not found within 30 s: {:?}\n{:?}",
+                status(&ca),
+                logs(&mut lab)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The server's shared device keeps its configured size.
+    assert_eq!(tun_mtu(&b), 1440);
+    ping_until(&b, "10.80.0.1", Duration::from_secs(3));
+    let t0 = Instant::now();
+    loop {
+        let (ok, text) = df_ping(&b, "10.80.0.1", 1340 - 28 + 1, 1);
+        if !ok && text.contains("mtu = 1340") {
+            break;
+        }
+        // The server's session for the peer may find the size a moment after the
+        // client's did.
+        if t0.elapsed() > Duration::from_secs(15) {
+            panic!(
+                "no ICMP naming the peer's bond: {text}\n{:?}",
+                logs(&mut lab)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let (ok, text) = df_ping(&b, "10.80.0.1", 1340 - 28, 40);
+    assert!(ok && text.contains(" 0% packet loss"), "{text}");
 }
