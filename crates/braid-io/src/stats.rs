@@ -609,8 +609,36 @@ impl SessionStats {
     /// Pacing and probes, credits and in-bond repair, each when in use.
     fn mechanism_lines(&self, s: &mut String) {
         self.pacing_lines(s);
+        self.pmtu_line(s);
         self.credit_line(s);
         self.repair_line(s);
+    }
+
+    /// Path MTU discovery, when it runs: the bond's MTU and each channel's largest
+    /// datagram (its PLPMTU) with the probes sent and lost.
+    fn pmtu_line(&self, s: &mut String) {
+        if self.channels.iter().all(|c| c.plpmtu < 0.0) {
+            return;
+        }
+        let per: Vec<String> = self
+            .channels
+            .iter()
+            .map(|c| {
+                format!(
+                    "{}={} ({}/{})",
+                    c.name,
+                    known(c.plpmtu, 1.0, 0),
+                    c.pmtu_probes_sent,
+                    c.pmtu_probes_lost
+                )
+            })
+            .collect();
+        let _ = writeln!(
+            s,
+            "path mtu: bond {}  datagram bytes (probes sent/lost) {}",
+            self.bond_mtu,
+            per.join(" ")
+        );
     }
 
     /// Pacing and capacity probes, one line per channel, when any is paced or
@@ -1728,6 +1756,33 @@ mod tests {
         let t = s.table();
         assert!(
             t.contains("repair: missing/repaired/given up lte=7/6/1  resent 3  premature 2  expired 0  rejected 4"),
+            "{t}"
+        );
+    }
+
+    #[test]
+    fn the_table_shows_path_mtu_when_discovery_runs() {
+        let mut s = SessionStats::default();
+        let mut c = ChannelSnapshot {
+            name: "dsl".into(),
+            state: "up".into(),
+            plpmtu: -1.0,
+            ..Default::default()
+        };
+        s.channels = vec![c.clone()];
+        assert!(!s.table().contains("path mtu"), "{}", s.table());
+        c.plpmtu = 1452.0;
+        c.pmtu_probes_sent = 5;
+        c.pmtu_probes_lost = 3;
+        let mut lte = c.clone();
+        lte.name = "lte".into();
+        lte.plpmtu = 1472.0;
+        lte.pmtu_probes_lost = 0;
+        s.channels = vec![c, lte];
+        s.bond_mtu = 1420;
+        let t = s.table();
+        assert!(
+            t.contains("path mtu: bond 1420  datagram bytes (probes sent/lost) dsl=1452 (5/3) lte=1472 (5/0)"),
             "{t}"
         );
     }
