@@ -720,8 +720,9 @@ pub struct Session {
     /// When in-bond repair last found a datagram missing on any channel.
     last_gap: Option<Instant>,
     /// While the channels have not yet shown that they lose nothing: when the session
-    /// started, and per channel the datagrams it brought in order since (up to
-    /// [`CLEAN_PROOF`]). `None` once every channel of the peer's set has.
+    /// started, and per channel the datagrams it brought in order since. `None` once
+    /// every channel of the peer's set has brought [`CLEAN_PROOF`] (or after
+    /// [`MARGIN_AFTER_GAP`]).
     unproven: Option<(Instant, Vec<u64>)>,
     arq_tx: Vec<arq::LinkSender>,
     /// Credits for our transmit direction (what the peer lends us) and our receive
@@ -1509,9 +1510,11 @@ impl Session {
         }
         let recent = |t: Instant| self.clock.saturating_since(t) < MARGIN_AFTER_GAP;
         if let Some((start, seen)) = &self.unproven {
-            let proven = members_of(self.rx.set)
-                .into_iter()
-                .all(|c| seen.get(c).is_some_and(|&k| k >= CLEAN_PROOF));
+            // (An empty set, between epochs, proves nothing.)
+            let proven = self.rx.set != 0
+                && members_of(self.rx.set)
+                    .into_iter()
+                    .all(|c| seen.get(c).is_some_and(|&k| k >= CLEAN_PROOF));
             if proven || !recent(*start) {
                 self.unproven = None;
             }
