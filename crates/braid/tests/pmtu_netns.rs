@@ -119,6 +119,17 @@ fn topology(lab: &mut Lab, id: u32) -> [String; 4] {
     [a, r, b, h]
 }
 
+/// Stop the lab's tunnels: their logs (standard error), for a failure's message.
+fn logs(lab: &mut Lab) -> Vec<String> {
+    std::mem::take(&mut lab.children)
+        .into_iter()
+        .map(|mut c| {
+            let _ = c.kill();
+            String::from_utf8_lossy(&c.wait_with_output().unwrap().stderr).into()
+        })
+        .collect()
+}
+
 fn skip_reason() -> Option<String> {
     common::netns_skip_reason(
         "network namespaces and a TUN device",
@@ -191,15 +202,6 @@ fn a_channel_behind_a_smaller_hop_is_found_and_the_bond_follows_it() {
         .push(common::start_tunnel(&b, &dir.join("b.toml")));
     lab.children
         .push(common::start_tunnel(&a, &dir.join("a.toml")));
-    let logs = |lab: &mut Lab| -> Vec<String> {
-        std::mem::take(&mut lab.children)
-            .into_iter()
-            .map(|mut c| {
-                let _ = c.kill();
-                String::from_utf8_lossy(&c.wait_with_output().unwrap().stderr).into()
-            })
-            .collect()
-    };
     let t0 = Instant::now();
     while ![&ca, &cb]
         .iter()
@@ -321,15 +323,6 @@ fn a_server_answers_by_each_peers_bond_not_its_shared_device() {
         .push(common::start_tunnel(&b, &dir.join("b.toml")));
     lab.children
         .push(common::start_tunnel(&a, &dir.join("a.toml")));
-    let logs = |lab: &mut Lab| -> Vec<String> {
-        std::mem::take(&mut lab.children)
-            .into_iter()
-            .map(|mut c| {
-                let _ = c.kill();
-                String::from_utf8_lossy(&c.wait_with_output().unwrap().stderr).into()
-            })
-            .collect()
-    };
     // The client finds its routed channel's 1372-byte datagrams; the server's session
     // for it finds the same the other way (the hop is 1400 both ways).
     let t0 = Instant::now();
