@@ -1617,28 +1617,8 @@ impl Driver {
         hs_pool: HandshakePool,
         index_prefix: Option<u16>,
     ) -> Result<Driver, SessionError> {
-        let mut seed = [0u8; 32];
-        getrandom::fill(&mut seed).map_err(|e| {
-            SessionError::Config(format!("no randomness from the operating system: {e}"))
-        })?;
-        let mut machine = machine::Session::new(cfg.session_config(), seed, Instant::ZERO)
-            .map_err(|e| SessionError::Config(e.0))?;
-        // Handshakes: public-key work off the data task; initiations stamped with the
-        // wall clock (the peer accepts only newer ones); cookies bound to each
-        // channel's peer address.
-        machine.offload_handshakes();
-        if let Some(p) = index_prefix {
-            machine.set_key_index_prefix(p);
-        }
-        let unix = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        machine.set_wall_clock(Instant::ZERO, unix);
-        // Each channel's peer address: configured, or learnt (and followed) from the
-        // peer's authenticated datagrams; cookies are bound to a datagram's source.
-        for (i, c) in cfg.channels.iter().enumerate() {
-            machine.set_endpoint(i, c.remote);
-        }
+        let machine =
+            new_machine(&cfg, Instant::ZERO, index_prefix).map_err(SessionError::Config)?;
         let (hs_done_tx, hs_done) = mpsc::unbounded_channel();
         let Sockets {
             socks,
@@ -2051,20 +2031,9 @@ impl Driver {
                 Err(e) => return Err(format!("{e}; the running channels are kept")),
             }
         }
-        let mut seed = [0u8; 32];
-        getrandom::fill(&mut seed)
-            .map_err(|e| format!("no randomness from the operating system: {e}"))?;
         let now = self.now();
-        let mut machine = machine::Session::new(run_cfg.session_config(), seed, now)
-            .map_err(|e| format!("{}; the running channels are kept", e.0))?;
-        machine.offload_handshakes();
-        let unix = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        machine.set_wall_clock(now, unix);
-        for (i, c) in run_cfg.channels.iter().enumerate() {
-            machine.set_endpoint(i, c.remote);
-        }
+        let mut machine = new_machine(&run_cfg, now, None)
+            .map_err(|e| format!("{e}; the running channels are kept"))?;
         let new_w: Vec<u32> = new.channels.iter().map(|c| c.weight).collect();
         let run_w: Vec<u32> = run_cfg.channels.iter().map(|c| c.weight).collect();
         let mut notes = Vec::new();
@@ -2868,6 +2837,35 @@ impl Driver {
             ..base
         }
     }
+}
+
+/// A session machine for `cfg`, started at `now`, as the driver runs it (at the start
+/// and for each new run of a channel-list reload): handshakes' public-key work off the
+/// data task; initiations stamped with the wall clock (the peer accepts only newer
+/// ones); a server's key-index prefix; each channel's peer address, configured or
+/// learnt (and followed) from the peer's authenticated datagrams, to which cookies are
+/// bound.
+fn new_machine(
+    cfg: &SessionConfig,
+    now: Instant,
+    index_prefix: Option<u16>,
+) -> Result<machine::Session, String> {
+    let mut seed = [0u8; 32];
+    getrandom::fill(&mut seed)
+        .map_err(|e| format!("no randomness from the operating system: {e}"))?;
+    let mut machine = machine::Session::new(cfg.session_config(), seed, now).map_err(|e| e.0)?;
+    machine.offload_handshakes();
+    if let Some(p) = index_prefix {
+        machine.set_key_index_prefix(p);
+    }
+    let unix = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    machine.set_wall_clock(now, unix);
+    for (i, c) in cfg.channels.iter().enumerate() {
+        machine.set_endpoint(i, c.remote);
+    }
+    Ok(machine)
 }
 
 /// The TUN device's MTU for a bond that carries packets of `bond` bytes: that, never
