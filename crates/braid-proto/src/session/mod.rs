@@ -1511,9 +1511,10 @@ impl Session {
         let recent = |t: Instant| self.clock.saturating_since(t) < MARGIN_AFTER_GAP;
         if let Some((start, seen)) = &self.unproven {
             // (An empty set, between epochs, proves nothing.)
-            let proven = self.rx.set != 0
-                && members_of(self.rx.set)
-                    .into_iter()
+            let set = self.rx.set;
+            let proven = set != 0
+                && (0..self.n)
+                    .filter(|&c| set & bit(c) != 0)
                     .all(|c| seen.get(c).is_some_and(|&k| k >= CLEAN_PROOF));
             if proven || !recent(*start) {
                 self.unproven = None;
