@@ -55,7 +55,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KEY_B64 = "1TmZIScY3/OtqxxyGcnv8N4FGBZHviUHPzrxwu6fHx4="
 INIT_LEN = 144  # an initiation with a pre-shared key only (docs/wire.md)
 INIT_LEN_STATIC = 192  # with static keys
-HS_VERSION = 2
+HS_VERSION = 3
 
 FLOODER = r'''
 import os, socket, struct, sys, time, hashlib

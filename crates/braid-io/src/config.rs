@@ -1233,10 +1233,10 @@ remote = "127.0.0.1:7102"
         let t = c.tunnel.unwrap();
         assert_eq!(t.address, Some((Ipv4Addr::new(10, 77, 0, 1), 24)));
         // SRR quanta proportional to weight, the smallest = the largest inner datagram:
-        // 1500 - 28 (IP and UDP) - 32 (the security envelope of the default `encrypt`).
+        // 1500 - 28 (IP and UDP) - 26 (the security envelope of the default `encrypt`).
         let sc = c.session.stripe_config(&[0, 1]);
-        assert_eq!(sc.weights, vec![2880, 1440]);
-        assert_eq!(sc.max_packet, 1440);
+        assert_eq!(sc.weights, vec![2892, 1446]);
+        assert_eq!(sc.max_packet, 1446);
         let mut none = c.session.clone();
         none.core.security = SecurityMode::None;
         let sc = none.stripe_config(&[0, 1]);

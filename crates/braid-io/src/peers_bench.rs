@@ -947,7 +947,12 @@ fn delta(a: &ServerCounters, b: &ServerCounters) -> ServerCounters {
 pub fn forged_initiation(public: &[u8; 32], random: &[u8]) -> Vec<u8> {
     use blake2::digest::{consts::U16, Mac};
     use blake2::Digest;
-    let mut v = vec![braid_proto::wire::TYPE_HS_INIT, 2, 1, 0];
+    let mut v = vec![
+        braid_proto::wire::TYPE_HS_INIT,
+        braid_proto::wire::secure::HS_VERSION,
+        1,
+        0,
+    ];
     v.extend_from_slice(&random[..4.min(random.len())]);
     v.resize(INIT_LEN_STATIC - 32, 0);
     for (i, b) in v[8..].iter_mut().enumerate() {
@@ -1024,7 +1029,8 @@ fn aimed_at_peer(
         let from = (Ipv4Addr::LOCALHOST, locals[c]);
         let r = random_bytes(1200)?;
         let d = if i % 2 == 0 {
-            let counter = u64::from_le_bytes(r[..8].try_into().expect("8 bytes")) >> 8;
+            // Any of the envelope's 32 bits: one in 256 lands in the plausible range.
+            let counter = u32::from_le_bytes(r[..4].try_into().expect("4 bytes"));
             let h = braid_proto::wire::secure::Header {
                 encrypted: true,
                 index,

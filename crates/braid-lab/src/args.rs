@@ -95,7 +95,7 @@ pub struct BenchArgs {
     #[arg(long, value_name = "R1,R2,...", conflicts_with = "pace")]
     pub pace_rates: Option<String>,
     /// The tunnel's security mode (`security`): `encrypt` (the default), `auth`
-    /// (sealed, body in clear) or `none` (no envelope: 32 bytes more of each
+    /// (sealed, body in clear) or `none` (no envelope: 26 bytes more of each
     /// datagram for the inner packet; in-bond repair, --arq, needs a sealing mode).
     #[arg(long, value_name = "MODE")]
     pub security: Option<String>,

@@ -332,7 +332,7 @@ s.close()
 "#;
 
 /// Random initiations, spoofed from A's channel-0 address to B's, as fast as one
-/// process sends them, for `secs` seconds: half in the current handshake version, half
+/// process sends them, for `secs` seconds: half in the current handshake version (3), half
 /// in version 1 (the format before issue 27), static keys, each the right length.
 const FLOOD: &str = r#"
 import os, socket, struct, sys, time
@@ -343,7 +343,7 @@ def pkt(p):
                        socket.inet_aton(src), socket.inet_aton(dst)) + udp
 pool = []
 for i in range(2048):
-    pool.append(pkt(bytes([0xBA, 2, 1, 0]) + os.urandom(188)))
+    pool.append(pkt(bytes([0xBA, 3, 1, 0]) + os.urandom(188)))
     pool.append(pkt(bytes([0xBA, 1, 1, 0]) + os.urandom(144)))
 r = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)
 n = 0; end = time.time() + secs

@@ -60,7 +60,7 @@ s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind((src, 0))
 for _ in range(20):
     s.sendto(payload, (server, port))
 # A counter far ahead (not a replay), the tag no longer matching.
-forged = bytearray(payload); forged[8:16] = (1 << 40).to_bytes(8, "big"); forged[-1] ^= 1
+forged = bytearray(payload); forged[6:10] = (1 << 30).to_bytes(4, "big"); forged[-1] ^= 1
 s.sendto(bytes(forged), (server, port))
 s.sendto(bytes([0xBA]) + os.urandom(191), (server, port))
 print(s.getsockname()[1])

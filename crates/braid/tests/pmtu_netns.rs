@@ -3,10 +3,10 @@
 //! namespace whose hop to the server carries IP packets of at most 1400 bytes. Both
 //! channels are configured with `mtu = 1500`. The session must find 1372-byte
 //! datagrams (1400 less IPv4 and UDP) for channel 1, the TUN devices' MTU must fall to
-//! the bond's (1372 less the 32-byte security envelope: 1340), pings of that size with
+//! the bond's (1372 less the 26-byte security envelope: 1346), pings of that size with
 //! Don't Fragment must pass through the bond (striped over both channels), and a
 //! larger one from a host behind the client must get an ICMP "fragmentation needed"
-//! naming 1340. Needs root, /dev/net/tun, `ip` and `ping`; without them the test says
+//! naming 1346. Needs root, /dev/net/tun, `ip` and `ping`; without them the test says
 //! why it is skipped. Namespaces are removed on every exit path.
 
 use std::path::Path;
@@ -218,7 +218,7 @@ fn a_channel_behind_a_smaller_hop_is_found_and_the_bond_follows_it() {
         let s: Vec<Value> = [&ca, &cb].iter().map(|c| status(c).unwrap()).collect();
         let found = s
             .iter()
-            .all(|s| plpmtu(s, 0) == 1472.0 && plpmtu(s, 1) == 1372.0 && s["bond_mtu"] == 1340);
+            .all(|s| plpmtu(s, 0) == 1472.0 && plpmtu(s, 1) == 1372.0 && s["bond_mtu"] == 1346);
         if found {
             for s in &s {
                 let c = &s["channels"][1];
@@ -241,7 +241,7 @@ fn a_channel_behind_a_smaller_hop_is_found_and_the_bond_follows_it() {
     }
     // The TUN devices follow the bond: 1440 at the start (1500 less 28 and 32).
     for ns in [&a, &b] {
-        assert_eq!(tun_mtu(ns), 1340, "{ns}");
+        assert_eq!(tun_mtu(ns), 1346, "{ns}");
     }
     // The largest packet the bond carries passes with Don't Fragment, both ways,
     // striped over both channels (the routed one included).
@@ -250,7 +250,7 @@ fn a_channel_behind_a_smaller_hop_is_found_and_the_bond_follows_it() {
         .as_u64()
         .unwrap();
     for (ns, to) in [(&a, "10.80.0.2"), (&b, "10.80.0.1")] {
-        let (ok, text) = df_ping(ns, to, 1340 - 28, 40);
+        let (ok, text) = df_ping(ns, to, 1346 - 28, 40);
         assert!(ok && text.contains(" 0% packet loss"), "{text}");
     }
     let after = status(&ca).unwrap()["channels"][1]["tx_data_packets"]
@@ -263,9 +263,9 @@ fn a_channel_behind_a_smaller_hop_is_found_and_the_bond_follows_it() {
     );
     // One byte more, from the host behind the client: answered with an ICMP
     // "fragmentation needed" that names the bond's MTU.
-    let (ok, text) = df_ping(&h, "10.80.0.2", 1340 - 28 + 1, 1);
+    let (ok, text) = df_ping(&h, "10.80.0.2", 1346 - 28 + 1, 1);
     assert!(!ok, "{text}");
-    assert!(text.contains("mtu = 1340"), "{text}");
+    assert!(text.contains("mtu = 1346"), "{text}");
     // The largest size passes from there too.
     sh(&[
         "ip",
@@ -277,7 +277,7 @@ fn a_channel_behind_a_smaller_hop_is_found_and_the_bond_follows_it() {
         "dev",
         "braidpmtu",
     ]);
-    let (ok, text) = df_ping(&h, "10.80.0.2", 1340 - 28, 10);
+    let (ok, text) = df_ping(&h, "10.80.0.2", 1346 - 28, 10);
     assert!(ok, "{text}");
 }
 
@@ -285,7 +285,7 @@ fn a_channel_behind_a_smaller_hop_is_found_and_the_bond_follows_it() {
 /// configured MTU: each peer's bond is found by that peer's session, and a packet
 /// routed to the peer is answered by the peer's bond. With the client behind the same
 /// 1400-byte hop, a ping from the server's side of 1341 bytes with Don't Fragment gets
-/// an ICMP "fragmentation needed" naming 1340, and one of 1340 passes. (Before, the
+/// an ICMP "fragmentation needed" naming 1346, and one of 1346 passes. (Before, the
 /// server sent it by its configured size: no answer, and the ping crossed only because
 /// its flow kept to the direct channel; on the routed one it is lost.)
 #[test]
@@ -326,7 +326,7 @@ fn a_server_answers_by_each_peers_bond_not_its_shared_device() {
     // The client finds its routed channel's 1372-byte datagrams; the server's session
     // for it finds the same the other way (the hop is 1400 both ways).
     let t0 = Instant::now();
-    while !status(&ca).is_some_and(|s| s["bond_mtu"] == 1340) {
+    while !status(&ca).is_some_and(|s| s["bond_mtu"] == 1346) {
         if t0.elapsed() > Duration::from_secs(30) {
             panic!(
                 "path MTU not found within 30 s: {:?}\n{:?}",
@@ -337,12 +337,12 @@ fn a_server_answers_by_each_peers_bond_not_its_shared_device() {
         std::thread::sleep(Duration::from_millis(100));
     }
     // The server's shared device keeps its configured size.
-    assert_eq!(tun_mtu(&b), 1440);
+    assert_eq!(tun_mtu(&b), 1446);
     ping_until(&b, "10.80.0.1", Duration::from_secs(3));
     let t0 = Instant::now();
     loop {
-        let (ok, text) = df_ping(&b, "10.80.0.1", 1340 - 28 + 1, 1);
-        if !ok && text.contains("mtu = 1340") {
+        let (ok, text) = df_ping(&b, "10.80.0.1", 1346 - 28 + 1, 1);
+        if !ok && text.contains("mtu = 1346") {
             break;
         }
         // The server's session for the peer may find the size a moment after the
@@ -355,6 +355,6 @@ fn a_server_answers_by_each_peers_bond_not_its_shared_device() {
         }
         std::thread::sleep(Duration::from_millis(200));
     }
-    let (ok, text) = df_ping(&b, "10.80.0.1", 1340 - 28, 40);
+    let (ok, text) = df_ping(&b, "10.80.0.1", 1346 - 28, 40);
     assert!(ok && text.contains(" 0% packet loss"), "{text}");
 }

@@ -61,7 +61,7 @@ forged = [
     b"\xb3\x7f\xff\xff\xff" + inner,                              # seq far ahead
     b"\xb6\x00\x00\x00\x01" + inner,                              # unasked repair
     b"\xb4\x01\x01\x00\x01" + b"\x00" * 19,                       # bare hello
-    b"\xb8\x01\x00\x00\x00\x00\x00\x01" + b"\x00" * 8 + inner + b"\x00" * 16,  # junk sealed
+    b"\xb8\x20\x00\x00\x00\x01" + b"\x00" * 4 + inner + b"\x00" * 16,  # junk sealed
     b"\xba\x01\x00\x00\x00\x00\x00\x07" + b"\x11" * 96,           # junk initiation
 ]
 r = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)

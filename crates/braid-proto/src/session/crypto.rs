@@ -130,10 +130,13 @@ pub fn plausible_counter(top: u64, counter: u64) -> bool {
     counter.saturating_add(REPLAY_WINDOW) >= top && counter < top.saturating_add(PLAUSIBLE_AHEAD)
 }
 
-/// Start a new handshake once a channel's counter passes this.
-pub const REKEY_AFTER_COUNT: u64 = 1 << 48;
-/// Never seal with a counter at or beyond this (a new handshake is overdue).
-pub const REJECT_AFTER_COUNT: u64 = 1 << 60;
+/// Start a new handshake once a channel's counter passes this (about 36 minutes of
+/// a channel at a million datagrams a second; `rekey_after` comes long before).
+pub const REKEY_AFTER_COUNT: u64 = 1 << 31;
+/// Never seal with a counter at or beyond this (a new handshake is overdue): the
+/// envelope carries the counter in 32 bits (`wire::secure`), so no counter a key seals
+/// with is ever cut short, and no nonce repeats.
+pub const REJECT_AFTER_COUNT: u64 = 1 << 32;
 /// An initiation not answered within this long (plus a jitter) is replaced by a new
 /// one.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(1);
@@ -1145,6 +1148,14 @@ pub enum HandshakeFailure {
     },
     /// The peer's response to our initiation did not authenticate.
     ResponseUnauthenticated,
+    /// A handshake message of another version (`wire::secure::HS_VERSION`): the peer
+    /// runs a braid whose datagrams this one cannot read. Unauthenticated.
+    OtherVersion {
+        /// Its version.
+        theirs: u8,
+        /// It is a response (an answer to our initiation), not an initiation.
+        answer: bool,
+    },
 }
 
 fn b64(k: &[u8; KEY_LEN]) -> String {
@@ -1163,7 +1174,9 @@ impl HandshakeFailure {
     pub fn is_answer(&self) -> bool {
         matches!(
             self,
-            HandshakeFailure::Rejected { .. } | HandshakeFailure::ResponseUnauthenticated
+            HandshakeFailure::Rejected { .. }
+                | HandshakeFailure::ResponseUnauthenticated
+                | HandshakeFailure::OtherVersion { answer: true, .. }
         )
     }
 }
@@ -1216,6 +1229,13 @@ impl std::fmt::Display for HandshakeFailure {
                 f,
                 "the peer's handshake response does not authenticate with our keys: the keys \
                  differ; {KEYS_DIFFER_PSK}"
+            ),
+            F::OtherVersion { theirs, .. } => write!(
+                f,
+                "it speaks handshake version {theirs}, this braid speaks {}: the two ends \
+                 run versions of braid that cannot read each other's datagrams (upgrade \
+                 the older end)",
+                secure::HS_VERSION
             ),
         }
     }
@@ -1781,12 +1801,19 @@ impl Crypto {
                 nonce,
                 sealed,
             }) => self.on_cookie(now, c, receiver, nonce, sealed, &mut out),
-            Err(_) => {
-                self.stats.failed += 1;
-                if let Some(n) = self.failed_on.get_mut(c) {
-                    *n += 1;
+            Err(_) => match secure::other_version(datagram) {
+                Some(theirs) => {
+                    let answer = datagram[0] == crate::wire::TYPE_HS_RESP;
+                    let f = HandshakeFailure::OtherVersion { theirs, answer };
+                    self.fail(now, c, f, &mut out);
                 }
-            }
+                None => {
+                    self.stats.failed += 1;
+                    if let Some(n) = self.failed_on.get_mut(c) {
+                        *n += 1;
+                    }
+                }
+            },
         }
         out
     }
@@ -2249,7 +2276,8 @@ impl Crypto {
         let header = Header {
             encrypted: encrypt,
             index: k.remote,
-            counter,
+            // Below REJECT_AFTER_COUNT = 2^32: it fits.
+            counter: counter as u32,
             lane,
         }
         .to_bytes();
@@ -2285,7 +2313,8 @@ impl Crypto {
         }
         let body_end = d.len() - TAG_LEN;
         let tag = &d[body_end..];
-        let n = nonce(lane_word(c, h.lane), h.counter);
+        let counter = u64::from(h.counter);
+        let n = nonce(lane_word(c, h.lane), counter);
         let reject_after = self.reject_after();
         let (slot, k) = Self::find(
             &mut self.current,
@@ -2298,7 +2327,7 @@ impl Crypto {
             return Err(Reject::Unauthenticated);
         }
         let w = lane_slot(k.windows.len() / 2, c, h.lane);
-        if c >= k.windows.len() / 2 || !k.windows[w].fresh(h.counter) {
+        if c >= k.windows.len() / 2 || !k.windows[w].fresh(counter) {
             return Err(Reject::Replay);
         }
         let inner = if h.encrypted {
@@ -2314,7 +2343,7 @@ impl Crypto {
             k.recv.open(n, &d[..body_end], &mut [], tag)?;
             d.slice(HEADER_LEN..body_end)
         };
-        let gap = k.windows[w].mark(h.counter);
+        let gap = k.windows[w].mark(counter);
         self.lane = h.lane;
         if h.lane == LANE_PROBE {
             // A probe's lane is its own: a lost probe is no lost datagram, and a probe
@@ -2609,6 +2638,76 @@ mod tests {
         // Encrypted: the body is not in clear.
         let d = a.seal(Instant::ZERO, 0, &[b"secret words"], true).unwrap();
         assert!(!d.windows(12).any(|w| w == b"secret words"));
+    }
+
+    #[test]
+    fn a_handshake_of_another_version_is_named_at_both_ends() {
+        // An older braid's initiation (handshake version 2, whose keys sealed with a
+        // 16-byte header): refused, and said so in words, not only counted.
+        let (mut a, mut b) = pair(psk_keys(), psk_keys());
+        let mut init = a.initiation(Instant::ZERO).unwrap().to_vec();
+        init[1] = 2;
+        let o = b.on_handshake(Instant::ZERO, 0, &Bytes::from(init));
+        assert!(o.established.is_none() && o.reply.is_none());
+        let (f, count) = o.failure.unwrap();
+        assert_eq!(
+            (f, count),
+            (
+                HandshakeFailure::OtherVersion {
+                    theirs: 2,
+                    answer: false
+                },
+                1
+            )
+        );
+        assert!(!f.is_answer());
+        let said = f.to_string();
+        assert!(
+            said.contains("version 2") && said.contains("upgrade"),
+            "{said}"
+        );
+        assert_eq!(b.failed_on(0), 1);
+        // A response of another version reaches the initiator as an answer.
+        let (mut a, mut b) = pair(psk_keys(), psk_keys());
+        let init = a.initiation(Instant::ZERO).unwrap();
+        let mut resp = b
+            .on_handshake(Instant::ZERO, 0, &init)
+            .reply
+            .unwrap()
+            .to_vec();
+        resp[1] = secure::HS_VERSION + 1;
+        let o = a.on_handshake(Instant::ZERO, 0, &Bytes::from(resp));
+        assert!(o.established.is_none());
+        assert!(o.failure.unwrap().0.is_answer());
+        // A version byte of 0 is no version: junk, counted without a word.
+        let mut junk = init.to_vec();
+        junk[1] = 0;
+        assert!(b
+            .on_handshake(Instant::ZERO, 0, &Bytes::from(junk))
+            .failure
+            .is_none());
+    }
+
+    #[test]
+    fn a_key_seals_no_counter_beyond_32_bits() {
+        // The envelope carries 32 bits of counter: the last one a key seals with is
+        // 2^32 - 1, and it opens; then the key seals nothing more (a new handshake is
+        // overdue), so no nonce is ever used twice.
+        let (mut a, mut b) = pair(psk_keys(), psk_keys());
+        handshake(&mut a, &mut b, Instant::ZERO);
+        let last = REJECT_AFTER_COUNT - 1;
+        a.current.as_mut().unwrap().counters[0] = last;
+        b.current.as_mut().unwrap().windows[0].top = last - 1;
+        let d = a.seal(Instant::ZERO, 0, &[b"last"], true).unwrap();
+        assert_eq!(Header::parse(&d).unwrap().counter, u32::MAX);
+        assert_eq!(&b.open(Instant::ZERO, 0, &d).unwrap().0[..], b"last");
+        assert!(a.seal(Instant::ZERO, 0, &[b"more"], true).is_none());
+        // Another channel's counter is its own.
+        assert!(a.seal(Instant::ZERO, 1, &[b"other"], true).is_some());
+        assert!(
+            a.due(Instant::ZERO),
+            "past REKEY_AFTER_COUNT: a new handshake is due"
+        );
     }
 
     fn at(ms: u64) -> Instant {

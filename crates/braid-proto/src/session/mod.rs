@@ -2029,7 +2029,7 @@ impl Session {
 /// repair numbers datagrams by them (`errctl::link`).
 fn sealed_id(d: &[u8]) -> Option<(u32, u64)> {
     let h = wire::secure::Header::parse(d).ok()?;
-    Some((h.index, h.counter))
+    Some((h.index, u64::from(h.counter)))
 }
 
 /// Whether a datagram's contents `inner` are control that needs no order, so in-bond

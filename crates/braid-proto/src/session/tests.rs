@@ -7,6 +7,9 @@ use bytes::Bytes;
 
 use super::*;
 
+/// Bytes the security envelope adds to a datagram (`wire::secure`).
+const ENVELOPE: usize = crate::wire::secure::OVERHEAD;
+
 const MS: u64 = 1000;
 
 /// One direction of one channel: a FIFO with a fixed delay that can be cut.
@@ -565,7 +568,7 @@ fn forgeries(id: u64) -> Vec<Bytes> {
     seq.extend_from_slice(&packet(id));
     v.push(Bytes::from(seq));
     // Something that looks sealed, with a made-up key index.
-    let mut sealed = vec![0xB8, 1, 0, 0, 0, 0, 0, 1];
+    let mut sealed = vec![0xB8, 0x20, 0, 0, 0, 1, 0, 0, 0, 1];
     sealed.extend_from_slice(&[0u8; 40]);
     v.push(Bytes::from(sealed));
     v

@@ -4,23 +4,28 @@
 //! sealed datagram; in mode `none` only control packets do (data stay bare). The keys come
 //! from a Noise handshake (`crate::session::crypto`). All integers are big-endian.
 //!
-//! **Sealed datagram** (`0xB8` encrypted, `0xB9` authenticated only), 16-byte header,
+//! **Sealed datagram** (`0xB8` encrypted, `0xB9` authenticated only), 10-byte header,
 //! then the body, then a 16-byte Poly1305 tag:
 //!
 //! ```text
-//!  0        1        2        3        4                                   8
-//! +--------+--------+--------+--------+-----------------------------------+
-//! | B8/B9  |version |  lane  |  zero  |   receiver's key index (u32)      |
-//! +--------+--------+--------+--------+-----------------------------------+
-//! |                 counter on this channel (u64)                          |  8..16
-//! +------------------------------------------------------------------------+
-//! | body: the inner datagram (a marker, trigger, session message, NAK, or  |  16..
+//!  0        1        2                 6                 10
+//! +--------+--------+-----------------+-----------------+
+//! | B8/B9  |ver|lane| receiver's key  |  counter on this |
+//! |        |        |  index (u32)    |  channel (u32)   |
+//! +--------+--------+-----------------+-----------------+
+//! | body: the inner datagram (a marker, trigger, session message, NAK, or  |  10..
 //! | data exactly as it would travel bare), encrypted (B8) or in clear (B9) |
 //! +------------------------------------------------------------------------+
 //! | tag (16 bytes): ChaCha20-Poly1305 over the header (associated data)    |
-//! | and the body; nonce = channel index (u32) || counter (u64)             |
+//! | and the body; nonce = channel index (u32) || counter (as a u64)        |
 //! +------------------------------------------------------------------------+
 //! ```
+//!
+//! Byte 1 holds the envelope's version ([`VERSION`], high nibble) and the lane (low
+//! nibble). Version 1 had a 16-byte header (a byte each for version and lane, a zero
+//! byte, a u64 counter); a key never seals 2^32 datagrams on one channel
+//! (`session::crypto::REJECT_AFTER_COUNT`), so 32 bits of counter carry all of it, and
+//! the 6 bytes saved go to the inner packet.
 //!
 //! Lane: 0 for everything but path MTU probes, which travel in lane 1, the channel's
 //! *probe lane* (`session::pmtu`): its own counter and replay window, and the nonce's
@@ -79,11 +84,12 @@
 
 use super::{TYPE_HS_INIT, TYPE_HS_RESP, TYPE_SEALED, TYPE_SIGNED};
 
-/// Version of the envelope (sealed datagrams).
-pub const VERSION: u8 = 1;
+/// Version of the envelope (sealed datagrams; 2: the 10-byte header).
+pub const VERSION: u8 = 2;
 /// Version of the handshake messages (2: mac1, mac2, the cookie reply and the
-/// initiation's timestamp).
-pub const HS_VERSION: u8 = 2;
+/// initiation's timestamp; 3: the keys it makes seal with envelope version 2, so two
+/// ends that could not read each other's datagrams do not complete a handshake).
+pub const HS_VERSION: u8 = 3;
 /// Length of mac1 and mac2.
 pub const MAC_LEN: usize = 16;
 /// Length of a cookie reply.
@@ -95,7 +101,7 @@ pub const COOKIE_SEALED_LEN: usize = 32;
 /// Length of a timestamp (TAI64N).
 pub const TIMESTAMP_LEN: usize = 12;
 /// Header length of a sealed datagram.
-pub const HEADER_LEN: usize = 16;
+pub const HEADER_LEN: usize = 10;
 /// Tag length.
 pub const TAG_LEN: usize = 16;
 /// Bytes a sealed datagram adds to the inner one.
@@ -117,7 +123,7 @@ pub struct Header {
     /// The receiver's key index.
     pub index: u32,
     /// Counter on this channel (in its lane).
-    pub counter: u64,
+    pub counter: u32,
     /// The counter's lane: [`LANE_MAIN`] or [`LANE_PROBE`].
     pub lane: u8,
 }
@@ -133,7 +139,7 @@ pub enum SecureError {
     /// Too short.
     #[error("secure datagram truncated")]
     Truncated,
-    /// Wrong type or version, or non-zero reserved bytes.
+    /// Wrong type, version or lane (or reserved bytes not zero).
     #[error("unknown secure datagram type or version")]
     Unknown,
 }
@@ -149,18 +155,19 @@ impl Header {
             TYPE_SIGNED => false,
             _ => return Err(SecureError::Unknown),
         };
-        if b[1] != VERSION || b[2] > LANE_PROBE || b[3] != 0 {
+        let (version, lane) = (b[1] >> 4, b[1] & 0x0F);
+        if version != VERSION || lane > LANE_PROBE {
             return Err(SecureError::Unknown);
         }
         Ok(Header {
-            lane: b[2],
+            lane,
             encrypted,
-            index: u32::from_be_bytes([b[4], b[5], b[6], b[7]]),
-            counter: super::read_u64(b, 8),
+            index: u32::from_be_bytes([b[2], b[3], b[4], b[5]]),
+            counter: u32::from_be_bytes([b[6], b[7], b[8], b[9]]),
         })
     }
 
-    /// The 16 header bytes.
+    /// The 10 header bytes.
     pub fn to_bytes(&self) -> [u8; HEADER_LEN] {
         let mut h = [0u8; HEADER_LEN];
         h[0] = if self.encrypted {
@@ -168,11 +175,20 @@ impl Header {
         } else {
             TYPE_SIGNED
         };
-        h[1] = VERSION;
-        h[2] = self.lane;
-        h[4..8].copy_from_slice(&self.index.to_be_bytes());
-        h[8..16].copy_from_slice(&self.counter.to_be_bytes());
+        h[1] = (VERSION << 4) | self.lane;
+        h[2..6].copy_from_slice(&self.index.to_be_bytes());
+        h[6..10].copy_from_slice(&self.counter.to_be_bytes());
         h
+    }
+}
+
+/// The handshake version of `b` if it is a handshake message of a version other than
+/// ours ([`HS_VERSION`]): the peer runs another braid, whose datagrams this one could
+/// not read. Unauthenticated (anyone can send one); for a clear log line only.
+pub fn other_version(b: &[u8]) -> Option<u8> {
+    match b {
+        [TYPE_HS_INIT | TYPE_HS_RESP, v, ..] if *v != HS_VERSION && *v != 0 => Some(*v),
+        _ => None,
     }
 }
 
@@ -464,21 +480,26 @@ mod tests {
             lane: LANE_MAIN,
         };
         let b = h.to_bytes();
-        assert_eq!(b, [0xB8, 1, 0, 0, 1, 2, 3, 4, 0, 0, 0, 0, 0, 0, 0, 5]);
+        assert_eq!(b, [0xB8, 0x20, 1, 2, 3, 4, 0, 0, 0, 5]);
         let mut d = b.to_vec();
         d.extend_from_slice(&[0; TAG_LEN]);
         assert_eq!(Header::parse(&d), Ok(h));
         d[0] = 0xB9;
         assert!(!Header::parse(&d).unwrap().encrypted);
         // The probe lane.
-        d[2] = 1;
+        d[1] = 0x21;
         assert_eq!(Header::parse(&d).unwrap().lane, LANE_PROBE);
-        d[2] = 2;
+        d[1] = 0x22;
         assert_eq!(Header::parse(&d), Err(SecureError::Unknown));
-        d[2] = 0;
-        d[3] = 1;
+        // Version 1's header (byte 1 = 1) and any other version are refused.
+        d[1] = 0x01;
         assert_eq!(Header::parse(&d), Err(SecureError::Unknown));
-        assert_eq!(Header::parse(&d[..31]), Err(SecureError::Truncated));
+        d[1] = 0x30;
+        assert_eq!(Header::parse(&d), Err(SecureError::Unknown));
+        assert_eq!(
+            Header::parse(&d[..OVERHEAD - 1]),
+            Err(SecureError::Truncated)
+        );
     }
 
     #[test]
@@ -491,7 +512,7 @@ mod tests {
             mac2: [2; MAC_LEN],
         };
         let b = i.to_vec();
-        assert_eq!(b[..10], [0xBA, 2, 0, 0, 0, 0, 0, 7, 9, 9]);
+        assert_eq!(b[..10], [0xBA, 3, 0, 0, 0, 0, 0, 7, 9, 9]);
         assert_eq!(b[10..26], [1; 16]);
         assert_eq!(b[26..], [2; 16]);
         assert_eq!(Handshake::parse(&b), Ok(i));
@@ -522,7 +543,7 @@ mod tests {
         assert_eq!(b.len(), REJECT_LEN);
         assert_eq!(
             &b[..12],
-            [0xBB, 2, 1, 1, 0, 0, 0, 0, 0x0A, 0x0B, 0x0C, 0x0D]
+            [0xBB, 3, 1, 1, 0, 0, 0, 0, 0x0A, 0x0B, 0x0C, 0x0D]
         );
         assert_eq!(Handshake::parse(&b), Ok(j));
         assert!(Handshake::parse(&b[..REJECT_LEN - 1]).is_err());
@@ -533,7 +554,7 @@ mod tests {
             mac1: [4; MAC_LEN],
         };
         let b = r.to_vec();
-        assert_eq!(b[..13], [0xBB, 2, 0, 0, 0, 0, 0, 1, 0, 0, 0, 2, 3]);
+        assert_eq!(b[..13], [0xBB, 3, 0, 0, 0, 0, 0, 1, 0, 0, 0, 2, 3]);
         assert_eq!(b[13..], [4; 16]);
         assert_eq!(Handshake::parse(&b), Ok(r));
         assert_eq!(mac_offsets(b[0], b.len()), Some((13, None)));
@@ -541,7 +562,7 @@ mod tests {
             let _ = Handshake::parse(&b[..n]);
         }
         assert_eq!(
-            Handshake::parse(&[0xBB, 2, 0, 0, 0, 0, 0, 1]),
+            Handshake::parse(&[0xBB, 3, 0, 0, 0, 0, 0, 1]),
             Err(SecureError::Truncated)
         );
     }
@@ -555,7 +576,7 @@ mod tests {
         };
         let b = c.to_vec();
         assert_eq!(b.len(), COOKIE_REPLY_LEN);
-        assert_eq!(b[..8], [0xBB, 2, 2, 0, 1, 2, 3, 4]);
+        assert_eq!(b[..8], [0xBB, 3, 2, 0, 1, 2, 3, 4]);
         assert_eq!(b[8..32], [7; 24]);
         assert_eq!(b[32..], [8; 32]);
         assert_eq!(Handshake::parse(&b), Ok(c));

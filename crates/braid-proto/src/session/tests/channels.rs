@@ -171,12 +171,16 @@ fn a_channel_the_peer_dropped_no_longer_sets_the_bonds_size() {
     p.ab[2].mtu = 1372;
     p.ba[2].mtu = 1372;
     p.run_until(at_ms(6000));
-    assert_eq!(p.a.path_max_packet(), 1372 - 32, "channel 2's path found");
+    assert_eq!(
+        p.a.path_max_packet(),
+        1372 - ENVELOPE,
+        "channel 2's path found"
+    );
     reload_b(&mut p, two(), 44);
     p.run_until(at_ms(8000));
     assert!(p
         .events_a
         .iter()
         .any(|(_, e)| *e == Event::ChannelCountMismatch { ours: 3, theirs: 2 }));
-    assert_eq!(p.a.path_max_packet(), 1472 - 32);
+    assert_eq!(p.a.path_max_packet(), 1472 - ENVELOPE);
 }

@@ -11,7 +11,7 @@ fn a_channel_with_a_smaller_path_mtu_is_found_and_its_lost_probes_are_no_loss() 
     // hop under IPv4 and UDP), both ways.
     p.ab[1].mtu = 1372;
     p.ba[1].mtu = 1372;
-    assert_eq!(p.a.path_max_packet(), 1472 - 32);
+    assert_eq!(p.a.path_max_packet(), 1472 - ENVELOPE);
     p.run_until(at_ms(10_000));
     p.every = Duration::ZERO;
     p.run_until(at_ms(10_500));
@@ -23,15 +23,15 @@ fn a_channel_with_a_smaller_path_mtu_is_found_and_its_lost_probes_are_no_loss() 
         Some(crate::session::pmtu::Phase::Settled)
     );
     // The bond's largest packet: the smallest channel's, less the security envelope.
-    assert_eq!(p.a.path_max_packet(), 1372 - 32);
-    assert_eq!(s.path_max_packet, 1372 - 32);
+    assert_eq!(p.a.path_max_packet(), 1372 - ENVELOPE);
+    assert_eq!(s.path_max_packet, 1372 - ENVELOPE);
     let last = p.events_a.iter().rev().find_map(|(_, e)| match e {
         Event::PathMtu { channel: 1, to, .. } => Some(*to),
         _ => None,
     });
     assert_eq!(last, Some(1372));
     // The other direction found the same.
-    assert_eq!(p.b.path_max_packet(), 1372 - 32);
+    assert_eq!(p.b.path_max_packet(), 1372 - ENVELOPE);
     let probes = s.channels[1].pmtu_stats;
     assert!(probes.probes_lost >= 3, "{probes:?}");
     assert!(probes.probes_sent <= 40, "{probes:?}");
