@@ -424,10 +424,14 @@ fn a_flood_of_spoofed_initiations_does_not_stop_traffic() {
         sent > 20_000,
         "the flood was too slow to mean anything: {sent}"
     );
-    // The flooder itself takes a core of the two this runs on; what the tunnel does with
-    // the flood must not cost much more (before: TCP fell to a few Mbit/s).
+    // The flooder itself takes a core of the two this runs on, and the tunnel must read
+    // some 300 000 flood datagrams a second besides its own: what that leaves depends on
+    // the machine's scheduling, not only on braid (on 2026-11-26, with an unchanged
+    // braid, 0.10–0.17 of a 2.2–2.7 Gbit/s flow; 0.78–1.02 of a slower one when this
+    // test was written). What it guards against is the tunnel stopping: before issue
+    // 27, TCP fell to a few Mbit/s, under 0.01 of the flow.
     assert!(
-        during >= 0.25 * before,
+        during >= 0.05 * before,
         "the flood cut TCP through the tunnel from {before:.0} to {during:.0} Mbit/s \
          (per second: {per_s:.0?}); B: {sb}"
     );
