@@ -132,16 +132,30 @@ fn iperf_bps(json_text: &str, what: &str) -> Result<f64, LabError> {
         })
 }
 
-/// Goodput in each of iperf3's intervals (one a second), bit/s.
+/// Goodput in each of iperf3's intervals (one a second) as its client, the sender,
+/// counts (what it wrote), bit/s.
 fn iperf_series(json_text: &str) -> Vec<f64> {
     serde_json::from_str::<Value>(json_text)
-        .ok()
-        .and_then(|v| {
-            v["intervals"].as_array().map(|a| {
-                a.iter()
-                    .filter_map(|i| i["sum"]["bits_per_second"].as_f64())
-                    .collect()
-            })
+        .map(|v| intervals(&v))
+        .unwrap_or_default()
+}
+
+/// The same as its server, the receiver, counts (what arrived), from the server's
+/// report the client fetched (`--get-server-output`); empty without one.
+fn iperf_rx_series(json_text: &str) -> Vec<f64> {
+    serde_json::from_str::<Value>(json_text)
+        .map(|v| intervals(&v["server_output_json"]))
+        .unwrap_or_default()
+}
+
+/// The bit rates of an iperf3 report's intervals.
+fn intervals(report: &Value) -> Vec<f64> {
+    report["intervals"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|i| i["sum"]["bits_per_second"].as_f64())
+                .collect()
         })
         .unwrap_or_default()
 }
@@ -204,7 +218,19 @@ fn tcp_client(
     secs: u64,
 ) -> Command {
     let mut args: Vec<String> = prefix.iter().map(|s| s.to_string()).collect();
-    args.extend(["iperf3", "-J", "-C", "cubic", "-c", dst, "-p"].map(String::from));
+    args.extend(
+        [
+            "iperf3",
+            "-J",
+            "--get-server-output",
+            "-C",
+            "cubic",
+            "-c",
+            dst,
+            "-p",
+        ]
+        .map(String::from),
+    );
     args.push(port.to_string());
     args.push("-t".into());
     args.push(secs.to_string());
@@ -219,7 +245,7 @@ fn tcp_client(
 fn start_server(ns: &str, prefix: &[&str], port: u16) -> Result<(), LabError> {
     let mut args: Vec<&str> = prefix.to_vec();
     let p = port.to_string();
-    args.extend(["iperf3", "-s", "-D", "-p", &p]);
+    args.extend(["iperf3", "-s", "-D", "-J", "-p", &p]);
     output(ns_cmd(ns, &args), "iperf3 -s")?;
     std::thread::sleep(Duration::from_millis(200));
     Ok(())
@@ -303,12 +329,12 @@ fn measure(opt: &BenchOptions, progress: &mut impl FnMut(&str)) -> Result<BenchR
         braid.insert(mode.clone(), tunnel_run(opt, mode, secs, sum_bps)?);
     }
 
-    let (mptcp_bps, mptcp_series_bps) = if opt.mptcp {
+    let (mptcp_bps, mptcp_series_bps, mptcp_rx_series_bps) = if opt.mptcp {
         say("MPTCP, one subflow per link".into(), progress);
-        let (b, s) = mptcp_run(opt, n, secs)?;
-        (Some(b), s)
+        let (b, s, rx) = mptcp_run(opt, n, secs)?;
+        (Some(b), s, rx)
     } else {
-        (None, Vec::new())
+        (None, Vec::new(), Vec::new())
     };
     Ok(BenchResult {
         links,
@@ -317,6 +343,7 @@ fn measure(opt: &BenchOptions, progress: &mut impl FnMut(&str)) -> Result<BenchR
         braid,
         mptcp_bps,
         mptcp_series_bps,
+        mptcp_rx_series_bps,
         emulator: emulator_counters(n),
         payload: None,
         per_run: Vec::new(),
@@ -541,6 +568,7 @@ fn tunnel_run(
     let c = tcp_client(NS_CLIENT, &[], "10.99.0.2", None, 5201, secs);
     let tcp_json = with_changes(opt, || output(c, "iperf3 through the tunnel"))?;
     let tcp_series_bps = iperf_series(&tcp_json);
+    let tcp_rx_series_bps = iperf_rx_series(&tcp_json);
     let tcp_bps = iperf_bps(&tcp_json, "iperf3 through the tunnel")?;
     let tcp_retransmits = iperf_retransmits(&tcp_json);
 
@@ -558,6 +586,7 @@ fn tunnel_run(
         tunnel_status,
         sender_status,
         tcp_series_bps,
+        tcp_rx_series_bps,
     })
 }
 
@@ -723,8 +752,12 @@ fn status_of(opt: &BenchOptions, ns: &str, sock: &str) -> Value {
 }
 
 /// One TCP flow over Linux MPTCP (`mptcpize`), a subflow per link: its goodput and
-/// per-second series.
-fn mptcp_run(opt: &BenchOptions, n: usize, secs: u64) -> Result<(f64, Vec<f64>), LabError> {
+/// per-second series, as its sender and as its receiver count.
+fn mptcp_run(
+    opt: &BenchOptions,
+    n: usize,
+    secs: u64,
+) -> Result<(f64, Vec<f64>, Vec<f64>), LabError> {
     enable_mptcp(n)?;
     add_subflow_endpoints(n)?;
     start_server(NS_SERVER, &["mptcpize", "run"], 5202)?;
@@ -737,7 +770,11 @@ fn mptcp_run(opt: &BenchOptions, n: usize, secs: u64) -> Result<(f64, Vec<f64>),
         secs,
     );
     let json = with_changes(opt, || output(c, "MPTCP iperf3"))?;
-    Ok((iperf_bps(&json, "MPTCP iperf3")?, iperf_series(&json)))
+    Ok((
+        iperf_bps(&json, "MPTCP iperf3")?,
+        iperf_series(&json),
+        iperf_rx_series(&json),
+    ))
 }
 
 /// MPTCP on in both namespaces, with room for `n` subflows and `n` announced addresses.
@@ -797,4 +834,29 @@ fn add_subflow_endpoints(n: usize) -> Result<(), LabError> {
         )?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// iperf3 -J --get-server-output: the client's intervals are what it wrote, the
+    /// server's report (nested) what arrived; each series reads its own.
+    #[test]
+    fn the_sender_and_receiver_series_come_from_their_own_reports() {
+        let report = r#"{
+            "intervals": [{"sum": {"bits_per_second": 22e6}}, {"sum": {"bits_per_second": 238e6}}],
+            "end": {"sum_received": {"bits_per_second": 141e6}},
+            "server_output_json": {
+                "intervals": [{"sum": {"bits_per_second": 15e6}}, {"sum": {"bits_per_second": 150e6}}]
+            }
+        }"#;
+        assert_eq!(iperf_series(report), vec![22e6, 238e6]);
+        assert_eq!(iperf_rx_series(report), vec![15e6, 150e6]);
+        // An iperf3 that did not send its server's report: no receiver series.
+        let plain = r#"{"intervals": [{"sum": {"bits_per_second": 1e6}}]}"#;
+        assert_eq!(iperf_series(plain), vec![1e6]);
+        assert!(iperf_rx_series(plain).is_empty());
+        assert!(iperf_rx_series("not json").is_empty());
+    }
 }

@@ -38,6 +38,8 @@ pub struct ModeResult {
     /// TCP in each second as iperf3's sender counts it (bytes written into the socket:
     /// the first seconds include filling its buffer), bit/s.
     pub tcp_series_bps: Vec<f64>,
+    /// TCP in each second as iperf3's receiver counts it (what arrived), bit/s.
+    pub tcp_rx_series_bps: Vec<f64>,
 }
 
 /// A whole bench: one run, or the medians of several.
@@ -55,6 +57,8 @@ pub struct BenchResult {
     pub mptcp_bps: Option<f64>,
     /// MPTCP in each second, counted as [`ModeResult::tcp_series_bps`], bit/s.
     pub mptcp_series_bps: Vec<f64>,
+    /// The same as the receiver counts, bit/s.
+    pub mptcp_rx_series_bps: Vec<f64>,
     /// Per-link emulator counters at the end.
     pub emulator: Vec<Value>,
     /// Inner TCP payload bytes per datagram (computed from the configuration).
@@ -199,6 +203,7 @@ impl BenchResult {
             "tunnel_status": r.tunnel_status,
             "sender_status": r.sender_status,
             "tcp_series_bps": r.tcp_series_bps,
+            "tcp_rx_series_bps": r.tcp_rx_series_bps,
         });
         for key in MODE_FIGURES {
             self.add_range(&mut v, key, &|x| Some(x.braid.get(m)?.figure(key)));
@@ -232,6 +237,7 @@ impl BenchResult {
             "braid": braid,
             "mptcp_bps": self.mptcp_bps,
             "mptcp_series_bps": self.mptcp_series_bps,
+            "mptcp_rx_series_bps": self.mptcp_rx_series_bps,
             "tcp_payload_per_datagram": self.payload.as_ref().map(Payload::to_json),
             "emulator": self.emulator,
         });
@@ -275,6 +281,7 @@ impl BenchResult {
             braid,
             mptcp_bps: v["mptcp_bps"].as_f64(),
             mptcp_series_bps: series(&v["mptcp_series_bps"]),
+            mptcp_rx_series_bps: series(&v["mptcp_rx_series_bps"]),
             emulator: v["emulator"].as_array().cloned().unwrap_or_default(),
             payload: Payload::from_json(&v["tcp_payload_per_datagram"]),
             per_run,
@@ -374,9 +381,15 @@ impl BenchResult {
             if !r.tcp_series_bps.is_empty() {
                 series += &line(&format!("braid {m}"), &r.tcp_series_bps);
             }
+            if !r.tcp_rx_series_bps.is_empty() {
+                series += &line("  received", &r.tcp_rx_series_bps);
+            }
         }
         if !self.mptcp_series_bps.is_empty() {
             series += &line("MPTCP", &self.mptcp_series_bps);
+        }
+        if !self.mptcp_rx_series_bps.is_empty() {
+            series += &line("  received", &self.mptcp_rx_series_bps);
         }
         if series.is_empty() {
             return series;
@@ -386,7 +399,7 @@ impl BenchResult {
         } else {
             ""
         };
-        format!("TCP in each second{which} (Mbit/s, as iperf3's sender counts: the first seconds fill its buffer):\n{series}")
+        format!("TCP in each second{which} (Mbit/s, as iperf3's sender counts: the first seconds fill its buffer; \"received\": as its receiver counts):\n{series}")
     }
 }
 
@@ -401,6 +414,7 @@ fn mode_from_json(r: &Value) -> Option<ModeResult> {
         tunnel_status: r["tunnel_status"].clone(),
         sender_status: r["sender_status"].clone(),
         tcp_series_bps: series(&r["tcp_series_bps"]),
+        tcp_rx_series_bps: series(&r["tcp_rx_series_bps"]),
     })
 }
 
@@ -425,6 +439,7 @@ mod tests {
             braid: BTreeMap::from([("logical".to_string(), mode)]),
             mptcp_bps: Some(80e6 * scale),
             mptcp_series_bps: vec![80e6 * scale],
+            mptcp_rx_series_bps: vec![79e6 * scale],
             emulator: Vec::new(),
             payload: None,
             per_run: Vec::new(),
@@ -478,5 +493,9 @@ mod tests {
         assert!(v.get("per_run").is_none() && v.get("ceiling_bps_range").is_none());
         assert!(v["braid"]["logical"].get("tcp_bps_range").is_none());
         assert!(!r.table().contains("min-max"));
+        // MPTCP's seconds as its sender and as its receiver counted them.
+        let t = r.table();
+        assert!(t.contains("  MPTCP              80\n"), "{t}");
+        assert!(t.contains("    received         79\n"), "{t}");
     }
 }
