@@ -1695,13 +1695,18 @@ impl Crypto {
 
     /// A failure seen on channel `c`: counted, and reported when due.
     fn fail(&mut self, now: Instant, c: usize, f: HandshakeFailure, out: &mut Outcome) {
-        self.stats.failed += 1;
-        if let Some(n) = self.failed_on.get_mut(c) {
-            *n += 1;
-        }
+        self.count_failure(c);
         let t = usize::from(f.is_answer());
         if let Some(count) = self.throttles[t].hit(now) {
             out.failure = Some((f, count));
+        }
+    }
+
+    /// One more handshake failure, in all and on channel `c`.
+    fn count_failure(&mut self, c: usize) {
+        self.stats.failed += 1;
+        if let Some(n) = self.failed_on.get_mut(c) {
+            *n += 1;
         }
     }
 
@@ -1807,12 +1812,7 @@ impl Crypto {
                     let f = HandshakeFailure::OtherVersion { theirs, answer };
                     self.fail(now, c, f, &mut out);
                 }
-                None => {
-                    self.stats.failed += 1;
-                    if let Some(n) = self.failed_on.get_mut(c) {
-                        *n += 1;
-                    }
-                }
+                None => self.count_failure(c),
             },
         }
         out
@@ -2140,12 +2140,9 @@ impl Crypto {
         let ours = self.current.as_ref().is_some_and(|k| k.local == receiver)
             || self.init.as_ref().is_some_and(|i| i.index == receiver);
         if !ours || !self.macs.mac1_in_keyed.verify(signed, mac1) {
-            self.stats.failed += 1;
+            self.count_failure(c);
             if ours {
                 self.stats.mac1_failures += 1;
-            }
-            if let Some(n) = self.failed_on.get_mut(c) {
-                *n += 1;
             }
         }
     }
