@@ -357,6 +357,9 @@ pub struct SessionStats {
     /// Packets we sent on the lowest-delay channel.
     #[serde(default)]
     pub flows_tx_lowest_delay: u64,
+    /// Of those, TCP pure acknowledgements.
+    #[serde(default)]
+    pub flows_tx_acks: u64,
     /// Real-time packets that went into the bond instead (too large, no keys yet).
     #[serde(default)]
     pub flows_tx_fallback: u64,
@@ -1285,6 +1288,7 @@ const COUNTERS: &[(bool, &str, &str)] = &[
     (false, "return_path_cuts", "Times the return path was cut to one channel"),
     (false, "flows_tx_redundant", "Real-time flows: packets sent redundantly"),
     (false, "flows_tx_lowest_delay", "Real-time flows: packets sent on the lowest-delay channel"),
+    (false, "flows_tx_acks", "Real-time flows: TCP pure acknowledgements sent on the lowest-delay channel"),
     (false, "flows_tx_fallback", "Real-time flows: packets bonded instead (too large for a flow datagram, no keys yet)"),
     (false, "flows_rx_delivered", "Real-time flows: packets delivered (the first copy)"),
     (false, "flows_rx_duplicates", "Real-time flows: copies dropped as duplicates"),
@@ -1434,6 +1438,7 @@ pub fn with_flows(f: &braid_proto::session::FlowStats, base: SessionStats) -> Se
     SessionStats {
         flows_tx_redundant: f.tx_redundant,
         flows_tx_lowest_delay: f.tx_lowest_delay,
+        flows_tx_acks: f.tx_acks,
         flows_tx_fallback: f.tx_fallback,
         flows_rx_delivered: f.rx_delivered,
         flows_rx_duplicates: f.rx_duplicates,

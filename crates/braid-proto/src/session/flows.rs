@@ -213,6 +213,24 @@ pub struct Inner {
     pub dst: IpAddr,
     /// (source, destination) ports of a TCP or UDP packet that carries them.
     pub ports: Option<(u16, u16)>,
+    /// A TCP segment that only acknowledges: ACK set, no SYN, FIN or RST, no payload.
+    pub pure_ack: bool,
+}
+
+/// TCP flags a pure acknowledgement must not carry: FIN, SYN, RST.
+const TCP_FIN_SYN_RST: u8 = 0x07;
+/// TCP's ACK flag.
+const TCP_ACK: u8 = 0x10;
+
+/// Whether TCP segment `l4` (from its header to the end of the IP packet) only
+/// acknowledges: an ACK with no payload that neither opens, closes nor resets.
+fn is_pure_ack(l4: &[u8]) -> bool {
+    if l4.len() < 20 {
+        return false;
+    }
+    let header = usize::from(l4[12] >> 4) * 4;
+    let flags = l4[13];
+    header >= 20 && header == l4.len() && flags & TCP_ACK != 0 && flags & TCP_FIN_SYN_RST == 0
 }
 
 /// The header fields of an IPv4 or IPv6 packet; `None` if `p` is not one whose
@@ -258,6 +276,7 @@ pub fn parse_inner(p: &[u8]) -> Option<Inner> {
         src,
         dst,
         ports,
+        pure_ack: protocol == 6 && is_pure_ack(l4),
     })
 }
 
@@ -266,8 +285,11 @@ pub fn parse_inner(p: &[u8]) -> Option<Inner> {
 pub struct FlowStats {
     /// Packets sent redundantly.
     pub tx_redundant: u64,
-    /// Packets sent on the lowest-delay channel.
+    /// Packets sent on the lowest-delay channel (TCP's pure acknowledgements included).
     pub tx_lowest_delay: u64,
+    /// TCP pure acknowledgements sent on the lowest-delay channel (automatic
+    /// classification).
+    pub tx_acks: u64,
     /// Flow datagrams sent (every copy).
     pub tx_datagrams: u64,
     /// Real-time packets that went into the bond instead: too large for a flow
@@ -413,6 +435,10 @@ impl Flows {
             return FlowPolicy::Redundant;
         }
         if DSCP_INTERACTIVE_VIDEO.contains(&i.dscp) {
+            return FlowPolicy::LowestDelay;
+        }
+        if i.pure_ack {
+            self.stats.tx_acks += 1;
             return FlowPolicy::LowestDelay;
         }
         match (i.protocol, i.ports) {
@@ -670,6 +696,63 @@ mod tests {
         let mut frag = udp4(200, 1, 2, 0);
         frag[7] = 10;
         assert_eq!(parse_inner(&frag).unwrap().ports, None);
+    }
+
+    /// An IPv4 TCP segment with `payload` bytes after a 32-byte TCP header (with
+    /// timestamps) and these flags.
+    fn tcp4(payload: usize, flags: u8) -> Vec<u8> {
+        let len = 20 + 32 + payload;
+        let mut p = vec![0u8; len];
+        p[0] = 0x45;
+        p[2..4].copy_from_slice(&(len as u16).to_be_bytes());
+        p[8] = 64;
+        p[9] = 6;
+        p[12..16].copy_from_slice(&[10, 0, 0, 1]);
+        p[16..20].copy_from_slice(&[10, 0, 0, 2]);
+        p[20..22].copy_from_slice(&5201u16.to_be_bytes());
+        p[22..24].copy_from_slice(&40000u16.to_be_bytes());
+        p[32] = 8 << 4;
+        p[33] = flags;
+        p
+    }
+
+    #[test]
+    fn pure_tcp_acks_take_the_lowest_delay_channel_and_data_stays_bonded() {
+        let mut f = Flows::new(FlowConfig::default());
+        let ack = 0x10;
+        assert_eq!(f.classify(at(0), &tcp4(0, ack)), FlowPolicy::LowestDelay);
+        // With PSH or ECE/CWR, still only an acknowledgement.
+        assert_eq!(
+            f.classify(at(0), &tcp4(0, ack | 0x08 | 0xc0)),
+            FlowPolicy::LowestDelay
+        );
+        // Data, and segments that open, close or reset, keep the bond's order.
+        assert_eq!(f.classify(at(0), &tcp4(1, ack)), FlowPolicy::Bond);
+        assert_eq!(f.classify(at(0), &tcp4(1400, ack)), FlowPolicy::Bond);
+        assert_eq!(f.classify(at(0), &tcp4(0, ack | 0x01)), FlowPolicy::Bond);
+        assert_eq!(f.classify(at(0), &tcp4(0, 0x02)), FlowPolicy::Bond);
+        assert_eq!(f.classify(at(0), &tcp4(0, ack | 0x02)), FlowPolicy::Bond);
+        assert_eq!(f.classify(at(0), &tcp4(0, ack | 0x04)), FlowPolicy::Bond);
+        assert_eq!(f.classify(at(0), &tcp4(0, 0)), FlowPolicy::Bond);
+        assert_eq!(f.stats.tx_acks, 2);
+        // A rule comes first; without auto, acknowledgements are bonded.
+        let mut f = Flows::new(FlowConfig {
+            rules: vec![FlowRule {
+                policy: FlowPolicy::Bond,
+                protocol: Some(6),
+                ports: None,
+                net: None,
+                dscp: None,
+            }],
+            ..FlowConfig::default()
+        });
+        assert_eq!(f.classify(at(0), &tcp4(0, ack)), FlowPolicy::Bond);
+        let mut f = Flows::new(FlowConfig {
+            auto: false,
+            ..FlowConfig::default()
+        });
+        assert_eq!(f.classify(at(0), &tcp4(0, ack)), FlowPolicy::Bond);
+        assert_eq!(f.stats.tx_acks, 0);
     }
 
     #[test]
