@@ -117,7 +117,8 @@ pub struct BenchArgs {
     /// ceiling, braid in each mode, MPTCP), as AT:LINK:WHAT, timed from the start of
     /// the measurement: `5s:0:33mbit/5ms` (link 0 drops to 33 Mbit/s at 5 s),
     /// `3s:1:down`, `6s:1:up`. Repeat for more. The links are put back after each
-    /// measurement; the table and JSON add TCP goodput second by second.
+    /// measurement. (Every run's table and JSON give each TCP flow's goodput second by
+    /// second, as its sender and its receiver count it, with or without changes.)
     #[arg(long = "change", value_name = "AT:LINK:WHAT")]
     pub changes: Vec<String>,
     /// Print one JSON object instead of the table.

@@ -12,15 +12,7 @@ const CALL: u64 = 1 << 62;
 /// A 200-byte IPv4 UDP packet 10.0.0.1:5004 -> 10.0.0.2:5004 with `id` where the
 /// Pair reads it (bytes 24..32, in the UDP header and payload).
 fn voip(id: u64) -> Bytes {
-    let mut p = vec![0u8; 200];
-    p[0] = 0x45;
-    p[2..4].copy_from_slice(&200u16.to_be_bytes());
-    p[8] = 64;
-    p[9] = 17;
-    p[12..16].copy_from_slice(&[10, 0, 0, 1]);
-    p[16..20].copy_from_slice(&[10, 0, 0, 2]);
-    p[20..22].copy_from_slice(&5004u16.to_be_bytes());
-    p[22..24].copy_from_slice(&5004u16.to_be_bytes());
+    let mut p = crate::session::flows::tests::ipv4(200, 17, 0, 5004, 5004);
     p[24..32].copy_from_slice(&(CALL | id).to_be_bytes());
     Bytes::from(v_checksum(p))
 }
@@ -212,4 +204,35 @@ fn a_lowest_delay_flow_follows_the_fastest_channel() {
     assert!(f.moves >= 2, "{f:?}");
     assert_eq!(f.tx_lowest_delay, sent.len() as u64);
     assert_eq!(f.tx_datagrams, sent.len() as u64, "one copy each");
+}
+
+/// A TCP pure acknowledgement is counted as one once it leaves as a flow datagram;
+/// before the keys are there it goes into the bond, counted as a fallback only.
+#[test]
+fn pure_acks_are_counted_when_sent_on_the_lowest_delay_channel() {
+    let ack = |id: u64| {
+        let mut p = crate::session::flows::tests::ipv4(52, 6, 0, 5201, 40000);
+        p[24..32].copy_from_slice(&(CALL | id).to_be_bytes());
+        p[32] = 8 << 4;
+        p[33] = 0x10;
+        Bytes::from(v_checksum(p))
+    };
+    let mut p = pair(FlowConfig::default(), &[5, 20, 60]);
+    p.a.handle_packet(Instant::ZERO, ack(0));
+    let f = p.a.stats(Instant::ZERO).flows;
+    assert_eq!((f.tx_acks, f.tx_lowest_delay, f.tx_fallback), (0, 0, 1));
+    let t = Instant::from_micros(1000 * MS);
+    p.run_until(t);
+    p.a.handle_packet(t, ack(1));
+    p.flush();
+    p.run_until(t + Duration::from_millis(100));
+    let f = p.a.stats(p.now).flows;
+    assert_eq!((f.tx_acks, f.tx_lowest_delay, f.tx_fallback), (1, 1, 1));
+    let at = p
+        .delivered
+        .iter()
+        .zip(&p.delivered_at)
+        .find(|(id, _)| **id == CALL | 1)
+        .map(|(_, at)| at.saturating_since(t).as_micros() / MS);
+    assert_eq!(at, Some(5), "on the 5 ms channel");
 }
