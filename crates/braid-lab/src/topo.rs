@@ -108,6 +108,14 @@ pub enum LabError {
         /// Its stderr or the spawn error.
         reason: String,
     },
+    /// A measurement ran far past its end and was stopped.
+    #[error("`{cmd}` was still running {grace_s} s after its end and was stopped (its connection stalled on the emulated links); run the bench again")]
+    TimedOut {
+        /// What was measured.
+        cmd: String,
+        /// How long past its end it was given.
+        grace_s: u64,
+    },
     /// Not root.
     #[error("the lab needs root (CAP_NET_ADMIN) to create network namespaces; run as root")]
     NotRoot,

@@ -98,6 +98,13 @@ fn ns_cmd(ns: &str, args: &[&str]) -> Command {
     c
 }
 
+/// How long an iperf3 client may run past its test's end before it is stopped: a
+/// connection whose set-up or final exchange stalls on a lossy emulated link once hung a
+/// bench for good (no interval at all, 8 minutes into a 15 s test).
+const IPERF_GRACE_S: u64 = 60;
+/// `timeout`'s exit status when it stopped the command.
+const TIMED_OUT: i32 = 124;
+
 fn output(mut c: Command, what: &str) -> Result<String, LabError> {
     let out = c
         .stdin(Stdio::null())
@@ -106,6 +113,12 @@ fn output(mut c: Command, what: &str) -> Result<String, LabError> {
             cmd: what.into(),
             reason: e.to_string(),
         })?;
+    if out.status.code() == Some(TIMED_OUT) {
+        return Err(LabError::TimedOut {
+            cmd: what.into(),
+            grace_s: IPERF_GRACE_S,
+        });
+    }
     if !out.status.success() {
         return Err(LabError::Command {
             cmd: what.into(),
@@ -209,6 +222,9 @@ fn iperf_retransmits(json_text: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// An iperf3 client of `secs` seconds in namespace `ns` (after the `prefix` command,
+/// e.g. `mptcpize run`), stopped [`IPERF_GRACE_S`] after its end (status
+/// [`TIMED_OUT`]).
 fn tcp_client(
     ns: &str,
     prefix: &[&str],
@@ -217,7 +233,13 @@ fn tcp_client(
     port: u16,
     secs: u64,
 ) -> Command {
-    let mut args: Vec<String> = prefix.iter().map(|s| s.to_string()).collect();
+    let mut args: Vec<String> = vec![
+        "timeout".into(),
+        "-k".into(),
+        "5".into(),
+        (secs + IPERF_GRACE_S).to_string(),
+    ];
+    args.extend(prefix.iter().map(|s| s.to_string()));
     args.extend(
         [
             "iperf3",
@@ -363,8 +385,16 @@ fn start_servers(n: usize) -> Result<(), LabError> {
 /// TCP goodput over link `i` alone for `secs` seconds, bit/s.
 fn link_alone(i: usize, l: &LinkSpec, secs: u64) -> Result<f64, LabError> {
     let (client, server) = topo::link_addrs(i, l);
-    let c = tcp_client(NS_CLIENT, &[], &server, Some(&client), 5201, secs);
-    iperf_bps(&output(c, "iperf3 single link")?, "iperf3 single link")
+    let c = || tcp_client(NS_CLIENT, &[], &server, Some(&client), 5201, secs);
+    // A stalled connection is tried once more: nothing else runs on the link.
+    let json = match output(c(), "iperf3 single link") {
+        Err(LabError::TimedOut { .. }) => {
+            eprintln!("      (stalled and stopped; once more)");
+            output(c(), "iperf3 single link")?
+        }
+        r => r?,
+    };
+    iperf_bps(&json, "iperf3 single link")
 }
 
 /// Each link's emulator counters (its `emu-I.json` in the state folder), null where
@@ -411,6 +441,12 @@ fn ceiling(links: &[LinkSpec], secs: u64) -> Result<f64, LabError> {
             cmd: "iperf3".into(),
             reason: e.to_string(),
         })?;
+        if out.status.code() == Some(TIMED_OUT) {
+            return Err(LabError::TimedOut {
+                cmd: "iperf3 ceiling".into(),
+                grace_s: IPERF_GRACE_S,
+            });
+        }
         ceiling_bps += iperf_bps(&String::from_utf8_lossy(&out.stdout), "iperf3 ceiling")?;
     }
     Ok(ceiling_bps)
@@ -839,6 +875,33 @@ fn add_subflow_endpoints(n: usize) -> Result<(), LabError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An iperf3 client runs under `timeout`, a minute past its end; a command that
+    /// `timeout` stopped is reported as such, one that failed with its output.
+    #[test]
+    fn a_stalled_measurement_is_stopped_and_said_so() {
+        let c = tcp_client("ns", &["mptcpize", "run"], "10.0.0.2", None, 5201, 15);
+        let args: Vec<String> = c
+            .get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(
+            args[..10],
+            ["netns", "exec", "ns", "timeout", "-k", "5", "75", "mptcpize", "run", "iperf3"]
+        );
+        let mut stopped = Command::new("timeout");
+        stopped.args(["-k", "1", "0.1", "sleep", "5"]);
+        let e = output(stopped, "iperf3 single link").unwrap_err();
+        assert!(matches!(e, LabError::TimedOut { grace_s: 60, .. }), "{e:?}");
+        assert!(
+            e.to_string().contains("still running 60 s after its end"),
+            "{e}"
+        );
+        let mut failed = Command::new("sh");
+        failed.args(["-c", "echo refused >&2; exit 1"]);
+        let e = output(failed, "iperf3 single link").unwrap_err();
+        assert!(e.to_string().contains("refused"), "{e}");
+    }
 
     /// iperf3 -J --get-server-output: the client's intervals are what it wrote, the
     /// server's report (nested) what arrived; each series reads its own.
