@@ -154,6 +154,8 @@ pub struct Estimate {
     pub datagram_bytes: Option<f64>,
     /// Fraction of datagrams missing over the last reports.
     pub loss: Option<f64>,
+    /// Datagrams missing over the same reports (what `loss` counts).
+    pub missing: u64,
     /// When the last report arrived: estimates of a channel that stopped reporting
     /// (down, or cut) are stale.
     pub reported_at: Option<Instant>,
@@ -276,6 +278,7 @@ impl Estimator {
             recent_bps: self.rate_over(RECENT_WINDOW),
             datagram_bytes: (got > 0).then(|| bytes as f64 / got as f64),
             loss: (got + missing > 0).then(|| missing as f64 / (got + missing) as f64),
+            missing,
         }
     }
 }
