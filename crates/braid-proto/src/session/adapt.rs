@@ -6,7 +6,8 @@
 //! the peer's feedback ([`super::feedback`]):
 //!
 //! * a channel is **congested** when it loses more than 5 % of its datagrams over the
-//!   last reports (its bottleneck queue overflows), or a queue stands on it in our
+//!   last reports, and at least [`MIN_LOSS_EVIDENCE`] of them (its bottleneck queue
+//!   overflows; a burst or two of random loss is not that), or a queue stands on it in our
 //!   sending direction (the one-way delay of our reports above its minimum by more than
 //!   5 ms and a tenth of the round trip): either way it is given more than it carries.
 //!   A few percent of random loss is not congestion: that is for the bond to repair, not
