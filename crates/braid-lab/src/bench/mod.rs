@@ -113,6 +113,12 @@ fn output(mut c: Command, what: &str) -> Result<String, LabError> {
             cmd: what.into(),
             reason: e.to_string(),
         })?;
+    stdout_of(out, what)
+}
+
+/// A finished command's standard output, or why it failed: stopped by `timeout`
+/// ([`LabError::TimedOut`]) or exited with an error (its messages).
+fn stdout_of(out: std::process::Output, what: &str) -> Result<String, LabError> {
     if out.status.code() == Some(TIMED_OUT) {
         return Err(LabError::TimedOut {
             cmd: what.into(),
@@ -441,13 +447,7 @@ fn ceiling(links: &[LinkSpec], secs: u64) -> Result<f64, LabError> {
             cmd: "iperf3".into(),
             reason: e.to_string(),
         })?;
-        if out.status.code() == Some(TIMED_OUT) {
-            return Err(LabError::TimedOut {
-                cmd: "iperf3 ceiling".into(),
-                grace_s: IPERF_GRACE_S,
-            });
-        }
-        ceiling_bps += iperf_bps(&String::from_utf8_lossy(&out.stdout), "iperf3 ceiling")?;
+        ceiling_bps += iperf_bps(&stdout_of(out, "iperf3 ceiling")?, "iperf3 ceiling")?;
     }
     Ok(ceiling_bps)
 }

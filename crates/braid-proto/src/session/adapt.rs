@@ -31,7 +31,9 @@
 //!   probes back up to its configured rate while it uses its pace (a channel carrying
 //!   less than four fifths of its rate is held back by something else, and its calm
 //!   proves nothing), and the quanta follow the rates. The link's queue drains and the
-//!   bond's waits at home, where the pacer's CoDel tells TCP.
+//!   bond's waits at home, where the pacer's CoDel tells TCP. A channel paced under
+//!   `1 / MAX_RATIO` of the fastest would be given more than its pace (its quantum is
+//!   held at that share): it leaves the bond ([`Adapt::thin`], `session::demote`).
 //!
 //! Why the one-way delay: the round trip counts the peer's traffic's queue on the way
 //! back, so it had to be above its minimum by a quarter to mean anything, and then a
@@ -218,6 +220,54 @@ impl Adapt {
             if let Some(m) = p.max.get_mut(c) {
                 *m = m.max(most);
             }
+        }
+    }
+
+    /// With adaptive pacing, channel `c`'s pace and the fastest of `members`' (bit/s),
+    /// when `c`'s is under `1 / MAX_RATIO` of it: too little for the stripe, which
+    /// gives no channel a quantum under `1 / MAX_RATIO` of the largest. Such a channel
+    /// would be given more than its pacer lets through, and its queue at home would
+    /// hold the whole bond to `MAX_RATIO` times its pace (`session::demote` takes it
+    /// out of the bond instead).
+    pub fn thin(&self, c: usize, members: &[usize]) -> Option<(f64, f64)> {
+        self.thin_by(c, members, 1.0)
+    }
+
+    /// [`Adapt::thin`], against `margin` times the least pace the stripe can give.
+    pub fn thin_by(&self, c: usize, members: &[usize], margin: f64) -> Option<(f64, f64)> {
+        let p = self.pace.as_ref()?;
+        let mine = *p.rates.get(c)?;
+        let top = members
+            .iter()
+            .filter(|&&m| m != c)
+            .filter_map(|&m| p.rates.get(m).copied())
+            .fold(0.0, f64::max);
+        (mine * MAX_RATIO < top * margin).then_some((mine, top))
+    }
+
+    /// Channel `c`, out of the bond, was measured again: pace it at `rate` and let it
+    /// probe up to `most` (bit/s on the wire). The quanta wait until it rejoins
+    /// ([`Adapt::requantize`]).
+    pub fn remeasured(&mut self, c: usize, rate: f64, most: f64) {
+        let Some(p) = self.pace.as_mut() else {
+            return;
+        };
+        if c < p.rates.len() && rate > 0.0 && most > 0.0 {
+            p.rates[c] = rate;
+            p.max[c] = most;
+            p.calm[c] = 0;
+            p.trial[c] = None;
+        }
+    }
+
+    /// With adaptive pacing, the quanta of `members` (a transmit set about to start)
+    /// proportional to their rates.
+    pub fn requantize(&mut self, members: &[usize]) {
+        let Some(p) = &self.pace else {
+            return;
+        };
+        for (&c, q) in members.iter().zip(proportional(p.least, members, &p.rates)) {
+            self.quanta[c] = q;
         }
     }
 

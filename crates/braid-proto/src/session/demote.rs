@@ -41,6 +41,11 @@
 //!   `rtt_ratio` times the fastest other active channel's (plus 5 ms) for `after`, while
 //!   it carries less than a tenth of what the active channels deliver: in-order
 //!   delivery then waits on it far longer than its share of the capacity is worth;
+//! * *too slow for the stripe* (with adaptive pacing and measured rates, `pace =
+//!   "auto"`): its pace stays under `1 / MAX_RATIO` of the fastest active channel's
+//!   for `after` (`Adapt::thin` in `session::adapt`). The stripe gives no quantum under
+//!   that share of the largest, so it would be given more than its pacer lets through
+//!   and its queue at home would hold the whole bond to `MAX_RATIO` times its pace;
 //! * and only while another channel the peer hears us on is active and clearly healthy
 //!   (its own loss at most half of `loss`): a bond whose every channel is bad keeps
 //!   them all (and the last channel is never taken away).
@@ -49,7 +54,9 @@
 //! it healthy: loss over the window at most half of `loss` (and, with the delay
 //! criterion, its minimum round trip at most three quarters of the demotion threshold).
 //! After `promote_after` (3 s by default) of probing without a relapse it is active
-//! again and rejoins the transmit set at the next epoch; a relapse puts it back to
+//! again and rejoins the transmit set at the next epoch (one demoted for being too slow
+//! is first measured again, and rejoins only at a pace of at least twice that share:
+//! see `fast_enough_again`); a relapse puts it back to
 //! demoted and the clock starts over. A channel demoted again within ten promotion
 //! periods of its promotion waits twice as long next time (up to eight times), so a
 //! link that is bad on and off is not switched in and out every few seconds.
@@ -76,6 +83,10 @@ const SLOW_SLACK: Duration = Duration::from_millis(5);
 const ADAPT_CUT: u64 = 8;
 /// Largest multiple of `promote_after` a repeatedly demoted channel waits.
 const MAX_BACKOFF: u32 = 8;
+/// How long a channel out of the bond for being too slow waits for the measurement
+/// it needs to rejoin (a train and its report; a train on a link of 100 kbit/s takes
+/// about 6 s to cross).
+const REMEASURE_WAIT: Duration = Duration::from_secs(10);
 
 /// Bad-link demotion settings ([`super::Config::demote`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -178,6 +189,15 @@ pub(super) struct ChanDemote {
     /// The latest loss over a whole window, if one was measured.
     pub window_loss: Option<f64>,
     slow_since: Option<Instant>,
+    /// Since when adaptive pacing has held the channel too slow for the stripe.
+    thin_since: Option<Instant>,
+    /// Out of the bond for being too slow for the stripe: it rejoins only once
+    /// measured again ([`super::probe`]) at a pace the stripe can give.
+    pub thin: bool,
+    /// When the train asked for before it may rejoin went out (asked), and when its
+    /// measurement came.
+    asked_at: Option<Instant>,
+    pub measured_at: Option<Instant>,
     promoted_at: Option<Instant>,
     backoff: u32,
 }
@@ -191,6 +211,10 @@ impl ChanDemote {
             samples: VecDeque::new(),
             window_loss: None,
             slow_since: None,
+            thin_since: None,
+            thin: false,
+            asked_at: None,
+            measured_at: None,
             promoted_at: None,
             backoff: 1,
         }
@@ -201,6 +225,7 @@ impl ChanDemote {
         self.samples.clear();
         self.window_loss = None;
         self.slow_since = None;
+        self.thin_since = None;
     }
 
     /// Record the peer's cumulative counts at `now` and return the loss over the last
@@ -287,10 +312,17 @@ impl Session {
                 continue;
             }
             let slow = self.slower_than(c, &est, cfg.rtt_ratio);
+            // Too slow for the stripe: judged only where a measurement can tell when
+            // it is fast enough again (`pace = "auto"`, the default).
+            let thin = match &self.adapt {
+                Some(a) if self.probes.measures() => a.thin(c, &self.tx.members),
+                _ => None,
+            };
             let j = Judged {
                 loss: &loss,
                 est: &est,
                 slow,
+                thin,
             };
             match self.chans[c].demote.role {
                 Role::Active => self.judge_active(c, now, &cfg, &j, cut),
@@ -341,7 +373,11 @@ impl Session {
         let slow_long = d
             .slow_since
             .is_some_and(|t| now.saturating_since(t) >= cfg.after);
-        if !(lossy || slow_long) || !self.has_alternative(c, j.loss, cfg.loss / 2.0) {
+        d.thin_since = j.thin.map(|_| d.thin_since.unwrap_or(now));
+        let thin_long = d
+            .thin_since
+            .is_some_and(|t| now.saturating_since(t) >= cfg.after);
+        if !(lossy || slow_long || thin_long) || !self.has_alternative(c, j.loss, cfg.loss / 2.0) {
             return;
         }
         let d = &mut self.chans[c].demote;
@@ -356,12 +392,23 @@ impl Session {
         };
         d.demotions += 1;
         d.slow_since = None;
+        d.thin_since = None;
+        d.thin = thin_long && !lossy && !slow_long;
+        d.asked_at = None;
+        d.measured_at = None;
         d.set_role(Role::Demoted, now);
-        let reason = match j.loss[c] {
-            Some(l) if lossy => format!(
+        let reason = match (j.loss[c], j.thin) {
+            (Some(l), _) if lossy => format!(
                 "{:.1} % of its datagrams lost over the last {} ms",
                 l * 100.0,
                 cfg.after.as_micros() / 1000
+            ),
+            (_, Some((mine, top))) if d.thin => format!(
+                "paced at {:.2} Mbit/s, under 1/{} of the fastest channel's {:.1}: too slow \
+                 for the stripe, which would give it more than that and hold the bond to its pace",
+                mine / 1e6,
+                super::adapt::MAX_RATIO,
+                top / 1e6
             ),
             _ => format!(
                 "its round trip ({} ms) is over {} times the fastest channel's",
@@ -396,11 +443,55 @@ impl Session {
         }
         d.set_role(Role::Probing, now);
         let hold = cfg.promote_after.as_micros() * u64::from(d.backoff);
-        if now.saturating_since(d.since).as_micros() >= hold {
-            d.set_role(Role::Active, now);
-            d.promoted_at = Some(now);
-            self.events.push_back(Event::ChannelPromoted { channel: c });
+        if now.saturating_since(d.since).as_micros() < hold {
+            return;
         }
+        if d.thin && !self.fast_enough_again(c, now, j) {
+            return;
+        }
+        let d = &mut self.chans[c].demote;
+        d.thin = false;
+        d.set_role(Role::Active, now);
+        d.promoted_at = Some(now);
+        if let Some(a) = &mut self.adapt {
+            let mut set = self.tx.members.clone();
+            set.push(c);
+            set.sort_unstable();
+            set.dedup();
+            a.requantize(&set);
+        }
+        self.events.push_back(Event::ChannelPromoted { channel: c });
+    }
+
+    /// A channel out of the bond for being too slow for the stripe, healthy for its
+    /// hold: is it fast enough to rejoin? It is measured again first (a train, asked
+    /// for here); it rejoins once measured at twice the least pace the stripe can give
+    /// (hysteresis). Measured still too slow, or with no measurement within
+    /// [`REMEASURE_WAIT`], it stays out and waits twice as long before the next try.
+    fn fast_enough_again(&mut self, c: usize, now: Instant, j: &Judged) -> bool {
+        let d = &mut self.chans[c].demote;
+        let Some(asked) = d.asked_at else {
+            d.asked_at = Some(now);
+            d.measured_at = None;
+            self.probes.measure_now(c);
+            return false;
+        };
+        let measured = d.measured_at.is_some_and(|t| t >= asked);
+        if !measured && now.saturating_since(asked) < REMEASURE_WAIT {
+            return false;
+        }
+        let fast = measured
+            && match (j.thin, &self.adapt) {
+                (Some(_), _) | (None, None) => false,
+                (None, Some(a)) => a.thin_by(c, &self.tx.members, 2.0).is_none(),
+            };
+        if !fast {
+            let d = &mut self.chans[c].demote;
+            d.asked_at = None;
+            d.backoff = (d.backoff * 2).min(MAX_BACKOFF);
+            d.set_role(Role::Demoted, now);
+        }
+        fast
     }
 
     /// With the delay criterion on: is channel `c`'s minimum round trip above the
@@ -451,6 +542,9 @@ struct Judged<'a> {
     loss: &'a [Option<f64>],
     est: &'a [super::feedback::Estimate],
     slow: bool,
+    /// Adaptive pacing holds the channel too slow for the stripe: its pace and the
+    /// fastest member's ([`super::adapt::Adapt::thin`]).
+    thin: Option<(f64, f64)>,
 }
 
 #[cfg(test)]

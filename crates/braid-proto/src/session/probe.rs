@@ -46,7 +46,7 @@
 //! queue). A train that overflows a queue still measures the link (the queue drains at
 //! the link's rate while it drops), but its losses count as the channel's for a moment.
 
-use super::LinkState;
+use super::{LinkState, Role};
 use crate::time::{Duration, Instant};
 use crate::wire::secure;
 use crate::wire::session::{Msg, Probe, ProbeReport};
@@ -240,6 +240,22 @@ impl Probes {
             TxState::Done { at } | TxState::GaveUp { at }
                 if now.saturating_since(at) >= REMEASURE_AFTER =>
             {
+                *s = TxState::Due { first: false };
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Measure channel `c` again now, whenever it was last measured (a channel out of
+    /// the bond for being too slow, before it may rejoin: `session::demote`). Returns
+    /// whether a train is now due (not while one is out or due already).
+    pub fn measure_now(&mut self, c: usize) -> bool {
+        let Some(s) = self.tx.as_mut().and_then(|tx| tx.get_mut(c)) else {
+            return false;
+        };
+        match *s {
+            TxState::Done { .. } | TxState::GaveUp { .. } => {
                 *s = TxState::Due { first: false };
                 true
             }
@@ -559,7 +575,12 @@ impl super::Session {
         // all of its rate) leaves it: adaptive pacing may now probe up to the new rate,
         // if higher (a lower one, with the channel calm at its pace, is taken for the
         // train's noise or a moment's cross traffic).
-        let pace = if first {
+        // A channel out of the bond for being too slow for the stripe is paced at
+        // what this measurement says, whatever it was before (`session::demote`
+        // decides whether it may rejoin).
+        let d = &self.chans[c].demote;
+        let thin = !first && d.thin && d.role != Role::Active;
+        let pace = if first || thin {
             let rate = capped(bps * PACE_SHARE);
             pc.start(now, c, rate);
             rate
@@ -572,6 +593,13 @@ impl super::Session {
             pace_bps: pace.round() as u64,
             capped: first && configured.is_some_and(|r| r < bps * PACE_SHARE),
         });
+        if thin {
+            if let Some(a) = &mut self.adapt {
+                a.remeasured(c, pace, capped(bps));
+            }
+            self.chans[c].demote.measured_at = Some(now);
+            return;
+        }
         if let Some(a) = &mut self.adapt {
             if !first {
                 a.raise(c, capped(bps));

@@ -326,3 +326,146 @@ fn with_adaptive_weights_a_lossy_channel_is_cut_then_demoted() {
     p.assert_no_duplicates();
     assert_eq!(p.delivered.len() as u64, p.next_id);
 }
+
+/// A channel that adaptive pacing holds under 1/64 of the fastest one's pace is given
+/// more than that by the stripe (no quantum is under 1/64 of the largest), so its queue
+/// at home would hold the whole bond: it leaves the bond, and rejoins once a new train
+/// measures its link fast enough again (issue 28).
+#[test]
+fn a_channel_paced_too_slow_for_the_stripe_leaves_and_rejoins_once_measured() {
+    let mut p = pair_with(3, Mode::Logical, &[5, 5, 5], |c| {
+        paced(&[0.0; 3])(c);
+        let pc = c.pacing.as_mut().unwrap();
+        pc.probe = true;
+        pc.codel = None;
+        c.adaptive = true;
+        c.pmtu = None;
+    });
+    for l in 0..3 {
+        p.ab[l].rate_bps = 8e6;
+        p.ba[l].rate_bps = 8e6;
+    }
+    p.run_until(at_ms(1000));
+    assert!(
+        (0..3).all(|c| measured(&p, c).len() == 1),
+        "{:?}",
+        p.events_a
+    );
+    assert!(data_between(&p, 2, at_ms(500), at_ms(1000)) > 50);
+    // As after a run of cuts (a bursty link, say): paced at 100 kbit/s, 1/78 of the
+    // others' 7.76 Mbit/s, on a link that still carries 8 Mbit/s.
+    let now = p.now;
+    p.a.adapt.as_mut().unwrap().remeasured(2, 1e5, 1e5);
+    p.a.pacer.as_mut().unwrap().set_rate(now, 2, 1e5);
+    p.run_until(at_ms(2600));
+    let d = demoted_at(&p, 2);
+    assert_eq!(d.len(), 1, "{:?}", p.events_a);
+    assert!(d[0] <= at_ms(2300), "demoted at {:?}", d[0]);
+    let reason = p.events_a.iter().find_map(|(_, e)| match e {
+        Event::ChannelDemoted { channel: 2, reason } => Some(reason.clone()),
+        _ => None,
+    });
+    assert!(
+        reason
+            .as_ref()
+            .is_some_and(|r| r.contains("too slow for the stripe")),
+        "{reason:?}"
+    );
+    assert_eq!(demoted_at(&p, 0).len() + demoted_at(&p, 1).len(), 0);
+    // Probing for promote_after (3 s), then a train; its measurement rejoins it.
+    p.run_until(at_ms(8000));
+    let m = measured(&p, 2);
+    assert_eq!(m.len(), 2, "{m:?}");
+    let (t, bps, pace) = m[1];
+    assert!(
+        t >= d[0] + Duration::from_secs(3),
+        "measured again at {t:?}"
+    );
+    assert!((bps as f64 - 8e6).abs() < 8e4, "{m:?}");
+    let u = promoted_at(&p, 2);
+    assert_eq!(u.len(), 1, "{:?}", p.events_a);
+    assert!(u[0] >= t, "promoted at {:?} before its measurement", u[0]);
+    let out = d[0] + Duration::from_millis(200);
+    assert_eq!(data_between(&p, 2, out, u[0]), 0);
+    assert!(data_between(&p, 2, u[0] + Duration::from_millis(300), at_ms(8000)) > 200);
+    let s = p.a.stats(p.now);
+    assert_eq!(s.channels[2].role, Role::Active);
+    assert!((s.channels[2].pace_bps.unwrap() - pace as f64).abs() < 1.0);
+    assert!(s.channels[2].pace_bps.unwrap() > 7e6);
+    // Delivery exact throughout: everything, in order.
+    p.every = Duration::ZERO;
+    p.run_until(at_ms(8500));
+    p.assert_no_duplicates();
+    assert!(p.delivered.windows(2).all(|w| w[0] < w[1]));
+    assert_eq!(p.delivered.len() as u64, p.next_id);
+}
+
+/// The same with a link that is itself too slow: measured again, it stays out and waits
+/// twice as long before the next try; once its link is fast again, it rejoins.
+#[test]
+fn a_channel_measured_still_too_slow_stays_out_until_its_link_recovers() {
+    let mut p = pair_with(3, Mode::Seq, &[5, 5, 5], |c| {
+        paced(&[0.0; 3])(c);
+        let pc = c.pacing.as_mut().unwrap();
+        pc.probe = true;
+        pc.codel = None;
+        c.adaptive = true;
+        c.pmtu = None;
+    });
+    let rate = |p: &mut Pair, c: usize, bps: f64| {
+        p.ab[c].rate_bps = bps;
+        p.ba[c].rate_bps = bps;
+    };
+    for l in 0..3 {
+        rate(&mut p, l, 64e6);
+    }
+    p.run_until(at_ms(1000));
+    assert!(
+        (0..3).all(|c| measured(&p, c).len() == 1),
+        "{:?}",
+        p.events_a
+    );
+    // Channel 2's link falls to 900 kbit/s, under 1/64 of the others' 62 Mbit/s of
+    // pace, and adaptive pacing follows it there.
+    rate(&mut p, 2, 9e5);
+    let now = p.now;
+    p.a.adapt.as_mut().unwrap().remeasured(2, 8.7e5, 8.7e5);
+    p.a.pacer.as_mut().unwrap().set_rate(now, 2, 8.7e5);
+    p.run_until(at_ms(16_000));
+    let d = demoted_at(&p, 2);
+    assert_eq!(d.len(), 1, "{:?}", p.events_a);
+    // Measured again after promote_after (3 s), still too slow: out, and the next try
+    // after twice that.
+    let m = measured(&p, 2);
+    assert_eq!(m.len(), 3, "{m:?}");
+    for k in [1, 2] {
+        assert!((m[k].1 as f64 - 9e5).abs() < 3e4, "{m:?}");
+    }
+    assert!(m[1].0 >= d[0] + Duration::from_secs(3), "{m:?}");
+    assert!(m[2].0 >= m[1].0 + Duration::from_secs(6), "{m:?}");
+    assert!(promoted_at(&p, 2).is_empty(), "{:?}", p.events_a);
+    let s = p.a.stats(p.now);
+    assert_ne!(s.channels[2].role, Role::Active);
+    assert!(!s.channels[2].in_tx_set);
+    assert_eq!(
+        data_between(&p, 2, d[0] + Duration::from_millis(200), p.now),
+        0
+    );
+    // Its link recovers: the next try (after four times the hold) measures it and it
+    // rejoins.
+    rate(&mut p, 2, 64e6);
+    p.run_until(at_ms(32_000));
+    let m = measured(&p, 2);
+    assert_eq!(m.len(), 4, "{m:?}");
+    assert!(m[3].0 >= m[2].0 + Duration::from_secs(12), "{m:?}");
+    assert!(m[3].1 > 60_000_000, "{m:?}");
+    let u = promoted_at(&p, 2);
+    assert_eq!(u.len(), 1, "{:?}", p.events_a);
+    assert!(u[0] >= m[3].0);
+    assert!(data_between(&p, 2, u[0] + Duration::from_millis(300), p.now) > 50);
+    p.every = Duration::ZERO;
+    p.run_until(at_ms(32_500));
+    p.assert_no_duplicates();
+    assert!(p.delivered.windows(2).all(|w| w[0] < w[1]));
+    assert_eq!(p.delivered.len() as u64, p.next_id);
+}
