@@ -327,20 +327,34 @@ fn with_adaptive_weights_a_lossy_channel_is_cut_then_demoted() {
     assert_eq!(p.delivered.len() as u64, p.next_id);
 }
 
-/// A channel that adaptive pacing holds under 1/64 of the fastest one's pace is given
-/// more than that by the stripe (no quantum is under 1/64 of the largest), so its queue
-/// at home would hold the whole bond: it leaves the bond, and rejoins once a new train
-/// measures its link fast enough again (issue 28).
-#[test]
-fn a_channel_paced_too_slow_for_the_stripe_leaves_and_rejoins_once_measured() {
-    let mut p = pair_with(3, Mode::Logical, &[5, 5, 5], |c| {
+/// Three channels of 5 ms in `mode`, their rates measured (`pace = "auto"`) and paced
+/// adaptively, without CoDel or path MTU discovery.
+fn measured_pair(mode: Mode) -> Pair {
+    pair_with(3, mode, &[5, 5, 5], |c| {
         paced(&[0.0; 3])(c);
         let pc = c.pacing.as_mut().unwrap();
         pc.probe = true;
         pc.codel = None;
         c.adaptive = true;
         c.pmtu = None;
-    });
+    })
+}
+
+/// A's channel `c` paced at `bps` and at most that, as adaptive pacing leaves a
+/// channel after a run of cuts.
+fn pace_down(p: &mut Pair, c: usize, bps: f64) {
+    let now = p.now;
+    p.a.adapt.as_mut().unwrap().remeasured(c, bps, bps);
+    p.a.pacer.as_mut().unwrap().set_rate(now, c, bps);
+}
+
+/// A channel that adaptive pacing holds under 1/64 of the fastest one's pace is given
+/// more than that by the stripe (no quantum is under 1/64 of the largest), so its queue
+/// at home would hold the whole bond: it leaves the bond, and rejoins once a new train
+/// measures its link fast enough again (issue 28).
+#[test]
+fn a_channel_paced_too_slow_for_the_stripe_leaves_and_rejoins_once_measured() {
+    let mut p = measured_pair(Mode::Logical);
     for l in 0..3 {
         p.ab[l].rate_bps = 8e6;
         p.ba[l].rate_bps = 8e6;
@@ -354,9 +368,7 @@ fn a_channel_paced_too_slow_for_the_stripe_leaves_and_rejoins_once_measured() {
     assert!(data_between(&p, 2, at_ms(500), at_ms(1000)) > 50);
     // As after a run of cuts (a bursty link, say): paced at 100 kbit/s, 1/78 of the
     // others' 7.76 Mbit/s, on a link that still carries 8 Mbit/s.
-    let now = p.now;
-    p.a.adapt.as_mut().unwrap().remeasured(2, 1e5, 1e5);
-    p.a.pacer.as_mut().unwrap().set_rate(now, 2, 1e5);
+    pace_down(&mut p, 2, 1e5);
     p.run_until(at_ms(2600));
     let d = demoted_at(&p, 2);
     assert_eq!(d.len(), 1, "{:?}", p.events_a);
@@ -404,14 +416,7 @@ fn a_channel_paced_too_slow_for_the_stripe_leaves_and_rejoins_once_measured() {
 /// twice as long before the next try; once its link is fast again, it rejoins.
 #[test]
 fn a_channel_measured_still_too_slow_stays_out_until_its_link_recovers() {
-    let mut p = pair_with(3, Mode::Seq, &[5, 5, 5], |c| {
-        paced(&[0.0; 3])(c);
-        let pc = c.pacing.as_mut().unwrap();
-        pc.probe = true;
-        pc.codel = None;
-        c.adaptive = true;
-        c.pmtu = None;
-    });
+    let mut p = measured_pair(Mode::Seq);
     let rate = |p: &mut Pair, c: usize, bps: f64| {
         p.ab[c].rate_bps = bps;
         p.ba[c].rate_bps = bps;
@@ -428,9 +433,7 @@ fn a_channel_measured_still_too_slow_stays_out_until_its_link_recovers() {
     // Channel 2's link falls to 900 kbit/s, under 1/64 of the others' 62 Mbit/s of
     // pace, and adaptive pacing follows it there.
     rate(&mut p, 2, 9e5);
-    let now = p.now;
-    p.a.adapt.as_mut().unwrap().remeasured(2, 8.7e5, 8.7e5);
-    p.a.pacer.as_mut().unwrap().set_rate(now, 2, 8.7e5);
+    pace_down(&mut p, 2, 8.7e5);
     p.run_until(at_ms(16_000));
     let d = demoted_at(&p, 2);
     assert_eq!(d.len(), 1, "{:?}", p.events_a);
