@@ -224,17 +224,12 @@ impl Adapt {
     }
 
     /// With adaptive pacing, channel `c`'s pace and the fastest of `members`' (bit/s),
-    /// when `c`'s is under `1 / MAX_RATIO` of it: too little for the stripe, which
-    /// gives no channel a quantum under `1 / MAX_RATIO` of the largest. Such a channel
-    /// would be given more than its pacer lets through, and its queue at home would
-    /// hold the whole bond to `MAX_RATIO` times its pace (`session::demote` takes it
-    /// out of the bond instead).
-    pub fn thin(&self, c: usize, members: &[usize]) -> Option<(f64, f64)> {
-        self.thin_by(c, members, 1.0)
-    }
-
-    /// [`Adapt::thin`], against `margin` times the least pace the stripe can give.
-    pub fn thin_by(&self, c: usize, members: &[usize], margin: f64) -> Option<(f64, f64)> {
+    /// when `c`'s is under `margin / MAX_RATIO` of it. At a margin of 1: too little for
+    /// the stripe, which gives no channel a quantum under `1 / MAX_RATIO` of the
+    /// largest. Such a channel would be given more than its pacer lets through, and its
+    /// queue at home would hold the whole bond to `MAX_RATIO` times its pace
+    /// (`session::demote` takes it out of the bond instead).
+    pub fn thin(&self, c: usize, members: &[usize], margin: f64) -> Option<(f64, f64)> {
         let p = self.pace.as_ref()?;
         let mine = *p.rates.get(c)?;
         let top = members

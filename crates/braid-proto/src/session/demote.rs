@@ -315,7 +315,7 @@ impl Session {
             // Too slow for the stripe: judged only where a measurement can tell when
             // it is fast enough again (`pace = "auto"`, the default).
             let thin = match &self.adapt {
-                Some(a) if self.probes.measures() => a.thin(c, &self.tx.members),
+                Some(a) if self.probes.measures() => a.thin(c, &self.tx.members, 1.0),
                 _ => None,
             };
             let j = Judged {
@@ -446,7 +446,7 @@ impl Session {
         if now.saturating_since(d.since).as_micros() < hold {
             return;
         }
-        if d.thin && !self.fast_enough_again(c, now, j) {
+        if d.thin && !self.fast_enough_again(c, now) {
             return;
         }
         let d = &mut self.chans[c].demote;
@@ -468,7 +468,7 @@ impl Session {
     /// for here); it rejoins once measured at twice the least pace the stripe can give
     /// (hysteresis). Measured still too slow, or with no measurement within
     /// [`REMEASURE_WAIT`], it stays out and waits twice as long before the next try.
-    fn fast_enough_again(&mut self, c: usize, now: Instant, j: &Judged) -> bool {
+    fn fast_enough_again(&mut self, c: usize, now: Instant) -> bool {
         let d = &mut self.chans[c].demote;
         let Some(asked) = d.asked_at else {
             d.asked_at = Some(now);
@@ -481,10 +481,10 @@ impl Session {
             return false;
         }
         let fast = measured
-            && match (j.thin, &self.adapt) {
-                (Some(_), _) | (None, None) => false,
-                (None, Some(a)) => a.thin_by(c, &self.tx.members, 2.0).is_none(),
-            };
+            && self
+                .adapt
+                .as_ref()
+                .is_some_and(|a| a.thin(c, &self.tx.members, 2.0).is_none());
         if !fast {
             let d = &mut self.chans[c].demote;
             d.asked_at = None;

@@ -233,18 +233,12 @@ impl Probes {
     /// its last measurement (or attempt) is [`REMEASURE_AFTER`] old. Returns whether a
     /// train is now due.
     pub fn remeasure(&mut self, c: usize, now: Instant) -> bool {
-        let Some(s) = self.tx.as_mut().and_then(|tx| tx.get_mut(c)) else {
-            return false;
-        };
-        match *s {
-            TxState::Done { at } | TxState::GaveUp { at }
-                if now.saturating_since(at) >= REMEASURE_AFTER =>
-            {
-                *s = TxState::Due { first: false };
-                true
-            }
-            _ => false,
-        }
+        let old = matches!(
+            self.tx.as_ref().and_then(|tx| tx.get(c)),
+            Some(TxState::Done { at } | TxState::GaveUp { at })
+                if now.saturating_since(*at) >= REMEASURE_AFTER
+        );
+        old && self.measure_now(c)
     }
 
     /// Measure channel `c` again now, whenever it was last measured (a channel out of
