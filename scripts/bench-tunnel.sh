@@ -23,6 +23,12 @@
 # TCP rows). PACE=off measures the data path alone. Each TCP row through the tunnel
 # records the sending end's pace (pace_bps in the JSON; -1: unpaced).
 #
+# SERVER=1 (the default) adds, per security mode, one channel with end 1 a server
+# (`[[peer]]`, fixed port) and end 2 its client: tcp-MODE-srv-down (iperf3 from the
+# server's side to the client: the server's TUN reader and peer routing) and
+# tcp-MODE-srv-up (from the client to the server: the server's per-peer TUN writer).
+# SERVER=0 leaves them out.
+#
 # CHANNELS="1 2" (the default) runs each mode's tunnel rows over one channel, then two;
 # CHANNELS=1 only one. UDP=0 leaves out every UDP row (TCP only: quicker).
 #
@@ -46,6 +52,7 @@ PACE=${PACE:-}
 MODES=${MODES:-encrypt auth none}
 CHANNELS=${CHANNELS:-1 2}
 UDP=${UDP:-1}
+SERVER=${SERVER:-1}
 N1=bfw1-$$; N2=bfw2-$$
 TMP=$(mktemp -d)
 PIDS=()
@@ -103,13 +110,54 @@ CFG
     done
 }
 
+# End 1 a server with end 2 as its one peer, one channel (security mode).
+write_server_configs() {
+    (umask 077; "$B" genkey > "$TMP/srv.key"; "$B" genkey > "$TMP/cli.key")
+    cat > "$TMP/t1.toml" <<CFG
+[tunnel]
+name = "bft1"
+address = "10.78.0.1/24"
+control = "$TMP/t1.sock"
+log_interval = "0s"
+[session]
+private_key_file = "$TMP/srv.key"
+security = "$1"
+$( [ "$1" = none ] && echo "allow_insecure = true" )
+[[channel]]
+local = "10.203.0.1:7000"
+$( [ -n "$PACE" ] && echo "pace = \"$PACE\"" )
+[[peer]]
+name = "client"
+public_key = "$("$B" pubkey < "$TMP/cli.key")"
+allowed_ips = ["10.78.0.2/32"]
+CFG
+    cat > "$TMP/t2.toml" <<CFG
+[tunnel]
+name = "bft2"
+address = "10.78.0.2/24"
+control = "$TMP/t2.sock"
+log_interval = "0s"
+[session]
+private_key_file = "$TMP/cli.key"
+peer_public_key = "$("$B" pubkey < "$TMP/srv.key")"
+security = "$1"
+$( [ "$1" = none ] && echo "allow_insecure = true" )
+[[channel]]
+local = "10.203.0.2:0"
+remote = "10.203.0.1:7000"
+$( [ -n "$PACE" ] && echo "pace = \"$PACE\"" )
+CFG
+    chmod 600 "$TMP/t1.toml" "$TMP/t2.toml"
+}
+
 start_tunnels() { # binary
     TPIDS=()
     ip netns exec "$N1" "$1" tunnel --config "$TMP/t1.toml" 2>"$TMP/t1.log" & TPIDS+=($!)
     ip netns exec "$N2" "$1" tunnel --config "$TMP/t2.toml" 2>"$TMP/t2.log" & TPIDS+=($!)
     PIDS+=("${TPIDS[@]}")
     for i in $(seq 100); do
-        "$B" status --control "$TMP/t1.sock" --json 2>/dev/null | grep -q '"peer_seen": true' && return
+        # (End 2 is a client of end 1 in the server rows: its status says.)
+        "$B" status --control "$TMP/t2.sock" --json 2>/dev/null | grep -q '"peer_seen": true' && return
         sleep 0.1
     done
     echo "bench-tunnel.sh: the tunnels did not come up:" >&2; cat "$TMP/t1.log" >&2; exit 1
@@ -156,8 +204,8 @@ PY
     tail -1 "$TMP/results" | awk '{printf "%-6s %-16s %5s %10.1f %10.1f %8.3f %7.2f %7.2f\n", $1, $2, $3, $4/1e3, $5/1e3, $6/1e9, $7*100, $8}'
 }
 
-tcp() { # label ip
-    local label=$1 ip=$2
+tcp() { # label ip [iperf3 client options]
+    local label=$1 ip=$2 opts=${3:-}
     ip netns exec "$N2" iperf3 -s -1 -B "$ip" -p 5201 > /dev/null 2>&1 &
     local sp=$!
     sleep 0.5
@@ -168,7 +216,7 @@ tcp() { # label ip
         (sleep 0.5; exec perf record -q -F 999 -g -o "$PERF" -p "$(IFS=,; echo "${TPIDS[*]}")" -- sleep "$(echo "$SECS - 1" | bc)") >/dev/null 2>&1 &
         perf_pid=$!
     fi
-    ip netns exec "$N1" iperf3 -c "$ip" -p 5201 -t "$SECS" -J > "$TMP/iperf.json" 2>"$TMP/iperf.err" || true
+    ip netns exec "$N1" iperf3 -c "$ip" -p 5201 -t "$SECS" $opts -J > "$TMP/iperf.json" 2>"$TMP/iperf.err" || true
     [ -n "$perf_pid" ] && { wait "$perf_pid" || true; echo "perf profile of the tcp $label row: $PERF"; }
     local c1; c1=$(cpu_ticks)
     wait $sp 2>/dev/null || true
@@ -245,6 +293,13 @@ for bin in "${BINS[@]}"; do
             done
             stop_tunnels
         done
+        if [ "$SERVER" != 0 ]; then
+            write_server_configs "$mode"
+            start_tunnels "$bin"
+            tcp "${prefix}$mode-srv-down" 10.78.0.2
+            tcp "${prefix}$mode-srv-up" 10.78.0.2 -R
+            stop_tunnels
+        fi
     done
 done
 if wg_up; then

@@ -42,6 +42,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::config::{PeerConfig, SessionConfig};
 use crate::keys;
+use crate::segment::Segmenter;
 use crate::session::{
     BatchRecv, Channels, HandshakePool, Inbox, Session, SessionError, SessionSender,
 };
@@ -771,7 +772,9 @@ fn start_peer(shared: &Arc<Shared>, peer: &Arc<Peer>) {
 
 /// One peer's packets to the TUN device, each only if its source is in the peer's
 /// allowed IPs, until its session is closed (a reload removed it, or the server
-/// stops).
+/// stops). The session's driver writes them itself, in the task that opens them
+/// ([`Session::deliver_to_shared_tun`]); this task writes what was delivered before
+/// that, and owns the session until it is to close.
 async fn to_tun(
     shared: Arc<Shared>,
     peer: Arc<Peer>,
@@ -779,6 +782,18 @@ async fn to_tun(
     mut stop: watch::Receiver<bool>,
 ) {
     let tun = shared.tun.clone();
+    let filter: crate::session::TunFilter = {
+        let (shared, peer) = (shared.clone(), peer.clone());
+        Arc::new(move |p: &[u8]| {
+            let ok = from_allowed(&shared, &shared.table(), &peer, p);
+            if ok {
+                peer.counters.to_tun.fetch_add(1, Ordering::Relaxed);
+            }
+            ok
+        })
+    };
+    // (Refused only by a session that has ended: then `recv` ends the loop.)
+    let _ = session.deliver_to_shared_tun(tun.clone(), filter).await;
     // Grown on the first packets: an idle peer costs no frame buffer.
     let mut batch: Vec<Bytes> = Vec::new();
     let mut frame = Vec::new();
@@ -856,31 +871,35 @@ fn link_scoped(a: std::net::IpAddr) -> bool {
     }
 }
 
-/// Packets from the TUN device to the peer that owns their destination.
+/// Packets from the TUN device to the peer that owns their destination. With transmit
+/// offload a read is a whole TCP super-segment (up to 64 KiB of one flow, so of one
+/// destination) or one packet: it is cut to that peer's bond (`crate::segment`),
+/// MSS-clamped, and queued for the peer as one batch, so that its driver takes the
+/// read whole and each channel's share leaves as GSO trains (as `braid tunnel`'s
+/// reader does). Never waits for a peer: what its queue has no room for is dropped and
+/// counted (`tx_queue_drops`), so one slow peer does not hold up the others.
 async fn route_from_tun(shared: Arc<Shared>) -> std::io::Result<()> {
-    let mut buf = vec![0u8; 65536];
+    match shared.tun.set_offload() {
+        Ok(o) => info!("TUN {}: transmit offload {o:?}", shared.tun.name()),
+        Err(e) => info!(
+            "TUN {}: no transmit offload ({e}): one packet per read",
+            shared.tun.name()
+        ),
+    }
+    let mut buf = vec![0u8; crate::tunnel::READ_BUF];
+    let mut seg = Segmenter::new();
+    let mut pkts: Vec<Bytes> = Vec::with_capacity(64);
     let mut too_big = crate::tunnel::TooBigCounts::default();
+    let mut refused = Throttle::new(LOG_EVERY);
     loop {
-        let n = shared.tun.recv(&mut buf).await?;
-        if n == 0 {
-            continue;
-        }
-        let pkt = &mut buf[..n];
-        let Some((_, dst)) = addresses(pkt) else {
-            shared.counters.not_ip.fetch_add(1, Ordering::Relaxed);
+        let n = shared.tun.recv_frame(&mut buf).await?;
+        let Some(pkt) = buf
+            .get(crate::offload::VNET_HDR_LEN..n)
+            .filter(|p| !p.is_empty())
+        else {
             continue;
         };
-        let table = shared.table();
-        let Some(peer) = table
-            .routes
-            .lookup(dst)
-            .and_then(|slot| table.by_slot.get(&slot))
-        else {
-            shared.counters.no_route.fetch_add(1, Ordering::Relaxed);
-            let allow = shared.logs.lock().ok().and_then(|mut l| l.no_route.allow());
-            if let Some(more) = allow {
-                debug!("packet to {dst} dropped: no peer's allowed_ips hold it ({more} more not shown)");
-            }
+        let Some(peer) = peer_of(&shared, pkt) else {
             continue;
         };
         let Some(r) = peer.running.get() else {
@@ -889,22 +908,69 @@ async fn route_from_tun(shared: Arc<Shared>) -> std::io::Result<()> {
         };
         // This peer's bond, as its path MTU discovery finds it (the shared TUN device
         // keeps the largest any peer's configuration carries): SYNs announce no larger
-        // a segment, and a larger packet is answered with ICMP (or fragmented) as the
-        // client's tunnel does, not sent to be lost on the path.
+        // a segment, super-segments are cut to it, and a larger packet is answered
+        // with ICMP (or fragmented) as the client's tunnel does, not sent to be lost
+        // on the path.
         let mtu = r.sender.path_max_message();
-        crate::mss::clamp(pkt, mtu);
-        if pkt.len() > mtu {
-            too_big.handle(&shared.tun, &r.sender, pkt, mtu).await;
+        let clamp = |p: &mut [u8]| {
+            crate::mss::clamp(p, mtu);
+        };
+        if let Err(why) = seg.split(&mut buf[..n], mtu, &mut pkts, clamp) {
+            if let Some(more) = refused.allow() {
+                warn!(
+                    "TUN {}: read of {n} bytes dropped: {why} ({more} more not shown)",
+                    shared.tun.name()
+                );
+            }
             continue;
         }
-        match r.sender.try_send(Bytes::copy_from_slice(pkt)) {
-            Ok(true) => {}
-            Ok(false) | Err(SessionError::Closed) => {
-                peer.counters.tx_queue_drops.fetch_add(1, Ordering::Relaxed);
+        // Only a packet that came whole can be too big (braid cut the others to fit).
+        if pkts.len() == 1 && pkts[0].len() > mtu {
+            let p = pkts.pop().unwrap_or_default();
+            too_big.handle(&shared.tun, &r.sender, &p, mtu).await;
+            continue;
+        }
+        // One allocation per read, not per packet.
+        let batch = std::mem::replace(&mut pkts, Vec::with_capacity(64));
+        let len = batch.len();
+        let sent = match r.sender.try_send_batch(batch) {
+            Ok(k) => k,
+            Err(SessionError::Closed) => 0,
+            Err(e) => {
+                debug!("peer {}: packets not sent: {e}", peer.name());
+                0
             }
-            Err(e) => debug!("packet to {dst} not sent: {e}"),
+        };
+        if sent < len {
+            peer.counters
+                .tx_queue_drops
+                .fetch_add((len - sent) as u64, Ordering::Relaxed);
         }
     }
+}
+
+/// The peer whose allowed IPs hold `pkt`'s destination; `None` (counted, and logged
+/// at most every few seconds) if it is not an IP packet or no peer's do.
+fn peer_of(shared: &Shared, pkt: &[u8]) -> Option<Arc<Peer>> {
+    let Some((_, dst)) = addresses(pkt) else {
+        shared.counters.not_ip.fetch_add(1, Ordering::Relaxed);
+        return None;
+    };
+    let table = shared.table();
+    let peer = table
+        .routes
+        .lookup(dst)
+        .and_then(|slot| table.by_slot.get(&slot));
+    if peer.is_none() {
+        shared.counters.no_route.fetch_add(1, Ordering::Relaxed);
+        let allow = shared.logs.lock().ok().and_then(|mut l| l.no_route.allow());
+        if let Some(more) = allow {
+            debug!(
+                "packet to {dst} dropped: no peer's allowed_ips hold it ({more} more not shown)"
+            );
+        }
+    }
+    peer.cloned()
 }
 
 /// A channel socket's reader: each datagram to its peer's session.
@@ -917,6 +983,9 @@ async fn demux(channel: usize, shared: Arc<Shared>) {
     );
     type Batch = Vec<(std::time::Instant, SocketAddr, Bytes)>;
     let mut per_peer: Vec<(u16, Batch)> = Vec::new();
+    // Data datagrams are copied out of the reused receive buffers into shared chunks
+    // (one allocation per 64 KiB, whichever peers they are for), not one each.
+    let mut chunks = crate::chunks::Chunks::default();
     loop {
         // The peer table as it is when the batch has arrived (a reload may swap it).
         let mut current: Option<Arc<Table>> = None;
@@ -951,7 +1020,7 @@ async fn demux(channel: usize, shared: Arc<Shared>) {
                     .fetch_add(1, Ordering::Relaxed);
                 return;
             }
-            let item = (at, from, Bytes::copy_from_slice(d));
+            let item = (at, from, chunks.copy(d));
             match per_peer.iter_mut().find(|(s, _)| *s == slot) {
                 Some((_, b)) => b.push(item),
                 None => per_peer.push((slot, vec![item])),

@@ -114,8 +114,8 @@ enum Cmd {
     Stats(oneshot::Sender<SessionStats>),
     Weights(Vec<u32>),
     /// From now on the driver writes what it delivers to this TUN device itself
-    /// ([`Session::deliver_to_tun`]).
-    Tun(Arc<crate::tun::Tun>),
+    /// ([`Session::deliver_to_tun`], [`Session::deliver_to_shared_tun`]).
+    Tun(Arc<crate::tun::Tun>, Option<TunFilter>),
     /// Channel `.0`'s new addresses or device (a reload): what was done, or why not.
     Channel(
         usize,
@@ -312,6 +312,30 @@ impl SessionSender {
     pub fn try_send(&self, m: Bytes) -> Result<bool, SessionError> {
         self.check(&m)?;
         self.data.try_send(AppMsg::One(m))
+    }
+
+    /// Send as many of `ms` as the input queue has room for now, in order, as one batch
+    /// ([`SessionSender::send_batch`]) without waiting; returns how many went (the
+    /// rest are the caller's to count as dropped). If one message cannot be sent
+    /// ([`SessionSender::check`]), none is.
+    pub fn try_send_batch(&self, mut ms: Vec<Bytes>) -> Result<usize, SessionError> {
+        for m in &ms {
+            self.check(m)?;
+        }
+        let n = ms
+            .len()
+            .min(self.data.cap)
+            .min(self.data.room.available_permits());
+        if n == 0 {
+            return Ok(0);
+        }
+        ms.truncate(n);
+        // Another sender may have taken the room meanwhile: then nothing goes.
+        Ok(if self.data.try_send(AppMsg::Batch(ms))? {
+            n
+        } else {
+            0
+        })
     }
 
     /// The largest message that does not start with a byte `0xB0..=0xBF` (those need a
@@ -885,12 +909,27 @@ impl Session {
     /// instead of queueing them for [`Session::recv`]: a packet from the peer crosses
     /// no task (and no thread) on its way to the device. What was queued before is
     /// still there for `recv`, which yields nothing more until the session ends.
+    /// The device's MTU follows the bond's (path MTU discovery).
     pub(crate) async fn deliver_to_tun(
         &self,
         tun: Arc<crate::tun::Tun>,
     ) -> Result<(), SessionError> {
         self.cmd
-            .send(Cmd::Tun(tun))
+            .send(Cmd::Tun(tun, None))
+            .await
+            .map_err(|_| SessionError::Closed)
+    }
+
+    /// The same for one of a server's peers, whose sessions share `tun`: only the
+    /// packets `filter` lets through are written (it also counts what it refuses), and
+    /// the device's MTU is left alone (it is the largest any peer's bond carries).
+    pub(crate) async fn deliver_to_shared_tun(
+        &self,
+        tun: Arc<crate::tun::Tun>,
+        filter: TunFilter,
+    ) -> Result<(), SessionError> {
+        self.cmd
+            .send(Cmd::Tun(tun, Some(filter)))
             .await
             .map_err(|_| SessionError::Closed)
     }
@@ -1392,10 +1431,17 @@ struct Driver {
     hs_done: Option<mpsc::UnboundedReceiver<Box<machine::HandshakeDone>>>,
 }
 
+/// Which delivered packets a server's peer may write to the shared TUN device (its
+/// allowed IPs), called once per packet in the driver.
+pub(crate) type TunFilter = Arc<dyn Fn(&[u8]) -> bool + Send + Sync>;
+
 /// The TUN device a tunnel's driver writes its deliveries to, a batch at a time, and
 /// what it wrote.
 struct TunOut {
     tun: Arc<crate::tun::Tun>,
+    /// A server's peer: what it may write (the device is shared, and its MTU is not
+    /// this session's to set).
+    filter: Option<TunFilter>,
     /// One round's deliveries, reused.
     batch: Vec<Bytes>,
     /// One frame (`crate::offload::build`), reused.
@@ -1887,10 +1933,10 @@ impl Driver {
             Cmd::Channel(_, _, reply) | Cmd::Channels(_, reply) => {
                 let _ = reply.send(Err("not here".into()));
             }
-            Cmd::Tun(tun) => {
+            Cmd::Tun(tun, filter) => {
                 self.tun_mtu_cap = tun.mtu().ok();
                 let mtu = tun_mtu_for(self.machine.path_max_packet() as u32, self.tun_mtu_cap);
-                if self.tun_mtu_cap.is_some_and(|cap| cap > mtu) {
+                if filter.is_none() && self.tun_mtu_cap.is_some_and(|cap| cap > mtu) {
                     // Path MTU discovery lowered the bond before the device came.
                     if let Err(e) = tun.set_mtu(mtu) {
                         warn!("TUN {}: setting the mtu to {mtu} failed: {e}", tun.name());
@@ -1898,6 +1944,7 @@ impl Driver {
                 }
                 self.tun_out = Some(Box::new(TunOut {
                     tun,
+                    filter,
                     batch: Vec::with_capacity(crate::offload::MAX_SEGMENTS),
                     frame: Vec::with_capacity(1 << 16),
                     errors: crate::tunnel::Throttle::new(StdDuration::from_secs(5)),
@@ -2249,7 +2296,9 @@ impl Driver {
             // Everything delivered, in order, written to the device: in-order TCP
             // segments of one flow as one frame.
             while let Some(b) = self.machine.poll_deliver() {
-                t.batch.push(b);
+                if t.filter.as_ref().is_none_or(|f| f(&b)) {
+                    t.batch.push(b);
+                }
             }
             if !t.batch.is_empty() {
                 let (p, f) =
@@ -2493,7 +2542,7 @@ impl Driver {
         if before == limit {
             return;
         }
-        if let Some(t) = &self.tun_out {
+        if let Some(t) = self.tun_out.as_ref().filter(|t| t.filter.is_none()) {
             let mtu = tun_mtu_for(bond as u32, self.tun_mtu_cap);
             match t.tun.set_mtu(mtu) {
                 Ok(()) => info!(
@@ -3158,6 +3207,39 @@ mod app_queue_tests {
             matches!(r, Err(SessionError::TooLarge { max: 90, .. })),
             "{r:?}"
         );
+        assert!(rx.try_recv().is_none());
+    }
+
+    #[test]
+    fn a_batch_tried_sends_the_head_that_fits_in_order_and_says_how_much() {
+        let (data, mut rx) = app_queue(4);
+        let sender = SessionSender {
+            data,
+            max_datagram: 100,
+            path_datagram: Arc::new(AtomicUsize::new(100)),
+            overhead: 10,
+        };
+        let ms = |from: u8, n: u8| -> Vec<Bytes> {
+            (from..from + n).map(|i| Bytes::from(vec![i; 5])).collect()
+        };
+        assert_eq!(sender.try_send_batch(ms(0, 3)).unwrap(), 3);
+        // One message of room left: the head of the next batch goes, the rest does not.
+        assert_eq!(sender.try_send_batch(ms(3, 3)).unwrap(), 1);
+        assert_eq!(sender.try_send_batch(ms(6, 1)).unwrap(), 0);
+        let mut got = Vec::new();
+        while let Some(m) = rx.try_recv() {
+            match m {
+                AppMsg::Batch(v) => got.extend(v.iter().map(|b| b[0])),
+                AppMsg::One(_) => panic!("a batch arrived as a single message"),
+            }
+        }
+        assert_eq!(got, vec![0, 1, 2, 3]);
+        // A batch with a message the session cannot take sends none of it.
+        let bad = vec![Bytes::from_static(b"ok"), Bytes::from(vec![1u8; 91])];
+        assert!(matches!(
+            sender.try_send_batch(bad),
+            Err(SessionError::TooLarge { .. })
+        ));
         assert!(rx.try_recv().is_none());
     }
 }

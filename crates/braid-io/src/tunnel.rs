@@ -484,7 +484,7 @@ async fn hand_over(
 
 /// A read's buffer: a virtio-net header and the largest super-segment (64 KiB), with
 /// room to spare.
-const READ_BUF: usize = 1 << 17;
+pub(crate) const READ_BUF: usize = 1 << 17;
 
 /// Inner packets larger than the bond carries (`crate::icmp`): answered, fragmented or
 /// dropped, counted, and logged at most every 10 s.
