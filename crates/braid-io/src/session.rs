@@ -1945,8 +1945,10 @@ impl Driver {
                 self.tun_out = Some(Box::new(TunOut {
                     tun,
                     filter,
-                    batch: Vec::with_capacity(crate::offload::MAX_SEGMENTS),
-                    frame: Vec::with_capacity(1 << 16),
+                    // Grown on the first packets: an idle peer of a server costs no
+                    // frame buffer (1000 of them held 64 KiB each).
+                    batch: Vec::new(),
+                    frame: Vec::new(),
                     errors: crate::tunnel::Throttle::new(StdDuration::from_secs(5)),
                     packets: 0,
                     frames: 0,
