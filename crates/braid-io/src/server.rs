@@ -876,8 +876,9 @@ fn link_scoped(a: std::net::IpAddr) -> bool {
 /// destination) or one packet: it is cut to that peer's bond (`crate::segment`),
 /// MSS-clamped, and queued for the peer as one batch, so that its driver takes the
 /// read whole and each channel's share leaves as GSO trains (as `braid tunnel`'s
-/// reader does). Never waits for a peer: what its queue has no room for is dropped and
-/// counted (`tx_queue_drops`), so one slow peer does not hold up the others.
+/// reader does). Waits for room in a peer's queue at most [`PEER_WAIT`]; what does not
+/// fit by then is dropped and counted (`tx_queue_drops`), so a stalled peer does not
+/// hold up the others.
 async fn route_from_tun(shared: Arc<Shared>) -> std::io::Result<()> {
     match shared.tun.set_offload() {
         Ok(o) => info!("TUN {}: transmit offload {o:?}", shared.tun.name()),
@@ -930,22 +931,43 @@ async fn route_from_tun(shared: Arc<Shared>) -> std::io::Result<()> {
             too_big.handle(&shared.tun, &r.sender, &p, mtu).await;
             continue;
         }
-        // One allocation per read, not per packet.
-        let batch = std::mem::replace(&mut pkts, Vec::with_capacity(64));
-        let len = batch.len();
-        let sent = match r.sender.try_send_batch(batch) {
-            Ok(k) => k,
-            Err(SessionError::Closed) => 0,
-            Err(e) => {
-                debug!("peer {}: packets not sent: {e}", peer.name());
-                0
-            }
-        };
+        let len = pkts.len();
+        let sent = hand_to_peer(&peer, &r.sender, &mut pkts).await;
         if sent < len {
             peer.counters
                 .tx_queue_drops
                 .fetch_add((len - sent) as u64, Ordering::Relaxed);
         }
+        pkts.clear();
+    }
+}
+
+/// How long the TUN reader waits for room in one peer's queue before it drops what
+/// does not fit: long enough for the peer's driver, busy on the same cores, to take a
+/// batch (a drop is a loss its TCP flows must repair), short enough that a peer whose
+/// driver has stalled costs the others at most this per read.
+const PEER_WAIT: Duration = Duration::from_millis(2);
+
+/// Queue a read's packets for `peer` in order: what fits now at once, the rest once
+/// there is room, waiting at most [`PEER_WAIT`]. Returns how many went (the rest are
+/// the caller's to count as dropped).
+async fn hand_to_peer(peer: &Peer, sender: &SessionSender, pkts: &mut Vec<Bytes>) -> usize {
+    let now = match sender.try_send_batch(pkts) {
+        Ok(k) => k,
+        Err(SessionError::Closed) => return 0,
+        Err(e) => {
+            debug!("peer {}: packets not sent: {e}", peer.name());
+            return 0;
+        }
+    };
+    if pkts.is_empty() {
+        return now;
+    }
+    // (A read's packets are far fewer than the queue holds: they go at once or not.)
+    let later = pkts.len();
+    match tokio::time::timeout(PEER_WAIT, sender.send_batch(std::mem::take(pkts))).await {
+        Ok(Ok(())) => now + later,
+        _ => now,
     }
 }
 

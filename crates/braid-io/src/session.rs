@@ -315,11 +315,11 @@ impl SessionSender {
     }
 
     /// Send as many of `ms` as the input queue has room for now, in order, as one batch
-    /// ([`SessionSender::send_batch`]) without waiting; returns how many went (the
-    /// rest are the caller's to count as dropped). If one message cannot be sent
-    /// ([`SessionSender::check`]), none is.
-    pub fn try_send_batch(&self, mut ms: Vec<Bytes>) -> Result<usize, SessionError> {
-        for m in &ms {
+    /// ([`SessionSender::send_batch`]) without waiting; they are taken from the front
+    /// of `ms` and the rest is left there. Returns how many went. If one message cannot
+    /// be sent ([`SessionSender::check`]), none is.
+    pub fn try_send_batch(&self, ms: &mut Vec<Bytes>) -> Result<usize, SessionError> {
+        for m in ms.iter() {
             self.check(m)?;
         }
         let n = ms
@@ -329,13 +329,14 @@ impl SessionSender {
         if n == 0 {
             return Ok(0);
         }
-        ms.truncate(n);
         // Another sender may have taken the room meanwhile: then nothing goes.
-        Ok(if self.data.try_send(AppMsg::Batch(ms))? {
-            n
-        } else {
-            0
-        })
+        if !self.data.try_reserve(n)? {
+            return Ok(0);
+        }
+        let rest = ms.split_off(n);
+        let head = std::mem::replace(ms, rest);
+        self.data.send_reserved(AppMsg::Batch(head))?;
+        Ok(n)
     }
 
     /// The largest message that does not start with a byte `0xB0..=0xBF` (those need a
@@ -416,14 +417,27 @@ impl AppTx {
 
     /// Queue `m` if there is room now; `Ok(false)` if not.
     fn try_send(&self, m: AppMsg) -> Result<bool, SessionError> {
-        let n = u32::try_from(m.len()).map_err(|_| SessionError::Closed)?;
+        if !self.try_reserve(m.len())? {
+            return Ok(false);
+        }
+        self.send_reserved(m)?;
+        Ok(true)
+    }
+
+    /// Take room for `n` messages if there is that much now; `Ok(false)` if not.
+    fn try_reserve(&self, n: usize) -> Result<bool, SessionError> {
+        let n = u32::try_from(n).map_err(|_| SessionError::Closed)?;
         match self.room.try_acquire_many(n) {
             Ok(p) => p.forget(),
             Err(tokio::sync::TryAcquireError::NoPermits) => return Ok(false),
             Err(tokio::sync::TryAcquireError::Closed) => return Err(SessionError::Closed),
         }
-        self.tx.send(m).map_err(|_| SessionError::Closed)?;
         Ok(true)
+    }
+
+    /// Queue `m`, whose room [`AppTx::try_reserve`] took.
+    fn send_reserved(&self, m: AppMsg) -> Result<(), SessionError> {
+        self.tx.send(m).map_err(|_| SessionError::Closed)
     }
 }
 
@@ -3224,10 +3238,15 @@ mod app_queue_tests {
         let ms = |from: u8, n: u8| -> Vec<Bytes> {
             (from..from + n).map(|i| Bytes::from(vec![i; 5])).collect()
         };
-        assert_eq!(sender.try_send_batch(ms(0, 3)).unwrap(), 3);
-        // One message of room left: the head of the next batch goes, the rest does not.
-        assert_eq!(sender.try_send_batch(ms(3, 3)).unwrap(), 1);
-        assert_eq!(sender.try_send_batch(ms(6, 1)).unwrap(), 0);
+        let mut first = ms(0, 3);
+        assert_eq!(sender.try_send_batch(&mut first).unwrap(), 3);
+        assert!(first.is_empty());
+        // One message of room left: the head of the next batch goes, the rest stays.
+        let mut next = ms(3, 3);
+        assert_eq!(sender.try_send_batch(&mut next).unwrap(), 1);
+        assert_eq!(next.iter().map(|b| b[0]).collect::<Vec<_>>(), vec![4, 5]);
+        assert_eq!(sender.try_send_batch(&mut next).unwrap(), 0);
+        assert_eq!(next.len(), 2);
         let mut got = Vec::new();
         while let Some(m) = rx.try_recv() {
             match m {
@@ -3237,9 +3256,9 @@ mod app_queue_tests {
         }
         assert_eq!(got, vec![0, 1, 2, 3]);
         // A batch with a message the session cannot take sends none of it.
-        let bad = vec![Bytes::from_static(b"ok"), Bytes::from(vec![1u8; 91])];
+        let mut bad = vec![Bytes::from_static(b"ok"), Bytes::from(vec![1u8; 91])];
         assert!(matches!(
-            sender.try_send_batch(bad),
+            sender.try_send_batch(&mut bad),
             Err(SessionError::TooLarge { .. })
         ));
         assert!(rx.try_recv().is_none());
