@@ -3151,6 +3151,16 @@ mod reader_tests {
 mod app_queue_tests {
     use super::*;
 
+    /// A sender into `data` of datagrams up to 100 bytes with a 10-byte envelope.
+    fn sender_of(data: AppTx) -> SessionSender {
+        SessionSender {
+            data,
+            max_datagram: 100,
+            path_datagram: Arc::new(AtomicUsize::new(100)),
+            overhead: 10,
+        }
+    }
+
     fn batch(n: usize) -> AppMsg {
         AppMsg::Batch((0..n).map(|i| Bytes::from(vec![i as u8; 1])).collect())
     }
@@ -3186,12 +3196,7 @@ mod app_queue_tests {
     #[tokio::test]
     async fn a_batch_longer_than_the_queue_goes_in_order_in_pieces() {
         let (data, mut rx) = app_queue(4);
-        let sender = SessionSender {
-            data,
-            max_datagram: 100,
-            path_datagram: Arc::new(AtomicUsize::new(100)),
-            overhead: 10,
-        };
+        let sender = sender_of(data);
         let ms: Vec<Bytes> = (0..10u8).map(|i| Bytes::from(vec![i; 5])).collect();
         let send = tokio::spawn(async move { sender.send_batch(ms).await });
         let mut got = Vec::new();
@@ -3211,12 +3216,7 @@ mod app_queue_tests {
     #[tokio::test]
     async fn a_batch_with_one_unfit_message_sends_none() {
         let (data, mut rx) = app_queue(4);
-        let sender = SessionSender {
-            data,
-            max_datagram: 100,
-            path_datagram: Arc::new(AtomicUsize::new(100)),
-            overhead: 10,
-        };
+        let sender = sender_of(data);
         let ms = vec![Bytes::from_static(b"ok"), Bytes::from(vec![1u8; 91])];
         let r = sender.send_batch(ms).await;
         assert!(
@@ -3229,12 +3229,7 @@ mod app_queue_tests {
     #[test]
     fn a_batch_tried_sends_the_head_that_fits_in_order_and_says_how_much() {
         let (data, mut rx) = app_queue(4);
-        let sender = SessionSender {
-            data,
-            max_datagram: 100,
-            path_datagram: Arc::new(AtomicUsize::new(100)),
-            overhead: 10,
-        };
+        let sender = sender_of(data);
         let ms = |from: u8, n: u8| -> Vec<Bytes> {
             (from..from + n).map(|i| Bytes::from(vec![i; 5])).collect()
         };

@@ -130,58 +130,6 @@ fn ping_until(ns: &str, to: &str, limit: Duration) {
     }
 }
 
-/// Receives one TCP connection on `argv[1]`:5003 and prints its length and SHA-256.
-const TCP_SINK: &str = r#"
-import socket, hashlib, sys
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind((sys.argv[1], 5003)); s.listen(1); s.settimeout(30)
-c, _ = s.accept(); c.settimeout(30)
-h = hashlib.sha256(); n = 0
-while True:
-    b = c.recv(65536)
-    if not b: break
-    h.update(b); n += len(b)
-print(n, h.hexdigest())
-"#;
-
-/// Sends 8 MiB to `argv[1]`:5003 in large writes; prints their length and SHA-256.
-const TCP_SOURCE: &str = r#"
-import socket, hashlib, random, sys, time
-data = random.Random(11).randbytes(8 * 1024 * 1024)
-for i in range(100):
-    try:
-        s = socket.create_connection((sys.argv[1], 5003), timeout=30); break
-    except OSError:
-        time.sleep(0.1)
-s.sendall(data); s.close()
-print(len(data), hashlib.sha256(data).hexdigest())
-"#;
-
-/// 8 MiB over TCP from namespace `from` to `addr` in namespace `to`: what was sent and
-/// what arrived, each as "length sha256".
-fn tcp_transfer(from: &str, to: &str, addr: &str) -> (String, String) {
-    let sink = Command::new("ip")
-        .args(["netns", "exec", to, "python3", "-c", TCP_SINK, addr])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(300));
-    let source = Command::new("ip")
-        .args(["netns", "exec", from, "python3", "-c", TCP_SOURCE, addr])
-        .output()
-        .unwrap();
-    let got = sink.wait_with_output().unwrap();
-    let text = |o: &std::process::Output| {
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&o.stdout).trim(),
-            String::from_utf8_lossy(&o.stderr).trim()
-        )
-    };
-    (text(&source), text(&got))
-}
-
 fn peer<'a>(s: &'a Value, name: &str) -> &'a Value {
     s["peers"]
         .as_array()
@@ -330,7 +278,7 @@ fn a_server_serves_two_clients_routes_by_key_and_drops_what_is_not_theirs() {
     // for A's bond; from A, the server's session writes what it opens to the shared
     // device itself, each packet checked against A's allowed IPs.
     for (from, to, addr) in [(&ns_s, &ns_a, "10.90.1.2"), (&ns_a, &ns_s, "10.90.0.1")] {
-        let (sent, got) = tcp_transfer(from, to, addr);
+        let (sent, got) = common::tcp_transfer(from, to, addr);
         assert!(sent.starts_with("8388608 "), "{from} -> {addr}: {sent}");
         assert_eq!(
             sent, got,

@@ -28,31 +28,6 @@ fn config(tun_addr: &str, ctl: &Path, chans: &[(String, String)]) -> String {
     s
 }
 
-const SERVER: &str = r#"
-import socket, hashlib, sys
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("10.77.0.2", 5001)); s.listen(1); s.settimeout(30)
-c, _ = s.accept(); c.settimeout(30)
-h = hashlib.sha256(); n = 0
-while True:
-    b = c.recv(65536)
-    if not b: break
-    h.update(b); n += len(b)
-print(n, h.hexdigest())
-"#;
-
-const CLIENT: &str = r#"
-import socket, hashlib, random, time
-data = random.Random(7).randbytes(8 * 1024 * 1024)
-for i in range(100):
-    try:
-        s = socket.create_connection(("10.77.0.2", 5001), timeout=30); break
-    except OSError:
-        time.sleep(0.1)
-s.sendall(data); s.close()
-print(len(data), hashlib.sha256(data).hexdigest())
-"#;
-
 /// Receives three UDP datagrams on 10.77.0.2:5002; prints their sizes and whether their
 /// bytes are the client's.
 const UDP_SERVER: &str = r#"
@@ -157,32 +132,7 @@ fn tunnel_carries_tcp_between_namespaces() {
         std::thread::sleep(Duration::from_millis(50));
     }
 
-    let server = Command::new("ip")
-        .args(["netns", "exec", &nb, "python3", "-c", SERVER])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(200));
-    let client = Command::new("ip")
-        .args(["netns", "exec", &na, "python3", "-c", CLIENT])
-        .output()
-        .unwrap();
-    let server = server.wait_with_output().unwrap();
-    assert!(
-        client.status.success(),
-        "client: {}",
-        String::from_utf8_lossy(&client.stderr)
-    );
-    assert!(
-        server.status.success(),
-        "server: {}",
-        String::from_utf8_lossy(&server.stderr)
-    );
-    let (sent, got) = (
-        String::from_utf8_lossy(&client.stdout).trim().to_string(),
-        String::from_utf8_lossy(&server.stdout).trim().to_string(),
-    );
+    let (sent, got) = common::tcp_transfer(&na, &nb, "10.77.0.2");
     assert!(sent.starts_with("8388608 "), "{sent}");
     assert_eq!(sent, got, "TCP stream intact through the tunnel");
     udp_gso_send_arrives_as_datagrams(&na, &nb);

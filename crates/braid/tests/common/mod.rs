@@ -233,3 +233,60 @@ pub fn ping_until(ns: &str, to: &str, limit: std::time::Duration) -> std::time::
         );
     }
 }
+
+/// Receives one TCP connection on `argv[1]`:5003 and prints its length and SHA-256.
+#[allow(dead_code)]
+const TCP_SINK: &str = r#"
+import socket, hashlib, sys
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], 5003)); s.listen(1); s.settimeout(30)
+c, _ = s.accept(); c.settimeout(30)
+h = hashlib.sha256(); n = 0
+while True:
+    b = c.recv(65536)
+    if not b: break
+    h.update(b); n += len(b)
+print(n, h.hexdigest())
+"#;
+
+/// Sends 8 MiB to `argv[1]`:5003 in large writes; prints their length and SHA-256.
+#[allow(dead_code)]
+const TCP_SOURCE: &str = r#"
+import socket, hashlib, random, sys, time
+data = random.Random(7).randbytes(8 * 1024 * 1024)
+for i in range(100):
+    try:
+        s = socket.create_connection((sys.argv[1], 5003), timeout=30); break
+    except OSError:
+        time.sleep(0.1)
+s.sendall(data); s.close()
+print(len(data), hashlib.sha256(data).hexdigest())
+"#;
+
+/// 8 MiB over one TCP connection from namespace `from` to `addr` in namespace `to`
+/// (python3 at both ends): what was sent and what arrived, each as "length sha256",
+/// or the side's error output if it failed.
+#[allow(dead_code)]
+pub fn tcp_transfer(from: &str, to: &str, addr: &str) -> (String, String) {
+    use std::process::{Command, Stdio};
+    let sink = Command::new("ip")
+        .args(["netns", "exec", to, "python3", "-c", TCP_SINK, addr])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let source = Command::new("ip")
+        .args(["netns", "exec", from, "python3", "-c", TCP_SOURCE, addr])
+        .output()
+        .unwrap();
+    let got = sink.wait_with_output().unwrap();
+    let text = |o: &std::process::Output| {
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout).trim(),
+            String::from_utf8_lossy(&o.stderr).trim()
+        )
+    };
+    (text(&source), text(&got))
+}
