@@ -784,12 +784,12 @@ async fn to_tun(
     let tun = shared.tun.clone();
     let filter: crate::session::TunFilter = {
         let (shared, peer) = (shared.clone(), peer.clone());
-        Arc::new(move |p: &[u8]| {
-            let ok = from_allowed(&shared, &shared.table(), &peer, p);
-            if ok {
-                peer.counters.to_tun.fetch_add(1, Ordering::Relaxed);
-            }
-            ok
+        Arc::new(move |batch: &mut Vec<Bytes>| {
+            let table = shared.table();
+            batch.retain(|p| from_allowed(&shared, &table, &peer, p));
+            peer.counters
+                .to_tun
+                .fetch_add(batch.len() as u64, Ordering::Relaxed);
         })
     };
     // (Refused only by a session that has ended: then `recv` ends the loop.)

@@ -935,7 +935,7 @@ impl Session {
     }
 
     /// The same for one of a server's peers, whose sessions share `tun`: only the
-    /// packets `filter` lets through are written (it also counts what it refuses), and
+    /// packets `filter` keeps of each round's are written (it also counts), and
     /// the device's MTU is left alone (it is the largest any peer's bond carries).
     pub(crate) async fn deliver_to_shared_tun(
         &self,
@@ -1445,9 +1445,9 @@ struct Driver {
     hs_done: Option<mpsc::UnboundedReceiver<Box<machine::HandshakeDone>>>,
 }
 
-/// Which delivered packets a server's peer may write to the shared TUN device (its
-/// allowed IPs), called once per packet in the driver.
-pub(crate) type TunFilter = Arc<dyn Fn(&[u8]) -> bool + Send + Sync>;
+/// Keeps of a round's delivered packets those a server's peer may write to the shared
+/// TUN device (its allowed IPs), in order; called once per round in the driver.
+pub(crate) type TunFilter = Arc<dyn Fn(&mut Vec<Bytes>) + Send + Sync>;
 
 /// The TUN device a tunnel's driver writes its deliveries to, a batch at a time, and
 /// what it wrote.
@@ -2312,9 +2312,10 @@ impl Driver {
             // Everything delivered, in order, written to the device: in-order TCP
             // segments of one flow as one frame.
             while let Some(b) = self.machine.poll_deliver() {
-                if t.filter.as_ref().is_none_or(|f| f(&b)) {
-                    t.batch.push(b);
-                }
+                t.batch.push(b);
+            }
+            if let Some(f) = &t.filter {
+                f(&mut t.batch);
             }
             if !t.batch.is_empty() {
                 let (p, f) =
