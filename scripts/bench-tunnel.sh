@@ -29,6 +29,9 @@
 # tcp-MODE-srv-up (from the client to the server: the server's per-peer TUN writer).
 # SERVER=0 leaves them out.
 #
+# FLOWS=N runs every TCP row with N parallel flows (iperf3 -P N; default 1): the speed
+# issue's four-flow figure is FLOWS=4 against a FLOWS=1 run.
+#
 # CHANNELS="1 2" (the default) runs each mode's tunnel rows over one channel, then two;
 # CHANNELS=1 only one. UDP=0 leaves out every UDP row (TCP only: quicker).
 #
@@ -53,6 +56,7 @@ MODES=${MODES:-encrypt auth none}
 CHANNELS=${CHANNELS:-1 2}
 UDP=${UDP:-1}
 SERVER=${SERVER:-1}
+FLOWS=${FLOWS:-1}
 N1=bfw1-$$; N2=bfw2-$$
 TMP=$(mktemp -d)
 PIDS=()
@@ -216,7 +220,7 @@ tcp() { # label ip [iperf3 client options]
         (sleep 0.5; exec perf record -q -F 999 -g -o "$PERF" -p "$(IFS=,; echo "${TPIDS[*]}")" -- sleep "$(echo "$SECS - 1" | bc)") >/dev/null 2>&1 &
         perf_pid=$!
     fi
-    ip netns exec "$N1" iperf3 -c "$ip" -p 5201 -t "$SECS" $opts -J > "$TMP/iperf.json" 2>"$TMP/iperf.err" || true
+    ip netns exec "$N1" iperf3 -c "$ip" -p 5201 -t "$SECS" -P "$FLOWS" $opts -J > "$TMP/iperf.json" 2>"$TMP/iperf.err" || true
     [ -n "$perf_pid" ] && { wait "$perf_pid" || true; echo "perf profile of the tcp $label row: $PERF"; }
     local c1; c1=$(cpu_ticks)
     wait $sp 2>/dev/null || true
@@ -266,7 +270,7 @@ wg_up() { # -> 0 if wireguard-go is running in both namespaces
     ip netns exec "$N1" ping -c 1 -W 2 10.79.0.2 > /dev/null 2>&1 || return 1
 }
 
-echo "braid forwarding cost over one unshaped veth pair ($(nproc) cores, ${DUR} per run, backlogged senders, pace ${PACE:-default})"
+echo "braid forwarding cost over one unshaped veth pair ($(nproc) cores, ${DUR} per run, backlogged senders, pace ${PACE:-default}, $FLOWS TCP flow(s) per row)"
 echo "load: $(cat /proc/loadavg)"
 LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 printf "%-6s %-16s %5s %10s %10s %8s %7s %7s\n" kind path bytes "sent kpps" "recv kpps" "Gbit/s" "loss %" "cpu s"
@@ -311,9 +315,9 @@ else
 fi
 echo "load: $(cat /proc/loadavg)"
 echo
-python3 - "$TMP/results" "$DUR" "$(nproc)" "$LOAD_BEFORE" "$(cut -d' ' -f1-3 /proc/loadavg)" "$JSON_OUT" <<'PY'
+python3 - "$TMP/results" "$DUR" "$(nproc)" "$LOAD_BEFORE" "$(cut -d' ' -f1-3 /proc/loadavg)" "$JSON_OUT" "$FLOWS" <<'PY'
 import json, re, sys
-path, dur, cores, load0, load1, out = sys.argv[1:]
+path, dur, cores, load0, load1, out, flows = sys.argv[1:]
 secs = float(dur.rstrip("s"))
 rows = []
 for l in open(path):
@@ -356,7 +360,7 @@ for r in rows:
         if now and r[key] > 0:
             now["vs_base"] = now[key] / r[key]
             print(f"  {r['kind']} {now['path']:<16} {r.get('size', ''):>5}: {now['vs_base']:.2f} x the BASE binary")
-doc = {"duration_s": secs, "cores": int(cores), "load_before": load0, "load_after": load1, "rows": rows}
+doc = {"duration_s": secs, "tcp_flows": int(flows), "cores": int(cores), "load_before": load0, "load_after": load1, "rows": rows}
 if out:
     json.dump(doc, open(out, "w"), indent=1)
     print(f"JSON: {out}")
