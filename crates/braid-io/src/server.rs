@@ -793,7 +793,9 @@ async fn to_tun(
         })
     };
     // (Refused only by a session that has ended: then `recv` ends the loop.)
-    let _ = session.deliver_to_shared_tun(tun.clone(), filter).await;
+    let _ = session
+        .deliver_to_shared_tun(tun.clone(), filter.clone())
+        .await;
     // Grown on the first packets: an idle peer costs no frame buffer.
     let mut batch: Vec<Bytes> = Vec::new();
     let mut frame = Vec::new();
@@ -802,18 +804,14 @@ async fn to_tun(
         tokio::select! {
             m = session.recv() => {
                 let Some(p) = m else { break };
-                let table = shared.table();
-                if from_allowed(&shared, &table, &peer, &p) {
-                    batch.push(p);
-                }
-                for _ in 1..crate::offload::MAX_SEGMENTS {
+                batch.push(p);
+                while batch.len() < crate::offload::MAX_SEGMENTS {
                     match session.try_recv() {
-                        Some(p) if from_allowed(&shared, &table, &peer, &p) => batch.push(p),
-                        Some(_) => {}
+                        Some(p) => batch.push(p),
                         None => break,
                     }
                 }
-                peer.counters.to_tun.fetch_add(batch.len() as u64, Ordering::Relaxed);
+                filter(&mut batch);
                 write_packets(&tun, &batch, &mut frame, &mut write_errors).await;
                 batch.clear();
             }
@@ -880,13 +878,7 @@ fn link_scoped(a: std::net::IpAddr) -> bool {
 /// fit by then is dropped and counted (`tx_queue_drops`), so a stalled peer does not
 /// hold up the others.
 async fn route_from_tun(shared: Arc<Shared>) -> std::io::Result<()> {
-    match shared.tun.set_offload() {
-        Ok(o) => info!("TUN {}: transmit offload {o:?}", shared.tun.name()),
-        Err(e) => info!(
-            "TUN {}: no transmit offload ({e}): one packet per read",
-            shared.tun.name()
-        ),
-    }
+    crate::tunnel::turn_on_offload(&shared.tun);
     let mut buf = vec![0u8; crate::tunnel::READ_BUF];
     let mut seg = Segmenter::new();
     let mut pkts: Vec<Bytes> = Vec::with_capacity(64);

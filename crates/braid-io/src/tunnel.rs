@@ -400,13 +400,7 @@ async fn read_tun(
     sender: SessionSender,
     counts: Arc<ReadCounts>,
 ) -> std::io::Result<()> {
-    match tun.set_offload() {
-        Ok(o) => info!("TUN {}: transmit offload {o:?}", tun.name()),
-        Err(e) => info!(
-            "TUN {}: no transmit offload ({e}): one packet per read",
-            tun.name()
-        ),
-    }
+    turn_on_offload(&tun);
     let mut buf = vec![0u8; READ_BUF];
     let mut seg = Segmenter::new();
     let mut pkts: Vec<Bytes> = Vec::with_capacity(64);
@@ -445,6 +439,18 @@ async fn read_tun(
         for p in unfit.drain(..) {
             too_big.handle(&tun, &sender, &p, bond_mtu).await;
         }
+    }
+}
+
+/// Turn on the TUN device's transmit offload (whole super-segments per read) and log
+/// whether it took.
+pub(crate) fn turn_on_offload(tun: &Tun) {
+    match tun.set_offload() {
+        Ok(o) => info!("TUN {}: transmit offload {o:?}", tun.name()),
+        Err(e) => info!(
+            "TUN {}: no transmit offload ({e}): one packet per read",
+            tun.name()
+        ),
     }
 }
 
