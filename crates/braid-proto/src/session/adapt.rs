@@ -82,6 +82,28 @@ const PACE_BUSY: f64 = 0.8;
 /// a paced channel below its configured rate probes upwards.
 const PACE_CALM_STEPS: u32 = 2;
 
+/// A channel whose round trip is over this many times the rest of the bond's is judged
+/// on what it carries ([`Adapt::far`]).
+pub const FAR_RATIO: f64 = 2.0;
+/// ... and over it by at least this much (a few milliseconds are no cost).
+const FAR_SLACK: Duration = Duration::from_millis(5);
+/// Such a channel leaves the bond while its pace is under this share of the rest's
+/// together (the lab's 20 Mbit/s link at 60 ms next to 100 and 50 Mbit/s at 5 and 20
+/// ms carries 0.13 of theirs, and stays).
+pub const FAR_SHARE: f64 = 0.08;
+/// It rejoins at this multiple of [`FAR_SHARE`].
+pub const FAR_REJOIN: f64 = 1.5;
+
+/// What [`Adapt::far`] found: the channel's pace and the rest's together (bit/s on the
+/// wire), its minimum round trip and the largest of the rest's.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Far {
+    pub mine: f64,
+    pub rest: f64,
+    pub rtt: Duration,
+    pub rest_rtt: Duration,
+}
+
 /// The controller's state.
 #[derive(Clone, Debug)]
 pub(crate) struct Adapt {
@@ -238,6 +260,41 @@ impl Adapt {
             .filter_map(|&m| p.rates.get(m).copied())
             .fold(0.0, f64::max);
         (mine * MAX_RATIO < top * margin).then_some((mine, top))
+    }
+
+    /// With adaptive pacing, channel `c` too far for what it carries: its minimum
+    /// round trip (`rtt`, per physical channel) is over [`FAR_RATIO`] times the largest
+    /// among the other `members` (and [`FAR_SLACK`] more), so in-order delivery waits
+    /// on it, while its pace is under `margin` × [`FAR_SHARE`] of theirs together. Every
+    /// flow's round trip through the bond then grows by that factor for a few percent
+    /// of capacity: a window that filled the bond without it now fills a fraction, and
+    /// the flow takes seconds to grow back (a 60 ms link falling from 20 to 5 Mbit/s
+    /// next to 100 and 50 Mbit/s links at 5 and 20 ms held the simulated bond at half
+    /// its rate once it rejoined). The margin is the hysteresis: 1 to leave the bond,
+    /// [`FAR_REJOIN`] to come back.
+    pub fn far(
+        &self,
+        c: usize,
+        members: &[usize],
+        rtt: &[Option<Duration>],
+        margin: f64,
+    ) -> Option<Far> {
+        let p = self.pace.as_ref()?;
+        let mine = *p.rates.get(c)?;
+        let others = members.iter().filter(|&&m| m != c);
+        let rest: f64 = others.clone().filter_map(|&m| p.rates.get(m)).sum();
+        let rest_rtt = others
+            .filter_map(|&m| rtt.get(m).copied().flatten())
+            .max()?;
+        let rtt = rtt.get(c).copied().flatten()?;
+        let limit = rest_rtt.as_micros() as f64 * FAR_RATIO + FAR_SLACK.as_micros() as f64;
+        let far = rtt.as_micros() as f64 > limit && mine < margin * FAR_SHARE * rest;
+        far.then_some(Far {
+            mine,
+            rest,
+            rtt,
+            rest_rtt,
+        })
     }
 
     /// Channel `c`, out of the bond, was measured again: pace it at `rate` and let it
@@ -758,6 +815,36 @@ mod tests {
             Instant::ZERO,
         );
         assert_eq!(b.of(&[0, 1, 2]), vec![1500, 3750, 7500]);
+    }
+
+    #[test]
+    fn a_far_channel_leaves_only_while_it_carries_little() {
+        // The lab's links: 100 and 50 Mbit/s at 5 and 20 ms, 20 Mbit/s at 60 ms.
+        let ms = |m: u64| Some(Duration::from_millis(m));
+        let rtt = [ms(10), ms(40), ms(120)];
+        let all = [0, 1, 2];
+        let paced = |r2: f64| Adapt::new(vec![1500; 3], &[100e6, 50e6, r2], 42, Instant::ZERO);
+        // At 20 Mbit/s it carries 0.13 of the rest's 150: it stays.
+        assert_eq!(paced(20e6).far(2, &all, &rtt, 1.0), None);
+        // Fallen to 5: 0.033 of the rest, for a round trip three times theirs.
+        let f = paced(5e6).far(2, &all, &rtt, 1.0).expect("far");
+        assert_eq!((f.mine, f.rest), (5e6, 150e6));
+        assert_eq!(
+            (f.rtt, f.rest_rtt),
+            (Duration::from_millis(120), Duration::from_millis(40))
+        );
+        // It rejoins at 1.5 x 8 % of the rest (18 Mbit/s), not at 15.
+        let out = [0, 1];
+        assert!(paced(15e6).far(2, &out, &rtt, FAR_REJOIN).is_some());
+        assert!(paced(18.5e6).far(2, &out, &rtt, FAR_REJOIN).is_none());
+        // A slow channel no farther than twice the rest (and 5 ms) costs no round trip.
+        let near = [ms(10), ms(40), ms(85)];
+        assert_eq!(paced(1e6).far(2, &all, &near, 1.0), None);
+        // The nearer channels are never far, however slow.
+        assert_eq!(paced(5e6).far(1, &all, &rtt, 1.0), None);
+        // Without a round trip for it or the rest, nothing is judged.
+        assert_eq!(paced(1e6).far(2, &all, &[ms(10), None, None], 1.0), None);
+        assert_eq!(paced(1e6).far(2, &[2], &rtt, 1.0), None);
     }
 
     #[test]

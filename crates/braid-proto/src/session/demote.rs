@@ -46,6 +46,15 @@
 //!   for `after` (`Adapt::thin` in `session::adapt`). The stripe gives no quantum under
 //!   that share of the largest, so it would be given more than its pacer lets through
 //!   and its queue at home would hold the whole bond to `MAX_RATIO` times its pace;
+//! * *too far for what it carries* (the same condition of measured rates): its minimum
+//!   round trip is over `FAR_RATIO` (2) times the largest of the other members' (and 5
+//!   ms more) while its pace stays under `FAR_SHARE` (8 %) of theirs together, for
+//!   `after` (`Adapt::far`). In-order delivery waits on the farthest channel, so every
+//!   flow's round trip through the bond is its round trip: a flow whose window filled
+//!   the bond without it fills a fraction with it, for a few percent more capacity.
+//!   Unlike the *delay* criterion this is on by default and compares with the rest's
+//!   farthest channel, not the nearest: a channel nearer than some other member never
+//!   costs a round trip, however slow it is;
 //! * and only while another channel the peer hears us on is active and clearly healthy
 //!   (its own loss at most half of `loss`): a bond whose every channel is bad keeps
 //!   them all (and the last channel is never taken away).
@@ -55,8 +64,9 @@
 //! criterion, its minimum round trip at most three quarters of the demotion threshold).
 //! After `promote_after` (3 s by default) of probing without a relapse it is active
 //! again and rejoins the transmit set at the next epoch (one demoted for being too slow
-//! is first measured again, and rejoins only at a pace of at least twice that share:
-//! see `fast_enough_again`); a relapse puts it back to
+//! or too far is first measured again, and rejoins only at a pace of at least twice
+//! the stripe's least share and, if still that far, `FAR_REJOIN` (1.5) times
+//! `FAR_SHARE` of the rest: see `fast_enough_again`); a relapse puts it back to
 //! demoted and the clock starts over. A channel demoted again within ten promotion
 //! periods of its promotion waits twice as long next time (up to eight times), so a
 //! link that is bad on and off is not switched in and out every few seconds.
@@ -189,10 +199,12 @@ pub(super) struct ChanDemote {
     /// The latest loss over a whole window, if one was measured.
     pub window_loss: Option<f64>,
     slow_since: Option<Instant>,
-    /// Since when adaptive pacing has held the channel too slow for the stripe.
+    /// Since when adaptive pacing has held the channel too slow for the stripe (or too
+    /// far for what it carries).
     thin_since: Option<Instant>,
-    /// Out of the bond for being too slow for the stripe: it rejoins only once
-    /// measured again ([`super::probe`]) at a pace the stripe can give.
+    /// Out of the bond for being too slow for the stripe, or too far for what it
+    /// carries: it rejoins only once measured again ([`super::probe`]) at a pace the
+    /// stripe can give and worth its round trip.
     pub thin: bool,
     /// When the train asked for before it may rejoin went out (asked), and when its
     /// measurement came.
@@ -305,6 +317,7 @@ impl Session {
             })
             .collect();
         let est: Vec<_> = self.chans.iter().map(|c| c.fb_tx.estimate()).collect();
+        let rtts: Vec<_> = est.iter().map(|e| e.rtt_min).collect();
         let cut = self.cut_by_weights();
         for (c, cut) in cut.into_iter().enumerate().take(self.n) {
             if self.chans[c].state != LinkState::Up {
@@ -314,15 +327,19 @@ impl Session {
             let slow = self.slower_than(c, &est, cfg.rtt_ratio);
             // Too slow for the stripe: judged only where a measurement can tell when
             // it is fast enough again (`pace = "auto"`, the default).
-            let thin = match &self.adapt {
-                Some(a) if self.probes.measures() => a.thin(c, &self.tx.members, 1.0),
-                _ => None,
+            let (thin, far) = match &self.adapt {
+                Some(a) if self.probes.measures() => (
+                    a.thin(c, &self.tx.members, 1.0),
+                    a.far(c, &self.tx.members, &rtts, 1.0),
+                ),
+                _ => (None, None),
             };
             let j = Judged {
                 loss: &loss,
                 est: &est,
                 slow,
                 thin,
+                far,
             };
             match self.chans[c].demote.role {
                 Role::Active => self.judge_active(c, now, &cfg, &j, cut),
@@ -373,7 +390,7 @@ impl Session {
         let slow_long = d
             .slow_since
             .is_some_and(|t| now.saturating_since(t) >= cfg.after);
-        d.thin_since = j.thin.map(|_| d.thin_since.unwrap_or(now));
+        d.thin_since = (j.thin.is_some() || j.far.is_some()).then(|| d.thin_since.unwrap_or(now));
         let thin_long = d
             .thin_since
             .is_some_and(|t| now.saturating_since(t) >= cfg.after);
@@ -397,18 +414,29 @@ impl Session {
         d.asked_at = None;
         d.measured_at = None;
         d.set_role(Role::Demoted, now);
-        let reason = match (j.loss[c], j.thin) {
-            (Some(l), _) if lossy => format!(
+        let reason = match (j.loss[c], j.thin, j.far) {
+            (Some(l), _, _) if lossy => format!(
                 "{:.1} % of its datagrams lost over the last {} ms",
                 l * 100.0,
                 cfg.after.as_micros() / 1000
             ),
-            (_, Some((mine, top))) if d.thin => format!(
+            (_, Some((mine, top)), _) if d.thin => format!(
                 "paced at {:.2} Mbit/s, under 1/{} of the fastest channel's {:.1}: too slow \
                  for the stripe, which would give it more than that and hold the bond to its pace",
                 mine / 1e6,
                 super::adapt::MAX_RATIO,
                 top / 1e6
+            ),
+            (_, _, Some(f)) if d.thin => format!(
+                "its round trip ({} ms) is over {} times the rest of the bond's ({} ms) and it \
+                 is paced at {:.2} Mbit/s, under {:.0} % of the rest's {:.1}: every flow would \
+                 wait on it for little capacity",
+                f.rtt.as_micros() / 1000,
+                super::adapt::FAR_RATIO,
+                f.rest_rtt.as_micros() / 1000,
+                f.mine / 1e6,
+                super::adapt::FAR_SHARE * 100.0,
+                f.rest / 1e6
             ),
             _ => format!(
                 "its round trip ({} ms) is over {} times the fastest channel's",
@@ -463,10 +491,11 @@ impl Session {
         self.events.push_back(Event::ChannelPromoted { channel: c });
     }
 
-    /// A channel out of the bond for being too slow for the stripe, healthy for its
-    /// hold: is it fast enough to rejoin? It is measured again first (a train, asked
-    /// for here); it rejoins once measured at twice the least pace the stripe can give
-    /// (hysteresis). Measured still too slow, or with no measurement within
+    /// A channel out of the bond for being too slow for the stripe (or too far for
+    /// what it carries), healthy for its hold: is it fast enough to rejoin? It is
+    /// measured again first (a train, asked for here); it rejoins once measured at
+    /// twice the least pace the stripe can give, and at 1.5 times the share a far one
+    /// needs to stay (hysteresis). Measured still too slow, or with no measurement within
     /// [`REMEASURE_WAIT`], it stays out and waits twice as long before the next try.
     fn fast_enough_again(&mut self, c: usize, now: Instant) -> bool {
         let d = &mut self.chans[c].demote;
@@ -480,11 +509,17 @@ impl Session {
         if !measured && now.saturating_since(asked) < REMEASURE_WAIT {
             return false;
         }
+        let rtts: Vec<_> = self
+            .chans
+            .iter()
+            .map(|ch| ch.fb_tx.estimate().rtt_min)
+            .collect();
         let fast = measured
-            && self
-                .adapt
-                .as_ref()
-                .is_some_and(|a| a.thin(c, &self.tx.members, 2.0).is_none());
+            && self.adapt.as_ref().is_some_and(|a| {
+                a.thin(c, &self.tx.members, 2.0).is_none()
+                    && a.far(c, &self.tx.members, &rtts, super::adapt::FAR_REJOIN)
+                        .is_none()
+            });
         if !fast {
             let d = &mut self.chans[c].demote;
             d.asked_at = None;
@@ -545,6 +580,9 @@ struct Judged<'a> {
     /// Adaptive pacing holds the channel too slow for the stripe: its pace and the
     /// fastest member's ([`super::adapt::Adapt::thin`]).
     thin: Option<(f64, f64)>,
+    /// Adaptive pacing holds the channel too far for what it carries
+    /// ([`super::adapt::Adapt::far`]).
+    far: Option<super::adapt::Far>,
 }
 
 #[cfg(test)]

@@ -330,14 +330,17 @@ fn with_adaptive_weights_a_lossy_channel_is_cut_then_demoted() {
 /// Three channels of 5 ms in `mode`, their rates measured (`pace = "auto"`) and paced
 /// adaptively, without CoDel or path MTU discovery.
 fn measured_pair(mode: Mode) -> Pair {
-    pair_with(3, mode, &[5, 5, 5], |c| {
-        paced(&[0.0; 3])(c);
-        let pc = c.pacing.as_mut().unwrap();
-        pc.probe = true;
-        pc.codel = None;
-        c.adaptive = true;
-        c.pmtu = None;
-    })
+    pair_with(3, mode, &[5, 5, 5], measured_pair_config)
+}
+
+/// The configuration of [`measured_pair`].
+fn measured_pair_config(c: &mut Config) {
+    paced(&[0.0; 3])(c);
+    let pc = c.pacing.as_mut().unwrap();
+    pc.probe = true;
+    pc.codel = None;
+    c.adaptive = true;
+    c.pmtu = None;
 }
 
 /// A's channel `c` paced at `bps` and at most that, as adaptive pacing leaves a
@@ -468,6 +471,89 @@ fn a_channel_measured_still_too_slow_stays_out_until_its_link_recovers() {
     assert!(data_between(&p, 2, u[0] + Duration::from_millis(300), p.now) > 50);
     p.every = Duration::ZERO;
     p.run_until(at_ms(32_500));
+    p.assert_no_duplicates();
+    assert!(p.delivered.windows(2).all(|w| w[0] < w[1]));
+    assert_eq!(p.delivered.len() as u64, p.next_id);
+}
+
+/// A channel much farther than the rest that carries little of the bond makes every
+/// flow wait on its round trip for a few percent of capacity: it leaves the bond, says
+/// why, and rejoins once a train measures its link worth its round trip again. A
+/// channel as slow but as near as the rest stays (issue 28: a link that turns slow
+/// costs no more than the capacity it had).
+#[test]
+fn a_far_channel_that_carries_little_leaves_and_rejoins_once_fast_again() {
+    let far_pair = |delays: &[u64]| {
+        let mut p = pair_with(3, Mode::Logical, delays, measured_pair_config);
+        let rate = |p: &mut Pair, c: usize, bps: f64| {
+            p.ab[c].rate_bps = bps;
+            p.ba[c].rate_bps = bps;
+        };
+        for l in 0..3 {
+            rate(&mut p, l, 8e6);
+        }
+        p.run_until(at_ms(1000));
+        assert!(
+            (0..3).all(|c| measured(&p, c).len() == 1),
+            "{:?}",
+            p.events_a
+        );
+        // Channel 2's link falls to 1 Mbit/s, under 8 % of the others' 15.5 Mbit/s of
+        // pace (but over 1/64 of it), and adaptive pacing follows it there.
+        rate(&mut p, 2, 1e6);
+        pace_down(&mut p, 2, 9.7e5);
+        p.run_until(at_ms(4000));
+        p
+    };
+    // As near as the others (5, 10, 20 ms): it stays in the bond.
+    let near = far_pair(&[5, 10, 20]);
+    assert!(demoted_at(&near, 2).is_empty(), "{:?}", near.events_a);
+    // 60 ms, three times the others' round trip: out within demote_after.
+    let mut p = far_pair(&[5, 10, 60]);
+    let d = demoted_at(&p, 2);
+    assert_eq!(d.len(), 1, "{:?}", p.events_a);
+    assert!(d[0] <= at_ms(2600), "demoted at {:?}", d[0]);
+    let reason = p.events_a.iter().find_map(|(_, e)| match e {
+        Event::ChannelDemoted { channel: 2, reason } => Some(reason.clone()),
+        _ => None,
+    });
+    assert!(
+        reason
+            .as_ref()
+            .is_some_and(|r| r.contains("round trip") && r.contains("under 8 %")),
+        "{reason:?}"
+    );
+    assert_eq!(demoted_at(&p, 0).len() + demoted_at(&p, 1).len(), 0);
+    // Measured again after promote_after of healthy probes, still far for what it
+    // carries: out.
+    p.run_until(at_ms(14_000));
+    let st = p.a.stats(p.now);
+    assert!(
+        measured(&p, 2).len() >= 2,
+        "{:?} {:?} {:?}",
+        measured(&p, 2),
+        st.channels[2].probe,
+        (
+            st.channels[2].role,
+            st.channels[2].role_since,
+            p.a.cfg.demote
+        )
+    );
+    assert!(promoted_at(&p, 2).is_empty(), "{:?}", p.events_a);
+    assert_eq!(
+        data_between(&p, 2, d[0] + Duration::from_millis(300), p.now),
+        0
+    );
+    // Its link recovers: a later train measures it and it rejoins.
+    p.ab[2].rate_bps = 8e6;
+    p.ba[2].rate_bps = 8e6;
+    p.run_until(at_ms(40_000));
+    let u = promoted_at(&p, 2);
+    assert_eq!(u.len(), 1, "{:?}", p.events_a);
+    assert!(data_between(&p, 2, u[0] + Duration::from_millis(300), p.now) > 50);
+    // Delivery exact throughout: everything, in order.
+    p.every = Duration::ZERO;
+    p.run_until(at_ms(40_500));
     p.assert_no_duplicates();
     assert!(p.delivered.windows(2).all(|w| w[0] < w[1]));
     assert_eq!(p.delivered.len() as u64, p.next_id);
