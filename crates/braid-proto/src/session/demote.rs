@@ -414,36 +414,7 @@ impl Session {
         d.asked_at = None;
         d.measured_at = None;
         d.set_role(Role::Demoted, now);
-        let reason = match (j.loss[c], j.thin, j.far) {
-            (Some(l), _, _) if lossy => format!(
-                "{:.1} % of its datagrams lost over the last {} ms",
-                l * 100.0,
-                cfg.after.as_micros() / 1000
-            ),
-            (_, Some((mine, top)), _) if d.thin => format!(
-                "paced at {:.2} Mbit/s, under 1/{} of the fastest channel's {:.1}: too slow \
-                 for the stripe, which would give it more than that and hold the bond to its pace",
-                mine / 1e6,
-                super::adapt::MAX_RATIO,
-                top / 1e6
-            ),
-            (_, _, Some(f)) if d.thin => format!(
-                "its round trip ({} ms) is over {} times the rest of the bond's ({} ms) and it \
-                 is paced at {:.2} Mbit/s, under {:.0} % of the rest's {:.1}: every flow would \
-                 wait on it for little capacity",
-                f.rtt.as_micros() / 1000,
-                super::adapt::FAR_RATIO,
-                f.rest_rtt.as_micros() / 1000,
-                f.mine / 1e6,
-                super::adapt::FAR_SHARE * 100.0,
-                f.rest / 1e6
-            ),
-            _ => format!(
-                "its round trip ({} ms) is over {} times the fastest channel's",
-                j.est[c].rtt_min.map_or(0, |r| r.as_micros() / 1000),
-                cfg.rtt_ratio
-            ),
-        };
+        let reason = j.reason(c, lossy, d.thin, cfg);
         self.events
             .push_back(Event::ChannelDemoted { channel: c, reason });
     }
@@ -583,6 +554,43 @@ struct Judged<'a> {
     /// Adaptive pacing holds the channel too far for what it carries
     /// ([`super::adapt::Adapt::far`]).
     far: Option<super::adapt::Far>,
+}
+
+impl Judged<'_> {
+    /// Why channel `c` is demoted, for the log: it lost (`lossy`), is too slow for the
+    /// stripe or too far for what it carries (`thin`), or else the delay criterion.
+    fn reason(&self, c: usize, lossy: bool, thin: bool, cfg: &DemoteConfig) -> String {
+        match (self.loss[c], self.thin, self.far) {
+            (Some(l), _, _) if lossy => format!(
+                "{:.1} % of its datagrams lost over the last {} ms",
+                l * 100.0,
+                cfg.after.as_micros() / 1000
+            ),
+            (_, Some((mine, top)), _) if thin => format!(
+                "paced at {:.2} Mbit/s, under 1/{} of the fastest channel's {:.1}: too slow \
+                 for the stripe, which would give it more than that and hold the bond to its pace",
+                mine / 1e6,
+                super::adapt::MAX_RATIO,
+                top / 1e6
+            ),
+            (_, _, Some(f)) if thin => format!(
+                "its round trip ({} ms) is over {} times the rest of the bond's ({} ms) and it \
+                 is paced at {:.2} Mbit/s, under {:.0} % of the rest's {:.1}: every flow would \
+                 wait on it for little capacity",
+                f.rtt.as_micros() / 1000,
+                super::adapt::FAR_RATIO,
+                f.rest_rtt.as_micros() / 1000,
+                f.mine / 1e6,
+                super::adapt::FAR_SHARE * 100.0,
+                f.rest / 1e6
+            ),
+            _ => format!(
+                "its round trip ({} ms) is over {} times the fastest channel's",
+                self.est[c].rtt_min.map_or(0, |r| r.as_micros() / 1000),
+                cfg.rtt_ratio
+            ),
+        }
+    }
 }
 
 #[cfg(test)]
