@@ -12,7 +12,11 @@
 //!   5 ms and a tenth of the round trip): either way it is given more than it carries.
 //!   A few percent of random loss is not congestion: that is for the bond to repair, not
 //!   to steer around. Channels are judged only while the bond carries at least 1 Mbit/s
-//!   (an idle direction, or one that carries only acknowledgements, learns nothing);
+//!   (an idle direction, or one that carries only acknowledgements, learns nothing),
+//!   except, with every channel paced, one that loses behind a standing queue: the bond
+//!   may carry little because it waits on that channel (a 20 Mbit/s link that fell to
+//!   1 held a simulated bond to 0.9 Mbit/s in all, and its pace stayed at 20 for over
+//!   6 s). Loss without a queue in an idle bond is an outage, not congestion;
 //! * when no channel is congested, the weights are left alone (the bond carries what it
 //!   is given: nothing to correct, and no reason to churn);
 //! * when some are, every channel in the transmit set gets a target rate: a congested
@@ -411,12 +415,20 @@ impl Adapt {
         load: f64,
     ) -> Option<Vec<u32>> {
         let p = self.pace.as_mut()?;
-        if load < MIN_LOAD_BPS {
+        // An idle bond is not judged, but a channel that loses behind a standing queue
+        // is: the bond may carry little precisely because it waits on that channel, and
+        // its queue and loss are the evidence of load (loss without a queue, when the
+        // bond is idle, is a link that went away for a moment, not congestion).
+        let idle = load < MIN_LOAD_BPS;
+        let overfull = |c: usize| shortfall(&est[c]) && standing_queue(&est[c]);
+        if idle && !members.iter().any(|&c| overfull(c)) {
             return None;
         }
         let mut moved = false;
         for &c in members {
-            moved |= p.step_channel(c, now, &est[c]);
+            if !idle || overfull(c) {
+                moved |= p.step_channel(c, now, &est[c]);
+            }
         }
         if !moved {
             return None;
@@ -1076,5 +1088,32 @@ mod tests {
         e[1].missing = 140;
         a.step(Instant::ZERO + SECOND, &[0, 1], &e, 1500, SECOND);
         assert!(a.pace_rates().unwrap()[1] < 20e6, "{:?}", a.pace_rates());
+    }
+
+    #[test]
+    fn a_bond_held_back_by_a_losing_channel_still_cuts_it() {
+        // Link 2 fell from 20 to 1 Mbit/s: the bond waits on it and carries 0.9 Mbit/s
+        // in all, under the load at which channels are judged. Its loss behind a queue
+        // is the load's evidence: it is cut (to a quarter at most in one step); the
+        // others are not.
+        let mut a = Adapt::new(vec![1500; 3], &[100e6, 50e6, 20e6], 0, Instant::ZERO);
+        let mut e = [est(0.0, 10, 10), est(0.0, 40, 40), est(0.9, 1385, 120)];
+        e[2].queue = Some(Duration::from_millis(1273));
+        a.step(Instant::ZERO, &[0, 1, 2], &e, 1500, SECOND);
+        let rates = |a: &Adapt| a.pace_rates().unwrap().to_vec();
+        assert_eq!(rates(&a), [100e6, 50e6, 20e6], "no loss: idle");
+        // Loss without a queue in an idle bond: an outage of the link, not a cut.
+        e[2].loss = Some(0.26);
+        e[2].missing = 29;
+        e[2].queue = Some(Duration::ZERO);
+        a.step(Instant::ZERO + SECOND, &[0, 1, 2], &e, 1500, SECOND);
+        assert_eq!(rates(&a), [100e6, 50e6, 20e6], "an outage");
+        e[2].queue = Some(Duration::from_millis(1273));
+        let later = Instant::ZERO + SECOND + SECOND;
+        for x in &mut e {
+            x.reported_at = Some(later);
+        }
+        a.step(later, &[0, 1, 2], &e, 1500, SECOND);
+        assert_eq!(rates(&a), [100e6, 50e6, 5e6]);
     }
 }
