@@ -343,6 +343,26 @@ fn measured_pair_config(c: &mut Config) {
     c.pmtu = None;
 }
 
+/// Link `c` at `bps` both ways.
+fn link_rate(p: &mut Pair, c: usize, bps: f64) {
+    p.ab[c].rate_bps = bps;
+    p.ba[c].rate_bps = bps;
+}
+
+/// Every link of a three-channel pair at `bps`, through the first second: each channel
+/// is measured once.
+fn all_measured_at(p: &mut Pair, bps: f64) {
+    for l in 0..3 {
+        link_rate(p, l, bps);
+    }
+    p.run_until(at_ms(1000));
+    assert!(
+        (0..3).all(|c| measured(p, c).len() == 1),
+        "{:?}",
+        p.events_a
+    );
+}
+
 /// A's channel `c` paced at `bps` and at most that, as adaptive pacing leaves a
 /// channel after a run of cuts.
 fn pace_down(p: &mut Pair, c: usize, bps: f64) {
@@ -420,22 +440,10 @@ fn a_channel_paced_too_slow_for_the_stripe_leaves_and_rejoins_once_measured() {
 #[test]
 fn a_channel_measured_still_too_slow_stays_out_until_its_link_recovers() {
     let mut p = measured_pair(Mode::Seq);
-    let rate = |p: &mut Pair, c: usize, bps: f64| {
-        p.ab[c].rate_bps = bps;
-        p.ba[c].rate_bps = bps;
-    };
-    for l in 0..3 {
-        rate(&mut p, l, 64e6);
-    }
-    p.run_until(at_ms(1000));
-    assert!(
-        (0..3).all(|c| measured(&p, c).len() == 1),
-        "{:?}",
-        p.events_a
-    );
+    all_measured_at(&mut p, 64e6);
     // Channel 2's link falls to 900 kbit/s, under 1/64 of the others' 62 Mbit/s of
     // pace, and adaptive pacing follows it there.
-    rate(&mut p, 2, 9e5);
+    link_rate(&mut p, 2, 9e5);
     pace_down(&mut p, 2, 8.7e5);
     p.run_until(at_ms(16_000));
     let d = demoted_at(&p, 2);
@@ -459,7 +467,7 @@ fn a_channel_measured_still_too_slow_stays_out_until_its_link_recovers() {
     );
     // Its link recovers: the next try (after four times the hold) measures it and it
     // rejoins.
-    rate(&mut p, 2, 64e6);
+    link_rate(&mut p, 2, 64e6);
     p.run_until(at_ms(32_000));
     let m = measured(&p, 2);
     assert_eq!(m.len(), 4, "{m:?}");
@@ -485,22 +493,10 @@ fn a_channel_measured_still_too_slow_stays_out_until_its_link_recovers() {
 fn a_far_channel_that_carries_little_leaves_and_rejoins_once_fast_again() {
     let far_pair = |delays: &[u64]| {
         let mut p = pair_with(3, Mode::Logical, delays, measured_pair_config);
-        let rate = |p: &mut Pair, c: usize, bps: f64| {
-            p.ab[c].rate_bps = bps;
-            p.ba[c].rate_bps = bps;
-        };
-        for l in 0..3 {
-            rate(&mut p, l, 8e6);
-        }
-        p.run_until(at_ms(1000));
-        assert!(
-            (0..3).all(|c| measured(&p, c).len() == 1),
-            "{:?}",
-            p.events_a
-        );
+        all_measured_at(&mut p, 8e6);
         // Channel 2's link falls to 1 Mbit/s, under 8 % of the others' 15.5 Mbit/s of
         // pace (but over 1/64 of it), and adaptive pacing follows it there.
-        rate(&mut p, 2, 1e6);
+        link_rate(&mut p, 2, 1e6);
         pace_down(&mut p, 2, 9.7e5);
         p.run_until(at_ms(4000));
         p
@@ -545,8 +541,7 @@ fn a_far_channel_that_carries_little_leaves_and_rejoins_once_fast_again() {
         0
     );
     // Its link recovers: a later train measures it and it rejoins.
-    p.ab[2].rate_bps = 8e6;
-    p.ba[2].rate_bps = 8e6;
+    link_rate(&mut p, 2, 8e6);
     p.run_until(at_ms(40_000));
     let u = promoted_at(&p, 2);
     assert_eq!(u.len(), 1, "{:?}", p.events_a);
