@@ -343,6 +343,14 @@ fn measured_pair_config(c: &mut Config) {
     c.pmtu = None;
 }
 
+/// Why A demoted channel `c` first, if it did.
+fn demotion_reason(p: &Pair, c: usize) -> Option<String> {
+    p.events_a.iter().find_map(|(_, e)| match e {
+        Event::ChannelDemoted { channel, reason } if *channel == c => Some(reason.clone()),
+        _ => None,
+    })
+}
+
 /// Link `c` at `bps` both ways.
 fn link_rate(p: &mut Pair, c: usize, bps: f64) {
     p.ab[c].rate_bps = bps;
@@ -396,10 +404,7 @@ fn a_channel_paced_too_slow_for_the_stripe_leaves_and_rejoins_once_measured() {
     let d = demoted_at(&p, 2);
     assert_eq!(d.len(), 1, "{:?}", p.events_a);
     assert!(d[0] <= at_ms(2300), "demoted at {:?}", d[0]);
-    let reason = p.events_a.iter().find_map(|(_, e)| match e {
-        Event::ChannelDemoted { channel: 2, reason } => Some(reason.clone()),
-        _ => None,
-    });
+    let reason = demotion_reason(&p, 2);
     assert!(
         reason
             .as_ref()
@@ -509,10 +514,7 @@ fn a_far_channel_that_carries_little_leaves_and_rejoins_once_fast_again() {
     let d = demoted_at(&p, 2);
     assert_eq!(d.len(), 1, "{:?}", p.events_a);
     assert!(d[0] <= at_ms(2600), "demoted at {:?}", d[0]);
-    let reason = p.events_a.iter().find_map(|(_, e)| match e {
-        Event::ChannelDemoted { channel: 2, reason } => Some(reason.clone()),
-        _ => None,
-    });
+    let reason = demotion_reason(&p, 2);
     assert!(
         reason
             .as_ref()
