@@ -337,6 +337,7 @@ impl Session {
             let j = Judged {
                 loss: &loss,
                 est: &est,
+                rtts: &rtts,
                 slow,
                 thin,
                 far,
@@ -445,7 +446,7 @@ impl Session {
         if now.saturating_since(d.since).as_micros() < hold {
             return;
         }
-        if d.thin && !self.fast_enough_again(c, now) {
+        if d.thin && !self.fast_enough_again(c, now, j.rtts) {
             return;
         }
         let d = &mut self.chans[c].demote;
@@ -468,7 +469,7 @@ impl Session {
     /// twice the least pace the stripe can give, and at 1.5 times the share a far one
     /// needs to stay (hysteresis). Measured still too slow, or with no measurement within
     /// [`REMEASURE_WAIT`], it stays out and waits twice as long before the next try.
-    fn fast_enough_again(&mut self, c: usize, now: Instant) -> bool {
+    fn fast_enough_again(&mut self, c: usize, now: Instant, rtts: &[Option<Duration>]) -> bool {
         let d = &mut self.chans[c].demote;
         let Some(asked) = d.asked_at else {
             d.asked_at = Some(now);
@@ -480,15 +481,10 @@ impl Session {
         if !measured && now.saturating_since(asked) < REMEASURE_WAIT {
             return false;
         }
-        let rtts: Vec<_> = self
-            .chans
-            .iter()
-            .map(|ch| ch.fb_tx.estimate().rtt_min)
-            .collect();
         let fast = measured
             && self.adapt.as_ref().is_some_and(|a| {
                 a.thin(c, &self.tx.members, 2.0).is_none()
-                    && a.far(c, &self.tx.members, &rtts, super::adapt::FAR_REJOIN)
+                    && a.far(c, &self.tx.members, rtts, super::adapt::FAR_REJOIN)
                         .is_none()
             });
         if !fast {
@@ -547,6 +543,9 @@ impl Session {
 struct Judged<'a> {
     loss: &'a [Option<f64>],
     est: &'a [super::feedback::Estimate],
+    /// Each channel's minimum round trip (`est`'s, as [`super::adapt::Adapt::far`]
+    /// takes them).
+    rtts: &'a [Option<Duration>],
     slow: bool,
     /// Adaptive pacing holds the channel too slow for the stripe: its pace and the
     /// fastest member's ([`super::adapt::Adapt::thin`]).
