@@ -964,6 +964,29 @@ fn arq_repairs_a_lossy_channel_in_every_mode() {
     }
 }
 
+/// The fastest channel (5 ms) loses: its gaps show within a few milliseconds, well
+/// within the repair path's round trip (the 20 ms channel's 40 ms). The first request
+/// for each is answered at once, and the repair arrives a round trip of the repair path
+/// after the loss: no request is repeated, each datagram is sent again once. (When the
+/// first request was held to a round trip after the original left, as a repeated one
+/// is, every repair waited for the second request, 65 ms later.)
+#[test]
+fn arq_answers_the_first_request_for_a_loss_on_a_fast_channel_at_once() {
+    let mut p = pair_with(2, Mode::Logical, &[5, 20], arq_on);
+    p.ab[0].drop_every = 50;
+    p.run_until(at_ms(3000));
+    p.every = Duration::ZERO;
+    p.run_until(at_ms(3500));
+    p.assert_no_duplicates();
+    assert_eq!(p.delivered.len() as u64, p.next_id, "everything arrives");
+    let rx = p.b.stats(p.now).channels[0].arq;
+    let tx = p.a.stats(p.now).channels[0].arq;
+    assert!(rx.missing >= 20, "{rx:?}");
+    assert_eq!(rx.repaired, rx.missing, "{rx:?}");
+    assert_eq!(rx.requests, rx.missing, "one request each: {rx:?}");
+    assert_eq!((tx.resent, tx.premature), (rx.missing, 0), "{tx:?}");
+}
+
 #[test]
 fn arq_answers_a_repeated_request_once_per_round_trip_of_the_repair_path() {
     // The receiver asks again after about 1.5 base round trips of the fastest channel.
