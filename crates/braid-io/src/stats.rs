@@ -369,6 +369,12 @@ pub struct SessionStats {
     /// Copies dropped because their packet was delivered already.
     #[serde(default)]
     pub flows_rx_duplicates: u64,
+    /// Flow datagrams of a TCP flow held in its ordered domain for one they overtook.
+    #[serde(default)]
+    pub flows_rx_held: u64,
+    /// Packets of ordered domains given up: missing when their wait ran out.
+    #[serde(default)]
+    pub flows_rx_gaps: u64,
     /// Packets waiting in the transmit queue (for credit, or an epoch switch).
     #[serde(default)]
     pub tx_queued: f64,
@@ -1292,6 +1298,8 @@ const COUNTERS: &[(bool, &str, &str)] = &[
     (false, "flows_tx_fallback", "Real-time flows: packets bonded instead (too large for a flow datagram, no keys yet)"),
     (false, "flows_rx_delivered", "Real-time flows: packets delivered (the first copy)"),
     (false, "flows_rx_duplicates", "Real-time flows: copies dropped as duplicates"),
+    (false, "flows_rx_held", "Real-time flows: TCP segments held in their flow's order for one they overtook"),
+    (false, "flows_rx_gaps", "Real-time flows: TCP segments given up (missing when the wait for them ran out)"),
     (false, "credit_stalls", "Credits: times a channel ran out of credit and the striper waited"),
     (false, "credits_sent", "Credits: credits sent to the peer"),
     (false, "credit_refused", "Credits: data refused because the peer was past its credit"),
@@ -1442,6 +1450,8 @@ pub fn with_flows(f: &braid_proto::session::FlowStats, base: SessionStats) -> Se
         flows_tx_fallback: f.tx_fallback,
         flows_rx_delivered: f.rx_delivered,
         flows_rx_duplicates: f.rx_duplicates,
+        flows_rx_held: f.rx_held,
+        flows_rx_gaps: f.rx_gaps,
         ..base
     }
 }

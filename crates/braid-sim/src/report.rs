@@ -326,7 +326,7 @@ impl Report {
         let (lw, pw) = (cols.lw, cols.pw);
         let _ = writeln!(
             out,
-            "\n{:<lw$}  {:>pw$}{:>6} {:>6} {:>7} {:>7} {:>7} {:>7} {:>9} {:>5} {:>6} {:>6}",
+            "\n{:<lw$}  {:>pw$}{:>6} {:>6} {:>7} {:>7} {:>7} {:>7} {:>9} {:>5} {:>6} {:>6} {:>6} {:>6}",
             "voip",
             "",
             "sent",
@@ -339,6 +339,8 @@ impl Report {
             "dups",
             "redund",
             "lowest",
+            "reord",
+            "held",
             pw = if pw > 0 { pw + 2 } else { 0 },
         );
         for (r, p) in self.runs.iter().zip(&cols.params) {
@@ -348,7 +350,7 @@ impl Report {
             cols.row_head(out, r, p);
             let _ = writeln!(
                 out,
-                "{:>6} {:>6} {:>7.3} {:>7.1} {:>7.1} {:>7.1} {:>9.1} {:>5} {:>6} {:>6}",
+                "{:>6} {:>6} {:>7.3} {:>7.1} {:>7.1} {:>7.1} {:>9.1} {:>5} {:>6} {:>6} {:>6} {:>6}",
                 v.sent,
                 v.lost,
                 v.loss_pct,
@@ -358,7 +360,9 @@ impl Report {
                 v.p99_over_best_ms,
                 v.duplicates,
                 v.tx_redundant,
-                v.tx_lowest_delay
+                v.tx_lowest_delay,
+                v.reordered,
+                v.rx_held
             );
         }
     }

@@ -930,7 +930,8 @@ fn build_job(
 
 /// `[voip]`: a VoIP-like flow beside the traffic, in `[session]` runs: `pps` packets a
 /// second (default 50) of `bytes` bytes (IP length, default 200) from `start_s`
-/// (default 1), UDP port `port` (default 5004) both ways, DSCP `dscp` (default 0).
+/// (default 1), UDP (or `protocol = "tcp"`: TCP) port `port` (default 5004) both ways,
+/// DSCP `dscp` (default 0).
 fn parse_voip(
     t: &Tab,
     variant: &Variant,
@@ -939,7 +940,7 @@ fn parse_voip(
     let Some(v) = t.table("voip")? else {
         return Ok(None);
     };
-    v.check_keys(&["pps", "bytes", "start_s", "port", "dscp"])?;
+    v.check_keys(&["pps", "bytes", "start_s", "port", "dscp", "protocol"])?;
     if !matches!(variant, Variant::Session(_)) {
         return Err(t.err(
             "voip",
@@ -949,14 +950,29 @@ fn parse_voip(
     let pps = v.f64_or("pps", 50.0, "packets per second from 0.1 to 100000", |x| {
         (0.1..=100_000.0).contains(&x)
     })?;
+    let tcp = match v.str_opt("protocol")? {
+        None | Some("udp") => false,
+        Some("tcp") => true,
+        Some(o) => {
+            return Err(v.err(
+                "protocol",
+                &format!("unknown protocol \"{o}\"; expected \"udp\" or \"tcp\""),
+            ))
+        }
+    };
+    let min = if tcp {
+        crate::voip::MIN_BYTES_TCP
+    } else {
+        crate::voip::MIN_BYTES
+    };
     let bytes = v.u32_in(
         "bytes",
         Some(200),
-        crate::voip::MIN_BYTES,
+        min,
         max_packet.min(65_535),
         &format!(
             "a whole number of bytes from {} to {} (max_packet)",
-            crate::voip::MIN_BYTES,
+            min,
             max_packet.min(65_535)
         ),
     )?;
@@ -974,6 +990,7 @@ fn parse_voip(
         start: secs_to_ns(start),
         port,
         dscp,
+        tcp,
     }))
 }
 

@@ -23,9 +23,9 @@ fn skip_reason() -> Option<String> {
     )
 }
 
-fn config(tun_addr: &str, ctl: &Path, chans: &[(String, String)]) -> String {
+fn config(tun_addr: &str, ctl: &Path, chans: &[(String, String)], rules: &str) -> String {
     let mut s = format!(
-        "[tunnel]\nname = \"braidf\"\naddress = \"{tun_addr}\"\ncontrol = \"{}\"\nlog_interval = \"1s\"\n\n[session]\nkey = \"AyHDMTOweHmwGSs7vubt5lmmRKjx62UXkWxeQzJRXms=\"\n",
+        "[tunnel]\nname = \"braidf\"\naddress = \"{tun_addr}\"\ncontrol = \"{}\"\nlog_interval = \"1s\"\n\n[session]\nkey = \"AyHDMTOweHmwGSs7vubt5lmmRKjx62UXkWxeQzJRXms=\"\n{rules}",
         ctl.display()
     );
     for (i, (l, r)) in chans.iter().enumerate() {
@@ -68,18 +68,25 @@ fn blackhole(ns: &str, dev: &str, op: &str) {
     ]);
 }
 
-#[test]
-fn a_redundant_call_survives_a_blackholed_channel_and_arrives_once() {
-    if let Some(why) = skip_reason() {
-        common::skip(
-            "a_redundant_call_survives_a_blackholed_channel_and_arrives_once",
-            &why,
-        );
-        return;
-    }
+/// Two namespaces joined by two veth pairs, a tunnel at each end with one channel per
+/// pair, both up and measured: the lab (cleaned up when dropped), the namespaces, the
+/// control sockets and the veth devices (A's, B's) per channel. `tag` keeps two tests'
+/// names apart; `rules` goes into both ends' `[session]` (`[[session.flow]]` tables).
+#[allow(clippy::type_complexity)]
+fn up(
+    tag: &str,
+    rules: &str,
+) -> (
+    Lab,
+    String,
+    String,
+    std::path::PathBuf,
+    std::path::PathBuf,
+    Vec<(String, String)>,
+) {
     let id = std::process::id() % 100_000;
-    let (na, nb) = (format!("brflowsa{id}"), format!("brflowsb{id}"));
-    let dir = std::env::temp_dir().join(format!("braid-flows-netns-{id}"));
+    let (na, nb) = (format!("brflowsa{tag}{id}"), format!("brflowsb{tag}{id}"));
+    let dir = std::env::temp_dir().join(format!("braid-flows-netns-{tag}{id}"));
     let mut lab = Lab::new(dir.clone());
     for n in [&na, &nb] {
         lab.add_ns(n);
@@ -87,17 +94,24 @@ fn a_redundant_call_survives_a_blackholed_channel_and_arrives_once() {
     let mut a_ch = Vec::new();
     let mut b_ch = Vec::new();
     let mut devs = Vec::new();
+    let net = if tag.is_empty() { 202 } else { 203 };
     for i in 0..2 {
-        let (va, vb) = (format!("bfa{id}v{i}"), format!("bfb{id}v{i}"));
-        let (aa, ab) = (format!("10.202.{i}.1"), format!("10.202.{i}.2"));
+        let (va, vb) = (format!("bfa{tag}{id}v{i}"), format!("bfb{tag}{id}v{i}"));
+        let (aa, ab) = (format!("10.{net}.{i}.1"), format!("10.{net}.{i}.2"));
         common::veth(&na, &va, &format!("{aa}/24"), &nb, &vb, &format!("{ab}/24"));
         a_ch.push((format!("{aa}:7100"), format!("{ab}:7100")));
         b_ch.push((format!("{ab}:7100"), format!("{aa}:7100")));
         devs.push((va, vb));
     }
     let (ca, cb) = (dir.join("a.sock"), dir.join("b.sock"));
-    common::write_private(&dir.join("a.toml"), &config("10.78.0.1/24", &ca, &a_ch));
-    common::write_private(&dir.join("b.toml"), &config("10.78.0.2/24", &cb, &b_ch));
+    common::write_private(
+        &dir.join("a.toml"),
+        &config("10.78.0.1/24", &ca, &a_ch, rules),
+    );
+    common::write_private(
+        &dir.join("b.toml"),
+        &config("10.78.0.2/24", &cb, &b_ch, rules),
+    );
     lab.children
         .push(common::start_tunnel(&na, &dir.join("a.toml")));
     lab.children
@@ -115,7 +129,19 @@ fn a_redundant_call_survives_a_blackholed_channel_and_arrives_once() {
     }
     // A second for the channels' round trips to be measured.
     std::thread::sleep(Duration::from_secs(1));
+    (lab, na, nb, ca, cb, devs)
+}
 
+#[test]
+fn a_redundant_call_survives_a_blackholed_channel_and_arrives_once() {
+    if let Some(why) = skip_reason() {
+        common::skip(
+            "a_redundant_call_survives_a_blackholed_channel_and_arrives_once",
+            &why,
+        );
+        return;
+    }
+    let (_lab, na, nb, ca, cb, devs) = up("", "");
     let receiver = Command::new("ip")
         .args(["netns", "exec", &nb, "python3", "-c", RECEIVER])
         .stdout(Stdio::piped())
@@ -167,4 +193,91 @@ fn a_redundant_call_survives_a_blackholed_channel_and_arrives_once() {
     assert!(b["flows_rx_delivered"].as_u64().unwrap() >= 400, "{b}");
     let dups = b["flows_rx_duplicates"].as_u64().unwrap();
     assert!((100..400).contains(&dups), "{b}");
+}
+
+/// Echoes on 10.78.0.2:2222 whatever one connection sends, until it closes.
+const ECHO: &str = r#"
+import socket
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("10.78.0.2", 2222)); s.listen(1); s.settimeout(15)
+c, _ = s.accept(); c.settimeout(15)
+while True:
+    b = c.recv(4096)
+    if not b:
+        break
+    c.sendall(b)
+c.close()
+print("done")
+"#;
+
+/// A remote shell's pattern: 300 messages of 40 bytes, one every 20 ms, each echoed
+/// before the next; prints how many echoes matched.
+const TYPIST: &str = r#"
+import socket, time
+c = socket.create_connection(("10.78.0.2", 2222), timeout=15)
+c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+ok = 0
+for i in range(300):
+    m = i.to_bytes(4, "big") + bytes(36)
+    c.sendall(m)
+    got = b""
+    while len(got) < len(m):
+        got += c.recv(len(m) - len(got))
+    ok += got == m
+    time.sleep(0.02)
+c.close()
+print(ok)
+"#;
+
+/// A small TCP flow (a remote shell's keystrokes and echoes) that a rule sends
+/// `lowest-delay` goes on the lowest-delay channel in its own ordered domain, both
+/// ways, handshake and close included, while channel 0 is blackholed for two seconds in
+/// the middle: every echo comes back right, and both ends sent it as flow datagrams.
+#[test]
+fn a_small_tcp_flow_crosses_on_the_lowest_delay_channel_through_a_blackhole() {
+    if let Some(why) = skip_reason() {
+        common::skip(
+            "a_small_tcp_flow_crosses_on_the_lowest_delay_channel_through_a_blackhole",
+            &why,
+        );
+        return;
+    }
+    let rule = "[[session.flow]]\npolicy = \"lowest-delay\"\nprotocol = \"tcp\"\nport = 2222\n";
+    let (lab, na, nb, ca, cb, devs) = up("t", rule);
+    let server = Command::new("ip")
+        .args(["netns", "exec", &nb, "python3", "-c", ECHO])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let client = Command::new("ip")
+        .args(["netns", "exec", &na, "python3", "-c", TYPIST])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    blackhole(&nb, &devs[0].1, "-A");
+    blackhole(&na, &devs[0].0, "-A");
+    std::thread::sleep(Duration::from_secs(2));
+    blackhole(&nb, &devs[0].1, "-D");
+    blackhole(&na, &devs[0].0, "-D");
+    let typed = client.wait_with_output().unwrap();
+    let echoed = server.wait_with_output().unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&typed.stdout).trim(),
+        "300",
+        "every echo right: {} {}",
+        String::from_utf8_lossy(&typed.stderr),
+        String::from_utf8_lossy(&echoed.stderr)
+    );
+    let (a, b) = (status(&ca).unwrap(), status(&cb).unwrap());
+    for s in [&a, &b] {
+        // 300 messages each way, plus the handshake and the close.
+        assert!(s["flows_tx_lowest_delay"].as_u64().unwrap() >= 300, "{s}");
+        assert!(s["flows_rx_delivered"].as_u64().unwrap() >= 300, "{s}");
+        assert_eq!(s["flows_tx_redundant"], 0, "{s}");
+    }
+    drop(lab);
 }

@@ -332,18 +332,19 @@ s.close()
 "#;
 
 /// Random initiations, spoofed from A's channel-0 address to B's, as fast as one
-/// process sends them, for `secs` seconds: half in the current handshake version (3), half
-/// in version 1 (the format before issue 27), static keys, each the right length.
+/// process sends them, for `secs` seconds: half in the current handshake version (the
+/// fourth argument), half in version 1 (the format before issue 27), static keys, each
+/// the right length.
 const FLOOD: &str = r#"
 import os, socket, struct, sys, time
-src, dst, secs = sys.argv[1], sys.argv[2], float(sys.argv[3])
+src, dst, secs, version = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
 def pkt(p):
     udp = struct.pack("!HHHH", 7000, 7000, 8 + len(p), 0) + p
     return struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), 0, 0, 64, 17, 0,
                        socket.inet_aton(src), socket.inet_aton(dst)) + udp
 pool = []
 for i in range(2048):
-    pool.append(pkt(bytes([0xBA, 3, 1, 0]) + os.urandom(188)))
+    pool.append(pkt(bytes([0xBA, version, 1, 0]) + os.urandom(188)))
     pool.append(pkt(bytes([0xBA, 1, 1, 0]) + os.urandom(144)))
 r = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)
 n = 0; end = time.time() + secs
@@ -391,7 +392,12 @@ fn a_flood_of_spoofed_initiations_does_not_stop_traffic() {
         .py(
             &lab.na,
             FLOOD,
-            &["10.212.10.1".into(), "10.212.10.2".into(), "5.5".into()],
+            &[
+                "10.212.10.1".into(),
+                "10.212.10.2".into(),
+                "5.5".into(),
+                braid_proto::wire::secure::HS_VERSION.to_string(),
+            ],
         )
         .output()
         .unwrap();

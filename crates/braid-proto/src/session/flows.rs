@@ -20,8 +20,9 @@
 //! than an epoch end needs no order), and drops a number it has seen ([`Dedupe`]): the
 //! seal already refuses a replayed datagram on its channel, the sequence refuses the
 //! copies of one packet that came on different channels. Delivery is in arrival order
-//! (domain 0 of the wire format); per-flow reorder domains (issue 32, item 2) can
-//! number their packets in other domains of the same header.
+//! (domain 0 of the wire format), except for TCP: each TCP flow's segments are
+//! numbered in an ordered domain of their own and delivered in that order
+//! (`session::domains`).
 //!
 //! Which flows are real-time: rules of the configuration first (`[[session.flow]]`:
 //! port, address, protocol, DSCP, first match wins), then, with `flow_auto` (on by
@@ -31,7 +32,10 @@
 //! [`AUTO_SMALL`] bytes while the flow stays within [`AUTO_PPS`] packets and
 //! [`AUTO_BYTES_PER_S`] bytes a second (token buckets with a burst of
 //! [`AUTO_BURST_PACKETS`]); a flow that sends one larger packet or exceeds the rate is
-//! bulk for [`AUTO_BULK_HOLD`] after the last time it did. Everything else is bonded.
+//! bulk for [`AUTO_BULK_HOLD`] after the last time it did. A TCP pure
+//! acknowledgement takes the lowest-delay channel; TCP's other segments stay in the
+//! bond unless a rule or their DSCP says otherwise, and a TCP flow sent as flow
+//! datagrams keeps its order in a domain of its own. Everything else is bonded.
 //! `docs/tunnel.md` ("Real-time flows") says why.
 
 use std::collections::HashMap;
@@ -39,6 +43,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use bytes::Bytes;
 
+use super::domains::{self, Numbering, Reorder};
 use super::{bit, DatagramKind, LinkState, Role, Session};
 use crate::time::{Duration, Instant};
 use crate::wire::flow as wf;
@@ -303,6 +308,12 @@ pub struct FlowStats {
     pub rx_duplicates: u64,
     /// Flow datagrams dropped because they were older than the duplicate window.
     pub rx_stale: u64,
+    /// Flow datagrams of an ordered domain (a TCP flow's) that came before one they
+    /// follow and were held for it.
+    pub rx_held: u64,
+    /// Numbers of ordered domains given up: not there when the wait ran out (or when
+    /// too much was held behind them).
+    pub rx_gaps: u64,
     /// Flow datagrams that did not parse (counted malformed on their channel too).
     pub rx_malformed: u64,
 }
@@ -384,7 +395,28 @@ struct Tracked {
     bulk_until: Option<Instant>,
 }
 
-type Key = (IpAddr, IpAddr, u16, u16);
+/// A flow: protocol, source and destination address, source and destination port.
+type Key = (u8, IpAddr, IpAddr, u16, u16);
+
+/// What [`Flows::choose`] decided for a packet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Choice {
+    policy: FlowPolicy,
+    /// Automatic classification chose it because it is a TCP pure acknowledgement.
+    ack: bool,
+    /// Its ordered domain (a TCP segment that is not a pure acknowledgement), or 0.
+    domain: u16,
+}
+
+impl Choice {
+    fn bond() -> Choice {
+        Choice {
+            policy: FlowPolicy::Bond,
+            ack: false,
+            domain: 0,
+        }
+    }
+}
 
 /// A session's flows: classification and sequence numbers of our transmit direction,
 /// the duplicate filter of our receive direction.
@@ -395,10 +427,14 @@ pub struct Flows {
     /// When the full table was last swept for idle flows (at most once a second: a
     /// burst of new flows costs one sweep, not one per packet).
     swept: Option<Instant>,
+    /// The next number of domain 0.
     next_seq: u64,
+    /// The next numbers of the ordered domains.
+    numbering: Numbering,
     /// The lowest-delay flows' channel.
     pinned: Option<usize>,
     rx: Dedupe,
+    rx_ordered: Reorder,
     /// Counters.
     pub stats: FlowStats,
 }
@@ -411,8 +447,10 @@ impl Flows {
             table: HashMap::new(),
             swept: None,
             next_seq: 0,
+            numbering: Numbering::default(),
             pinned: None,
             rx: Dedupe::default(),
+            rx_ordered: Reorder::default(),
             stats: FlowStats::default(),
         }
     }
@@ -420,39 +458,60 @@ impl Flows {
     /// The policy of packet `p`, sent at `now` (the tests' view of [`Flows::choose`]).
     #[cfg(test)]
     fn classify(&mut self, now: Instant, p: &[u8]) -> FlowPolicy {
-        self.choose(now, p).0
+        self.choose(now, p).policy
     }
 
-    /// The policy of packet `p`, and whether automatic classification chose it
-    /// because `p` is a TCP pure acknowledgement.
-    fn choose(&mut self, now: Instant, p: &[u8]) -> (FlowPolicy, bool) {
+    /// The policy of packet `p`, whether automatic classification chose it because `p`
+    /// is a TCP pure acknowledgement, and its ordered domain.
+    fn choose(&mut self, now: Instant, p: &[u8]) -> Choice {
         if !self.cfg.auto && self.cfg.rules.is_empty() {
-            return (FlowPolicy::Bond, false);
+            return Choice::bond();
         }
         let Some(i) = parse_inner(p) else {
-            return (FlowPolicy::Bond, false);
+            return Choice::bond();
+        };
+        let domain = match (i.protocol, i.ports) {
+            (6, Some(ports)) if !i.pure_ack => domains::domain_of(6, i.src, i.dst, ports),
+            _ => 0,
+        };
+        let with = |policy| Choice {
+            policy,
+            ack: false,
+            domain,
         };
         if let Some(r) = self.cfg.rules.iter().find(|r| r.matches(&i)) {
-            return (r.policy, false);
+            return with(r.policy);
         }
-        let policy = if !self.cfg.auto {
-            FlowPolicy::Bond
-        } else if matches!(i.dscp, DSCP_EF | DSCP_VOICE_ADMIT) {
-            FlowPolicy::Redundant
-        } else if DSCP_INTERACTIVE_VIDEO.contains(&i.dscp) {
-            FlowPolicy::LowestDelay
-        } else if i.pure_ack {
-            return (FlowPolicy::LowestDelay, true);
-        } else if let (17, Some((s, d))) = (i.protocol, i.ports) {
-            self.track(now, (i.src, i.dst, s, d), p.len())
-        } else {
-            FlowPolicy::Bond
-        };
-        (policy, false)
+        if !self.cfg.auto {
+            return Choice::bond();
+        }
+        if matches!(i.dscp, DSCP_EF | DSCP_VOICE_ADMIT) {
+            return with(FlowPolicy::Redundant);
+        }
+        if DSCP_INTERACTIVE_VIDEO.contains(&i.dscp) {
+            return with(FlowPolicy::LowestDelay);
+        }
+        if i.pure_ack {
+            return Choice {
+                policy: FlowPolicy::LowestDelay,
+                ack: true,
+                domain: 0,
+            };
+        }
+        // TCP's data stays in the bond: a connection whose segments took a faster path
+        // than its later bulk data would measure its smallest round trip there, and its
+        // congestion control would end slow start early (docs/tunnel.md).
+        match (i.protocol, i.ports) {
+            (17, Some((s, d))) if self.track(now, (17, i.src, i.dst, s, d), p.len()) => {
+                with(FlowPolicy::Redundant)
+            }
+            _ => Choice::bond(),
+        }
     }
 
-    /// Automatic classification of a UDP packet of `len` bytes of flow `k`.
-    fn track(&mut self, now: Instant, k: Key, len: usize) -> FlowPolicy {
+    /// Automatic classification of a UDP packet of `len` bytes of flow `k`: whether
+    /// it is real-time (small, within the rates, not bulk lately).
+    fn track(&mut self, now: Instant, k: Key, len: usize) -> bool {
         if !self.table.contains_key(&k) && self.table.len() >= AUTO_TABLE {
             if self
                 .swept
@@ -463,7 +522,7 @@ impl Flows {
                     .retain(|_, t| now.saturating_since(t.last) < AUTO_IDLE);
             }
             if self.table.len() >= AUTO_TABLE {
-                return FlowPolicy::Bond;
+                return false;
             }
         }
         let burst_bytes = (AUTO_BYTES_PER_S / 4) as f64;
@@ -486,15 +545,23 @@ impl Flows {
         }
         if small && t.bulk_until.is_none_or(|u| now >= u) {
             t.bulk_until = None;
-            FlowPolicy::Redundant
+            true
         } else {
-            FlowPolicy::Bond
+            false
         }
     }
 
-    /// The peer started a new run: its numbers start again.
+    /// The peer started a new run: its numbers start again, and so do ours in the
+    /// ordered domains (its new receiver expects each domain to start at 0).
     fn peer_restarted(&mut self) {
         self.rx = Dedupe::default();
+        self.rx_ordered = Reorder::default();
+        self.numbering = Numbering::default();
+    }
+
+    /// When a packet held in an ordered domain stops waiting.
+    pub(super) fn next_timeout(&self) -> Option<Instant> {
+        self.rx_ordered.next_timeout()
     }
 }
 
@@ -553,7 +620,11 @@ impl Session {
     /// The flows stage: a packet of a redundant or lowest-delay flow goes out at once
     /// as flow datagrams (`true`); a bonded one (`false`) goes on to the stripe.
     pub(super) fn flow_out(&mut self, now: Instant, p: &Bytes) -> bool {
-        let (policy, ack) = self.flows.choose(now, p);
+        let Choice {
+            policy,
+            ack,
+            domain,
+        } = self.flows.choose(now, p);
         if policy == FlowPolicy::Bond {
             return false;
         }
@@ -584,13 +655,17 @@ impl Session {
                 c.into_iter().collect()
             }
         };
-        let seq = self.flows.next_seq;
-        self.flows.next_seq += 1;
+        let seq = if domain == 0 {
+            self.flows.next_seq += 1;
+            self.flows.next_seq - 1
+        } else {
+            self.flows.numbering.take(domain)
+        };
         for c in chosen {
             let h = wf::Header {
                 channel: c as u8,
                 policy: policy.wire(),
-                domain: 0,
+                domain,
                 seq,
             };
             self.flows.stats.tx_datagrams += 1;
@@ -614,9 +689,9 @@ impl Session {
             .collect()
     }
 
-    /// A flow datagram opened on (sealed for) channel `c`: delivered at once unless a
-    /// copy of it was.
-    pub(super) fn on_flow(&mut self, c: usize, inner: Bytes) {
+    /// A flow datagram opened on (sealed for) channel `c` at `now`: in domain 0
+    /// delivered at once unless a copy of it was; in an ordered domain, in its order.
+    pub(super) fn on_flow(&mut self, now: Instant, c: usize, inner: Bytes) {
         let h = match wf::Header::parse(&inner) {
             Ok(h) if usize::from(h.channel) == c => h,
             _ => {
@@ -625,6 +700,24 @@ impl Session {
                 return;
             }
         };
+        if h.domain != 0 {
+            let wait = self
+                .cfg
+                .arq
+                .map_or(domains::WAIT_WITHOUT_REPAIR, |a| a.wait);
+            let p = inner.slice(wf::HEADER_LEN..);
+            let f = &mut self.flows;
+            f.rx_ordered.accept(
+                now,
+                wait,
+                h.domain,
+                h.seq,
+                p,
+                &mut self.deliver,
+                &mut f.stats,
+            );
+            return;
+        }
         match self.flows.rx.accept(h.seq) {
             Seen::New => {
                 self.flows.stats.rx_delivered += 1;
@@ -638,6 +731,13 @@ impl Session {
     /// The peer started a new run (or was first heard): its flow numbers start again.
     pub(super) fn flows_on_new_peer(&mut self) {
         self.flows.peer_restarted();
+    }
+
+    /// Packets held in ordered domains whose wait ran out by `now` are delivered, the
+    /// gaps before them given up.
+    pub(super) fn flows_expire(&mut self, now: Instant) {
+        let f = &mut self.flows;
+        f.rx_ordered.expire(now, &mut self.deliver, &mut f.stats);
     }
 }
 
@@ -709,41 +809,92 @@ pub(crate) mod tests {
         assert_eq!(parse_inner(&frag).unwrap().ports, None);
     }
 
-    /// An IPv4 TCP segment with `payload` bytes after a 32-byte TCP header (with
-    /// timestamps) and these flags.
+    /// An IPv4 TCP segment from port 5201 with `payload` bytes after a 32-byte TCP
+    /// header (with timestamps) and these flags.
     fn tcp4(payload: usize, flags: u8) -> Vec<u8> {
-        let mut p = ipv4(20 + 32 + payload, 6, 0, 5201, 40000);
+        tcp4_from(5201, payload, flags)
+    }
+
+    /// The same from source port `sport` (another flow).
+    fn tcp4_from(sport: u16, payload: usize, flags: u8) -> Vec<u8> {
+        let mut p = ipv4(20 + 32 + payload, 6, 0, sport, 40000);
         p[32] = 8 << 4;
         p[33] = flags;
         p
     }
 
+    /// The choice for a segment of the flow from `sport`, in its ordered domain.
+    fn lowest_in_domain(sport: u16) -> Choice {
+        Choice {
+            policy: FlowPolicy::LowestDelay,
+            ack: false,
+            domain: domains::domain_of(
+                6,
+                IpAddr::from([10, 0, 0, 1]),
+                IpAddr::from([10, 0, 0, 2]),
+                (sport, 40000),
+            ),
+        }
+    }
+
     #[test]
-    fn pure_tcp_acks_take_the_lowest_delay_channel_and_data_stays_bonded() {
+    fn pure_tcp_acks_take_the_lowest_delay_channel_and_data_stays_bonded_unless_a_rule_says() {
         let mut f = Flows::new(FlowConfig::default());
         let ack = 0x10;
-        assert_eq!(f.classify(at(0), &tcp4(0, ack)), FlowPolicy::LowestDelay);
+        let pure_ack = Choice {
+            policy: FlowPolicy::LowestDelay,
+            ack: true,
+            domain: 0,
+        };
+        assert_eq!(f.choose(at(0), &tcp4(0, ack)), pure_ack);
         // With PSH or ECE/CWR, still only an acknowledgement.
-        assert_eq!(
-            f.classify(at(0), &tcp4(0, ack | 0x08 | 0xc0)),
-            FlowPolicy::LowestDelay
-        );
-        // Data, and segments that open, close or reset, keep the bond's order.
-        assert_eq!(f.classify(at(0), &tcp4(1, ack)), FlowPolicy::Bond);
-        assert_eq!(f.classify(at(0), &tcp4(1400, ack)), FlowPolicy::Bond);
-        assert_eq!(f.classify(at(0), &tcp4(0, ack | 0x01)), FlowPolicy::Bond);
-        assert_eq!(f.classify(at(0), &tcp4(0, 0x02)), FlowPolicy::Bond);
-        assert_eq!(f.classify(at(0), &tcp4(0, ack | 0x02)), FlowPolicy::Bond);
-        assert_eq!(f.classify(at(0), &tcp4(0, ack | 0x04)), FlowPolicy::Bond);
-        assert_eq!(f.classify(at(0), &tcp4(0, 0)), FlowPolicy::Bond);
+        assert_eq!(f.choose(at(0), &tcp4(0, ack | 0x08 | 0xc0)), pure_ack);
+        // Data, and segments that open, close or reset, small or not, keep the bond's
+        // order: the connection's round trip stays the bond's.
+        for (payload, flags) in [(0, 0x02), (0, ack | 0x02), (1, ack), (300, ack | 0x08)] {
+            assert_eq!(f.choose(at(1), &tcp4(payload, flags)), Choice::bond());
+        }
+        for flags in [ack | 0x01, ack | 0x04, 0] {
+            assert_eq!(f.choose(at(1), &tcp4(0, flags)), Choice::bond());
+        }
+        assert_eq!(f.choose(at(1), &tcp4(1400, ack)), Choice::bond());
         // Counted by the session once sent, not here.
         assert_eq!(f.stats.tx_acks, 0);
+        // A rule comes first: its policy, in the flow's own ordered domain (another
+        // flow, another domain: the hash of its ports); a pure acknowledgement it
+        // matches too, in arrival order. Without auto, everything is bonded.
+        let rule = |policy| FlowRule {
+            policy,
+            protocol: Some(6),
+            ports: Some((2222, 2222)),
+            net: None,
+            dscp: None,
+        };
+        let mut f = Flows::new(FlowConfig {
+            rules: vec![rule(FlowPolicy::LowestDelay)],
+            ..FlowConfig::default()
+        });
+        let small = lowest_in_domain(2222);
+        assert_ne!(small.domain, 0);
+        for (payload, flags) in [(0, 0x02), (1, ack), (1400, ack), (0, ack | 0x01)] {
+            assert_eq!(f.choose(at(1), &tcp4_from(2222, payload, flags)), small);
+        }
         assert_eq!(
-            f.choose(at(0), &tcp4(0, ack)),
-            (FlowPolicy::LowestDelay, true)
+            f.choose(at(1), &tcp4_from(2222, 0, ack)),
+            Choice { domain: 0, ..small }
         );
-        assert_eq!(f.choose(at(0), &tcp4(1, ack)), (FlowPolicy::Bond, false));
-        // A rule comes first; without auto, acknowledgements are bonded.
+        assert_ne!(
+            Flows::new(FlowConfig {
+                rules: vec![FlowRule {
+                    ports: Some((2223, 2223)),
+                    ..rule(FlowPolicy::LowestDelay)
+                }],
+                ..FlowConfig::default()
+            })
+            .choose(at(1), &tcp4_from(2223, 1, ack))
+            .domain,
+            small.domain
+        );
         let mut f = Flows::new(FlowConfig {
             rules: vec![FlowRule {
                 policy: FlowPolicy::Bond,
@@ -755,11 +906,30 @@ pub(crate) mod tests {
             ..FlowConfig::default()
         });
         assert_eq!(f.classify(at(0), &tcp4(0, ack)), FlowPolicy::Bond);
+        assert_eq!(f.classify(at(0), &tcp4(1, ack)), FlowPolicy::Bond);
+        let mut f = Flows::new(FlowConfig {
+            rules: vec![FlowRule {
+                policy: FlowPolicy::Redundant,
+                protocol: Some(6),
+                ports: None,
+                net: None,
+                dscp: None,
+            }],
+            ..FlowConfig::default()
+        });
+        assert_eq!(
+            f.choose(at(0), &tcp4(1400, ack)),
+            Choice {
+                policy: FlowPolicy::Redundant,
+                ..lowest_in_domain(5201)
+            }
+        );
         let mut f = Flows::new(FlowConfig {
             auto: false,
             ..FlowConfig::default()
         });
-        assert_eq!(f.choose(at(0), &tcp4(0, ack)), (FlowPolicy::Bond, false));
+        assert_eq!(f.choose(at(0), &tcp4(0, ack)), Choice::bond());
+        assert_eq!(f.choose(at(0), &tcp4(1, ack)), Choice::bond());
     }
 
     #[test]
@@ -798,7 +968,7 @@ pub(crate) mod tests {
             f.classify(at(6000), &udp4(120, 7000, 7001, 0)),
             FlowPolicy::Redundant
         );
-        // TCP is bulk unless its DSCP says otherwise; EF is voice, AF41 video.
+        // TCP is bonded unless its DSCP says otherwise; EF is voice, AF41 video.
         assert_eq!(f.classify(at(0), &tcp6(80, 22, 0)), FlowPolicy::Bond);
         assert_eq!(f.classify(at(0), &tcp6(80, 22, 46)), FlowPolicy::Redundant);
         assert_eq!(

@@ -49,6 +49,7 @@ mod adapt;
 pub mod credits;
 pub mod crypto;
 pub mod demote;
+pub mod domains;
 mod epoch;
 pub mod feedback;
 pub mod flows;
@@ -1328,7 +1329,7 @@ impl Session {
     /// `repaired`: it came as an in-bond repair, later than it was sent.
     fn on_inner(&mut self, now: Instant, arrived: Instant, c: usize, inner: Bytes, repaired: bool) {
         match inner.first().copied() {
-            Some(wire::TYPE_SESSION) if wire::flow::is_flow(&inner) => self.on_flow(c, inner),
+            Some(wire::TYPE_SESSION) if wire::flow::is_flow(&inner) => self.on_flow(now, c, inner),
             Some(wire::TYPE_SESSION) => self.on_ctrl(c, &inner, now, arrived, repaired),
             Some(wire::TYPE_CREDIT) => self.on_credit(now, c, &inner),
             Some(wire::TYPE_NAK) => {
@@ -1593,6 +1594,9 @@ impl Session {
         if let Some(t) = self.pacing_timeout() {
             d = d.min(t);
         }
+        if let Some(t) = self.flows.next_timeout() {
+            d = d.min(t);
+        }
         d
     }
 
@@ -1616,6 +1620,7 @@ impl Session {
         }
         self.arq_requests(now);
         self.rx.reseq.handle_timeout(now);
+        self.flows_expire(now);
         self.drain_deliver(now);
         self.credit_timers(now);
         if self.pacer.is_some() && !self.tx.pending.is_empty() {

@@ -9,20 +9,24 @@
 //! |  0xB4  |version |   9    | channel|   channel: the physical channel it was sealed for
 //! +--------+--------+--------+--------+
 //! | policy |   0    |  domain (u16)   |   policy: 1 redundant, 2 lowest-delay;
-//! +--------+--------+--------+--------+   domain: 0 (arrival order, deduplicated)
-//! |          sequence (u64)           |   8..16: per direction, from 0, +1 per packet
-//! |                                   |          (every copy of a packet has the same)
+//! +--------+--------+--------+--------+   domain: 0 arrival order, 1..: an ordered domain
+//! |          sequence (u64)           |   8..16: per direction and domain, from 0, +1 per
+//! |                                   |          packet (every copy of a packet has the same)
 //! +--------+--------+--------+--------+
 //! |  the inner packet (at least 1 byte) ...   16..
 //! ```
 //!
-//! The sequence numbers one sender's flow datagrams in one space for every real-time
-//! flow; the receiver delivers a number the first time it arrives and drops every later
-//! copy (a window of [`crate::session::flows::WINDOW`] numbers below the highest seen).
-//! Domain 0 is the only one defined: delivery in arrival order. Other domains are
-//! reserved for per-flow reorder domains (issue 32, item 2) and are malformed today, as
-//! are another version, a policy other than 1 or 2, a non-zero byte 5 and an empty
-//! packet.
+//! **Domain 0** numbers one sender's flow datagrams of every real-time flow in one space;
+//! the receiver delivers a number the first time it arrives and drops every later copy
+//! (a window of [`crate::session::flows::WINDOW`] numbers below the highest seen), in
+//! arrival order: calls and live video, whose late packets are worth less than a wait.
+//! **Domains 1 and up** are per-flow reorder domains: each numbers its own packets from
+//! 0, and the receiver delivers them in that order, holding a packet that overtook a
+//! missing one until it comes or a wait runs out (`crate::session::flows::Reorder`).
+//! The sender puts a TCP flow's segments there (a flow to a domain by a hash of its
+//! addresses and ports), so a small TCP flow taken out of the stripe keeps its order
+//! and waits for no other flow. Another version, a policy other than 1 or 2, a
+//! non-zero byte 5 and an empty packet are malformed.
 
 use super::session::{CtrlError, VERSION};
 use super::TYPE_SESSION;
@@ -43,7 +47,7 @@ pub struct Header {
     pub channel: u8,
     /// [`POLICY_REDUNDANT`] or [`POLICY_LOWEST_DELAY`].
     pub policy: u8,
-    /// The reorder domain (0: arrival order).
+    /// The reorder domain (0: arrival order; 1 and up: one flow's, delivered in order).
     pub domain: u16,
     /// The packet's number.
     pub seq: u64,
@@ -79,7 +83,7 @@ impl Header {
         }
         let policy = b[4];
         let domain = u16::from_be_bytes([b[6], b[7]]);
-        if !matches!(policy, POLICY_REDUNDANT | POLICY_LOWEST_DELAY) || b[5] != 0 || domain != 0 {
+        if !matches!(policy, POLICY_REDUNDANT | POLICY_LOWEST_DELAY) || b[5] != 0 {
             return Err(CtrlError::Invalid);
         }
         let mut s = [0u8; 8];
@@ -114,6 +118,18 @@ mod tests {
         b.extend_from_slice(&[0x45, 0, 0, 20]);
         assert!(is_flow(&b));
         assert_eq!(Header::parse(&b), Ok(h));
+
+        // An ordered domain: bytes 6..8, big-endian.
+        let h = Header {
+            channel: 0,
+            policy: POLICY_LOWEST_DELAY,
+            domain: 0x0a0b,
+            seq: 3,
+        };
+        let mut b = h.to_bytes().to_vec();
+        assert_eq!(b, [0xB4, 1, 9, 0, 2, 0, 0x0a, 0x0b, 0, 0, 0, 0, 0, 0, 0, 3]);
+        b.push(0x45);
+        assert_eq!(Header::parse(&b), Ok(h));
     }
 
     #[test]
@@ -139,7 +155,6 @@ mod tests {
             (4, 0, CtrlError::Invalid), // policy bond: never sent this way
             (4, 3, CtrlError::Invalid), // unknown policy
             (5, 1, CtrlError::Invalid), // reserved byte
-            (7, 1, CtrlError::Invalid), // a reorder domain not defined yet
         ] {
             let mut b = good.clone();
             b[at] = v;
