@@ -61,6 +61,38 @@ for i in range(400):
 print("sent")
 "#;
 
+/// Run python script `b_script` in namespace `nb`, then (300 ms later) `a_script` in
+/// `na`; `before` seconds after, blackhole the channel of veth pair `dev` (A's, B's)
+/// both ways for `during` seconds. Returns the two scripts' output (A's, B's).
+fn across_a_blackhole(
+    na: &str,
+    nb: &str,
+    dev: &(String, String),
+    a_script: &str,
+    b_script: &str,
+    before: u64,
+    during: u64,
+) -> (std::process::Output, std::process::Output) {
+    let py = |ns: &str, script: &str| {
+        Command::new("ip")
+            .args(["netns", "exec", ns, "python3", "-c", script])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let b = py(nb, b_script);
+    std::thread::sleep(Duration::from_millis(300));
+    let a = py(na, a_script);
+    std::thread::sleep(Duration::from_secs(before));
+    blackhole(nb, &dev.1, "-A");
+    blackhole(na, &dev.0, "-A");
+    std::thread::sleep(Duration::from_secs(during));
+    blackhole(nb, &dev.1, "-D");
+    blackhole(na, &dev.0, "-D");
+    (a.wait_with_output().unwrap(), b.wait_with_output().unwrap())
+}
+
 /// Drop (`-A`) or pass again (`-D`) the channel's UDP arriving on `dev` in `ns`.
 fn blackhole(ns: &str, dev: &str, op: &str) {
     sh(&[
@@ -142,33 +174,13 @@ fn a_redundant_call_survives_a_blackholed_channel_and_arrives_once() {
         return;
     }
     let (_lab, na, nb, ca, cb, devs) = up("", "");
-    let receiver = Command::new("ip")
-        .args(["netns", "exec", &nb, "python3", "-c", RECEIVER])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(300));
-    let sender = Command::new("ip")
-        .args(["netns", "exec", &na, "python3", "-c", SENDER])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
     // From 2 s to 6 s of the 8 s call, channel 0 is a black hole both ways.
-    std::thread::sleep(Duration::from_secs(2));
-    blackhole(&nb, &devs[0].1, "-A");
-    blackhole(&na, &devs[0].0, "-A");
-    std::thread::sleep(Duration::from_secs(4));
-    blackhole(&nb, &devs[0].1, "-D");
-    blackhole(&na, &devs[0].0, "-D");
-    let sent = sender.wait_with_output().unwrap();
+    let (sent, got) = across_a_blackhole(&na, &nb, &devs[0], SENDER, RECEIVER, 2, 4);
     assert!(
         sent.status.success(),
         "sender: {}",
         String::from_utf8_lossy(&sent.stderr)
     );
-    let got = receiver.wait_with_output().unwrap();
     let out = String::from_utf8_lossy(&got.stdout).trim().to_string();
     let n: Vec<i64> = out.split_whitespace().map(|x| x.parse().unwrap()).collect();
     assert_eq!(
@@ -244,27 +256,7 @@ fn a_small_tcp_flow_crosses_on_the_lowest_delay_channel_through_a_blackhole() {
     }
     let rule = "[[session.flow]]\npolicy = \"lowest-delay\"\nprotocol = \"tcp\"\nport = 2222\n";
     let (lab, na, nb, ca, cb, devs) = up("t", rule);
-    let server = Command::new("ip")
-        .args(["netns", "exec", &nb, "python3", "-c", ECHO])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(300));
-    let client = Command::new("ip")
-        .args(["netns", "exec", &na, "python3", "-c", TYPIST])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_secs(2));
-    blackhole(&nb, &devs[0].1, "-A");
-    blackhole(&na, &devs[0].0, "-A");
-    std::thread::sleep(Duration::from_secs(2));
-    blackhole(&nb, &devs[0].1, "-D");
-    blackhole(&na, &devs[0].0, "-D");
-    let typed = client.wait_with_output().unwrap();
-    let echoed = server.wait_with_output().unwrap();
+    let (typed, echoed) = across_a_blackhole(&na, &nb, &devs[0], TYPIST, ECHO, 2, 2);
     assert_eq!(
         String::from_utf8_lossy(&typed.stdout).trim(),
         "300",
