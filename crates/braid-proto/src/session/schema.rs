@@ -754,7 +754,7 @@ pub const REFERENCE: &[KeyDoc] = &[
     },
     KeyDoc {
         key: "flow_auto",
-        doc: "automatic flow policies (`docs/tunnel.md`, \"Real-time flows\"): packets marked DSCP EF (46) or VOICE-ADMIT (44) go `redundant`, CS4 and AF41-43 (interactive video) `lowest-delay`, and a UDP flow of packets of at most 400 bytes within 200 packets/s and 512 kbit/s (calls, games, DNS) goes `redundant`; a UDP flow that sends a larger packet or more is bonded, and stays so until 5 s after it last did. Everything else (TCP, bulk UDP, anything not IP) is bonded. `false`: only the `flow` rules",
+        doc: "automatic flow policies (`docs/tunnel.md`, \"Real-time flows\"): packets marked DSCP EF (46) or VOICE-ADMIT (44) go `redundant`, CS4 and AF41-43 (interactive video) `lowest-delay`, and a UDP flow of packets of at most 400 bytes within 200 packets/s and 512 kbit/s (calls, games, DNS) goes `redundant`; a UDP flow that sends a larger packet or more is bonded, and stays so until 5 s after it last did. TCP's pure acknowledgements go `lowest-delay` (in arrival order); everything else (TCP's other segments, bulk UDP, anything not IP) is bonded. `false`: only the `flow` rules",
     },
     KeyDoc {
         key: "flow_copies",
@@ -762,7 +762,7 @@ pub const REFERENCE: &[KeyDoc] = &[
     },
     KeyDoc {
         key: "flow",
-        doc: "policy overrides, tried in order before `flow_auto`: `[[session.flow]]` tables with `policy` (`redundant`, `lowest-delay` or `bond`) and at least one of `protocol` (`udp`, `tcp`, `icmp` or a number), `port` (`5060` or a range `\"10000-20000\"`: the source or destination port), `address` (an address or network, `10.1.0.0/16`, `2001:db8::/32`: the source or destination) and `dscp` (0 to 63, or `ef`, `cs0`-`cs7`, `af11`-`af43`); a packet gets the policy of the first rule whose every criterion it matches. A real-time packet too large for a flow datagram (16 bytes of header) is bonded",
+        doc: "policy overrides, tried in order before `flow_auto`: `[[session.flow]]` tables with `policy` (`redundant`, `lowest-delay` or `bond`) and at least one of `protocol` (`udp`, `tcp`, `icmp` or a number), `port` (`5060` or a range `\"10000-20000\"`: the source or destination port), `address` (an address or network, `10.1.0.0/16`, `2001:db8::/32`: the source or destination) and `dscp` (0 to 63, or `ef`, `cs0`-`cs7`, `af11`-`af43`); a packet gets the policy of the first rule whose every criterion it matches. A real-time packet too large for a flow datagram (16 bytes of header) is bonded. A TCP flow a rule sends `redundant` or `lowest-delay` keeps its order (a reorder domain of its own); name only ports whose connections stay small (a game server, a remote console): a connection that measured its round trip on the fast path and then carries bulk data through the bond ends its slow start early (`docs/tunnel.md`)",
     },
     KeyDoc {
         key: "socket_buffer",
