@@ -71,6 +71,34 @@ fn a_redundant_call_loses_nothing_to_a_bursty_link() {
     assert!(bond.p99_over_best_ms > 20.0, "{bond:?}");
 }
 
+/// A small TCP flow beside a saturating one (issue 32, item 2): sent `lowest-delay` by a
+/// rule, in its own reorder domain, another link's losses hold it back by under 1 ms
+/// at the 99th percentile (against no loss), its own link's losses keep it in order
+/// (some segments wait for a repaired one), and nothing is lost; bonded, it waits
+/// for the slowest link and the bulk's repairs.
+#[test]
+fn a_small_tcp_flow_by_a_rule_waits_for_no_other_flow_and_keeps_its_order() {
+    let r = runs("interactive-tcp.toml");
+    let clean = voip(&r, "rule, clean");
+    let other = voip(&r, "rule, slow link lossy");
+    assert!(other.p99_ms - clean.p99_ms <= 1.0, "{clean:?} {other:?}");
+    for label in ["rule, fast link lossy", "rule, seq, fast link lossy"] {
+        let own = voip(&r, label);
+        assert_eq!(
+            (own.lost, own.reordered, own.duplicates),
+            (0, 0, 0),
+            "{own:?}"
+        );
+        assert!(own.rx_held > 0, "{label}: {own:?}");
+        assert_eq!(own.tx_lowest_delay, own.sent, "{label}: {own:?}");
+    }
+    for label in ["bond, slow link lossy", "bond, fast link lossy"] {
+        let bond = voip(&r, label);
+        assert!(bond.p99_over_best_ms > 40.0, "{label}: {bond:?}");
+        assert_eq!(bond.tx_lowest_delay, 0, "{label}: {bond:?}");
+    }
+}
+
 #[test]
 fn voip_needs_a_session_run_and_sane_values() {
     let base = r#"
@@ -100,6 +128,10 @@ SESSION
     assert!(e.contains("voip.pps"), "{e}");
     let e = parse_err(&with_session.replace("VOIP", "codec = 1"));
     assert!(e.contains("unknown key"), "{e}");
+    let e = parse_err(&with_session.replace("VOIP", "protocol = \"sctp\""));
+    assert!(e.contains("voip.protocol") && e.contains("\"tcp\""), "{e}");
+    let e = parse_err(&with_session.replace("VOIP", "protocol = \"tcp\"\nbytes = 50"));
+    assert!(e.contains("voip.bytes") && e.contains("from 60"), "{e}");
     // A bad flow rule in [session] names the rule and what is wrong.
     let e = parse_err(&with_session.replace("VOIP", "").replace(
         "[session]",
