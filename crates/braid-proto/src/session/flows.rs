@@ -470,14 +470,18 @@ impl Flows {
         let Some(i) = parse_inner(p) else {
             return Choice::bond();
         };
-        let domain = match (i.protocol, i.ports) {
-            (6, Some(ports)) if !i.pure_ack => domains::domain_of(6, i.src, i.dst, ports),
-            _ => 0,
-        };
+        // A packet that leaves the stripe: a TCP segment (not a pure acknowledgement)
+        // in its flow's ordered domain, anything else in domain 0. (Computed only then:
+        // a bonded packet needs no domain.)
         let with = |policy| Choice {
             policy,
             ack: false,
-            domain,
+            domain: match (i.protocol, i.ports) {
+                (6, Some(ports)) if !i.pure_ack && policy != FlowPolicy::Bond => {
+                    domains::domain_of(6, i.src, i.dst, ports)
+                }
+                _ => 0,
+            },
         };
         if let Some(r) = self.cfg.rules.iter().find(|r| r.matches(&i)) {
             return with(r.policy);
