@@ -100,22 +100,23 @@ fn blackhole(ns: &str, dev: &str, op: &str) {
     ]);
 }
 
+/// Two tunnel ends in their namespaces, up and measured.
+struct Ends {
+    /// The namespaces and tunnels (cleaned up when dropped).
+    _lab: Lab,
+    na: String,
+    nb: String,
+    /// Control sockets.
+    ca: std::path::PathBuf,
+    cb: std::path::PathBuf,
+    /// The veth devices (A's, B's) of each channel.
+    devs: Vec<(String, String)>,
+}
+
 /// Two namespaces joined by two veth pairs, a tunnel at each end with one channel per
-/// pair, both up and measured: the lab (cleaned up when dropped), the namespaces, the
-/// control sockets and the veth devices (A's, B's) per channel. `tag` keeps two tests'
-/// names apart; `rules` goes into both ends' `[session]` (`[[session.flow]]` tables).
-#[allow(clippy::type_complexity)]
-fn up(
-    tag: &str,
-    rules: &str,
-) -> (
-    Lab,
-    String,
-    String,
-    std::path::PathBuf,
-    std::path::PathBuf,
-    Vec<(String, String)>,
-) {
+/// pair, both up and measured. `tag` keeps two tests' names apart; `rules` goes into
+/// both ends' `[session]` (`[[session.flow]]` tables).
+fn up(tag: &str, rules: &str) -> Ends {
     let id = std::process::id() % 100_000;
     let (na, nb) = (format!("brflowsa{tag}{id}"), format!("brflowsb{tag}{id}"));
     let dir = std::env::temp_dir().join(format!("braid-flows-netns-{tag}{id}"));
@@ -161,7 +162,14 @@ fn up(
     }
     // A second for the channels' round trips to be measured.
     std::thread::sleep(Duration::from_secs(1));
-    (lab, na, nb, ca, cb, devs)
+    Ends {
+        _lab: lab,
+        na,
+        nb,
+        ca,
+        cb,
+        devs,
+    }
 }
 
 #[test]
@@ -173,7 +181,14 @@ fn a_redundant_call_survives_a_blackholed_channel_and_arrives_once() {
         );
         return;
     }
-    let (_lab, na, nb, ca, cb, devs) = up("", "");
+    let Ends {
+        _lab,
+        na,
+        nb,
+        ca,
+        cb,
+        devs,
+    } = up("", "");
     // From 2 s to 6 s of the 8 s call, channel 0 is a black hole both ways.
     let (sent, got) = across_a_blackhole(&na, &nb, &devs[0], SENDER, RECEIVER, 2, 4);
     assert!(
@@ -255,7 +270,14 @@ fn a_small_tcp_flow_crosses_on_the_lowest_delay_channel_through_a_blackhole() {
         return;
     }
     let rule = "[[session.flow]]\npolicy = \"lowest-delay\"\nprotocol = \"tcp\"\nport = 2222\n";
-    let (lab, na, nb, ca, cb, devs) = up("t", rule);
+    let Ends {
+        _lab,
+        na,
+        nb,
+        ca,
+        cb,
+        devs,
+    } = up("t", rule);
     let (typed, echoed) = across_a_blackhole(&na, &nb, &devs[0], TYPIST, ECHO, 2, 2);
     assert_eq!(
         String::from_utf8_lossy(&typed.stdout).trim(),
@@ -271,5 +293,4 @@ fn a_small_tcp_flow_crosses_on_the_lowest_delay_channel_through_a_blackhole() {
         assert!(s["flows_rx_delivered"].as_u64().unwrap() >= 300, "{s}");
         assert_eq!(s["flows_tx_redundant"], 0, "{s}");
     }
-    drop(lab);
 }

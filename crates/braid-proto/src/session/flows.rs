@@ -395,8 +395,8 @@ struct Tracked {
     bulk_until: Option<Instant>,
 }
 
-/// A flow: protocol, source and destination address, source and destination port.
-type Key = (u8, IpAddr, IpAddr, u16, u16);
+/// A UDP flow: source and destination address, source and destination port.
+type Key = (IpAddr, IpAddr, u16, u16);
 
 /// What [`Flows::choose`] decided for a packet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -506,7 +506,7 @@ impl Flows {
         // than its later bulk data would measure its smallest round trip there, and its
         // congestion control would end slow start early (docs/tunnel.md).
         match (i.protocol, i.ports) {
-            (17, Some((s, d))) if self.track(now, (17, i.src, i.dst, s, d), p.len()) => {
+            (17, Some((s, d))) if self.track(now, (i.src, i.dst, s, d), p.len()) => {
                 with(FlowPolicy::Redundant)
             }
             _ => Choice::bond(),
