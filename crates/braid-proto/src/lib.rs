@@ -38,6 +38,7 @@ pub mod room;
 pub mod sched;
 pub mod session;
 pub mod stats;
+pub mod stream;
 pub mod stripe;
 pub mod time;
 pub mod units;

@@ -50,6 +50,7 @@ pub mod overlay;
 pub mod secure;
 pub mod seq;
 pub mod session;
+pub mod stream;
 pub mod trigger;
 
 /// Wire version spoken by this implementation (markers and triggers carry it).

@@ -1,0 +1,201 @@
+//! Frames to the peer: control frames and answers, ACKs, retransmissions, new data.
+
+use bytes::Bytes;
+
+use super::send::{Out, SendSide};
+use super::state::{Ctrl, Q_ACK, Q_DATA, Q_RTX};
+use super::{StreamId, Streams};
+use crate::time::Instant;
+use crate::wire::stream::{
+    emit_data_header, Ack, OpenCode, Repr, Sack, WireId, ACK_MIN_LEN, DATA_HEADER_LEN, MAX_SACK,
+    SACK_RANGE_LEN,
+};
+
+/// The stream as the frame's receiver will read it (we are the frame's sender).
+fn wire(id: StreamId) -> WireId {
+    WireId {
+        n: id.n,
+        opened_by_sender: id.ours,
+    }
+}
+
+/// An OPEN's or OPEN_RESULT's 32-bit limit (a lower promise than the real one is
+/// still true).
+fn limit32(l: u64) -> u32 {
+    l.min(u32::MAX as u64) as u32
+}
+
+/// A DATA frame of `send`'s bytes.
+fn data_frame(id: StreamId, send: &SendSide, out: Out, rtx: bool) -> Bytes {
+    let mut v = vec![0u8; DATA_HEADER_LEN + out.len as usize];
+    emit_data_header(&mut v, wire(id), out.off, out.fin, rtx);
+    send.copy(out.off, &mut v[DATA_HEADER_LEN..]);
+    Bytes::from(v)
+}
+
+impl Streams {
+    /// The next frame, by priority.
+    pub(super) fn next_frame(&mut self, now: Instant, max_len: usize) -> Option<Bytes> {
+        if let Some(f) = self.poll_ctrl(max_len) {
+            return Some(f);
+        }
+        if let Some(f) = self.poll_ack(now, max_len) {
+            return Some(f);
+        }
+        if let Some(f) = self.poll_rtx(now, max_len) {
+            return Some(f);
+        }
+        self.poll_new(now, max_len)
+    }
+
+    /// Our control frames, then answers to stray frames.
+    fn poll_ctrl(&mut self, max_len: usize) -> Option<Bytes> {
+        loop {
+            let (c, ours) = match self.ctrl.front() {
+                Some(&c) => (c, true),
+                None => (*self.replies.front()?, false),
+            };
+            let v = self.ctrl_bytes(c);
+            if v.as_ref().is_some_and(|v| v.len() > max_len) {
+                return None;
+            }
+            if ours {
+                self.ctrl.pop_front();
+            } else {
+                self.replies.pop_front();
+            }
+            if let Some(v) = v {
+                return Some(Bytes::from(v));
+            }
+        }
+    }
+
+    /// A control frame's bytes; `None` if its stream was forgotten since.
+    fn ctrl_bytes(&self, c: Ctrl) -> Option<Vec<u8>> {
+        let repr = match c {
+            Ctrl::Open(id) => {
+                let s = self.map.get(&id)?;
+                let o = s.open.as_ref()?;
+                Repr::Open {
+                    id: wire(id),
+                    src: o.src,
+                    dst: o.dst,
+                    limit: limit32(s.recv.limit),
+                }
+            }
+            Ctrl::Result(id, code) => {
+                let limit = match code {
+                    OpenCode::Accepted => limit32(self.map.get(&id)?.recv.limit),
+                    _ => 0,
+                };
+                Repr::OpenResult {
+                    id: wire(id),
+                    code,
+                    limit,
+                }
+            }
+            Ctrl::Reset(id, reason) => Repr::Reset {
+                id: wire(id),
+                reason,
+            },
+            Ctrl::ResetAck(id) => Repr::ResetAck { id: wire(id) },
+            Ctrl::Final(id, f) => Repr::Ack(Box::new(Ack {
+                id: wire(id),
+                cum: f,
+                limit: f,
+                fin: true,
+                spurious: false,
+                sack: Sack::new(),
+            })),
+        };
+        Some(repr.to_vec())
+    }
+
+    /// The next ACK due, with the credit granted now and as many SACK ranges as fit.
+    fn poll_ack(&mut self, now: Instant, max_len: usize) -> Option<Bytes> {
+        if max_len < ACK_MIN_LEN {
+            return None;
+        }
+        let ranges = ((max_len - ACK_MIN_LEN) / SACK_RANGE_LEN).min(MAX_SACK);
+        while let Some(id) = self.ack_q.pop_front() {
+            let pool = self.pool();
+            let Some(s) = self.map.get_mut(&id) else {
+                continue;
+            };
+            s.queued &= !Q_ACK;
+            if !s.recv.ack_now {
+                continue;
+            }
+            let r = &mut s.recv;
+            r.limit = r.grant(pool);
+            let ack = Ack {
+                id: wire(id),
+                cum: r.nxt,
+                limit: r.limit,
+                fin: r.final_size.is_some(),
+                spurious: r.spurious,
+                sack: r.sack(ranges),
+            };
+            r.ack_sent();
+            self.stats.acks_sent += 1;
+            self.touch(now, id);
+            return Some(Bytes::from(Repr::Ack(Box::new(ack)).to_vec()));
+        }
+        None
+    }
+
+    /// The next retransmission, round robin over the streams with frames lost.
+    fn poll_rtx(&mut self, now: Instant, max_len: usize) -> Option<Bytes> {
+        let room = max_len.checked_sub(DATA_HEADER_LEN)? as u64;
+        for _ in 0..self.rtx_q.len() {
+            let id = self.rtx_q.pop_front()?;
+            let Some(s) = self.map.get_mut(&id) else {
+                continue;
+            };
+            s.queued &= !Q_RTX;
+            let Some(out) = s.send.next_rtx(now, self.tx, room) else {
+                self.touch(now, id);
+                continue;
+            };
+            self.tx += 1;
+            let f = data_frame(id, &s.send, out, true);
+            self.stats.data_frames_sent += 1;
+            self.stats.retransmitted_frames += 1;
+            self.stats.retransmitted_bytes += out.len;
+            self.touch(now, id);
+            return Some(f);
+        }
+        None
+    }
+
+    /// The next new data (or FIN, or probe), round robin over the streams.
+    fn poll_new(&mut self, now: Instant, max_len: usize) -> Option<Bytes> {
+        let room = max_len.checked_sub(DATA_HEADER_LEN)? as u64;
+        for _ in 0..self.data_q.len() {
+            let id = self.data_q.pop_front()?;
+            let Some(s) = self.map.get_mut(&id) else {
+                continue;
+            };
+            s.queued &= !Q_DATA;
+            let out = if s.can_send_new() {
+                s.send.next_new(now, self.tx, room)
+            } else {
+                None
+            };
+            let Some(out) = out else {
+                self.touch(now, id);
+                continue;
+            };
+            self.tx += 1;
+            let f = data_frame(id, &s.send, out, false);
+            self.stats.data_frames_sent += 1;
+            self.stats.data_bytes_sent += out.len;
+            if out.len == 0 && !out.fin {
+                self.stats.probes_sent += 1;
+            }
+            self.touch(now, id);
+            return Some(f);
+        }
+        None
+    }
+}
