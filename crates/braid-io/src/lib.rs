@@ -40,6 +40,7 @@ pub mod observe;
 pub mod offload;
 pub mod peer_file;
 pub mod peers_bench;
+pub mod pep;
 pub mod proxy;
 pub mod relay;
 pub mod reload;

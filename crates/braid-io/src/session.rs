@@ -732,6 +732,13 @@ impl Session {
         peer: &str,
     ) -> Result<(Session, Inbox), SessionError> {
         cfg.validate().map_err(SessionError::Config)?;
+        let mut cfg = cfg;
+        if cfg.core.streams.take().is_some() {
+            // A server's peers share one TUN device, and no TCP stack terminates
+            // their connections yet: the session must not announce streams (the
+            // peer would open streams no one answers), so TCP goes as packets.
+            info!("peer {peer}: tcp_streams is not served to a server's peers yet: TCP as packets");
+        }
         let (queue, limits) = Channels::limits(&cfg);
         let (net_tx, net_rx) = mpsc::channel(queue);
         let budgets = Budget::per_channel(ch.socks.len());
@@ -1423,6 +1430,9 @@ struct Driver {
     deliver: mpsc::Sender<Bytes>,
     /// Set: delivered packets go to this TUN device, written by the driver itself.
     tun_out: Option<Box<TunOut>>,
+    /// TCP carried as byte streams (`crate::pep`): with a TUN device of its own and
+    /// `tcp_streams` on.
+    pep: Option<Box<crate::pep::Pep>>,
     peer_seen: watch::Sender<Link>,
     /// Messages dropped because the application did not read fast enough.
     deliver_drops: u64,
@@ -1708,6 +1718,7 @@ impl Driver {
             own: None,
             deliver,
             tun_out: None,
+            pep: None,
             peer_seen,
             deliver_drops: 0,
             budgets,
@@ -1827,7 +1838,15 @@ impl Driver {
     /// When the machine next needs a timeout, on tokio's clock.
     fn wake_at(&self) -> tokio::time::Instant {
         let deadline = self.machine.poll_timeout();
-        tokio::time::Instant::from_std(self.origin + StdDuration::from_micros(deadline.as_micros()))
+        let mut at = self.origin + StdDuration::from_micros(deadline.as_micros());
+        if let Some(t) = self
+            .pep
+            .as_ref()
+            .and_then(|p| p.poll_at(std::time::Instant::now()))
+        {
+            at = at.min(t);
+        }
+        tokio::time::Instant::from_std(at)
     }
 
     /// Look at the interfaces: a channel whose uplink is gone leaves the bond at once
@@ -1955,6 +1974,10 @@ impl Driver {
                     if let Err(e) = tun.set_mtu(mtu) {
                         warn!("TUN {}: setting the mtu to {mtu} failed: {e}", tun.name());
                     }
+                }
+                if filter.is_none() && self.machine.config().streams.is_some() {
+                    let at = std::time::Instant::now();
+                    self.pep = Some(Box::new(crate::pep::Pep::new(mtu as usize, at)));
                 }
                 self.tun_out = Some(Box::new(TunOut {
                     tun,
@@ -2266,17 +2289,29 @@ impl Driver {
     fn take_app(&mut self, now: Instant, m: AppMsg) -> usize {
         match m {
             AppMsg::One(b) => {
-                self.machine.handle_packet(now, b);
+                self.take_packet(now, b);
                 1
             }
             AppMsg::Batch(v) => {
                 let n = v.len();
                 for b in v {
-                    self.machine.handle_packet(now, b);
+                    self.take_packet(now, b);
                 }
                 n
             }
         }
+    }
+
+    /// One packet from the application: to the TCP proxy if it takes it (a TCP
+    /// connection's SYN or segment, `crate::pep`), else to the machine.
+    fn take_packet(&mut self, now: Instant, b: Bytes) {
+        if let Some(pep) = &mut self.pep {
+            let t = self.origin + StdDuration::from_micros(now.as_micros());
+            if pep.take_tun_packet(t, &self.machine, &b) {
+                return;
+            }
+        }
+        self.machine.handle_packet(now, b);
     }
 
     /// Close the session and send the peer what the machine has to say.
@@ -2291,6 +2326,10 @@ impl Driver {
     async fn carry_out(&mut self) {
         let now = self.now();
         self.machine.handle_timeout(now);
+        if let Some(pep) = &mut self.pep {
+            let t = self.origin + StdDuration::from_micros(now.as_micros());
+            pep.step(t, now, &mut self.machine);
+        }
         self.dispatch_handshakes();
         self.deliver_out().await;
         self.log_events();
@@ -2313,6 +2352,12 @@ impl Driver {
             // segments of one flow as one frame.
             while let Some(b) = self.machine.poll_deliver() {
                 t.batch.push(b);
+            }
+            // The TCP proxy's packets to the applications.
+            if let Some(pep) = &mut self.pep {
+                while let Some(p) = pep.poll_tun_packet() {
+                    t.batch.push(Bytes::from(p));
+                }
             }
             if let Some(f) = &t.filter {
                 f(&mut t.batch);
@@ -2763,6 +2808,29 @@ impl Driver {
         }
     }
 
+    /// `base` with the TCP proxy's counters (`crate::pep`), if it runs.
+    fn streams_stats(&self, base: SessionStats) -> SessionStats {
+        let Some(p) = &self.pep else {
+            return base;
+        };
+        let c = &p.counters;
+        let retransmitted = self
+            .machine
+            .streams_ref()
+            .map_or(0, |s| s.stats().retransmitted_bytes);
+        SessionStats {
+            streams_open: p.pairs() as u64,
+            streams_opened: c.opened,
+            streams_connected: c.connected,
+            streams_refused: c.refused,
+            streams_reset: c.reset,
+            streams_tx_bytes: c.bytes_out,
+            streams_rx_bytes: c.bytes_in,
+            streams_retransmitted_bytes: retransmitted,
+            ..base
+        }
+    }
+
     /// The session's statistics now: its peer and epochs, and (each from its helper)
     /// its traffic, handshakes, queueing and pacing, and the sums over its channels.
     fn snapshot(&self) -> SessionStats {
@@ -2777,6 +2845,7 @@ impl Driver {
         let base = self.handshake_stats(&s, base);
         let base = queueing_stats(&s, base);
         let base = crate::stats::with_flows(&s.flows, base);
+        let base = self.streams_stats(base);
         let base = channel_totals(&channels, base);
         SessionStats {
             uptime_s: self.origin.elapsed().as_secs_f64(),

@@ -375,6 +375,30 @@ pub struct SessionStats {
     /// Packets of ordered domains given up: missing when their wait ran out.
     #[serde(default)]
     pub flows_rx_gaps: u64,
+    /// TCP carried as streams: connections open now (being made, or made).
+    #[serde(default)]
+    pub streams_open: u64,
+    /// TCP connections taken at this end and opened as streams to the peer.
+    #[serde(default)]
+    pub streams_opened: u64,
+    /// Connections made at this end for the peer's streams.
+    #[serde(default)]
+    pub streams_connected: u64,
+    /// Connections refused (by the far end's destination, or not allowed there).
+    #[serde(default)]
+    pub streams_refused: u64,
+    /// Connections reset after they were made, by either end.
+    #[serde(default)]
+    pub streams_reset: u64,
+    /// Bytes of our connections sent as stream data, and received as it.
+    #[serde(default)]
+    pub streams_tx_bytes: u64,
+    /// Bytes of the peer's streams written to our connections.
+    #[serde(default)]
+    pub streams_rx_bytes: u64,
+    /// Stream data sent again (lost, or not acknowledged in time).
+    #[serde(default)]
+    pub streams_retransmitted_bytes: u64,
     /// Packets waiting in the transmit queue (for credit, or an epoch switch).
     #[serde(default)]
     pub tx_queued: f64,
@@ -1300,6 +1324,14 @@ const COUNTERS: &[(bool, &str, &str)] = &[
     (false, "flows_rx_duplicates", "Real-time flows: copies dropped as duplicates"),
     (false, "flows_rx_held", "Real-time flows: TCP segments held in their flow's order for one they overtook"),
     (false, "flows_rx_gaps", "Real-time flows: TCP segments given up (missing when the wait for them ran out)"),
+    (false, "streams_open", "TCP streams: connections open now"),
+    (false, "streams_opened", "TCP streams: connections taken at this end and opened as streams"),
+    (false, "streams_connected", "TCP streams: connections made at this end for the peer's streams"),
+    (false, "streams_refused", "TCP streams: connections refused (by the destination, or not allowed)"),
+    (false, "streams_reset", "TCP streams: connections reset after they were made"),
+    (false, "streams_tx_bytes", "TCP streams: bytes of our connections sent as stream data"),
+    (false, "streams_rx_bytes", "TCP streams: bytes of the peer's streams written to our connections"),
+    (false, "streams_retransmitted_bytes", "TCP streams: stream data sent again"),
     (false, "credit_stalls", "Credits: times a channel ran out of credit and the striper waited"),
     (false, "credits_sent", "Credits: credits sent to the peer"),
     (false, "credit_refused", "Credits: data refused because the peer was past its credit"),

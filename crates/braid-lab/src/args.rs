@@ -109,6 +109,11 @@ pub struct BenchArgs {
     /// the sender instead of overflowing the receiver.
     #[arg(long)]
     pub credits: bool,
+    /// TCP carried as byte streams in the tunnel (`tcp_streams`; default the
+    /// tunnel's): each TCP connection is terminated at both ends and its bytes cross
+    /// the bond without TCP/IP headers or a slow start of their own.
+    #[arg(long, value_name = "on|off", value_parser = parse_on_off, num_args = 0..=1, default_missing_value = "on")]
+    pub tcp_streams: Option<bool>,
     /// The tunnel's receive buffer per channel, packets (`buffer_packets`; default
     /// the tunnel's, 4096). With --credits the window is this less 64.
     #[arg(long, value_name = "PACKETS")]
@@ -448,6 +453,7 @@ impl BenchArgs {
             security: self.security.clone(),
             arq: self.arq.clone(),
             credits: self.credits,
+            tcp_streams: self.tcp_streams,
             return_path: !self.no_return_path,
             buffer_packets: self.buffer_packets,
             changes,

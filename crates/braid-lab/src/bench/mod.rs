@@ -60,6 +60,9 @@ pub struct BenchOptions {
     pub arq: Option<String>,
     /// Credit-based flow control per channel in the tunnel (`session.credits`).
     pub credits: bool,
+    /// TCP carried as byte streams in the tunnel (`session.tcp_streams`); `None`: the
+    /// tunnel's default.
+    pub tcp_streams: Option<bool>,
     /// The return path in the tunnel (`session.return_path`, on by default).
     pub return_path: bool,
     /// The tunnel's receive buffer per channel (`session.buffer_packets`); `None`: its
@@ -500,6 +503,9 @@ fn session_options(opt: &BenchOptions) -> String {
     }
     if opt.credits {
         s += "credits = true\n";
+    }
+    if let Some(on) = opt.tcp_streams {
+        s += &format!("tcp_streams = {on}\n");
     }
     if !opt.return_path {
         s += "return_path = false\n";

@@ -116,6 +116,7 @@ mod tests {
             security: security.map(String::from),
             arq: None,
             credits: false,
+            tcp_streams: None,
             return_path: true,
             buffer_packets: None,
             changes: Vec::new(),

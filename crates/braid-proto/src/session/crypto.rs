@@ -513,6 +513,8 @@ struct Keypair {
     /// The peer's number of channels (its settings): the bond runs over the channels
     /// both ends have.
     peer_channels: usize,
+    /// The peer takes TCP carried as streams (its settings).
+    peer_streams: bool,
     /// We initiated the handshake that made it.
     initiator: bool,
 }
@@ -538,6 +540,7 @@ impl Keypair {
             windows: vec![Window::new(); 2 * channels],
             peer_run,
             peer_channels: channels,
+            peer_streams: false,
             initiator,
         }
     }
@@ -1077,6 +1080,8 @@ pub(crate) struct Established {
     pub restart: bool,
     /// The peer's number of channels (fixed for a run).
     pub peer_channels: usize,
+    /// The peer takes TCP carried as streams.
+    pub peer_streams: bool,
 }
 
 /// Handshake counters.
@@ -2063,6 +2068,7 @@ impl Crypto {
             false,
         );
         keys.peer_channels = a.theirs.weights.len();
+        keys.peer_streams = a.theirs.streams;
         // The newest initiation replaces the pending one: its initiator gave that up.
         self.pending = Some(Box::new(Pending {
             keys,
@@ -2127,6 +2133,7 @@ impl Crypto {
             true,
         );
         keys.peer_channels = theirs.weights.len();
+        keys.peer_streams = theirs.streams;
         self.init = None;
         out.authenticated = true;
         out.established = Some(self.install(keys));
@@ -2221,6 +2228,7 @@ impl Crypto {
             first: self.peer_run.is_none(),
             restart: self.peer_run.is_some_and(|r| r != keys.peer_run),
             peer_channels: keys.peer_channels,
+            peer_streams: keys.peer_streams,
         };
         self.peer_run = Some(keys.peer_run);
         self.peer_ended = false;
@@ -2397,6 +2405,7 @@ mod tests {
             max_packet: 1400,
             credits: None,
             weights: vec![1; n],
+            streams: false,
         }
     }
 

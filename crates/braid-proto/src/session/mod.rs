@@ -61,6 +61,7 @@ pub mod return_path;
 pub mod schema;
 pub mod settings;
 mod stats;
+mod streams;
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -178,6 +179,10 @@ pub struct Config {
     /// Path MTU discovery per channel (`session::pmtu`). `None`: off (each channel
     /// carries `max_datagram`); on by default.
     pub pmtu: Option<pmtu::Config>,
+    /// TCP carried as byte streams ([`crate::stream`]): this end takes streams (it
+    /// says so in the handshake) and may open them to a peer that takes them too.
+    /// `None`: off.
+    pub streams: Option<crate::stream::StreamConfig>,
 }
 
 impl std::fmt::Debug for Config {
@@ -214,6 +219,7 @@ impl std::fmt::Debug for Config {
             .field("return_path", &self.return_path)
             .field("flows", &self.flows)
             .field("pmtu", &self.pmtu)
+            .field("streams", &self.streams)
             .finish()
     }
 }
@@ -251,6 +257,7 @@ impl Config {
             return_path: None,
             flows: FlowConfig::default(),
             pmtu: None,
+            streams: None,
         };
         // The defaults are valid for any channel count (a unit test checks it).
         let applied = schema::SessionSettings::default().apply(&mut c);
@@ -291,6 +298,13 @@ impl Config {
         }
         if self.heartbeat == Duration::ZERO {
             return Err("heartbeat must be above zero".into());
+        }
+        if self.streams.is_some() && !self.every_channel_paced() {
+            return Err(
+                "tcp_streams needs every channel paced (pace = \"auto\", the default, or a rate): \
+                 the pacer sets the streams' rate"
+                    .into(),
+            );
         }
         if let Some(p) = &self.pacing {
             p.validate(self.channels.len())?;
@@ -420,6 +434,7 @@ impl Config {
             max_packet: self.max_inner(),
             credits: self.credits,
             weights: self.channels.iter().map(|c| c.weight).collect(),
+            streams: self.streams.is_some(),
         }
     }
 
@@ -752,6 +767,10 @@ pub struct Session {
     /// Channels whose uplink the driver says is gone ([`Session::set_uplink`]): down
     /// at once, out of the transmit set, nothing sent on them.
     uplink_down: u64,
+    /// TCP carried as byte streams, if on at this end ([`Config::streams`]).
+    streams: Option<crate::stream::Streams>,
+    /// The peer takes streams (its handshake said so).
+    peer_streams: bool,
     /// The latest `now` we were given.
     clock: Instant,
     next_hello: Instant,
@@ -821,6 +840,8 @@ impl Session {
             clock: now,
             next_hello: now,
             next_rate: now + Duration::from_secs(1),
+            streams: cfg.streams.clone().map(crate::stream::Streams::new),
+            peer_streams: false,
             cfg,
         };
         // Adaptive weights may start elsewhere than the configured ones (from the
@@ -887,6 +908,12 @@ impl Session {
         if self.flow_out(now, &p) {
             return;
         }
+        self.stripe_in(now, p);
+    }
+
+    /// The stripe stage: a packet (or a stream frame) for the striper, now or after
+    /// the packets held before it.
+    fn stripe_in(&mut self, now: Instant, p: Bytes) {
         let gated = self.credit_tx.is_some() || self.pacer.is_some();
         let waiting = gated && !self.tx.pending.is_empty();
         if self.tx.switching.is_some() || !self.crypto.ready() || waiting {
@@ -949,10 +976,12 @@ impl Session {
             self.tx.pending.pop_front();
             // Its time in this queue is the bond's congestion: CoDel on it (a copy of
             // the packet only to mark it).
+            // (Not on a stream frame: its stream slows down through credits.)
             let signal = self
                 .pacer
                 .as_mut()
-                .is_some_and(|pc| pc.on_dequeue(now, queued));
+                .is_some_and(|pc| pc.on_dequeue(now, queued))
+                && !wire::stream::is_frame(&p);
             let p = match &mut self.pacer {
                 Some(pc) if signal => {
                     let mut b = p.to_vec();
@@ -1055,6 +1084,9 @@ impl Session {
                 self.resequence(c, d, now, now, false);
             }
             _ => self.chans[c].n.unauthenticated += 1,
+        }
+        if self.streams.is_some() {
+            self.handle_streams(now);
         }
     }
 
@@ -1317,6 +1349,7 @@ impl Session {
     fn on_established(&mut self, now: Instant, e: Established) {
         if e.first || e.restart {
             self.on_new_peer(now, e.restart, e.peer_channels);
+            self.streams_on_new_peer(e.restart, e.peer_streams);
         } else {
             self.events.push_back(Event::Rekeyed);
         }
@@ -1597,6 +1630,9 @@ impl Session {
         if let Some(t) = self.flows.next_timeout() {
             d = d.min(t);
         }
+        if let Some(t) = self.streams_timeout() {
+            d = d.min(t);
+        }
         d
     }
 
@@ -1638,6 +1674,7 @@ impl Session {
         if self.adapt.as_ref().is_some_and(|a| now >= a.next) {
             self.adapt_weights(now);
         }
+        self.handle_streams(now);
     }
 
     /// One step of the weight controller (`session::adapt`).
@@ -1881,6 +1918,9 @@ impl Session {
     /// due go out, and so do NAKs for the losses it asks to have repaired.
     fn drain_deliver(&mut self, now: Instant) {
         while let Some(b) = self.rx.reseq.poll_deliver() {
+            if self.stream_frame_in(now, &b) {
+                continue;
+            }
             match &mut self.aqm {
                 None => self.deliver.push_back(b),
                 Some(aqm) => {

@@ -221,6 +221,9 @@ pub struct SessionSettings {
     pub flow_copies: usize,
     /// Policy overrides by protocol, port, address and DSCP (`[[session.flow]]`).
     pub flow: Vec<FlowRuleSettings>,
+    /// TCP carried as byte streams (`crate::stream`): the tunnel terminates TCP
+    /// connections and carries their bytes, without TCP/IP headers.
+    pub tcp_streams: bool,
     // --- sockets (the tunnel) ---
     /// SO_RCVBUF / SO_SNDBUF per channel socket, bytes (0: the kernel's default).
     pub socket_buffer: usize,
@@ -280,6 +283,7 @@ impl Default for SessionSettings {
             flow_auto: true,
             flow_copies: 2,
             flow: Vec::new(),
+            tcp_streams: false,
             socket_buffer: 4 << 20,
         }
     }
@@ -358,6 +362,7 @@ impl SessionSettings {
             (true, None) => Some(super::pmtu::Config::default()),
         };
         cfg.flows = self.flows()?;
+        cfg.streams = self.tcp_streams.then(crate::stream::StreamConfig::default);
         Ok(())
     }
 
@@ -763,6 +768,10 @@ pub const REFERENCE: &[KeyDoc] = &[
     KeyDoc {
         key: "flow",
         doc: "policy overrides, tried in order before `flow_auto`: `[[session.flow]]` tables with `policy` (`redundant`, `lowest-delay` or `bond`) and at least one of `protocol` (`udp`, `tcp`, `icmp` or a number), `port` (`5060` or a range `\"10000-20000\"`: the source or destination port), `address` (an address or network, `10.1.0.0/16`, `2001:db8::/32`: the source or destination) and `dscp` (0 to 63, or `ef`, `cs0`-`cs7`, `af11`-`af43`); a packet gets the policy of the first rule whose every criterion it matches. A real-time packet too large for a flow datagram (16 bytes of header) is bonded. A TCP flow a rule sends `redundant` or `lowest-delay` keeps its order (a reorder domain of its own); name only ports whose connections stay small (a game server, a remote console): a connection that measured its round trip on the fast path and then carries bulk data through the bond ends its slow start early (`docs/tunnel.md`)",
+    },
+    KeyDoc {
+        key: "tcp_streams",
+        doc: "TCP carried as byte streams (`docs/streams.md`): the tunnel terminates each TCP connection that enters it in a user-space TCP stack on the TUN device and carries its bytes across the bond as a reliable stream (no TCP/IP headers, no slow start across the bond, per-stream credits); the far end opens the connection to the original destination from the original source address. Used with a peer that announces it in the handshake (it need not match); connections beyond the limits pass as packets. Off by default while it is measured",
     },
     KeyDoc {
         key: "socket_buffer",

@@ -28,6 +28,10 @@
 //! Everything else is local to one end (timers, buffers, pacing, demotion, the AQM,
 //! in-bond repair: an end without it ignores the other's requests), or travels in the
 //! messages themselves (marker timestamps, adapted quanta).
+//!
+//! One setting is announced but need not match: **streams** (TCP carried as byte
+//! streams, [`crate::stream`]). Each end says whether it takes them; an end opens a
+//! stream only to a peer that takes them, and carries TCP as packets otherwise.
 
 use crate::config::Mode;
 use crate::sched::SchedulerKind;
@@ -54,7 +58,12 @@ pub struct Settings {
     pub credits: Option<CreditConfig>,
     /// Configured weight of each channel, in order.
     pub weights: Vec<u32>,
+    /// This end takes TCP carried as byte streams (announced; need not match).
+    pub streams: bool,
 }
+
+/// Feature bit of [`Settings::streams`] in byte 6 of the settings block.
+const FEATURE_STREAMS: u8 = 1;
 
 /// The first setting that differs between the two ends.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -175,7 +184,7 @@ impl Settings {
             security_code(self.security),
             self.weights.len().min(255) as u8,
             u8::from(self.credits.is_some()),
-            0,
+            if self.streams { FEATURE_STREAMS } else { 0 },
             0,
         ]);
         v.extend_from_slice(&self.max_packet.to_be_bytes());
@@ -191,7 +200,7 @@ impl Settings {
 
     /// Parse a settings block; `None` if it is not one this version reads.
     pub fn parse(b: &[u8]) -> Option<Settings> {
-        if b.len() < FIXED_LEN || b[0] != VERSION || b[6..8] != [0, 0] {
+        if b.len() < FIXED_LEN || b[0] != VERSION || b[6] & !FEATURE_STREAMS != 0 || b[7] != 0 {
             return None;
         }
         let n = b[4] as usize;
@@ -223,6 +232,7 @@ impl Settings {
             max_packet: u32_at(8),
             credits,
             weights: (0..n).map(|i| u32_at(FIXED_LEN + 4 * i)).collect(),
+            streams: b[6] & FEATURE_STREAMS != 0,
         })
     }
 
@@ -327,6 +337,7 @@ mod tests {
             max_packet: 1440,
             credits: None,
             weights: vec![1, 2],
+            streams: false,
         }
     }
 
@@ -353,6 +364,22 @@ mod tests {
         let mut bad = b.clone();
         bad[1] = 9;
         assert_eq!(Settings::parse(&bad), None);
+        // The streams feature bit round-trips; other feature bits are refused.
+        s.streams = true;
+        let with = s.to_vec();
+        assert_eq!(with[6], FEATURE_STREAMS);
+        assert_eq!(Settings::parse(&with), Some(s.clone()));
+        let mut bad = with.clone();
+        bad[6] |= 2;
+        assert_eq!(Settings::parse(&bad), None);
+    }
+
+    #[test]
+    fn streams_are_announced_and_need_not_match() {
+        let ours = base();
+        let mut theirs = base();
+        theirs.streams = true;
+        assert_eq!(ours.mismatch(&theirs), None);
     }
 
     #[test]

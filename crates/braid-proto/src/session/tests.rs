@@ -1411,6 +1411,7 @@ mod handshake;
 mod pmtu;
 mod recovery;
 mod return_path;
+mod streams;
 
 fn paced(rates_bps: &[f64]) -> impl Fn(&mut Config) + '_ {
     move |c: &mut Config| {

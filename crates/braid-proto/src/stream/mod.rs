@@ -34,8 +34,9 @@
 //!   `min_window` for each stream not receiving yet, divided among those receiving),
 //!   and credit is granted only from what is left of [`StreamConfig::pool`]: the
 //!   credit outstanding, and so the bytes held, over all streams never exceed the
-//!   pool. A new stream starts with `min_window` of credit (less if the pool is that
-//!   full) and gets its share with the first ACKs. A credit update goes out on its own
+//!   pool. A new stream starts with its fair share of credit, but at most an eighth
+//!   of what the pool has left and at least `min_window` (less if the pool is that
+//!   full), and gets its share with the first ACKs. A credit update goes out on its own
 //!   when the limit would grow by a quarter of the window, or by a sixteenth when the
 //!   sender is nearly out of credit; a sender that has no credit and nothing in flight
 //!   sends an empty probe on the retransmission timer, which the receiver answers with

@@ -1,0 +1,279 @@
+//! TCP carried as byte streams on real sockets (issue 32, item 1): two namespaces
+//! joined by two veth pairs, a tunnel at each end with `tcp_streams = true`, and TCP
+//! connections from A's applications to B's through it. Each semantic a user relies on
+//! has a test: bytes both ways and half-close, a refused connection, a reset, a
+//! connection that outlives a channel's failure; and every one of them went as a
+//! stream (the ends' counters), not as packets. Needs root, /dev/net/tun, `ip`,
+//! `iptables` and python3; without them each test says why it is skipped and passes.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+mod common;
+use common::{sh, status, Lab};
+
+fn skip_reason() -> Option<String> {
+    common::netns_skip_reason(
+        "network namespaces, a TUN device and iptables",
+        &[("ip", "iproute2"), ("iptables", "iptables")],
+        Some("used as the TCP applications"),
+    )
+}
+
+fn config(tun_addr: &str, ctl: &Path, chans: &[(String, String)]) -> String {
+    let mut s = format!(
+        "[tunnel]\nname = \"braids\"\naddress = \"{tun_addr}\"\ncontrol = \"{}\"\n\n[session]\nkey = \"AyHDMTOweHmwGSs7vubt5lmmRKjx62UXkWxeQzJRXms=\"\ntcp_streams = true\n",
+        ctl.display()
+    );
+    for (i, (l, r)) in chans.iter().enumerate() {
+        s += &format!("\n[[channel]]\nname = \"v{i}\"\nlocal = \"{l}\"\nremote = \"{r}\"\n");
+    }
+    s
+}
+
+/// Two tunnel ends in their namespaces, up.
+struct Ends {
+    /// The namespaces and tunnels (cleaned up when dropped).
+    _lab: Lab,
+    na: String,
+    nb: String,
+    ca: PathBuf,
+    cb: PathBuf,
+    /// The veth devices (A's, B's) of each channel.
+    devs: Vec<(String, String)>,
+}
+
+/// Two namespaces joined by two veth pairs (network `10.<net>.<i>.0/24`), tunnel
+/// addresses 10.79.0.1 (A) and 10.79.0.2 (B).
+fn up(tag: &str, net: u8) -> Ends {
+    let id = std::process::id() % 100_000;
+    let (na, nb) = (format!("brsta{tag}{id}"), format!("brstb{tag}{id}"));
+    let dir = std::env::temp_dir().join(format!("braid-streams-netns-{tag}{id}"));
+    let mut lab = Lab::new(dir.clone());
+    for n in [&na, &nb] {
+        lab.add_ns(n);
+    }
+    let (mut a_ch, mut b_ch, mut devs) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..2 {
+        let (va, vb) = (format!("bsa{tag}{id}v{i}"), format!("bsb{tag}{id}v{i}"));
+        let (aa, ab) = (format!("10.{net}.{i}.1"), format!("10.{net}.{i}.2"));
+        common::veth(&na, &va, &format!("{aa}/24"), &nb, &vb, &format!("{ab}/24"));
+        a_ch.push((format!("{aa}:7100"), format!("{ab}:7100")));
+        b_ch.push((format!("{ab}:7100"), format!("{aa}:7100")));
+        devs.push((va, vb));
+    }
+    let (ca, cb) = (dir.join("a.sock"), dir.join("b.sock"));
+    common::write_private(&dir.join("a.toml"), &config("10.79.0.1/24", &ca, &a_ch));
+    common::write_private(&dir.join("b.toml"), &config("10.79.0.2/24", &cb, &b_ch));
+    lab.children
+        .push(common::start_tunnel(&na, &dir.join("a.toml")));
+    lab.children
+        .push(common::start_tunnel(&nb, &dir.join("b.toml")));
+    let t0 = Instant::now();
+    while ![&ca, &cb]
+        .iter()
+        .all(|c| status(c).is_some_and(|s| s["peer_seen"] == true))
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "tunnels did not come up"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    Ends {
+        _lab: lab,
+        na,
+        nb,
+        ca,
+        cb,
+        devs,
+    }
+}
+
+/// B's server on 10.79.0.2:5001: reads to the end (the client's half-close), then
+/// answers with the length and SHA-256 of what it read and 1 MiB of its own, and
+/// closes.
+const ECHO_SUM: &str = r#"
+import socket, hashlib, random
+l = socket.socket(); l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(("10.79.0.2", 5001)); l.listen(1); l.settimeout(30)
+c, peer = l.accept(); c.settimeout(30)
+h = hashlib.sha256(); n = 0
+while True:
+    b = c.recv(65536)
+    if not b: break
+    h.update(b); n += len(b)
+c.sendall(("%d %s\n" % (n, h.hexdigest())).encode() + random.Random(3).randbytes(1 << 20))
+c.close()
+print(peer[0])
+"#;
+
+/// A's client: sends `argv[1]` bytes (paced to `argv[2]` bytes a second if given),
+/// half-closes, and checks B's answer: prints `ok`, or what was wrong.
+const SEND_SUM: &str = r#"
+import socket, hashlib, random, sys, time
+n = int(sys.argv[1]); rate = float(sys.argv[2]) if len(sys.argv) > 2 else 0
+data = random.Random(7).randbytes(n)
+s = socket.create_connection(("10.79.0.2", 5001), timeout=30)
+t0 = time.monotonic(); i = 0
+while i < n:
+    s.sendall(data[i:i + 65536]); i += 65536
+    if rate: time.sleep(max(0.0, t0 + i / rate - time.monotonic()))
+s.shutdown(socket.SHUT_WR)
+got = b""
+while True:
+    b = s.recv(65536)
+    if not b: break
+    got += b
+line, _, rest = got.partition(b"\n")
+want = "%d %s" % (n, hashlib.sha256(data).hexdigest())
+if line.decode() != want: print("sum", line, want)
+elif rest != random.Random(3).randbytes(1 << 20): print("answer", len(rest))
+else: print("ok")
+"#;
+
+fn py(ns: &str, script: &str, args: &[&str]) -> std::process::Child {
+    Command::new("ip")
+        .args(["netns", "exec", ns, "python3", "-c", script])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout).trim(),
+        String::from_utf8_lossy(&o.stderr).trim()
+    )
+}
+
+/// The streams counters of both ends went up for `n` connections: taken at A,
+/// connected at B.
+fn assert_streams(e: &Ends, n: u64) {
+    let (a, b) = (status(&e.ca).unwrap(), status(&e.cb).unwrap());
+    assert!(a["streams_opened"].as_u64().unwrap() >= n, "A: {a}");
+    assert!(b["streams_connected"].as_u64().unwrap() >= n, "B: {b}");
+}
+
+#[test]
+fn a_connection_crosses_as_a_stream_both_ways_with_half_close() {
+    if let Some(why) = skip_reason() {
+        common::skip(
+            "a_connection_crosses_as_a_stream_both_ways_with_half_close",
+            &why,
+        );
+        return;
+    }
+    let e = up("h", 204);
+    let server = py(&e.nb, ECHO_SUM, &[]);
+    std::thread::sleep(Duration::from_millis(300));
+    let client = py(&e.na, SEND_SUM, &["8000000"])
+        .wait_with_output()
+        .unwrap();
+    let server = server.wait_with_output().unwrap();
+    assert_eq!(text(&client), "ok", "server: {}", text(&server));
+    // The server saw the client's own address: the far end connected from it.
+    assert_eq!(text(&server), "10.79.0.1");
+    assert_streams(&e, 1);
+}
+
+#[test]
+fn a_refused_connection_is_refused_not_accepted_then_reset() {
+    if let Some(why) = skip_reason() {
+        common::skip(
+            "a_refused_connection_is_refused_not_accepted_then_reset",
+            &why,
+        );
+        return;
+    }
+    let e = up("r", 205);
+    // Nothing listens on 5002 at B. A connection accepted at A and reset later would
+    // connect first; it must fail in connect().
+    let script = r#"
+import socket
+try:
+    socket.create_connection(("10.79.0.2", 5002), timeout=10); print("connected")
+except ConnectionRefusedError: print("refused")
+except OSError as e: print("error", e)
+"#;
+    let out = py(&e.na, script, &[]).wait_with_output().unwrap();
+    assert_eq!(text(&out), "refused");
+    let a = status(&e.ca).unwrap();
+    assert!(a["streams_refused"].as_u64().unwrap() >= 1, "A: {a}");
+}
+
+#[test]
+fn a_reset_at_the_far_end_reaches_the_client_as_a_reset() {
+    if let Some(why) = skip_reason() {
+        common::skip("a_reset_at_the_far_end_reaches_the_client_as_a_reset", &why);
+        return;
+    }
+    let e = up("x", 206);
+    // B reads a little, then closes with SO_LINGER 0: a RST.
+    let server = r#"
+import socket, struct
+l = socket.socket(); l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(("10.79.0.2", 5003)); l.listen(1); l.settimeout(30)
+c, _ = l.accept(); c.recv(100)
+c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)); c.close()
+print("reset sent")
+"#;
+    let client = r#"
+import socket, time
+s = socket.create_connection(("10.79.0.2", 5003), timeout=10)
+s.sendall(b"hello")
+try:
+    t = time.monotonic()
+    while time.monotonic() - t < 10:
+        if not s.recv(100): print("eof"); break
+    else: print("nothing")
+except ConnectionResetError: print("reset")
+"#;
+    let server = py(&e.nb, server, &[]);
+    std::thread::sleep(Duration::from_millis(300));
+    let out = py(&e.na, client, &[]).wait_with_output().unwrap();
+    let server = server.wait_with_output().unwrap();
+    assert_eq!(text(&out), "reset", "server: {}", text(&server));
+    assert_streams(&e, 1);
+}
+
+/// Drop (`-A`) or pass again (`-D`) the channel's UDP arriving on `dev` in `ns`.
+fn blackhole(ns: &str, dev: &str, op: &str) {
+    sh(&[
+        "ip", "netns", "exec", ns, "iptables", op, "INPUT", "-i", dev, "-p", "udp", "-j", "DROP",
+    ]);
+}
+
+#[test]
+fn a_connection_outlives_a_channel_failure() {
+    if let Some(why) = skip_reason() {
+        common::skip("a_connection_outlives_a_channel_failure", &why);
+        return;
+    }
+    let e = up("f", 207);
+    let server = py(&e.nb, ECHO_SUM, &[]);
+    std::thread::sleep(Duration::from_millis(300));
+    // 6 MB at 1 MB/s; channel 0 a black hole both ways from 1.5 s to 4 s.
+    let client = py(&e.na, SEND_SUM, &["6000000", "1000000"]);
+    std::thread::sleep(Duration::from_millis(1500));
+    let dev = &e.devs[0];
+    blackhole(&e.nb, &dev.1, "-A");
+    blackhole(&e.na, &dev.0, "-A");
+    std::thread::sleep(Duration::from_millis(2500));
+    blackhole(&e.nb, &dev.1, "-D");
+    blackhole(&e.na, &dev.0, "-D");
+    let client = client.wait_with_output().unwrap();
+    let server = server.wait_with_output().unwrap();
+    assert_eq!(text(&client), "ok", "server: {}", text(&server));
+    assert_streams(&e, 1);
+    let a = status(&e.ca).unwrap();
+    assert!(
+        a["channels"][0]["state_changes"].as_u64().unwrap_or(0) >= 1,
+        "channel 0 went down while blackholed: {a}"
+    );
+}
