@@ -8,12 +8,11 @@
 //! which this test would catch. Needs root, /dev/net/tun, `ip`, `iptables` and
 //! python3; without them it says why it is skipped and passes. About 10 s.
 
-use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 mod common;
-use common::{sh, status, Lab};
+use common::{blackhole, status, Ends};
 
 fn skip_reason() -> Option<String> {
     common::netns_skip_reason(
@@ -21,17 +20,6 @@ fn skip_reason() -> Option<String> {
         &[("ip", "iproute2"), ("iptables", "iptables")],
         Some("used as the call's sender and receiver"),
     )
-}
-
-fn config(tun_addr: &str, ctl: &Path, chans: &[(String, String)], rules: &str) -> String {
-    let mut s = format!(
-        "[tunnel]\nname = \"braidf\"\naddress = \"{tun_addr}\"\ncontrol = \"{}\"\nlog_interval = \"1s\"\n\n[session]\nkey = \"AyHDMTOweHmwGSs7vubt5lmmRKjx62UXkWxeQzJRXms=\"\n{rules}",
-        ctl.display()
-    );
-    for (i, (l, r)) in chans.iter().enumerate() {
-        s += &format!("\n[[channel]]\nname = \"v{i}\"\nlocal = \"{l}\"\nremote = \"{r}\"\n");
-    }
-    s
 }
 
 /// Receives the call on 10.78.0.2:5004 until 2 s of silence; prints how many packets
@@ -93,83 +81,11 @@ fn across_a_blackhole(
     (a.wait_with_output().unwrap(), b.wait_with_output().unwrap())
 }
 
-/// Drop (`-A`) or pass again (`-D`) the channel's UDP arriving on `dev` in `ns`.
-fn blackhole(ns: &str, dev: &str, op: &str) {
-    sh(&[
-        "ip", "netns", "exec", ns, "iptables", op, "INPUT", "-i", dev, "-p", "udp", "-j", "DROP",
-    ]);
-}
-
-/// Two tunnel ends in their namespaces, up and measured.
-struct Ends {
-    /// The namespaces and tunnels (cleaned up when dropped).
-    _lab: Lab,
-    na: String,
-    nb: String,
-    /// Control sockets.
-    ca: std::path::PathBuf,
-    cb: std::path::PathBuf,
-    /// The veth devices (A's, B's) of each channel.
-    devs: Vec<(String, String)>,
-}
-
-/// Two namespaces joined by two veth pairs, a tunnel at each end with one channel per
-/// pair, both up and measured. `tag` keeps two tests' names apart; `rules` goes into
-/// both ends' `[session]` (`[[session.flow]]` tables).
+/// Two tunnel ends (tunnel addresses 10.78.0.1 and 10.78.0.2); `rules` goes into both
+/// ends' `[session]` (`[[session.flow]]` tables).
 fn up(tag: &str, rules: &str) -> Ends {
-    let id = std::process::id() % 100_000;
-    let (na, nb) = (format!("brflowsa{tag}{id}"), format!("brflowsb{tag}{id}"));
-    let dir = std::env::temp_dir().join(format!("braid-flows-netns-{tag}{id}"));
-    let mut lab = Lab::new(dir.clone());
-    for n in [&na, &nb] {
-        lab.add_ns(n);
-    }
-    let mut a_ch = Vec::new();
-    let mut b_ch = Vec::new();
-    let mut devs = Vec::new();
     let net = if tag.is_empty() { 202 } else { 203 };
-    for i in 0..2 {
-        let (va, vb) = (format!("bfa{tag}{id}v{i}"), format!("bfb{tag}{id}v{i}"));
-        let (aa, ab) = (format!("10.{net}.{i}.1"), format!("10.{net}.{i}.2"));
-        common::veth(&na, &va, &format!("{aa}/24"), &nb, &vb, &format!("{ab}/24"));
-        a_ch.push((format!("{aa}:7100"), format!("{ab}:7100")));
-        b_ch.push((format!("{ab}:7100"), format!("{aa}:7100")));
-        devs.push((va, vb));
-    }
-    let (ca, cb) = (dir.join("a.sock"), dir.join("b.sock"));
-    common::write_private(
-        &dir.join("a.toml"),
-        &config("10.78.0.1/24", &ca, &a_ch, rules),
-    );
-    common::write_private(
-        &dir.join("b.toml"),
-        &config("10.78.0.2/24", &cb, &b_ch, rules),
-    );
-    lab.children
-        .push(common::start_tunnel(&na, &dir.join("a.toml")));
-    lab.children
-        .push(common::start_tunnel(&nb, &dir.join("b.toml")));
-    let t0 = Instant::now();
-    while ![&ca, &cb]
-        .iter()
-        .all(|c| status(c).is_some_and(|s| s["peer_seen"] == true))
-    {
-        assert!(
-            t0.elapsed() < Duration::from_secs(15),
-            "tunnels did not come up"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    // A second for the channels' round trips to be measured.
-    std::thread::sleep(Duration::from_secs(1));
-    Ends {
-        _lab: lab,
-        na,
-        nb,
-        ca,
-        cb,
-        devs,
-    }
+    common::two_ends("flows", tag, net, "10.78.0", rules)
 }
 
 #[test]

@@ -6,12 +6,11 @@
 //! stream (the ends' counters), not as packets. Needs root, /dev/net/tun, `ip`,
 //! `iptables` and python3; without them each test says why it is skipped and passes.
 
-use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 mod common;
-use common::{sh, status, Lab};
+use common::{blackhole, status, Ends};
 
 fn skip_reason() -> Option<String> {
     common::netns_skip_reason(
@@ -21,75 +20,10 @@ fn skip_reason() -> Option<String> {
     )
 }
 
-fn config(tun_addr: &str, ctl: &Path, chans: &[(String, String)]) -> String {
-    let mut s = format!(
-        "[tunnel]\nname = \"braids\"\naddress = \"{tun_addr}\"\ncontrol = \"{}\"\n\n[session]\nkey = \"AyHDMTOweHmwGSs7vubt5lmmRKjx62UXkWxeQzJRXms=\"\ntcp_streams = true\n",
-        ctl.display()
-    );
-    for (i, (l, r)) in chans.iter().enumerate() {
-        s += &format!("\n[[channel]]\nname = \"v{i}\"\nlocal = \"{l}\"\nremote = \"{r}\"\n");
-    }
-    s
-}
-
-/// Two tunnel ends in their namespaces, up.
-struct Ends {
-    /// The namespaces and tunnels (cleaned up when dropped).
-    _lab: Lab,
-    na: String,
-    nb: String,
-    ca: PathBuf,
-    cb: PathBuf,
-    /// The veth devices (A's, B's) of each channel.
-    devs: Vec<(String, String)>,
-}
-
-/// Two namespaces joined by two veth pairs (network `10.<net>.<i>.0/24`), tunnel
-/// addresses 10.79.0.1 (A) and 10.79.0.2 (B).
+/// Two tunnel ends with `tcp_streams` on; tunnel addresses 10.79.0.1 (A) and
+/// 10.79.0.2 (B).
 fn up(tag: &str, net: u8) -> Ends {
-    let id = std::process::id() % 100_000;
-    let (na, nb) = (format!("brsta{tag}{id}"), format!("brstb{tag}{id}"));
-    let dir = std::env::temp_dir().join(format!("braid-streams-netns-{tag}{id}"));
-    let mut lab = Lab::new(dir.clone());
-    for n in [&na, &nb] {
-        lab.add_ns(n);
-    }
-    let (mut a_ch, mut b_ch, mut devs) = (Vec::new(), Vec::new(), Vec::new());
-    for i in 0..2 {
-        let (va, vb) = (format!("bsa{tag}{id}v{i}"), format!("bsb{tag}{id}v{i}"));
-        let (aa, ab) = (format!("10.{net}.{i}.1"), format!("10.{net}.{i}.2"));
-        common::veth(&na, &va, &format!("{aa}/24"), &nb, &vb, &format!("{ab}/24"));
-        a_ch.push((format!("{aa}:7100"), format!("{ab}:7100")));
-        b_ch.push((format!("{ab}:7100"), format!("{aa}:7100")));
-        devs.push((va, vb));
-    }
-    let (ca, cb) = (dir.join("a.sock"), dir.join("b.sock"));
-    common::write_private(&dir.join("a.toml"), &config("10.79.0.1/24", &ca, &a_ch));
-    common::write_private(&dir.join("b.toml"), &config("10.79.0.2/24", &cb, &b_ch));
-    lab.children
-        .push(common::start_tunnel(&na, &dir.join("a.toml")));
-    lab.children
-        .push(common::start_tunnel(&nb, &dir.join("b.toml")));
-    let t0 = Instant::now();
-    while ![&ca, &cb]
-        .iter()
-        .all(|c| status(c).is_some_and(|s| s["peer_seen"] == true))
-    {
-        assert!(
-            t0.elapsed() < Duration::from_secs(15),
-            "tunnels did not come up"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    std::thread::sleep(Duration::from_millis(500));
-    Ends {
-        _lab: lab,
-        na,
-        nb,
-        ca,
-        cb,
-        devs,
-    }
+    common::two_ends("st", tag, net, "10.79.0", "tcp_streams = true\n")
 }
 
 /// B's server on 10.79.0.2:5001: reads to the end (the client's half-close), then
@@ -240,13 +174,6 @@ except ConnectionResetError: print("reset")
     let server = server.wait_with_output().unwrap();
     assert_eq!(text(&out), "reset", "server: {}", text(&server));
     assert_streams(&e, 1);
-}
-
-/// Drop (`-A`) or pass again (`-D`) the channel's UDP arriving on `dev` in `ns`.
-fn blackhole(ns: &str, dev: &str, op: &str) {
-    sh(&[
-        "ip", "netns", "exec", ns, "iptables", op, "INPUT", "-i", dev, "-p", "udp", "-j", "DROP",
-    ]);
 }
 
 #[test]

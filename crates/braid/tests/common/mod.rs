@@ -290,3 +290,97 @@ pub fn tcp_transfer(from: &str, to: &str, addr: &str) -> (String, String) {
     };
     (text(&source), text(&got))
 }
+
+/// Two tunnel ends in their namespaces, joined by two veth pairs, up and measured
+/// (`two_ends`).
+#[allow(dead_code)]
+pub struct Ends {
+    /// The namespaces and tunnels (cleaned up when dropped).
+    pub _lab: Lab,
+    pub na: String,
+    pub nb: String,
+    /// Control sockets.
+    pub ca: std::path::PathBuf,
+    pub cb: std::path::PathBuf,
+    /// The veth devices (A's, B's) of each channel.
+    pub devs: Vec<(String, String)>,
+}
+
+/// Two namespaces joined by two veth pairs (`10.<net>.<i>.1` at A, `.2` at B), a
+/// tunnel at each end with one channel per pair, both up, and a second for the
+/// channels' round trips to be measured. `name` names the namespaces, devices and TUN
+/// devices (a few letters), `tag` keeps two tests' apart; the tunnels' addresses are
+/// `<inner>.1/24` (A) and `<inner>.2/24` (B); `session` goes into both ends'
+/// `[session]` after the key.
+#[allow(dead_code)]
+pub fn two_ends(name: &str, tag: &str, net: u8, inner: &str, session: &str) -> Ends {
+    let id = std::process::id() % 100_000;
+    let (na, nb) = (format!("br{name}a{tag}{id}"), format!("br{name}b{tag}{id}"));
+    let dir = std::env::temp_dir().join(format!("braid-{name}-netns-{tag}{id}"));
+    let mut lab = Lab::new(dir.clone());
+    for n in [&na, &nb] {
+        lab.add_ns(n);
+    }
+    let (mut a_ch, mut b_ch, mut devs) = (Vec::new(), Vec::new(), Vec::new());
+    let short = &name[..1];
+    for i in 0..2 {
+        let (va, vb) = (
+            format!("b{short}a{tag}{id}v{i}"),
+            format!("b{short}b{tag}{id}v{i}"),
+        );
+        let (aa, ab) = (format!("10.{net}.{i}.1"), format!("10.{net}.{i}.2"));
+        veth(&na, &va, &format!("{aa}/24"), &nb, &vb, &format!("{ab}/24"));
+        a_ch.push((format!("{aa}:7100"), format!("{ab}:7100")));
+        b_ch.push((format!("{ab}:7100"), format!("{aa}:7100")));
+        devs.push((va, vb));
+    }
+    let (ca, cb) = (dir.join("a.sock"), dir.join("b.sock"));
+    let config = |addr: &str, ctl: &std::path::Path, chans: &[(String, String)]| {
+        let mut s = format!(
+            "[tunnel]\nname = \"br{name}\"\naddress = \"{addr}\"\ncontrol = \"{}\"\nlog_interval = \"1s\"\n\n[session]\nkey = \"AyHDMTOweHmwGSs7vubt5lmmRKjx62UXkWxeQzJRXms=\"\n{session}",
+            ctl.display()
+        );
+        for (i, (l, r)) in chans.iter().enumerate() {
+            s += &format!("\n[[channel]]\nname = \"v{i}\"\nlocal = \"{l}\"\nremote = \"{r}\"\n");
+        }
+        s
+    };
+    write_private(
+        &dir.join("a.toml"),
+        &config(&format!("{inner}.1/24"), &ca, &a_ch),
+    );
+    write_private(
+        &dir.join("b.toml"),
+        &config(&format!("{inner}.2/24"), &cb, &b_ch),
+    );
+    lab.children.push(start_tunnel(&na, &dir.join("a.toml")));
+    lab.children.push(start_tunnel(&nb, &dir.join("b.toml")));
+    let t0 = std::time::Instant::now();
+    while ![&ca, &cb]
+        .iter()
+        .all(|c| status(c).is_some_and(|s| s["peer_seen"] == true))
+    {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(15),
+            "tunnels did not come up"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    Ends {
+        _lab: lab,
+        na,
+        nb,
+        ca,
+        cb,
+        devs,
+    }
+}
+
+/// Drop (`-A`) or pass again (`-D`) the channel's UDP arriving on `dev` in `ns`.
+#[allow(dead_code)]
+pub fn blackhole(ns: &str, dev: &str, op: &str) {
+    sh(&[
+        "ip", "netns", "exec", ns, "iptables", op, "INPUT", "-i", dev, "-p", "udp", "-j", "DROP",
+    ]);
+}
