@@ -24,7 +24,7 @@
 //! session.
 
 use std::collections::{BTreeSet, HashMap};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Instant as StdInstant;
 
 use braid_proto::session::Session as Machine;
@@ -250,7 +250,7 @@ impl Pep {
     ) {
         match e {
             StreamEvent::Incoming { id, src, dst } => {
-                if !allowed(src, dst) {
+                if !allowed(src, dst, &st.config().allow_to) {
                     self.counters.refused += 1;
                     st.refuse(pnow, id, Refusal::NotAllowed);
                     return;
@@ -412,15 +412,64 @@ impl Pep {
 }
 
 /// Whether the far end may open a connection for the peer from `src` to `dst`: the
-/// same families, and a destination a packet could go to (not unspecified, multicast
-/// or broadcast). Everything else is the kernel's to decide, as for the same
-/// connection carried as packets: the connection enters the TUN device with the
-/// peer's source address, so forwarding, the firewall and routes apply to it alike.
-fn allowed(src: SocketAddr, dst: SocketAddr) -> bool {
+/// same families, a destination a packet could go to (not unspecified, multicast or
+/// broadcast), and inside one of `allow_to` (`tcp_streams_to`; empty: anywhere).
+/// Everything else is the kernel's to decide, as for the same connection carried as
+/// packets: the connection enters the TUN device with the peer's source address, so
+/// forwarding, the firewall and routes apply to it alike.
+fn allowed(src: SocketAddr, dst: SocketAddr, allow_to: &[(IpAddr, u8)]) -> bool {
     let ip = dst.ip();
     src.is_ipv4() == dst.is_ipv4()
         && dst.port() != 0
         && !ip.is_unspecified()
         && !ip.is_multicast()
-        && !matches!(ip, std::net::IpAddr::V4(v4) if v4.is_broadcast())
+        && !matches!(ip, IpAddr::V4(v4) if v4.is_broadcast())
+        && (allow_to.is_empty() || allow_to.iter().any(|&(net, len)| within(ip, net, len)))
+}
+
+/// Whether `ip` is in the network `net`/`len` (of the same family).
+fn within(ip: IpAddr, net: IpAddr, len: u8) -> bool {
+    let (a, b, bits) = match (ip, net) {
+        (IpAddr::V4(a), IpAddr::V4(b)) => (u128::from(u32::from(a)), u128::from(u32::from(b)), 32),
+        (IpAddr::V6(a), IpAddr::V6(b)) => (u128::from(a), u128::from(b), 128),
+        _ => return false,
+    };
+    let len = u32::from(len).min(bits);
+    if len == 0 {
+        return true;
+    }
+    let shift = bits - len;
+    a >> shift == b >> shift
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sa(s: &str) -> SocketAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn destinations_outside_tcp_streams_to_are_not_allowed() {
+        let (src, dst) = (sa("10.0.0.1:4000"), sa("10.1.2.3:80"));
+        assert!(allowed(src, dst, &[]));
+        let net = |s: &str, l| (s.parse::<IpAddr>().unwrap(), l);
+        assert!(allowed(src, dst, &[net("10.1.0.0", 16)]));
+        assert!(!allowed(src, dst, &[net("10.2.0.0", 16)]));
+        assert!(allowed(src, dst, &[net("10.2.0.0", 16), net("0.0.0.0", 0)]));
+        assert!(!allowed(src, dst, &[net("::", 0)]), "another family");
+        assert!(allowed(src, dst, &[net("10.1.2.3", 32)]));
+        assert!(!allowed(src, dst, &[net("10.1.2.4", 32)]));
+        let v6 = (sa("[2001:db8::1]:4000"), sa("[2001:db8:1::5]:443"));
+        assert!(allowed(v6.0, v6.1, &[net("2001:db8::", 32)]));
+        assert!(!allowed(v6.0, v6.1, &[net("2001:db8::", 48)]));
+        // Never a broadcast, multicast, unspecified or port-0 destination, or one of
+        // the other family.
+        assert!(!allowed(src, sa("255.255.255.255:80"), &[]));
+        assert!(!allowed(src, sa("224.0.0.1:80"), &[]));
+        assert!(!allowed(src, sa("0.0.0.0:80"), &[]));
+        assert!(!allowed(src, sa("10.1.2.3:0"), &[]));
+        assert!(!allowed(src, v6.1, &[]));
+    }
 }

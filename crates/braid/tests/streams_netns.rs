@@ -204,3 +204,37 @@ fn a_connection_outlives_a_channel_failure() {
         "channel 0 went down while blackholed: {a}"
     );
 }
+
+#[test]
+fn a_destination_the_far_end_does_not_allow_is_refused() {
+    if let Some(why) = skip_reason() {
+        common::skip("a_destination_the_far_end_does_not_allow_is_refused", &why);
+        return;
+    }
+    // B connects the peer's streams only to 192.0.2.0/24: its own 10.79.0.2:5001,
+    // where a server listens, is not allowed.
+    let e = common::two_ends(
+        "st",
+        "n",
+        208,
+        "10.79.0",
+        "tcp_streams = true\ntcp_streams_to = [\"192.0.2.0/24\"]\n",
+    );
+    let mut server = py(&e.nb, ECHO_SUM, &[]);
+    std::thread::sleep(Duration::from_millis(300));
+    let script = r#"
+import socket
+try:
+    socket.create_connection(("10.79.0.2", 5001), timeout=10); print("connected")
+except ConnectionRefusedError: print("refused")
+except OSError as e: print("error", e)
+"#;
+    let out = py(&e.na, script, &[]).wait_with_output().unwrap();
+    let _ = server.kill();
+    let _ = server.wait();
+    assert_eq!(text(&out), "refused");
+    let (a, b) = (status(&e.ca).unwrap(), status(&e.cb).unwrap());
+    assert!(b["streams_refused"].as_u64().unwrap() >= 1, "B: {b}");
+    assert_eq!(b["streams_connected"], 0, "B: {b}");
+    assert!(a["streams_refused"].as_u64().unwrap() >= 1, "A: {a}");
+}

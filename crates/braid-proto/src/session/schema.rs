@@ -224,6 +224,9 @@ pub struct SessionSettings {
     /// TCP carried as byte streams (`crate::stream`): the tunnel terminates TCP
     /// connections and carries their bytes, without TCP/IP headers.
     pub tcp_streams: bool,
+    /// The destinations (addresses or networks) this end connects the peer's
+    /// streams to; empty: any.
+    pub tcp_streams_to: Vec<String>,
     // --- sockets (the tunnel) ---
     /// SO_RCVBUF / SO_SNDBUF per channel socket, bytes (0: the kernel's default).
     pub socket_buffer: usize,
@@ -284,6 +287,7 @@ impl Default for SessionSettings {
             flow_copies: 2,
             flow: Vec::new(),
             tcp_streams: false,
+            tcp_streams_to: Vec::new(),
             socket_buffer: 4 << 20,
         }
     }
@@ -362,7 +366,15 @@ impl SessionSettings {
             (true, None) => Some(super::pmtu::Config::default()),
         };
         cfg.flows = self.flows()?;
-        cfg.streams = self.tcp_streams.then(crate::stream::StreamConfig::default);
+        let allow_to = self
+            .tcp_streams_to
+            .iter()
+            .map(|a| parse_net(a).map_err(|e| bad("tcp_streams_to", e)))
+            .collect::<Result<Vec<_>, _>>()?;
+        cfg.streams = self.tcp_streams.then(|| crate::stream::StreamConfig {
+            allow_to,
+            ..crate::stream::StreamConfig::default()
+        });
         Ok(())
     }
 
@@ -772,6 +784,10 @@ pub const REFERENCE: &[KeyDoc] = &[
     KeyDoc {
         key: "tcp_streams",
         doc: "TCP carried as byte streams (`docs/streams.md`): the tunnel terminates each TCP connection that enters it in a user-space TCP stack on the TUN device and carries its bytes across the bond as a reliable stream (no TCP/IP headers, no slow start across the bond, per-stream credits); the far end opens the connection to the original destination from the original source address. Used with a peer that announces it in the handshake (it need not match); connections beyond the limits pass as packets. Off by default while it is measured",
+    },
+    KeyDoc {
+        key: "tcp_streams_to",
+        doc: "with `tcp_streams`: the destinations this end connects the peer's streams to, as addresses or networks (`[\"10.0.0.0/8\", \"2001:db8::/32\"]`); a stream to any other is refused, and the peer's application sees its connection refused. Empty (the default): any destination, the same as for the connection carried as packets (the far end opens it through its TUN device from the peer's address, so its forwarding and firewall apply alike)",
     },
     KeyDoc {
         key: "socket_buffer",
@@ -1228,5 +1244,39 @@ mod flow_tests {
             vec![7; 32],
         );
         assert_eq!(s.apply(&mut c).unwrap_err().key, "flow_copies");
+    }
+
+    #[test]
+    fn tcp_streams_to_takes_networks_and_names_a_bad_one() {
+        let mut c = Config::new(
+            vec![ChannelParams {
+                name: "a".into(),
+                weight: 1,
+            }],
+            1400,
+            vec![7; 32],
+        );
+        let s = SessionSettings {
+            tcp_streams: true,
+            tcp_streams_to: vec!["10.0.0.0/8".into(), "2001:db8::1".into()],
+            ..SessionSettings::default()
+        };
+        s.apply(&mut c).unwrap();
+        let allow = &c.streams.as_ref().unwrap().allow_to;
+        assert_eq!(
+            allow,
+            &[
+                ("10.0.0.0".parse().unwrap(), 8),
+                ("2001:db8::1".parse().unwrap(), 128)
+            ]
+        );
+        let s = SessionSettings {
+            tcp_streams: true,
+            tcp_streams_to: vec!["10.0.0.0/33".into()],
+            ..SessionSettings::default()
+        };
+        let e = s.apply(&mut c).unwrap_err();
+        assert_eq!(e.key, "tcp_streams_to");
+        assert!(e.reason.contains("prefix length"), "{e}");
     }
 }

@@ -128,6 +128,10 @@ pub struct StreamConfig {
     pub give_up: Duration,
     /// How long a forgotten stream's tombstone answers late frames (default 10 s).
     pub linger: Duration,
+    /// The destinations (address, prefix length) this end connects the peer's
+    /// streams to; empty (the default): any, as for the same connection carried as
+    /// packets. The driver refuses the others (`Refusal::NotAllowed`).
+    pub allow_to: Vec<(std::net::IpAddr, u8)>,
 }
 
 impl Default for StreamConfig {
@@ -144,6 +148,7 @@ impl Default for StreamConfig {
             reorder_slack: Duration::from_millis(5),
             give_up: Duration::from_secs(30),
             linger: Duration::from_secs(10),
+            allow_to: Vec::new(),
         }
     }
 }
