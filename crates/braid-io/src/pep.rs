@@ -134,11 +134,6 @@ impl Pep {
         self.term.poll_at(now)
     }
 
-    /// Connections open in the stack.
-    pub fn connections(&self) -> usize {
-        self.term.connections()
-    }
-
     /// One step: the stack's timers and input, the events of both sides, bytes moved
     /// where they can go, and the streams' frames handed to the session.
     pub fn step(&mut self, now: StdInstant, pnow: Instant, m: &mut Machine) {

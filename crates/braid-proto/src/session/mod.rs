@@ -1085,9 +1085,7 @@ impl Session {
             }
             _ => self.chans[c].n.unauthenticated += 1,
         }
-        if self.streams.is_some() {
-            self.handle_streams(now);
-        }
+        self.handle_streams(now);
     }
 
     /// Counts a datagram that came on channel `c` and returns its first byte (its
