@@ -32,11 +32,15 @@
 //!   [`StreamConfig::window`], divided down to the pool's fair share when many
 //!   streams receive at once (never below [`StreamConfig::min_window`]; the pool less
 //!   `min_window` for each stream not receiving yet, divided among those receiving),
-//!   and credit is granted only from what is left of [`StreamConfig::pool`]: the
-//!   credit outstanding, and so the bytes held, over all streams never exceed the
-//!   pool. A new stream starts with its fair share of credit, but at most an eighth
-//!   of what the pool has left and at least `min_window` (less if the pool is that
-//!   full), and gets its share with the first ACKs. A credit update goes out on its own
+//!   and credit is granted from what is left of [`StreamConfig::pool`], except that
+//!   every stream may always have `min_window` of credit unread: the credit
+//!   outstanding, and so the bytes held, over all streams never exceed the pool plus
+//!   `min_window` per stream. (Without that floor, streams that hold credit unused,
+//!   as a connection waiting for another to start does, could leave a new stream
+//!   none, and wait for it for ever: found with 24 parallel connections of iperf3.)
+//!   A new stream starts with its fair share of credit, but at most an eighth of
+//!   what the pool has left and at least `min_window`, and gets its share with the
+//!   first ACKs. A credit update goes out on its own
 //!   when the limit would grow by a quarter of the window, or by a sixteenth when the
 //!   sender is nearly out of credit; a sender that has no credit and nothing in flight
 //!   sends an empty probe on the retransmission timer, which the receiver answers with
@@ -132,6 +136,15 @@ pub struct StreamConfig {
     /// streams to; empty (the default): any, as for the same connection carried as
     /// packets. The driver refuses the others (`Refusal::NotAllowed`).
     pub allow_to: Vec<(std::net::IpAddr, u8)>,
+    /// Port ranges (first, last) whose connections the driver does not terminate
+    /// (they pass as packets); empty (the default): none.
+    pub except_ports: Vec<(u16, u16)>,
+    /// Names this end's streams across the session's runs (announced in the
+    /// handshake): a peer that sees the same one after a new run of ours (a reload
+    /// that changed the channel list, which keeps the streams) keeps its streams; a
+    /// new one (we restarted, and our streams are gone) resets them. 0 (the
+    /// default): drawn from the session's seed, so each run has its own.
+    pub run: u64,
 }
 
 impl Default for StreamConfig {
@@ -149,6 +162,8 @@ impl Default for StreamConfig {
             give_up: Duration::from_secs(30),
             linger: Duration::from_secs(10),
             allow_to: Vec::new(),
+            except_ports: Vec::new(),
+            run: 0,
         }
     }
 }

@@ -64,6 +64,8 @@ pub(super) struct Pool {
     pub committed: u64,
     /// The share of one receiving stream (the window it aims for).
     pub fair: u64,
+    /// The credit every stream may always have unread, pool or not.
+    pub min: u64,
 }
 
 impl RecvSide {
@@ -211,7 +213,8 @@ impl RecvSide {
     }
 
     /// The credit limit to grant now: up to `read + fair`, as far as the pool has
-    /// room. Never below the current limit.
+    /// room, and at least `read + min` whatever the pool holds. Never below the
+    /// current limit.
     pub fn grant(&self, p: Pool) -> u64 {
         if self.final_size.is_some() {
             return self.limit;
@@ -221,7 +224,7 @@ impl RecvSide {
             return self.limit;
         }
         let free = p.pool.saturating_sub(p.committed);
-        self.read + cur.saturating_add(free).min(p.fair)
+        (self.read + cur.saturating_add(free).min(p.fair)).max(self.read + p.min)
     }
 
     /// A credit update is worth its own ACK: the limit would grow by a quarter of the

@@ -231,21 +231,18 @@ impl Streams {
             pool: self.cfg.pool,
             committed: self.committed,
             fair: share.clamp(min, window),
+            min,
         }
     }
 
     /// The credit a new stream starts with: its fair share, but at most an eighth of
-    /// what the pool has left and at least `min_window`, as far as the pool has room
-    /// (a stream left without credit gets it later, answering its sender's probe).
+    /// what the pool has left, and at least `min_window` even when the pool is full
+    /// (the floor every stream has: see the module docs).
     /// A stream on a bond with room starts at the bond's rate: with `min_window` only,
     /// its first round trip (the slowest channel's) carried 64 KiB.
     pub(super) fn initial_credit(&self) -> u64 {
         let left = self.cfg.pool.saturating_sub(self.committed);
-        self.pool()
-            .fair
-            .min(left / 8)
-            .max(self.min_window())
-            .min(left)
+        self.pool().fair.min(left / 8).max(self.min_window())
     }
 
     /// Too many of the peer's stream numbers seen out of order to keep more.
