@@ -121,6 +121,11 @@ pub struct SessionConfig {
     pub pace_burst: braid_proto::Duration,
     /// CoDel on the pacer's transmit queue.
     pub pace_codel: bool,
+    /// `tcp_streams` unset: the streams' configuration, for a driver that terminates
+    /// TCP (a TUN device of its own or shared) to take up
+    /// ([`SessionConfig::serve_tcp`]). Any other session (packets from an API or
+    /// a bench) does not announce streams it could not answer.
+    pub tcp_streams_auto: Option<braid_proto::stream::StreamConfig>,
 }
 
 impl std::fmt::Debug for SessionConfig {
@@ -146,6 +151,7 @@ impl SessionConfig {
             socket_buffer: 0,
             pace_burst: braid_proto::Duration::ZERO,
             pace_codel: true,
+            tcp_streams_auto: None,
         };
         // The defaults are valid for any channels (a unit test checks it).
         let applied = c.apply(&SessionSettings::default());
@@ -179,15 +185,29 @@ impl SessionConfig {
         // Unset, adaptive weights follow whether every channel is paced; a channel
         // with `pace = "off"` beside measured ones looks paced to the core (which
         // measures every channel once one is), so ask the channels themselves.
-        self.core.adaptive = s.adaptive.unwrap_or_else(|| {
-            self.channels
-                .iter()
-                .all(|c| c.pace_bps.is_some() || c.pace_auto)
-        });
+        let paced = self
+            .channels
+            .iter()
+            .all(|c| c.pace_bps.is_some() || c.pace_auto);
+        self.core.adaptive = s.adaptive.unwrap_or(paced);
+        // Unset, TCP as streams where every channel is paced (asked of the channels,
+        // as above), and only once a driver that terminates TCP takes it up.
+        self.tcp_streams_auto = None;
+        if s.tcp_streams.is_none() {
+            self.tcp_streams_auto = self.core.streams.take().filter(|_| paced);
+        }
         self.pace_burst = s.pace_burst.0;
         self.pace_codel = s.pace_codel;
         self.socket_buffer = s.socket_buffer;
         Ok(())
+    }
+
+    /// For a driver that terminates TCP on a TUN device: TCP carried as streams if
+    /// `tcp_streams` is unset and every channel is paced (`true` already set it).
+    pub fn serve_tcp(&mut self) {
+        if self.core.streams.is_none() {
+            self.core.streams = self.tcp_streams_auto.take();
+        }
     }
 
     /// The interval of hellos and heartbeat markers.

@@ -90,10 +90,12 @@ pub struct Pep {
 }
 
 impl Pep {
-    /// A proxy for a TUN device of this MTU.
-    pub fn new(mtu: usize, now: StdInstant) -> Pep {
+    /// A proxy for a TUN device of this MTU, which terminates every TCP connection it
+    /// can but those with a port in `except_ports` (ranges, `tcp_streams_except`).
+    pub fn new(mtu: usize, except_ports: Vec<(u16, u16)>, now: StdInstant) -> Pep {
         let cfg = TerminatorConfig {
             mtu,
+            exclude_ports: except_ports,
             ..TerminatorConfig::default()
         };
         Pep {
@@ -103,7 +105,8 @@ impl Pep {
             by_conn: HashMap::new(),
             by_stream: HashMap::new(),
             dirty: BTreeSet::new(),
-            buf: vec![0; CHUNK],
+            // Grown when the first pair opens: a server's idle peer costs none.
+            buf: Vec::new(),
             counters: PepCounters::default(),
         }
     }
@@ -115,6 +118,12 @@ impl Pep {
         // The segments of connections taken before still go to the stack (a new SYN
         // meanwhile is refused at once, below).
         if !m.streams_usable() && self.by_conn.is_empty() {
+            return false;
+        }
+        // A connection a `[[session.flow]]` rule sends `redundant` or `lowest-delay`
+        // crosses as packets with that policy (its SYN passes, so it is never taken).
+        let rule = m.config().flows.rule_for(p);
+        if rule.is_some_and(|r| r != braid_proto::session::FlowPolicy::Bond) {
             return false;
         }
         matches!(self.term.handle_tun_packet(now, p), Verdict::Taken)
@@ -296,6 +305,9 @@ impl Pep {
         };
         if !p.open {
             return;
+        }
+        if self.buf.is_empty() {
+            self.buf.resize(CHUNK, 0);
         }
         let (conn, stream) = (p.conn, p.stream);
         // Connection -> stream.

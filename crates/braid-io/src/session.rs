@@ -733,12 +733,10 @@ impl Session {
     ) -> Result<(Session, Inbox), SessionError> {
         cfg.validate().map_err(SessionError::Config)?;
         let mut cfg = cfg;
-        if cfg.core.streams.take().is_some() {
-            // A server's peers share one TUN device, and no TCP stack terminates
-            // their connections yet: the session must not announce streams (the
-            // peer would open streams no one answers), so TCP goes as packets.
-            info!("peer {peer}: tcp_streams is not served to a server's peers yet: TCP as packets");
-        }
+        // Its driver terminates the peer's TCP connections on the shared TUN device:
+        // the server's reader hands it the packets to the peer's addresses, and what
+        // its stack sends leaves only with a source inside the peer's allowed IPs.
+        cfg.serve_tcp();
         let (queue, limits) = Channels::limits(&cfg);
         let (net_tx, net_rx) = mpsc::channel(queue);
         let budgets = Budget::per_channel(ch.socks.len());
@@ -1975,9 +1973,10 @@ impl Driver {
                         warn!("TUN {}: setting the mtu to {mtu} failed: {e}", tun.name());
                     }
                 }
-                if filter.is_none() && self.machine.config().streams.is_some() {
+                if let Some(st) = &self.machine.config().streams {
                     let at = std::time::Instant::now();
-                    self.pep = Some(Box::new(crate::pep::Pep::new(mtu as usize, at)));
+                    let except = st.except_ports.clone();
+                    self.pep = Some(Box::new(crate::pep::Pep::new(mtu as usize, except, at)));
                 }
                 self.tun_out = Some(Box::new(TunOut {
                     tun,
@@ -2090,6 +2089,15 @@ impl Driver {
         let mut run_cfg = new.clone();
         for (c, o) in run_cfg.channels.iter_mut().zip(&self.cfg.channels) {
             c.weight = o.weight;
+        }
+        // This driver terminates TCP as before, and the new run carries this run's
+        // streams on under the same streams run, so that the peer keeps its side: the
+        // connections outlive the reload.
+        if self.machine.config().streams.is_some() {
+            run_cfg.serve_tcp();
+        }
+        if let (Some(st), Some(run)) = (run_cfg.core.streams.as_mut(), self.machine.streams_run()) {
+            st.run = run;
         }
         // Sockets for the channels added and the kept ones moved (another local
         // address or device), before anything is torn down: one that cannot be bound
@@ -2235,6 +2243,7 @@ impl Driver {
             })
             .collect();
         self.cfg = run_cfg;
+        machine.adopt_streams(self.machine.take_streams());
         self.machine = machine;
         self.sync_path_limit();
         let mut what = format!("channels {old_n} -> {new_n}");

@@ -214,6 +214,8 @@ pub async fn run_with_hooks(
     mut hooks: Hooks,
 ) -> Result<(), TunnelError> {
     let tun = open_tun(t, &s)?;
+    let mut s = s;
+    s.serve_tcp();
     let mut session = Session::start(s).await?;
     // A rejection of our handshake is unauthenticated: logged, never a reason to stop.
     session.keep_trying_when_rejected();

@@ -1356,6 +1356,10 @@ fn session_variant(st: &Tab, sc: StripeConfig) -> Result<Variant, ScenarioError>
     // then, which moves every later datagram's timing. It is off here, so the runs
     // stay as they were; the session's unit tests cover it over links with an MTU.
     cfg.pmtu = None;
+    // The simulator's traffic is packets from its sources, with no TCP stack on a
+    // device to terminate: no end would open a stream, so streams are not announced
+    // and the runs stay as they were (`docs/streams.md` is measured in the lab).
+    cfg.streams = None;
     // The striping settings are the run's.
     cfg.mode = sc.mode;
     cfg.scheduler = scheduler;
@@ -1388,10 +1392,12 @@ fn session_settings(st: &Tab) -> Result<SessionSettings, ScenarioError> {
         return Err(st.err(k, &format!("not a [session] key in a scenario: {from}")));
     }
     // A sweep sets numbers: 0 and 1 stand for false and true where the schema has a
-    // switch (its default is a boolean; `adaptive`'s is unset, "follow the pacing").
+    // switch (its default is a boolean; `adaptive`'s and `tcp_streams`' are unset, "follow the
+    // pacing").
     let defaults = Value::try_from(SessionSettings::default()).ok();
     for (k, v) in t.iter_mut() {
         let switch = k == "adaptive"
+            || k == "tcp_streams"
             || defaults
                 .as_ref()
                 .and_then(|d| d.get(k))

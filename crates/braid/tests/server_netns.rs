@@ -285,6 +285,15 @@ fn a_server_serves_two_clients_routes_by_key_and_drops_what_is_not_theirs() {
             "{from} -> {addr}: what arrived is not what was sent"
         );
     }
+    // With the defaults (every channel paced), each connection crossed as a stream:
+    // the server terminated A's and connected it to its own address, and terminated
+    // its own towards A, whose tunnel connected it.
+    let (s, a) = (status(&ctl_s).unwrap(), status(&ctl_a).unwrap());
+    let served = &peer(&s, "site-a")["session"];
+    assert!(n(&served["streams_connected"]) >= 1, "{served}");
+    assert!(n(&served["streams_opened"]) >= 1, "{served}");
+    assert!(n(&a["streams_opened"]) >= 1, "{a}");
+    assert!(n(&a["streams_connected"]) >= 1, "{a}");
     let net_of = |name: &str| {
         if name == "site-a" {
             "10.231.1.2:"

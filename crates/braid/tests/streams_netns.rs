@@ -1,5 +1,5 @@
 //! TCP carried as byte streams on real sockets (issue 32, item 1): two namespaces
-//! joined by two veth pairs, a tunnel at each end with `tcp_streams = true`, and TCP
+//! joined by two veth pairs, a tunnel at each end with the default settings (every channel paced, so `tcp_streams` is on), and TCP
 //! connections from A's applications to B's through it. Each semantic a user relies on
 //! has a test: bytes both ways and half-close, a refused connection, a reset, a
 //! connection that outlives a channel's failure; and every one of them went as a
@@ -20,10 +20,11 @@ fn skip_reason() -> Option<String> {
     )
 }
 
-/// Two tunnel ends with `tcp_streams` on; tunnel addresses 10.79.0.1 (A) and
+/// Two tunnel ends with the defaults (`tcp_streams` on); tunnel addresses 10.79.0.1 (A) and
 /// 10.79.0.2 (B).
 fn up(tag: &str, net: u8) -> Ends {
-    common::two_ends("st", tag, net, "10.79.0", "tcp_streams = true\n")
+    // The defaults: every channel is paced, so TCP crosses as streams.
+    common::two_ends("st", tag, net, "10.79.0", "")
 }
 
 /// B's server on 10.79.0.2:5001: reads to the end (the client's half-close), then
@@ -237,4 +238,32 @@ except OSError as e: print("error", e)
     assert!(b["streams_refused"].as_u64().unwrap() >= 1, "B: {b}");
     assert_eq!(b["streams_connected"], 0, "B: {b}");
     assert!(a["streams_refused"].as_u64().unwrap() >= 1, "A: {a}");
+}
+
+#[test]
+fn a_port_in_tcp_streams_except_crosses_as_packets() {
+    if let Some(why) = skip_reason() {
+        common::skip("a_port_in_tcp_streams_except_crosses_as_packets", &why);
+        return;
+    }
+    // A does not terminate connections to or from port 5001 (B's server's): the
+    // connection crosses as packets, intact, and no stream is opened.
+    let e = common::two_ends(
+        "st",
+        "e",
+        209,
+        "10.79.0",
+        "tcp_streams_except = [22, \"5000-5010\"]\n",
+    );
+    let server = py(&e.nb, ECHO_SUM, &[]);
+    std::thread::sleep(Duration::from_millis(300));
+    let client = py(&e.na, SEND_SUM, &["2000000"])
+        .wait_with_output()
+        .unwrap();
+    let server = server.wait_with_output().unwrap();
+    assert_eq!(text(&client), "ok", "server: {}", text(&server));
+    let (a, b) = (status(&e.ca).unwrap(), status(&e.cb).unwrap());
+    assert_eq!(a["streams_opened"], 0, "A: {a}");
+    assert_eq!(b["streams_connected"], 0, "B: {b}");
+    assert!(a["delivered_packets"].as_u64().unwrap() > 100, "A: {a}");
 }

@@ -67,8 +67,9 @@ pub struct TerminatorConfig {
     pub buffer: usize,
     /// The TUN's MTU: the largest packet sent, and the MSS announced from it.
     pub mtu: usize,
-    /// Ports (source or destination) whose SYNs pass instead of being terminated.
-    pub exclude_ports: Vec<u16>,
+    /// Port ranges (first, last; source or destination) whose SYNs pass instead of
+    /// being terminated.
+    pub exclude_ports: Vec<(u16, u16)>,
     /// How long a handshake may take: `connect`, and the local application's after
     /// `accept`. A held SYN not accepted or refused within twice that plus 5 s is
     /// dropped (and its connection closed).
@@ -285,7 +286,12 @@ impl Terminator {
 
     /// A SYN for a new 4-tuple: held and reported, or passed.
     fn incoming(&mut self, now: Instant, seg: Seg, pkt: &[u8]) -> Verdict {
-        let excluded = |p: u16| self.cfg.exclude_ports.contains(&p);
+        let excluded = |p: u16| {
+            self.cfg
+                .exclude_ports
+                .iter()
+                .any(|&(lo, hi)| (lo..=hi).contains(&p))
+        };
         if excluded(seg.src.port())
             || excluded(seg.dst.port())
             || !packet::usable(&seg.src)

@@ -782,7 +782,7 @@ fn tcp(dport: u16, flags: u8, bad_sum: bool) -> Vec<u8> {
 #[test]
 fn what_is_not_terminated_passes() {
     let cfg = TerminatorConfig {
-        exclude_ports: vec![22],
+        exclude_ports: vec![(22, 22)],
         max_connections: 1,
         ..Default::default()
     };

@@ -313,6 +313,13 @@ fn derive(label: &[u8], key: &[u8]) -> [u8; 32] {
         .into()
 }
 
+/// A run identifier for this end's streams ([`crate::stream::StreamConfig::run`]) from
+/// the session's seed: a hash, so that announcing it tells nothing of the seed.
+pub(crate) fn streams_run(seed: &[u8; 32]) -> u64 {
+    let h = derive(b"braid streams run", seed);
+    u64::from_le_bytes([h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]]).max(1)
+}
+
 /// Keyed BLAKE2s-128 of `data`.
 fn mac16(key: &[u8], data: &[u8]) -> [u8; MAC_LEN] {
     let mut m = <Blake2sMac<U16> as KeyInit>::new_from_slice(key).expect("keys of 16 to 32 bytes");
@@ -513,8 +520,8 @@ struct Keypair {
     /// The peer's number of channels (its settings): the bond runs over the channels
     /// both ends have.
     peer_channels: usize,
-    /// The peer takes TCP carried as streams (its settings).
-    peer_streams: bool,
+    /// The peer's streams run, if it takes TCP carried as streams (its settings).
+    peer_streams: Option<u64>,
     /// We initiated the handshake that made it.
     initiator: bool,
 }
@@ -540,7 +547,7 @@ impl Keypair {
             windows: vec![Window::new(); 2 * channels],
             peer_run,
             peer_channels: channels,
-            peer_streams: false,
+            peer_streams: None,
             initiator,
         }
     }
@@ -1080,8 +1087,8 @@ pub(crate) struct Established {
     pub restart: bool,
     /// The peer's number of channels (fixed for a run).
     pub peer_channels: usize,
-    /// The peer takes TCP carried as streams.
-    pub peer_streams: bool,
+    /// The peer's streams run, if it takes TCP carried as streams.
+    pub peer_streams: Option<u64>,
 }
 
 /// Handshake counters.
@@ -2405,7 +2412,7 @@ mod tests {
             max_packet: 1400,
             credits: None,
             weights: vec![1; n],
-            streams: false,
+            streams: None,
         }
     }
 

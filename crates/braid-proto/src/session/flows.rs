@@ -160,6 +160,17 @@ impl Default for FlowConfig {
 }
 
 impl FlowConfig {
+    /// The policy the first rule matching packet `p` gives it, if one does (automatic
+    /// classification aside): a TCP connection a rule takes out of the bond is carried
+    /// as packets with that policy, not terminated as a stream.
+    pub fn rule_for(&self, p: &[u8]) -> Option<FlowPolicy> {
+        if self.rules.is_empty() {
+            return None;
+        }
+        let i = parse_inner(p)?;
+        self.rules.iter().find(|r| r.matches(&i)).map(|r| r.policy)
+    }
+
     /// Check it; the message names what is wrong.
     pub fn validate(&self) -> Result<(), String> {
         if !(2..=crate::config::MAX_CHANNELS).contains(&self.copies) {
@@ -1054,6 +1065,18 @@ pub(crate) mod tests {
         );
         // Not the DSCP the rule names: auto (bulk TCP).
         assert_eq!(f.classify(at(0), &tcp6(1200, 443, 12)), FlowPolicy::Bond);
+        // The rules alone, as the TCP terminator asks: no rule, no policy.
+        let cfg = &f.cfg;
+        assert_eq!(
+            cfg.rule_for(&udp4(200, 5004, 6000, 46)),
+            Some(FlowPolicy::Bond)
+        );
+        assert_eq!(
+            cfg.rule_for(&tcp6(1200, 443, 10)),
+            Some(FlowPolicy::Redundant)
+        );
+        assert_eq!(cfg.rule_for(&tcp6(1200, 443, 12)), None);
+        assert_eq!(cfg.rule_for(b"not a packet"), None);
         assert!(in_net(
             "10.0.0.9".parse().unwrap(),
             "10.0.0.0".parse().unwrap(),

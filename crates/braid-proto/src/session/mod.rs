@@ -434,7 +434,7 @@ impl Config {
             max_packet: self.max_inner(),
             credits: self.credits,
             weights: self.channels.iter().map(|c| c.weight).collect(),
-            streams: self.streams.is_some(),
+            streams: self.streams.as_ref().map(|s| s.run),
         }
     }
 
@@ -769,8 +769,8 @@ pub struct Session {
     uplink_down: u64,
     /// TCP carried as byte streams, if on at this end ([`Config::streams`]).
     streams: Option<crate::stream::Streams>,
-    /// The peer takes streams (its handshake said so).
-    peer_streams: bool,
+    /// The peer's streams run, if it takes streams (its handshake said so).
+    peer_streams: Option<u64>,
     /// The latest `now` we were given.
     clock: Instant,
     next_hello: Instant,
@@ -782,8 +782,11 @@ impl Session {
     /// (ephemeral keys, the run identifier, key indices): 32 bytes from the operating
     /// system on real sockets, from the scenario seed in the simulator. `now` is the
     /// driver's current time.
-    pub fn new(cfg: Config, seed: [u8; 32], now: Instant) -> Result<Session, ConfigError> {
+    pub fn new(mut cfg: Config, seed: [u8; 32], now: Instant) -> Result<Session, ConfigError> {
         cfg.validate().map_err(ConfigError)?;
+        if let Some(st) = cfg.streams.as_mut().filter(|s| s.run == 0) {
+            st.run = crypto::streams_run(&seed);
+        }
         let n = cfg.channels.len();
         let all = if n == 64 { u64::MAX } else { bit(n) - 1 };
         let members: Vec<usize> = (0..n).collect();
@@ -841,7 +844,7 @@ impl Session {
             next_hello: now,
             next_rate: now + Duration::from_secs(1),
             streams: cfg.streams.clone().map(crate::stream::Streams::new),
-            peer_streams: false,
+            peer_streams: None,
             cfg,
         };
         // Adaptive weights may start elsewhere than the configured ones (from the

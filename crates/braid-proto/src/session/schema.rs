@@ -222,11 +222,15 @@ pub struct SessionSettings {
     /// Policy overrides by protocol, port, address and DSCP (`[[session.flow]]`).
     pub flow: Vec<FlowRuleSettings>,
     /// TCP carried as byte streams (`crate::stream`): the tunnel terminates TCP
-    /// connections and carries their bytes, without TCP/IP headers.
-    pub tcp_streams: bool,
+    /// connections and carries their bytes, without TCP/IP headers. Unset: on when
+    /// every channel is paced (the streams' rate is the pacer's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tcp_streams: Option<bool>,
     /// The destinations (addresses or networks) this end connects the peer's
     /// streams to; empty: any.
     pub tcp_streams_to: Vec<String>,
+    /// Ports (or ranges) whose connections are carried as packets, not terminated.
+    pub tcp_streams_except: Vec<NumOrName>,
     // --- sockets (the tunnel) ---
     /// SO_RCVBUF / SO_SNDBUF per channel socket, bytes (0: the kernel's default).
     pub socket_buffer: usize,
@@ -286,8 +290,9 @@ impl Default for SessionSettings {
             flow_auto: true,
             flow_copies: 2,
             flow: Vec::new(),
-            tcp_streams: false,
+            tcp_streams: None,
             tcp_streams_to: Vec::new(),
+            tcp_streams_except: Vec::new(),
             socket_buffer: 4 << 20,
         }
     }
@@ -371,8 +376,17 @@ impl SessionSettings {
             .iter()
             .map(|a| parse_net(a).map_err(|e| bad("tcp_streams_to", e)))
             .collect::<Result<Vec<_>, _>>()?;
-        cfg.streams = self.tcp_streams.then(|| crate::stream::StreamConfig {
+        let streams = self
+            .tcp_streams
+            .unwrap_or_else(|| cfg.every_channel_paced());
+        let except_ports = self
+            .tcp_streams_except
+            .iter()
+            .map(|p| parse_ports(p).map_err(|e| bad("tcp_streams_except", e)))
+            .collect::<Result<Vec<_>, _>>()?;
+        cfg.streams = streams.then(|| crate::stream::StreamConfig {
             allow_to,
+            except_ports,
             ..crate::stream::StreamConfig::default()
         });
         Ok(())
@@ -783,11 +797,15 @@ pub const REFERENCE: &[KeyDoc] = &[
     },
     KeyDoc {
         key: "tcp_streams",
-        doc: "TCP carried as byte streams (`docs/streams.md`): the tunnel terminates each TCP connection that enters it in a user-space TCP stack on the TUN device and carries its bytes across the bond as a reliable stream (no TCP/IP headers, no slow start across the bond, per-stream credits); the far end opens the connection to the original destination from the original source address. Used with a peer that announces it in the handshake (it need not match); connections beyond the limits pass as packets. Off by default while it is measured",
+        doc: "TCP carried as byte streams (`docs/streams.md`): the tunnel terminates each TCP connection that enters it in a user-space TCP stack on the TUN device and carries its bytes across the bond as a reliable stream (no TCP/IP headers, no slow start across the bond, per-stream credits); the far end opens the connection to the original destination from the original source address. Used with a peer that announces it in the handshake (it need not match); connections beyond the limits pass as packets. Unset (the default): on when every channel is paced (`pace = \"auto\"`, the default, or a rate), since the pacer sets the streams' rate; `false` carries TCP as packets",
     },
     KeyDoc {
         key: "tcp_streams_to",
         doc: "with `tcp_streams`: the destinations this end connects the peer's streams to, as addresses or networks (`[\"10.0.0.0/8\", \"2001:db8::/32\"]`); a stream to any other is refused, and the peer's application sees its connection refused. Empty (the default): any destination, the same as for the connection carried as packets (the far end opens it through its TUN device from the peer's address, so its forwarding and firewall apply alike)",
+    },
+    KeyDoc {
+        key: "tcp_streams_except",
+        doc: "with `tcp_streams`: ports, or ranges (`[22, \"5060-5070\"]`), whose TCP connections this end does not terminate: a SYN entering the tunnel with one of them as its source or destination port passes as a packet, and the connection crosses as packets end to end (for an application that must see its peer's own TCP: its window, timestamps or options). Empty (the default): every connection that can be terminated is",
     },
     KeyDoc {
         key: "socket_buffer",
@@ -1247,6 +1265,27 @@ mod flow_tests {
     }
 
     #[test]
+    fn tcp_streams_unset_follows_the_pacing() {
+        let params = vec![ChannelParams {
+            name: "a".into(),
+            weight: 1,
+        }];
+        let mut c = Config::new(params.clone(), 1400, vec![7; 32]);
+        SessionSettings::default().apply(&mut c).unwrap();
+        assert!(c.streams.is_none(), "not paced: TCP as packets");
+        let mut c = Config::new(params, 1400, vec![7; 32]);
+        c.pacing = Some(crate::session::PacingConfig::new(vec![50e6]));
+        SessionSettings::default().apply(&mut c).unwrap();
+        assert!(c.streams.is_some(), "paced: TCP as streams");
+        let off = SessionSettings {
+            tcp_streams: Some(false),
+            ..SessionSettings::default()
+        };
+        off.apply(&mut c).unwrap();
+        assert!(c.streams.is_none());
+    }
+
+    #[test]
     fn tcp_streams_to_takes_networks_and_names_a_bad_one() {
         let mut c = Config::new(
             vec![ChannelParams {
@@ -1257,7 +1296,7 @@ mod flow_tests {
             vec![7; 32],
         );
         let s = SessionSettings {
-            tcp_streams: true,
+            tcp_streams: Some(true),
             tcp_streams_to: vec!["10.0.0.0/8".into(), "2001:db8::1".into()],
             ..SessionSettings::default()
         };
@@ -1271,12 +1310,26 @@ mod flow_tests {
             ]
         );
         let s = SessionSettings {
-            tcp_streams: true,
+            tcp_streams: Some(true),
             tcp_streams_to: vec!["10.0.0.0/33".into()],
             ..SessionSettings::default()
         };
         let e = s.apply(&mut c).unwrap_err();
         assert_eq!(e.key, "tcp_streams_to");
         assert!(e.reason.contains("prefix length"), "{e}");
+        let s = SessionSettings {
+            tcp_streams: Some(true),
+            tcp_streams_except: vec![NumOrName::Num(22), NumOrName::Name("5060-5070".into())],
+            ..SessionSettings::default()
+        };
+        s.apply(&mut c).unwrap();
+        let except = &c.streams.as_ref().unwrap().except_ports;
+        assert_eq!(except, &[(22, 22), (5060, 5070)]);
+        let s = SessionSettings {
+            tcp_streams: Some(true),
+            tcp_streams_except: vec![NumOrName::Name("70000".into())],
+            ..SessionSettings::default()
+        };
+        assert_eq!(s.apply(&mut c).unwrap_err().key, "tcp_streams_except");
     }
 }

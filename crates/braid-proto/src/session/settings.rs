@@ -31,7 +31,9 @@
 //!
 //! One setting is announced but need not match: **streams** (TCP carried as byte
 //! streams, [`crate::stream`]). Each end says whether it takes them; an end opens a
-//! stream only to a peer that takes them, and carries TCP as packets otherwise.
+//! stream only to a peer that takes them, and carries TCP as packets otherwise. With
+//! it goes the end's streams run: the same after a new run of the session that kept
+//! its streams (a reload of the channel list), so the peer keeps its side too.
 
 use crate::config::Mode;
 use crate::sched::SchedulerKind;
@@ -58,8 +60,9 @@ pub struct Settings {
     pub credits: Option<CreditConfig>,
     /// Configured weight of each channel, in order.
     pub weights: Vec<u32>,
-    /// This end takes TCP carried as byte streams (announced; need not match).
-    pub streams: bool,
+    /// This end takes TCP carried as byte streams (announced; need not match): its
+    /// streams run ([`crate::stream::StreamConfig::run`]).
+    pub streams: Option<u64>,
 }
 
 /// Feature bit of [`Settings::streams`] in byte 6 of the settings block.
@@ -168,9 +171,10 @@ fn credits_str(c: &Option<CreditConfig>) -> String {
 }
 
 impl Settings {
-    /// The settings block: [`FIXED_LEN`] bytes, then one weight (u32) per channel.
+    /// The settings block: [`FIXED_LEN`] bytes, then one weight (u32) per channel,
+    /// then with the streams bit the streams run (u64).
     pub fn to_vec(&self) -> Vec<u8> {
-        let mut v = Vec::with_capacity(FIXED_LEN + 4 * self.weights.len());
+        let mut v = Vec::with_capacity(FIXED_LEN + 4 * self.weights.len() + 8);
         let (sched, seed) = match self.scheduler {
             SchedulerKind::Srr => (1, 0),
             SchedulerKind::Rr => (2, 0),
@@ -184,7 +188,11 @@ impl Settings {
             security_code(self.security),
             self.weights.len().min(255) as u8,
             u8::from(self.credits.is_some()),
-            if self.streams { FEATURE_STREAMS } else { 0 },
+            if self.streams.is_some() {
+                FEATURE_STREAMS
+            } else {
+                0
+            },
             0,
         ]);
         v.extend_from_slice(&self.max_packet.to_be_bytes());
@@ -195,6 +203,9 @@ impl Settings {
         for w in &self.weights {
             v.extend_from_slice(&w.to_be_bytes());
         }
+        if let Some(run) = self.streams {
+            v.extend_from_slice(&run.to_be_bytes());
+        }
         v
     }
 
@@ -204,7 +215,9 @@ impl Settings {
             return None;
         }
         let n = b[4] as usize;
-        if n == 0 || b.len() != FIXED_LEN + 4 * n || b[5] > 1 {
+        let streams = b[6] & FEATURE_STREAMS != 0;
+        let end = FIXED_LEN + 4 * n;
+        if n == 0 || b.len() != end + if streams { 8 } else { 0 } || b[5] > 1 {
             return None;
         }
         let u32_at = |i: usize| u32::from_be_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
@@ -232,7 +245,10 @@ impl Settings {
             max_packet: u32_at(8),
             credits,
             weights: (0..n).map(|i| u32_at(FIXED_LEN + 4 * i)).collect(),
-            streams: b[6] & FEATURE_STREAMS != 0,
+            streams: match streams {
+                true => Some(u64::from_be_bytes(b[end..end + 8].try_into().ok()?)),
+                false => None,
+            },
         })
     }
 
@@ -337,7 +353,7 @@ mod tests {
             max_packet: 1440,
             credits: None,
             weights: vec![1, 2],
-            streams: false,
+            streams: None,
         }
     }
 
@@ -364,13 +380,19 @@ mod tests {
         let mut bad = b.clone();
         bad[1] = 9;
         assert_eq!(Settings::parse(&bad), None);
-        // The streams feature bit round-trips; other feature bits are refused.
-        s.streams = true;
+        // The streams feature bit and its run round-trip; other feature bits are
+        // refused, and so is the bit without the run or the run without the bit.
+        s.streams = Some(0x0102_0304_0506_0708);
         let with = s.to_vec();
         assert_eq!(with[6], FEATURE_STREAMS);
+        assert_eq!(with.len(), b.len() + 8);
         assert_eq!(Settings::parse(&with), Some(s.clone()));
         let mut bad = with.clone();
         bad[6] |= 2;
+        assert_eq!(Settings::parse(&bad), None);
+        assert_eq!(Settings::parse(&with[..with.len() - 8]), None);
+        let mut bad = with.clone();
+        bad[6] = 0;
         assert_eq!(Settings::parse(&bad), None);
     }
 
@@ -378,7 +400,7 @@ mod tests {
     fn streams_are_announced_and_need_not_match() {
         let ours = base();
         let mut theirs = base();
-        theirs.streams = true;
+        theirs.streams = Some(7);
         assert_eq!(ours.mismatch(&theirs), None);
     }
 

@@ -44,7 +44,7 @@ impl Session {
     /// Streams can be opened now: this end takes them, the peer said in the handshake
     /// that it does too, and keys are ready.
     pub fn streams_usable(&self) -> bool {
-        self.streams.is_some() && self.peer_streams && self.crypto.ready()
+        self.streams.is_some() && self.peer_streams.is_some() && self.crypto.ready()
     }
 
     /// Put the streams' frames that are ready into the stripe, as far as the transmit
@@ -85,12 +85,38 @@ impl Session {
 
     /// A new run of the peer (or the first): whether it takes streams; a restarted
     /// peer has none of ours any more.
-    pub(super) fn streams_on_new_peer(&mut self, restart: bool, peer_streams: bool) {
+    /// A new peer, or a new run of it: its streams go on only if it still has them
+    /// (it announces the same streams run: a reload that changed its channel list
+    /// started the run and kept them, [`Session::adopt_streams`]); else ours are reset.
+    pub(super) fn streams_on_new_peer(&mut self, restart: bool, peer_streams: Option<u64>) {
+        let kept = peer_streams.is_some() && peer_streams == self.peer_streams;
         self.peer_streams = peer_streams;
         if let Some(st) = &mut self.streams {
-            if restart || !peer_streams {
+            if (restart && !kept) || peer_streams.is_none() {
                 st.reset_all();
             }
+        }
+    }
+
+    /// This end's streams run ([`crate::stream::StreamConfig::run`]), if it takes
+    /// streams: a new run of the session that keeps the streams announces it again.
+    pub fn streams_run(&self) -> Option<u64> {
+        self.config().streams.as_ref().map(|s| s.run)
+    }
+
+    /// The streams, taken out: a new run of the session (a reload that changes the
+    /// channel list) carries them on with [`Session::adopt_streams`].
+    pub fn take_streams(&mut self) -> Option<Streams> {
+        self.streams.take()
+    }
+
+    /// Carry on `old` streams from this end's earlier run, if this run takes streams.
+    /// Give this run the earlier one's streams run
+    /// ([`crate::stream::StreamConfig::run`]) so that the peer keeps its side; the
+    /// frames lost between the runs are the streams' to repair.
+    pub fn adopt_streams(&mut self, old: Option<Streams>) {
+        if let (Some(st), Some(old)) = (&mut self.streams, old) {
+            *st = old;
         }
     }
 

@@ -28,7 +28,10 @@ impl Reader {
         let st = p.b.streams().unwrap();
         while let Some(e) = st.poll_event() {
             if let StreamEvent::Incoming { id, src, dst } = e {
-                assert_eq!((src, dst), (addr("10.0.0.1:40000"), addr("10.0.0.2:80")));
+                assert_eq!(
+                    (src.ip(), dst),
+                    (addr("10.0.0.1:1").ip(), addr("10.0.0.2:80"))
+                );
                 st.accept(now, id);
                 self.id = Some(id);
             }
@@ -135,4 +138,98 @@ fn streams_need_every_channel_paced() {
         "{}",
         e.0
     );
+}
+
+/// Move `data` from A's stream `id` to B's reader for 1 ms steps until `until` or
+/// until it is all written (`sent` counts it) and, with `finish`, finished.
+fn pump_stream(
+    p: &mut Pair,
+    b: &mut Reader,
+    id: StreamId,
+    data: &[u8],
+    sent: &mut usize,
+    until: Instant,
+    finish: bool,
+) {
+    let mut fin = false;
+    let mut t = p.now;
+    while t < until && !b.finished(p) {
+        t += Duration::from_millis(1);
+        p.run_until(t);
+        let now = p.now;
+        let st = p.a.streams().unwrap();
+        while *sent < data.len() {
+            let n = st.write(now, id, &data[*sent..]);
+            if n == 0 {
+                break;
+            }
+            *sent += n;
+        }
+        if finish && *sent == data.len() && !fin {
+            st.finish(now, id);
+            fin = true;
+        }
+        while st.poll_event().is_some() {}
+        p.a.handle_streams(now);
+        b.step(p);
+        p.flush();
+    }
+}
+
+#[test]
+fn a_stream_outlives_a_new_run_that_keeps_it_and_a_restart_resets_it() {
+    let mut p = pair_with(2, Mode::Logical, &[5, 20], streams_on);
+    p.every = Duration::ZERO;
+    p.run_until(at_ms(500));
+    assert!(p.a.streams_usable() && p.b.streams_usable());
+    let data: Vec<u8> = (0..2_000_000u32).map(|i| (i * 13 % 251) as u8).collect();
+    let id =
+        p.a.streams()
+            .unwrap()
+            .open(p.now, addr("10.0.0.1:40000"), addr("10.0.0.2:80"))
+            .unwrap();
+    let (mut b, mut sent) = (Reader::default(), 0);
+    pump_stream(&mut p, &mut b, id, &data, &mut sent, at_ms(700), false);
+    assert!(
+        !b.got.is_empty() && b.got.len() < data.len(),
+        "{}",
+        b.got.len()
+    );
+
+    // A's new run (a reload that changed its channel list): a new machine, which
+    // carries the streams on under the same streams run.
+    let run = p.a.streams_run().unwrap();
+    let mut cfg = config(2, Mode::Logical);
+    streams_on(&mut cfg);
+    cfg.streams.as_mut().unwrap().run = run;
+    let mut next = Session::new(cfg.clone(), [9; 32], p.now).unwrap();
+    next.adopt_streams(p.a.take_streams());
+    p.a = next;
+    pump_stream(&mut p, &mut b, id, &data, &mut sent, at_ms(10_000), true);
+    assert!(b.finished(&p), "the stream ended");
+    assert!(
+        b.got == data,
+        "{} of {} bytes, in order",
+        b.got.len(),
+        data.len()
+    );
+    assert_eq!(p.b.streams_ref().unwrap().stats().resets_received, 0);
+
+    // A restarts (its streams are gone; a new run of its own): B's open stream resets.
+    let id2 =
+        p.a.streams()
+            .unwrap()
+            .open(p.now, addr("10.0.0.1:40001"), addr("10.0.0.2:80"))
+            .unwrap();
+    let (mut b2, mut sent2) = (Reader::default(), 0);
+    let small = vec![7u8; 10_000];
+    let until = p.now + Duration::from_millis(200);
+    pump_stream(&mut p, &mut b2, id2, &small, &mut sent2, until, false);
+    assert!(b2.id.is_some(), "B took the second stream");
+    cfg.streams.as_mut().unwrap().run = 0;
+    p.a = Session::new(cfg, [10; 32], p.now).unwrap();
+    p.run_until(p.now + Duration::from_millis(500));
+    assert!(p.a.streams_usable());
+    // (The first stream too: B had not finished its own direction.)
+    assert!(p.b.streams_ref().unwrap().stats().resets_received >= 1);
 }
