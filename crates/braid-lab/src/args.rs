@@ -111,7 +111,9 @@ pub struct BenchArgs {
     pub credits: bool,
     /// TCP carried as byte streams in the tunnel (`tcp_streams`; default the
     /// tunnel's): each TCP connection is terminated at both ends and its bytes cross
-    /// the bond without TCP/IP headers or a slow start of their own.
+    /// the bond without TCP/IP headers or a slow start of their own. Not given (and
+    /// the channels paced, as by default, which turns it on): the same flow is
+    /// measured once more with it off, as `tcp_packet_bps` ("the same as packets").
     #[arg(long, value_name = "on|off", value_parser = parse_on_off, num_args = 0..=1, default_missing_value = "on")]
     pub tcp_streams: Option<bool>,
     /// The tunnel's receive buffer per channel, packets (`buffer_packets`; default
@@ -140,6 +142,16 @@ pub struct BenchArgs {
     /// median and the range (min-max) of each figure.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
     pub runs: u32,
+    /// Also measure this many TCP flows at once through the tunnel in each mode
+    /// (after its single flow): their total goodput and Jain's fairness index over
+    /// them (`flows_tcp_bps`, `flows_jain`). 1: only the single flow.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub flows: u32,
+    /// Also time one download of this size (e.g. 2MB, 2000000), from its SYN to its
+    /// last byte: over each link alone (the fastest is reported), through the tunnel
+    /// in each mode, and over MPTCP (JSON `download`, and `download_s` per mode).
+    #[arg(long, value_name = "BYTES")]
+    pub download: Option<String>,
 }
 
 /// The flags of `braid lab stream`.
@@ -458,9 +470,21 @@ impl BenchArgs {
             buffer_packets: self.buffer_packets,
             changes,
             runs: self.runs as usize,
+            flows: self.flows as usize,
+            download: self.download_bytes()?,
             exe: braid_exe()?,
             seed: self.seed,
         })
+    }
+
+    /// `--download` in bytes.
+    fn download_bytes(&self) -> Result<Option<u64>> {
+        match &self.download {
+            None => Ok(None),
+            Some(t) => parse_size(t)
+                .map(Some)
+                .with_context(|| format!("--download '{t}'")),
+        }
     }
 
     fn check_buffer(&self) -> Result<()> {
@@ -752,5 +776,45 @@ impl EmulateArgs {
         let links = LinkSpec::parse_list(&self.links).context("--links")?;
         crate::emu::run_links(&links, self.seed, &self.state_dir).map_err(anyhow::Error::msg)?;
         Ok(())
+    }
+}
+
+/// A size in bytes: `2MB`, `512KB`, `2000000` (1000 per k), from 1 KB to 1 GB.
+fn parse_size(t: &str) -> Result<u64> {
+    let bad = || anyhow::anyhow!("expected a size such as 2MB, 512KB or 2000000 (1 KB to 1 GB)");
+    let lower = t.trim().to_ascii_lowercase();
+    let (num, unit) = match lower.find(|c: char| !c.is_ascii_digit() && c != '.') {
+        Some(i) => lower.split_at(i),
+        None => (lower.as_str(), ""),
+    };
+    let n: f64 = num.parse().map_err(|_| bad())?;
+    let scale = match unit.trim() {
+        "" | "b" => 1.0,
+        "k" | "kb" => 1e3,
+        "m" | "mb" => 1e6,
+        "g" | "gb" => 1e9,
+        _ => return Err(bad()),
+    };
+    let bytes = (n * scale).round();
+    if !(1e3..=1e9).contains(&bytes) {
+        return Err(bad());
+    }
+    Ok(bytes as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes_take_units_and_refuse_the_rest() {
+        assert_eq!(parse_size("2MB").unwrap(), 2_000_000);
+        assert_eq!(parse_size("2mb").unwrap(), 2_000_000);
+        assert_eq!(parse_size("512KB").unwrap(), 512_000);
+        assert_eq!(parse_size("1.5M").unwrap(), 1_500_000);
+        assert_eq!(parse_size("2000000").unwrap(), 2_000_000);
+        for bad in ["", "MB", "2XB", "12", "2GB", "-1MB", "two"] {
+            assert!(parse_size(bad).is_err(), "{bad}");
+        }
     }
 }

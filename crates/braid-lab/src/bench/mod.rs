@@ -21,6 +21,7 @@ use braid_io::traffic::{SendReport, SinkReport};
 
 use crate::spec::LinkSpec;
 
+mod download;
 mod payload;
 mod result;
 
@@ -74,6 +75,12 @@ pub struct BenchOptions {
     pub changes: Vec<crate::spec::Change>,
     /// How many times to repeat every measurement (at least 1).
     pub runs: usize,
+    /// With 2 or more: after each mode's single flow, this many TCP flows at once
+    /// through the tunnel (their total and Jain's fairness index).
+    pub flows: usize,
+    /// Also time one download of this many bytes (from its SYN to its last byte) over
+    /// each link alone, through the tunnel in each mode, and over MPTCP.
+    pub download: Option<u64>,
     /// The `braid` binary.
     pub exe: PathBuf,
     /// Emulator seed.
@@ -339,15 +346,25 @@ fn measure(opt: &BenchOptions, progress: &mut impl FnMut(&str)) -> Result<BenchR
         step += 1;
         progress(&format!("[{step}/{steps}] {what}"));
     };
-    start_servers(n)?;
+    start_servers(n, opt.flows)?;
 
+    let _download_server = match opt.download {
+        Some(b) => Some(download::Server::start(&[], download::PORT, b)?),
+        None => None,
+    };
     let mut links = Vec::new();
+    let mut download_best_link_s: Option<f64> = None;
     for (i, l) in opt.links.iter().enumerate() {
         say(format!("TCP over link {i} alone ({l})"), progress);
         links.push(LinkResult {
             spec: l.text.clone(),
             tcp_bps: link_alone(i, l, secs)?,
         });
+        if let Some(b) = opt.download {
+            let (client, server) = topo::link_addrs(i, l);
+            let t = download::time(&[], &server, download::PORT, Some(&client), b)?;
+            download_best_link_s = Some(download_best_link_s.map_or(t, |x| x.min(t)));
+        }
     }
     let sum_bps: f64 = links.iter().map(|l| l.tcp_bps).sum();
 
@@ -356,16 +373,23 @@ fn measure(opt: &BenchOptions, progress: &mut impl FnMut(&str)) -> Result<BenchR
 
     let mut braid = BTreeMap::new();
     for mode in &opt.modes {
-        say(format!("braid tunnel, mode {mode}: TCP then UDP"), progress);
+        let mut then = String::from("TCP, UDP");
+        if opt.flows >= 2 {
+            then += &format!(", {} TCP flows at once", opt.flows);
+        }
+        if packets_beside(opt) {
+            then += ", then TCP as packets";
+        }
+        say(format!("braid tunnel, mode {mode}: {then}"), progress);
         braid.insert(mode.clone(), tunnel_run(opt, mode, secs, sum_bps)?);
     }
 
-    let (mptcp_bps, mptcp_series_bps, mptcp_rx_series_bps) = if opt.mptcp {
+    let (mptcp_bps, mptcp_series_bps, mptcp_rx_series_bps, download_mptcp_s) = if opt.mptcp {
         say("MPTCP, one subflow per link".into(), progress);
-        let (b, s, rx) = mptcp_run(opt, n, secs)?;
-        (Some(b), s, rx)
+        let (b, s, rx, d) = mptcp_run(opt, n, secs)?;
+        (Some(b), s, rx, d)
     } else {
-        (None, Vec::new(), Vec::new())
+        (None, Vec::new(), Vec::new(), None)
     };
     Ok(BenchResult {
         links,
@@ -375,6 +399,9 @@ fn measure(opt: &BenchOptions, progress: &mut impl FnMut(&str)) -> Result<BenchR
         mptcp_bps,
         mptcp_series_bps,
         mptcp_rx_series_bps,
+        download_bytes: opt.download,
+        download_best_link_s,
+        download_mptcp_s,
         emulator: emulator_counters(n),
         payload: None,
         per_run: Vec::new(),
@@ -383,12 +410,87 @@ fn measure(opt: &BenchOptions, progress: &mut impl FnMut(&str)) -> Result<BenchR
 
 /// The iperf3 servers in the server's namespace: port 5201 for one flow at a time
 /// (each link alone, the tunnel), 5210 + i for link i's flow of the ceiling.
-fn start_servers(n: usize) -> Result<(), LabError> {
+fn start_servers(n: usize, flows: usize) -> Result<(), LabError> {
     start_server(NS_SERVER, &[], 5201)?;
     for i in 0..n {
         start_server(NS_SERVER, &[], 5210 + i as u16)?;
     }
+    for j in 0..flow_clients(flows) {
+        start_server(NS_SERVER, &[], FLOWS_PORT + j as u16)?;
+    }
     Ok(())
+}
+
+/// The first iperf3 server port of the many-flows measurement (one per client).
+const FLOWS_PORT: u16 = 5240;
+/// Flows per iperf3 client at most (iperf3 takes up to 128 parallel streams).
+const FLOWS_PER_CLIENT: usize = 100;
+
+/// iperf3 clients that carry `flows` flows (none for a single flow).
+fn flow_clients(flows: usize) -> usize {
+    if flows < 2 {
+        0
+    } else {
+        flows.div_ceil(FLOWS_PER_CLIENT)
+    }
+}
+
+/// Jain's fairness index of `x`: 1 when all are equal, 1/n when one has it all.
+pub fn jain(x: &[f64]) -> f64 {
+    let (sum, sq) = x.iter().fold((0.0, 0.0), |(s, q), v| (s + v, q + v * v));
+    if sq <= 0.0 {
+        return 0.0;
+    }
+    sum * sum / (x.len() as f64 * sq)
+}
+
+/// `opt.flows` TCP flows at once through the tunnel for `secs`: their total goodput
+/// (bit/s, as the receivers count) and Jain's fairness index over the flows.
+fn many_flows(opt: &BenchOptions, secs: u64) -> Result<(f64, f64), LabError> {
+    let clients = flow_clients(opt.flows);
+    let what = "iperf3 through the tunnel, many flows";
+    let children: Vec<Child> = (0..clients)
+        .map(|j| {
+            let m = (opt.flows - j * FLOWS_PER_CLIENT).min(FLOWS_PER_CLIENT);
+            let port = FLOWS_PORT + j as u16;
+            let mut c = tcp_client(NS_CLIENT, &[], "10.99.0.2", None, port, secs);
+            c.args(["-P", &m.to_string()])
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .map_err(|e| LabError::Command {
+                    cmd: what.into(),
+                    reason: e.to_string(),
+                })
+        })
+        .collect::<Result<_, _>>()?;
+    let (mut total, mut each) = (0.0, Vec::new());
+    for c in children {
+        let out = c.wait_with_output().map_err(|e| LabError::Command {
+            cmd: what.into(),
+            reason: e.to_string(),
+        })?;
+        let text = stdout_of(out, what)?;
+        total += iperf_bps(&text, what)?;
+        let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+        if let Some(streams) = v["end"]["streams"].as_array() {
+            each.extend(
+                streams
+                    .iter()
+                    .filter_map(|s| s["receiver"]["bits_per_second"].as_f64()),
+            );
+        }
+    }
+    if each.len() != opt.flows {
+        return Err(LabError::Command {
+            cmd: what.into(),
+            reason: format!("{} flows reported, of {}", each.len(), opt.flows),
+        });
+    }
+    // As after any flow through the tunnel: its FINs cross before the tunnel goes.
+    std::thread::sleep(Duration::from_secs(2));
+    Ok((total, jain(&each)))
 }
 
 /// TCP goodput over link `i` alone for `secs` seconds, bit/s.
@@ -606,19 +708,36 @@ fn tunnel_run(
     sum_bps: f64,
 ) -> Result<ModeResult, LabError> {
     let tunnels = start_tunnels(opt, mode)?;
-    wait_for_tunnel(mode)?;
+    wait_for_tunnel(opt, mode)?;
     let c = tcp_client(NS_CLIENT, &[], "10.99.0.2", None, 5201, secs);
     let tcp_json = with_changes(opt, || output(c, "iperf3 through the tunnel"))?;
     let tcp_series_bps = iperf_series(&tcp_json);
     let tcp_rx_series_bps = iperf_rx_series(&tcp_json);
     let tcp_bps = iperf_bps(&tcp_json, "iperf3 through the tunnel")?;
     let tcp_retransmits = iperf_retransmits(&tcp_json);
+    let download_s = match opt.download {
+        Some(b) => Some(download::time(&[], "10.99.0.2", download::PORT, None, b)?),
+        None => None,
+    };
 
     let (sent, got) = udp_through_tunnel(opt, sum_bps)?;
+    let flows = match opt.flows >= 2 {
+        true => Some(with_changes(opt, || many_flows(opt, secs))?),
+        false => None,
+    };
     let tunnel_status = status_of(opt, NS_SERVER, "tun-b.sock");
     let sender_status = status_of(opt, NS_CLIENT, "tun-a.sock");
     drop(tunnels);
+    // With the carriage left to the defaults, the same flow as packets beside it.
+    let tcp_packet_bps = match packets_beside(opt) {
+        true => Some(tcp_as_packets(opt, mode, secs)?),
+        false => None,
+    };
     Ok(ModeResult {
+        download_s,
+        tcp_packet_bps,
+        flows_tcp_bps: flows.map(|f| f.0),
+        flows_jain: flows.map(|f| f.1),
         tcp_bps,
         tcp_retransmits,
         udp_out_of_order: got.out_of_order,
@@ -630,6 +749,32 @@ fn tunnel_run(
         tcp_series_bps,
         tcp_rx_series_bps,
     })
+}
+
+/// Is TCP carried as streams by the defaults here (`tcp_streams` not set, the channels
+/// paced), so that the same flow as packets is measured beside it?
+fn packets_beside(opt: &BenchOptions) -> bool {
+    opt.tcp_streams.is_none() && opt.pace != Pace::Off
+}
+
+/// One TCP flow through the tunnel in `mode` with `tcp_streams = false` (TCP
+/// carried as packets), bit/s.
+fn tcp_as_packets(opt: &BenchOptions, mode: &str, secs: u64) -> Result<f64, LabError> {
+    let packets = BenchOptions {
+        tcp_streams: Some(false),
+        ..opt.clone()
+    };
+    let tunnels = start_tunnels(&packets, mode)?;
+    wait_for_tunnel(opt, mode)?;
+    let c = tcp_client(NS_CLIENT, &[], "10.99.0.2", None, 5201, secs);
+    let json = with_changes(opt, || {
+        output(c, "iperf3 through the tunnel, TCP as packets")
+    })?;
+    // The client's FINs cross the tunnel before it goes: an iperf3 server whose
+    // control connection never closes stays busy, and refuses the next test.
+    std::thread::sleep(Duration::from_secs(2));
+    drop(tunnels);
+    iperf_bps(&json, "iperf3 through the tunnel, TCP as packets")
 }
 
 /// Both ends of the tunnel in `mode`, each with its configuration and log in the lab's
@@ -654,7 +799,7 @@ fn start_tunnels(opt: &BenchOptions, mode: &str) -> Result<Vec<Tunnel>, LabError
 
 /// Wait until a ping crosses the tunnel (at most 15 s, then the ends' logs are the
 /// error), then a second for it to settle.
-fn wait_for_tunnel(mode: &str) -> Result<(), LabError> {
+fn wait_for_tunnel(opt: &BenchOptions, mode: &str) -> Result<(), LabError> {
     let dir = topo::state_dir();
     // Wait until the tunnel carries traffic.
     let deadline = Instant::now() + Duration::from_secs(15);
@@ -674,6 +819,10 @@ fn wait_for_tunnel(mode: &str) -> Result<(), LabError> {
             // trips for the repair margin. A flow started at the first ping saw its
             // first round trips unequalized (15 ms, then 155 ms: HyStart leaves slow
             // start at the jump), which a tunnel that has been up for a second does not.
+            // And until both ends have measured their channels' rates (`pace =
+            // "auto"`, the default): a tunnel measures them once when it starts, and
+            // a connection of a tunnel that has been up meets a paced bond.
+            wait_for_probes(opt, Duration::from_secs(5));
             std::thread::sleep(Duration::from_secs(1));
             return Ok(());
         }
@@ -775,6 +924,25 @@ fn udp_send(opt: &BenchOptions, rate: &str) -> Result<SendReport, LabError> {
 }
 
 /// A tunnel end's counters (its `braid status --json`), or null.
+/// Wait (at most `limit`) until no channel of either tunnel end is still measuring
+/// its rate.
+fn wait_for_probes(opt: &BenchOptions, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    let measuring = |v: &Value| {
+        v["channels"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|c| c["probe"] == "measuring"))
+    };
+    while Instant::now() < deadline {
+        let a = status_of(opt, NS_CLIENT, "tun-a.sock");
+        let b = status_of(opt, NS_SERVER, "tun-b.sock");
+        if !measuring(&a) && !measuring(&b) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 fn status_of(opt: &BenchOptions, ns: &str, sock: &str) -> Value {
     let sock = topo::state_dir().join(sock);
     let status = ns_cmd(
@@ -795,11 +963,11 @@ fn status_of(opt: &BenchOptions, ns: &str, sock: &str) -> Value {
 
 /// One TCP flow over Linux MPTCP (`mptcpize`), a subflow per link: its goodput and
 /// per-second series, as its sender and as its receiver count.
-fn mptcp_run(
-    opt: &BenchOptions,
-    n: usize,
-    secs: u64,
-) -> Result<(f64, Vec<f64>, Vec<f64>), LabError> {
+/// MPTCP's goodput, its series as the sender and the receiver count, and with
+/// `--download` the download's seconds.
+type MptcpRun = (f64, Vec<f64>, Vec<f64>, Option<f64>);
+
+fn mptcp_run(opt: &BenchOptions, n: usize, secs: u64) -> Result<MptcpRun, LabError> {
     enable_mptcp(n)?;
     add_subflow_endpoints(n)?;
     start_server(NS_SERVER, &["mptcpize", "run"], 5202)?;
@@ -812,10 +980,26 @@ fn mptcp_run(
         secs,
     );
     let json = with_changes(opt, || output(c, "MPTCP iperf3"))?;
+    let download_s = match opt.download {
+        Some(b) => {
+            let mptcp = ["mptcpize", "run"];
+            let _server = download::Server::start(&mptcp, download::MPTCP_PORT, b)?;
+            let (dst, src) = (server_addr(0), client_addr(0));
+            Some(download::time(
+                &mptcp,
+                &dst,
+                download::MPTCP_PORT,
+                Some(&src),
+                b,
+            )?)
+        }
+        None => None,
+    };
     Ok((
         iperf_bps(&json, "MPTCP iperf3")?,
         iperf_series(&json),
         iperf_rx_series(&json),
+        download_s,
     ))
 }
 
@@ -927,5 +1111,18 @@ mod tests {
         assert_eq!(iperf_series(plain), vec![1e6]);
         assert!(iperf_rx_series(plain).is_empty());
         assert!(iperf_rx_series("not json").is_empty());
+    }
+
+    #[test]
+    fn jain_is_one_for_equal_shares_and_one_over_n_for_one_taker() {
+        assert!((jain(&[5.0; 200]) - 1.0).abs() < 1e-12);
+        let mut one = vec![0.0; 4];
+        one[2] = 8.0;
+        assert!((jain(&one) - 0.25).abs() < 1e-12);
+        assert!((jain(&[1.0, 3.0]) - 0.8).abs() < 1e-12);
+        assert_eq!(jain(&[]), 0.0);
+        assert_eq!(flow_clients(1), 0);
+        assert_eq!(flow_clients(200), 2);
+        assert_eq!(flow_clients(201), 3);
     }
 }

@@ -40,6 +40,16 @@ pub struct ModeResult {
     pub tcp_series_bps: Vec<f64>,
     /// TCP in each second as iperf3's receiver counts it (what arrived), bit/s.
     pub tcp_rx_series_bps: Vec<f64>,
+    /// The same TCP flow with the stream carriage off (`tcp_streams = false`: TCP as
+    /// packets), bit/s; measured when the bench left `tcp_streams` to the defaults.
+    pub tcp_packet_bps: Option<f64>,
+    /// With `--flows N`: N TCP flows at once through the tunnel, their total, bit/s.
+    pub flows_tcp_bps: Option<f64>,
+    /// Jain's fairness index over those flows' goodputs.
+    pub flows_jain: Option<f64>,
+    /// With `--download BYTES`: seconds from the SYN to the last byte through the
+    /// tunnel.
+    pub download_s: Option<f64>,
 }
 
 /// A whole bench: one run, or the medians of several.
@@ -59,6 +69,12 @@ pub struct BenchResult {
     pub mptcp_series_bps: Vec<f64>,
     /// The same as the receiver counts, bit/s.
     pub mptcp_rx_series_bps: Vec<f64>,
+    /// With `--download BYTES`: the bytes of the download.
+    pub download_bytes: Option<u64>,
+    /// Its seconds over the fastest link alone.
+    pub download_best_link_s: Option<f64>,
+    /// Its seconds over MPTCP.
+    pub download_mptcp_s: Option<f64>,
     /// Per-link emulator counters at the end.
     pub emulator: Vec<Value>,
     /// Inner TCP payload bytes per datagram (computed from the configuration).
@@ -164,8 +180,14 @@ impl BenchResult {
                     b.set_figure(key, v);
                 }
             }
+            b.tcp_packet_bps = median(&|x| x.braid.get(m)?.tcp_packet_bps);
+            b.flows_tcp_bps = median(&|x| x.braid.get(m)?.flows_tcp_bps);
+            b.flows_jain = median(&|x| x.braid.get(m)?.flows_jain);
+            b.download_s = median(&|x| x.braid.get(m)?.download_s);
         }
         r.mptcp_bps = median(&|x| x.mptcp_bps);
+        r.download_best_link_s = median(&|x| x.download_best_link_s);
+        r.download_mptcp_s = median(&|x| x.download_mptcp_s);
         r.per_run = runs;
         Some(r)
     }
@@ -208,6 +230,18 @@ impl BenchResult {
         for key in MODE_FIGURES {
             self.add_range(&mut v, key, &|x| Some(x.braid.get(m)?.figure(key)));
         }
+        let optional: [(&str, Figure); 4] = [
+            ("tcp_packet_bps", &|x| x.braid.get(m)?.tcp_packet_bps),
+            ("flows_tcp_bps", &|x| x.braid.get(m)?.flows_tcp_bps),
+            ("flows_jain", &|x| x.braid.get(m)?.flows_jain),
+            ("download_s", &|x| x.braid.get(m)?.download_s),
+        ];
+        for (key, f) in optional {
+            if let (Some(b), Some(o)) = (f(self), v.as_object_mut()) {
+                o.insert(key.into(), json!(b));
+                self.add_range(&mut v, key, f);
+            }
+        }
         v
     }
 
@@ -244,6 +278,16 @@ impl BenchResult {
         self.add_range(&mut v, "sum_bps", &|x| Some(x.sum_bps));
         self.add_range(&mut v, "ceiling_bps", &|x| Some(x.ceiling_bps));
         self.add_range(&mut v, "mptcp_bps", &|x| x.mptcp_bps);
+        if let Some(bytes) = self.download_bytes {
+            let mut d = json!({
+                "bytes": bytes,
+                "best_link_s": self.download_best_link_s,
+                "mptcp_s": self.download_mptcp_s,
+            });
+            self.add_range(&mut d, "best_link_s", &|x| x.download_best_link_s);
+            self.add_range(&mut d, "mptcp_s", &|x| x.download_mptcp_s);
+            v["download"] = d;
+        }
         if self.per_run.len() > 1 {
             v["per_run"] = self.per_run.iter().map(BenchResult::to_json).collect();
         }
@@ -282,6 +326,9 @@ impl BenchResult {
             mptcp_bps: v["mptcp_bps"].as_f64(),
             mptcp_series_bps: series(&v["mptcp_series_bps"]),
             mptcp_rx_series_bps: series(&v["mptcp_rx_series_bps"]),
+            download_bytes: v["download"]["bytes"].as_u64(),
+            download_best_link_s: v["download"]["best_link_s"].as_f64(),
+            download_mptcp_s: v["download"]["mptcp_s"].as_f64(),
             emulator: v["emulator"].as_array().cloned().unwrap_or_default(),
             payload: Payload::from_json(&v["tcp_payload_per_datagram"]),
             per_run,
@@ -309,7 +356,28 @@ impl BenchResult {
             )
         };
         s += &self.rows();
+        s += &self.download_lines();
         s += &self.series_lines();
+        s
+    }
+
+    /// With `--download`: each contender's time for the one download.
+    fn download_lines(&self) -> String {
+        let Some(bytes) = self.download_bytes else {
+            return String::new();
+        };
+        let secs = |v: Option<f64>| v.map_or("-".to_string(), |s| format!("{s:.3} s"));
+        let mut s = format!(
+            "One download of {bytes} bytes, from its SYN to its last byte:\n  {:<32} {}\n",
+            "the fastest link alone",
+            secs(self.download_best_link_s)
+        );
+        for (m, r) in &self.braid {
+            s += &format!("  {:<32} {}\n", format!("braid {m}"), secs(r.download_s));
+        }
+        if self.download_mptcp_s.is_some() {
+            s += &format!("  {:<32} {}\n", "MPTCP", secs(self.download_mptcp_s));
+        }
         s
     }
 
@@ -362,6 +430,15 @@ impl BenchResult {
             let payload = p.and_then(|p| p.braid.get(m).copied());
             let f = |x: &BenchResult| Some(x.braid.get(m)?.tcp_bps);
             s += &self.row(&format!("braid {m}, TCP"), &f, payload, &extra);
+            if r.tcp_packet_bps.is_some() {
+                let f = |x: &BenchResult| x.braid.get(m)?.tcp_packet_bps;
+                s += &self.row("  the same as packets", &f, None, "");
+            }
+            if let Some(j) = r.flows_jain {
+                let f = |x: &BenchResult| x.braid.get(m)?.flows_tcp_bps;
+                let extra = format!("   Jain's fairness {j:.3}");
+                s += &self.row("  many flows at once, total", &f, None, &extra);
+            }
         }
         if self.mptcp_bps.is_some() {
             let what = "MPTCP, one subflow per link";
@@ -415,6 +492,10 @@ fn mode_from_json(r: &Value) -> Option<ModeResult> {
         sender_status: r["sender_status"].clone(),
         tcp_series_bps: series(&r["tcp_series_bps"]),
         tcp_rx_series_bps: series(&r["tcp_rx_series_bps"]),
+        tcp_packet_bps: r["tcp_packet_bps"].as_f64(),
+        flows_tcp_bps: r["flows_tcp_bps"].as_f64(),
+        flows_jain: r["flows_jain"].as_f64(),
+        download_s: r["download_s"].as_f64(),
     })
 }
 
@@ -427,6 +508,8 @@ mod tests {
             tcp_bps: 100e6 * scale,
             tcp_retransmits: retransmits,
             udp_loss: 0.01 * scale,
+            tcp_packet_bps: Some(70e6 * scale),
+            download_s: Some(0.3 * scale),
             ..ModeResult::default()
         };
         BenchResult {
@@ -440,6 +523,9 @@ mod tests {
             mptcp_bps: Some(80e6 * scale),
             mptcp_series_bps: vec![80e6 * scale],
             mptcp_rx_series_bps: vec![79e6 * scale],
+            download_bytes: Some(2_000_000),
+            download_best_link_s: Some(0.5 * scale),
+            download_mptcp_s: Some(0.4 * scale),
             emulator: Vec::new(),
             payload: None,
             per_run: Vec::new(),
@@ -474,7 +560,18 @@ mod tests {
         assert_eq!(v["ceiling_bps_range"], json!([47.5e6, 114e6]));
         assert_eq!(v["links"][0]["tcp_bps_range"], json!([45e6, 108e6]));
         assert_eq!(v["per_run"].as_array().unwrap().len(), 3);
+        assert_eq!(v["braid"]["logical"]["tcp_packet_bps"], 70e6);
+        assert_eq!(v["braid"]["logical"]["download_s"], 0.3);
+        assert_eq!(v["download"]["bytes"], 2_000_000);
+        assert_eq!(v["download"]["mptcp_s"], 0.4);
+        assert_eq!(v["download"]["best_link_s_range"], json!([0.25, 0.6]));
+        assert_eq!(
+            v["braid"]["logical"]["tcp_packet_bps_range"],
+            json!([35e6, 84e6])
+        );
         let t = r.table();
+        assert!(t.contains("the same as packets"), "{t}");
+        assert!(t.contains("One download of 2000000 bytes"), "{t}");
         assert!(t.contains("3 runs"), "{t}");
         assert!(
             t.contains("50.0-120.0") && t.contains("TCP retransmits 5 (1-9)"),
