@@ -4,10 +4,10 @@
 //! MPTCP. A short transfer is where a connection's slow start at the path's round trip
 //! shows, and where TCP carried as streams (which starts at the bond's rate) helps most.
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::Duration;
 
-use super::{ns_cmd, stdout_of, NS_CLIENT, NS_SERVER};
+use super::{ns_cmd, output, NS_CLIENT, NS_SERVER};
 use crate::topo::LabError;
 
 /// The plain server's port (the links alone and the tunnel).
@@ -99,7 +99,7 @@ pub fn time(
     args.extend(prefix);
     args.extend(["python3", "-c", CLIENT, dst, &p, &n]);
     args.extend(src);
-    let out = command(ns_cmd(NS_CLIENT, &args), what)?;
+    let out = output(ns_cmd(NS_CLIENT, &args), what)?;
     let mut f = out.split_whitespace();
     let got: u64 = f.next().and_then(|v| v.parse().ok()).unwrap_or(0);
     let secs: f64 = f.next().and_then(|v| v.parse().ok()).unwrap_or(0.0);
@@ -110,15 +110,4 @@ pub fn time(
         });
     }
     Ok(secs)
-}
-
-fn command(mut c: Command, what: &str) -> Result<String, LabError> {
-    let out = c
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| LabError::Command {
-            cmd: what.into(),
-            reason: e.to_string(),
-        })?;
-    stdout_of(out, what)
 }

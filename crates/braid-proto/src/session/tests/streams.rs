@@ -73,30 +73,9 @@ fn a_stream_crosses_a_lossy_bond_intact_and_no_frame_is_delivered_as_a_packet() 
             .unwrap()
             .open(p.now, addr("10.0.0.1:40000"), addr("10.0.0.2:80"))
             .unwrap();
-    let (mut sent, mut fin) = (0, false);
-    let mut b = Reader::default();
-    let mut t = p.now;
-    while t < at_ms(20_000) && !b.finished(&p) {
-        t += Duration::from_millis(1);
-        p.run_until(t);
-        let now = p.now;
-        let st = p.a.streams().unwrap();
-        while sent < data.len() {
-            let n = st.write(now, id, &data[sent..]);
-            if n == 0 {
-                break;
-            }
-            sent += n;
-        }
-        if sent == data.len() && !fin {
-            st.finish(now, id);
-            fin = true;
-        }
-        while st.poll_event().is_some() {}
-        p.a.handle_streams(now);
-        b.step(&mut p);
-        p.flush();
-    }
+    let (mut b, mut sent) = (Reader::default(), 0);
+    pump_stream(&mut p, &mut b, id, &data, &mut sent, at_ms(20_000), true);
+    let t = p.now;
     assert!(b.finished(&p), "the stream ended by {t:?}");
     assert!(
         b.got == data,
