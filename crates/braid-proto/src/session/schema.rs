@@ -860,7 +860,7 @@ mod tests {
     use super::*;
     use crate::session::ChannelParams;
 
-    fn channels(n: usize) -> Vec<ChannelParams> {
+    pub(super) fn channels(n: usize) -> Vec<ChannelParams> {
         (0..n)
             .map(|i| ChannelParams {
                 name: format!("ch{i}"),
@@ -1129,6 +1129,7 @@ fn parse_dscp(d: &NumOrName) -> Result<u8, String> {
 
 #[cfg(test)]
 mod flow_tests {
+    use super::tests::channels;
     use super::*;
     use crate::session::ChannelParams;
 
@@ -1266,14 +1267,10 @@ mod flow_tests {
 
     #[test]
     fn tcp_streams_unset_follows_the_pacing() {
-        let params = vec![ChannelParams {
-            name: "a".into(),
-            weight: 1,
-        }];
-        let mut c = Config::new(params.clone(), 1400, vec![7; 32]);
+        let mut c = Config::new(channels(1), 1400, vec![7; 32]);
         SessionSettings::default().apply(&mut c).unwrap();
         assert!(c.streams.is_none(), "not paced: TCP as packets");
-        let mut c = Config::new(params, 1400, vec![7; 32]);
+        let mut c = Config::new(channels(1), 1400, vec![7; 32]);
         c.pacing = Some(crate::session::PacingConfig::new(vec![50e6]));
         SessionSettings::default().apply(&mut c).unwrap();
         assert!(c.streams.is_some(), "paced: TCP as streams");
@@ -1287,14 +1284,7 @@ mod flow_tests {
 
     #[test]
     fn tcp_streams_to_takes_networks_and_names_a_bad_one() {
-        let mut c = Config::new(
-            vec![ChannelParams {
-                name: "a".into(),
-                weight: 1,
-            }],
-            1400,
-            vec![7; 32],
-        );
+        let mut c = Config::new(channels(1), 1400, vec![7; 32]);
         let s = SessionSettings {
             tcp_streams: Some(true),
             tcp_streams_to: vec!["10.0.0.0/8".into(), "2001:db8::1".into()],

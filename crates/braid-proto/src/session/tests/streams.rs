@@ -15,6 +15,16 @@ fn addr(s: &str) -> std::net::SocketAddr {
     s.parse().unwrap()
 }
 
+/// A opens a stream from 10.0.0.1:`port` to 10.0.0.2:80.
+fn open_from(p: &mut Pair, port: u16) -> StreamId {
+    let src = std::net::SocketAddr::from(([10, 0, 0, 1], port));
+    let now = p.now;
+    p.a.streams()
+        .unwrap()
+        .open(now, src, addr("10.0.0.2:80"))
+        .unwrap()
+}
+
 /// B's side of the transfer: accept the stream A opens, read what arrives.
 #[derive(Default)]
 struct Reader {
@@ -68,11 +78,7 @@ fn a_stream_crosses_a_lossy_bond_intact_and_no_frame_is_delivered_as_a_packet() 
     p.run_until(at_ms(500));
     assert!(p.a.streams_usable() && p.b.streams_usable());
     let data: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7 % 251) as u8).collect();
-    let id =
-        p.a.streams()
-            .unwrap()
-            .open(p.now, addr("10.0.0.1:40000"), addr("10.0.0.2:80"))
-            .unwrap();
+    let id = open_from(&mut p, 40000);
     let (mut b, mut sent) = (Reader::default(), 0);
     pump_stream(&mut p, &mut b, id, &data, &mut sent, at_ms(20_000), true);
     let t = p.now;
@@ -162,11 +168,7 @@ fn a_stream_outlives_a_new_run_that_keeps_it_and_a_restart_resets_it() {
     p.run_until(at_ms(500));
     assert!(p.a.streams_usable() && p.b.streams_usable());
     let data: Vec<u8> = (0..2_000_000u32).map(|i| (i * 13 % 251) as u8).collect();
-    let id =
-        p.a.streams()
-            .unwrap()
-            .open(p.now, addr("10.0.0.1:40000"), addr("10.0.0.2:80"))
-            .unwrap();
+    let id = open_from(&mut p, 40000);
     let (mut b, mut sent) = (Reader::default(), 0);
     pump_stream(&mut p, &mut b, id, &data, &mut sent, at_ms(700), false);
     assert!(
@@ -195,11 +197,7 @@ fn a_stream_outlives_a_new_run_that_keeps_it_and_a_restart_resets_it() {
     assert_eq!(p.b.streams_ref().unwrap().stats().resets_received, 0);
 
     // A restarts (its streams are gone; a new run of its own): B's open stream resets.
-    let id2 =
-        p.a.streams()
-            .unwrap()
-            .open(p.now, addr("10.0.0.1:40001"), addr("10.0.0.2:80"))
-            .unwrap();
+    let id2 = open_from(&mut p, 40001);
     let (mut b2, mut sent2) = (Reader::default(), 0);
     let small = vec![7u8; 10_000];
     let until = p.now + Duration::from_millis(200);
