@@ -399,6 +399,13 @@ pub struct SessionStats {
     /// Stream data sent again (lost, or not acknowledged in time).
     #[serde(default)]
     pub streams_retransmitted_bytes: u64,
+    /// Stream control frames (all but data) sent past the stripe on the lowest-delay
+    /// channel.
+    #[serde(default)]
+    pub streams_tx_control: u64,
+    /// Stream control frames received that way.
+    #[serde(default)]
+    pub streams_rx_control: u64,
     /// Packets waiting in the transmit queue (for credit, or an epoch switch).
     #[serde(default)]
     pub tx_queued: f64,
@@ -1332,6 +1339,8 @@ const COUNTERS: &[(bool, &str, &str)] = &[
     (false, "streams_tx_bytes", "TCP streams: bytes of our connections sent as stream data"),
     (false, "streams_rx_bytes", "TCP streams: bytes of the peer's streams written to our connections"),
     (false, "streams_retransmitted_bytes", "TCP streams: stream data sent again"),
+    (false, "streams_tx_control", "TCP streams: control frames (all but data) sent on the lowest-delay channel"),
+    (false, "streams_rx_control", "TCP streams: control frames received on the lowest-delay channel"),
     (false, "credit_stalls", "Credits: times a channel ran out of credit and the striper waited"),
     (false, "credits_sent", "Credits: credits sent to the peer"),
     (false, "credit_refused", "Credits: data refused because the peer was past its credit"),
@@ -1484,6 +1493,8 @@ pub fn with_flows(f: &braid_proto::session::FlowStats, base: SessionStats) -> Se
         flows_rx_duplicates: f.rx_duplicates,
         flows_rx_held: f.rx_held,
         flows_rx_gaps: f.rx_gaps,
+        streams_tx_control: f.tx_stream_control,
+        streams_rx_control: f.rx_stream_control,
         ..base
     }
 }

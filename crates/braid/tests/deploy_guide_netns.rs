@@ -735,8 +735,10 @@ fn the_deployment_guide_bonds_a_site_to_a_server_as_written() {
     }
     // The acknowledgements came back through the tunnel too: as flow datagrams on the
     // lowest-delay channel (pure TCP acknowledgements, docs/tunnel.md "Real-time
-    // flows"), or striped.
+    // flows", or a stream's ACKs with TCP carried as streams, docs/streams.md), or
+    // striped.
     got += n(&after["flows_rx_delivered"]) - n(&before["flows_rx_delivered"]);
+    got += n(&after["streams_rx_control"]) - n(&before["streams_rx_control"]);
     assert!(got > 100, "the tunnel carried {got} packets back: {after}");
     assert!(
         sent as f64 > received,

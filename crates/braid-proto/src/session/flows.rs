@@ -311,10 +311,15 @@ pub struct FlowStats {
     /// Real-time packets that went into the bond instead: too large for a flow
     /// datagram, no keys yet, or no channel up.
     pub tx_fallback: u64,
+    /// Control frames of TCP carried as streams (all but DATA) sent on the
+    /// lowest-delay channel, past the stripe.
+    pub tx_stream_control: u64,
     /// Times a lowest-delay flow moved to another channel.
     pub moves: u64,
     /// Flow datagrams delivered (the first copy of each packet).
     pub rx_delivered: u64,
+    /// Stream control frames received as flow datagrams (the first copy of each).
+    pub rx_stream_control: u64,
     /// Copies dropped because the packet was delivered already.
     pub rx_duplicates: u64,
     /// Flow datagrams dropped because they were older than the duplicate window.
@@ -643,25 +648,52 @@ impl Session {
         if policy == FlowPolicy::Bond {
             return false;
         }
-        let fits = p.len() + wf::HEADER_LEN <= self.cfg.max_inner() as usize;
-        let mut cands = self.flow_candidates();
-        if !fits || !self.crypto.ready() || cands.is_empty() {
+        let Some(chosen) = self.flow_channels(policy, p.len()) else {
             self.flows.stats.tx_fallback += 1;
             return false;
+        };
+        if policy == FlowPolicy::Redundant {
+            self.flows.stats.tx_redundant += 1;
+        } else {
+            self.flows.stats.tx_lowest_delay += 1;
+            self.flows.stats.tx_acks += u64::from(ack);
+        }
+        self.send_flow(&chosen, policy, domain, p);
+        true
+    }
+
+    /// A stream's control frame (OPEN, OPEN_RESULT, ACK, RESET, RESET_ACK) goes out at
+    /// once on the lowest-delay channel, in domain 0, as a flow datagram (`true`); or
+    /// into the stripe (`false`: too large, no keys yet, no channel up). The streams
+    /// take frames in any order, and a control frame in the stripe would wait behind
+    /// the data queued there and then for the resequencer, at the slowest channel's
+    /// delay: a connection's SYN waits for the OPEN's answer, and a sender's loss
+    /// detection and credit for the ACKs.
+    pub(super) fn stream_control_out(&mut self, f: &Bytes) -> bool {
+        let Some(chosen) = self.flow_channels(FlowPolicy::LowestDelay, f.len()) else {
+            return false;
+        };
+        self.flows.stats.tx_stream_control += 1;
+        self.send_flow(&chosen, FlowPolicy::LowestDelay, 0, f);
+        true
+    }
+
+    /// The channels a flow datagram of `policy` with `len` bytes of payload goes on, or
+    /// `None` if it cannot leave the stripe: too large, no keys yet, no channel up.
+    fn flow_channels(&mut self, policy: FlowPolicy, len: usize) -> Option<Vec<usize>> {
+        let fits = len + wf::HEADER_LEN <= self.cfg.max_inner() as usize;
+        let mut cands = self.flow_candidates();
+        if !fits || !self.crypto.ready() || cands.is_empty() {
+            return None;
         }
         rank(&mut cands);
-        let chosen: Vec<usize> = match policy {
-            FlowPolicy::Redundant => {
-                self.flows.stats.tx_redundant += 1;
-                cands
-                    .iter()
-                    .take(self.flows.cfg.copies)
-                    .map(|c| c.channel)
-                    .collect()
-            }
+        Some(match policy {
+            FlowPolicy::Redundant => cands
+                .iter()
+                .take(self.flows.cfg.copies)
+                .map(|c| c.channel)
+                .collect(),
             _ => {
-                self.flows.stats.tx_lowest_delay += 1;
-                self.flows.stats.tx_acks += u64::from(ack);
                 let c = lowest_delay(&cands, self.flows.pinned);
                 if self.flows.pinned.is_some() && c != self.flows.pinned {
                     self.flows.stats.moves += 1;
@@ -669,14 +701,18 @@ impl Session {
                 self.flows.pinned = c;
                 c.into_iter().collect()
             }
-        };
+        })
+    }
+
+    /// Send `p` as a flow datagram of `policy` in `domain` on each of `chosen`.
+    fn send_flow(&mut self, chosen: &[usize], policy: FlowPolicy, domain: u16, p: &Bytes) {
         let seq = if domain == 0 {
             self.flows.next_seq += 1;
             self.flows.next_seq - 1
         } else {
             self.flows.numbering.take(domain)
         };
-        for c in chosen {
+        for &c in chosen {
             let h = wf::Header {
                 channel: c as u8,
                 policy: policy.wire(),
@@ -686,7 +722,6 @@ impl Session {
             self.flows.stats.tx_datagrams += 1;
             self.emit_parts(c, DatagramKind::Flow, &h.to_bytes(), p.clone());
         }
-        true
     }
 
     /// The channels a flow datagram may take: up, with an uplink, heard by the peer.
@@ -735,8 +770,13 @@ impl Session {
         }
         match self.flows.rx.accept(h.seq) {
             Seen::New => {
-                self.flows.stats.rx_delivered += 1;
-                self.deliver.push_back(inner.slice(wf::HEADER_LEN..));
+                let p = inner.slice(wf::HEADER_LEN..);
+                if self.stream_frame_in(now, &p) {
+                    self.flows.stats.rx_stream_control += 1;
+                } else {
+                    self.flows.stats.rx_delivered += 1;
+                    self.deliver.push_back(p);
+                }
             }
             Seen::Duplicate => self.flows.stats.rx_duplicates += 1,
             Seen::Stale => self.flows.stats.rx_stale += 1,

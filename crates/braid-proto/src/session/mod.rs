@@ -771,6 +771,9 @@ pub struct Session {
     streams: Option<crate::stream::Streams>,
     /// The peer's streams run, if it takes streams (its handshake said so).
     peer_streams: Option<u64>,
+    /// The streams' unsent bytes when they last put frames into the stripe (they are
+    /// out of `streams` while they do): part of the backlog the return path judges.
+    streams_unsent: u64,
     /// The latest `now` we were given.
     clock: Instant,
     next_hello: Instant,
@@ -845,6 +848,7 @@ impl Session {
             next_rate: now + Duration::from_secs(1),
             streams: cfg.streams.clone().map(crate::stream::Streams::new),
             peer_streams: None,
+            streams_unsent: 0,
             cfg,
         };
         // Adaptive weights may start elsewhere than the configured ones (from the
@@ -927,6 +931,7 @@ impl Session {
             }
             if waiting {
                 self.pump(now);
+                self.return_path_backlog(now);
             }
             return;
         }
@@ -934,6 +939,7 @@ impl Session {
             // No credit or no tokens on the channel the striper names next: the packet
             // waits (and everything after it, so the stripe keeps its order).
             self.tx.pending.push_back((p, now));
+            self.return_path_backlog(now);
             return;
         }
         if self.tx.striper.handle_packet(now, p).is_err() {

@@ -20,17 +20,25 @@
 //! round trip. The cut is an epoch switch ([`super::epoch`]), as demotion's is, so
 //! every mode keeps its ordering and logical reception stays exact.
 //!
-//! **Back to all channels** at once when we send more than a quarter of what we receive
-//! (a flow of our own, or both ways), when what we receive falls below half the
-//! minimum (the peer's flow ended: a flow we start next starts over every channel),
-//! when the chosen channel goes down, is demoted or stops being heard, or when it loses
-//! more than 5 % of our datagrams (too small for what we send, or turned bad). After
-//! that the direction waits ten holds before it tries again, so such a channel is not
-//! switched to and from every second. Its round trip is no sign of congestion here: it
-//! carries the peer's flow the other way, and the queue that flow builds at the
-//! channel's bottleneck is in the round trip too (in the lab it cut the return path
-//! 50 ms after every start, and each switch cost the flow a round trip's worth of
-//! acknowledgements held).
+//! **Back to all channels** at once when what waits to be sent (the transmit queue and
+//! the streams' unsent bytes, judged whenever [`BACKLOG`] packets wait for the one
+//! channel's pacer) would arrive sooner over the whole bond than over the one channel
+//! at its rate. The bond must first switch epochs (its end crosses the slowest channel
+//! and is acknowledged), and its slowest channel adds its delay. This is a flow of ours
+//! that started, as a download right after an upload: a short one (2 MB over 100, 50
+//! and 20 Mbit/s links 5, 20 and 60 ms long) is done sooner on the 5 ms link alone, a
+//! longer one gets the bond within milliseconds (judged once a second over the last
+//! second, below, it waited for a third of a second or more). Also back when we send
+//! more than a quarter of what we receive (a flow of our own, or both ways), when what
+//! we receive falls below half the minimum (the peer's flow ended: a flow we start next
+//! starts over every channel), when the chosen channel goes down, is demoted or stops
+//! being heard, or when it loses more than 5 % of our datagrams (too small for what we
+//! send, or turned bad). After that the direction waits ten holds before it tries
+//! again, so such a channel is not switched to and from every second. Its round trip is
+//! no sign of congestion here: it carries the peer's flow the other way, and the queue
+//! that flow builds at the channel's bottleneck is in the round trip too (in the lab it
+//! cut the return path 50 ms after every start, and each switch cost the flow a round
+//! trip's worth of acknowledgements held).
 //!
 //! An idle tunnel keeps every channel: the set only shrinks while the peer's flow is
 //! there to be helped, and a flow of ours that starts after idle starts over the whole
@@ -84,6 +92,12 @@ impl ReturnPathConfig {
 const MAX_LOSS: f64 = 0.05;
 /// After congestion on the chosen channel, wait this many holds before trying again.
 const BACKOFF_HOLDS: u64 = 10;
+/// Packets waiting in the transmit queue that end the return path at once: a return
+/// direction's few packets never wait for the pacer (TCP's pure acknowledgements and
+/// the streams' control frames leave the stripe anyway); this many do only when we
+/// send more than the one channel carries. As many as the streams' frames may queue
+/// ([`super::streams::QUEUE_FRAMES`]), so that their backlog shows.
+pub(super) const BACKLOG: usize = super::streams::QUEUE_FRAMES;
 
 /// The return path's state.
 #[derive(Clone, Debug, Default)]
@@ -99,6 +113,8 @@ pub(crate) struct ReturnPath {
     not_before: Option<Instant>,
     /// Times the set was cut to one channel.
     pub cuts: u64,
+    /// When the backlog was last judged ([`Session::return_path_backlog`]).
+    backlog_judged: Option<Instant>,
 }
 
 impl ReturnPath {
@@ -248,6 +264,73 @@ impl Session {
                 est[best].rtt_min.map_or(0, |r| r.as_micros() / 1000)
             ),
         });
+    }
+
+    /// A packet was queued for the pacer: with [`BACKLOG`] of them waiting while the
+    /// return path is in force, what waits is judged (at most once a millisecond, and
+    /// whenever the queue's length doubles, so that a burst is judged whole); if
+    /// the bond would deliver it sooner than the one channel, the return path ends
+    /// (with an event) and the set grows back now.
+    pub(super) fn return_path_backlog(&mut self, now: Instant) {
+        let Some(c) = self.return_path.on else {
+            return;
+        };
+        let rp = &mut self.return_path;
+        let waiting = self.tx.pending.len();
+        let judged_lately = rp
+            .backlog_judged
+            .is_some_and(|t| now.saturating_since(t) < Duration::from_millis(1));
+        if waiting < BACKLOG || (judged_lately && !waiting.is_power_of_two()) {
+            return;
+        }
+        rp.backlog_judged = Some(now);
+        let queued: usize = self.tx.pending.iter().map(|(p, _)| p.len()).sum();
+        let bytes = queued as u64 + self.streams_unsent;
+        if !self.bond_sooner(c, bytes) {
+            return;
+        }
+        let rp = &mut self.return_path;
+        rp.on = None;
+        rp.light_since = None;
+        self.events.push_back(super::Event::ReturnPath {
+            channel: None,
+            reason: format!(
+                "{bytes} bytes wait to be sent: the bond delivers them sooner than one channel"
+            ),
+        });
+        self.maybe_switch(now);
+    }
+
+    /// Would every usable channel deliver `bytes` sooner than channel `c` alone? Alone:
+    /// at its pacing rate. The bond: first the epoch switch, which holds new data until
+    /// the end of the old epoch has crossed the slowest channel and its ack came back
+    /// (that one-way delay plus `c`'s: each is half the channel's smallest round trip);
+    /// then the sum of the rates; and then how much longer the slowest channel's one-way
+    /// delay is than `c`'s. Without pacing rates or round trips to go by: yes.
+    fn bond_sooner(&self, c: usize, bytes: u64) -> bool {
+        let usable = self.without_demoted(self.peer.mask & self.common_set() & !self.uplink_down);
+        let rate = |i: usize| self.pacer.as_ref().and_then(|p| p.rate_bps(i));
+        let delay = |i: usize| {
+            self.chans[i]
+                .fb_tx
+                .estimate()
+                .rtt_min
+                .map(|r| r.as_micros() / 2)
+        };
+        let (Some(rc), Some(dc)) = (rate(c), delay(c)) else {
+            return true;
+        };
+        let (mut sum, mut slowest) = (0.0, dc);
+        for i in (0..self.n).filter(|&i| usable & bit(i) != 0) {
+            let (Some(r), Some(d)) = (rate(i), delay(i)) else {
+                return true;
+            };
+            sum += r;
+            slowest = slowest.max(d);
+        }
+        let bits = bytes as f64 * 8.0;
+        let switch_and_spread = ((slowest + dc) + (slowest - dc)) as f64 / 1e6;
+        sum > rc && switch_and_spread + bits / sum < bits / rc
     }
 
     /// The transmit set to ask for, given the set without demoted channels: the return

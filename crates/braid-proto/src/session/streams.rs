@@ -1,13 +1,17 @@
 //! The streams stage: TCP carried as byte streams ([`crate::stream`]) through the
 //! session.
 //!
-//! A stream frame travels in the stripe like an inner packet (its first byte, `0x01` to
+//! A DATA frame travels in the stripe like an inner packet (its first byte, `0x01` to
 //! `0x0F`, is no IP version), so it is paced, weighted, repaired inside the bond and
-//! resequenced like the bonded traffic; the receiver hands it to its [`Streams`] instead
-//! of delivering it. Frames enter the stripe only while the transmit queue is short
-//! ([`QUEUE_FRAMES`]): the bond's pacer, not a congestion window, sets the streams'
-//! rate, and the queue they wait in stays a millisecond or two long. They are never
-//! dropped or marked by the AQM: a stream's sender slows down through its peer's
+//! resequenced like the bonded traffic; the receiver hands it to its [`Streams`]
+//! instead of delivering it. The other frames (OPEN, OPEN_RESULT, ACK, RESET,
+//! RESET_ACK) go past the stripe on the lowest-delay channel, as flow datagrams
+//! (`Session::stream_control_out`): the streams take frames in any order, and in the
+//! stripe they would wait behind the queued data and for the resequencer, at the
+//! slowest channel's delay. Frames enter the stripe only while the transmit queue is
+//! short ([`QUEUE_FRAMES`]): the bond's pacer, not a congestion window, sets the
+//! streams' rate, and the queue they wait in stays a millisecond or two long. They are
+//! never dropped or marked by the AQM: a stream's sender slows down through its peer's
 //! credits, and its losses are the stream's to repair.
 //!
 //! An end announces in the handshake that it takes streams
@@ -19,7 +23,7 @@ use bytes::Bytes;
 use super::Session;
 use crate::stream::Streams;
 use crate::time::Instant;
-use crate::wire::stream::is_frame;
+use crate::wire::stream::{is_frame, TYPE_DATA};
 
 /// Frames held in the transmit queue at most: more wait in their streams, where a
 /// reader's credit still governs them.
@@ -56,6 +60,7 @@ impl Session {
         };
         if self.crypto.ready() {
             st.handle_timeout(now);
+            self.streams_unsent = st.unsent();
             let max = self.path_max_packet();
             while st.wants_to_send()
                 && self.tx.pending.len() < QUEUE_FRAMES
@@ -66,7 +71,9 @@ impl Session {
                 };
                 self.counters.sent_packets += 1;
                 self.counters.sent_bytes += f.len() as u64;
-                self.stripe_in(now, f);
+                if f[0] == TYPE_DATA || !self.stream_control_out(&f) {
+                    self.stripe_in(now, f);
+                }
             }
         }
         self.streams = Some(st);

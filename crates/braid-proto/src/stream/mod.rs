@@ -606,6 +606,11 @@ impl Streams {
         b as usize
     }
 
+    /// Bytes written and not sent yet, over all streams.
+    pub fn unsent(&self) -> u64 {
+        self.map.values().map(|s| s.send.written - s.send.nxt).sum()
+    }
+
     /// The counters.
     pub fn stats(&self) -> &StreamStats {
         &self.stats

@@ -122,6 +122,123 @@ fn sending_as_much_as_we_receive_brings_every_channel_back() {
 }
 
 #[test]
+fn a_backlog_brings_every_channel_back_at_once() {
+    // As `acking`, B's channels paced at 2 Mbit/s each: a burst of B's own, more than
+    // the one channel takes, queues for its pacer.
+    let mut p = pair_with(3, Mode::Logical, &[30, 5, 60], |c| {
+        c.return_path = Some(ReturnPathConfig::default())
+    });
+    p.b = Session::new(
+        Config {
+            pacing: Some(PacingConfig::new(vec![2e6; 3])),
+            ..p.b.config().clone()
+        },
+        [2; 32],
+        Instant::ZERO,
+    )
+    .unwrap();
+    let mut next = 0;
+    run_with_b(&mut p, at_ms(4000), Duration::from_millis(20), &mut next);
+    assert_eq!(cuts(&p).len(), 1, "{:?}", p.events_b);
+    // B sends 8 kB at once: over the 5 ms channel alone in 32 ms, sooner than the bond
+    // (65 ms to switch epochs, 11 ms at 6 Mbit/s, and 55 ms more to cross the 60 ms
+    // channel). The return path stays.
+    let t0 = p.now;
+    for _ in 0..40 {
+        p.b.handle_packet(t0, packet(next));
+        next += 1;
+    }
+    p.flush();
+    assert_eq!(cuts(&p).len(), 1, "{:?}", p.events_b);
+    run_with_b(
+        &mut p,
+        t0 + Duration::from_millis(300),
+        Duration::ZERO,
+        &mut next,
+    );
+    // Then a flow of its own: 300 packets at once (240 ms over the one channel, 200 ms
+    // over the bond). Back at once.
+    let t0 = p.now;
+    for _ in 0..300 {
+        p.b.handle_packet(t0, packet(next));
+        next += 1;
+    }
+    p.flush();
+    let c = cuts(&p);
+    assert_eq!(c.len(), 2, "{c:?}");
+    assert_eq!(c[1], (t0, None), "back as the queue formed");
+    run_with_b(&mut p, at_ms(5000), Duration::from_millis(20), &mut next);
+    assert!(
+        p.events_b.iter().any(|(_, e)| matches!(e,
+        Event::ReturnPath { channel: None, reason } if reason.contains("sooner than one channel")))
+    );
+    // The burst went over every channel, in order, and all of it arrived.
+    for ch in [0, 2] {
+        assert!(data_b_between(&p, ch, t0, at_ms(5000)) > 10, "channel {ch}");
+    }
+    in_order(&p.delivered_a);
+    // Everything arrived but what CoDel dropped of the burst (it waited in the queue)
+    // and what B sent in the last 60 ms (a packet every 20 ms, over every channel now).
+    let drops = p.b.stats(p.now).pacing.unwrap().drops;
+    assert!(
+        p.delivered_a.len() as u64 + drops + 4 >= next,
+        "{} delivered, {drops} dropped of {next}",
+        p.delivered_a.len()
+    );
+}
+
+#[test]
+fn a_streams_backlog_brings_every_channel_back_at_once() {
+    use crate::stream::{StreamConfig, StreamEvent};
+    let mut p = pair_with(3, Mode::Logical, &[30, 5, 60], |c| {
+        c.return_path = Some(ReturnPathConfig::default());
+        c.pacing = Some(PacingConfig::new(vec![20e6; 3]));
+        c.streams = Some(StreamConfig::default());
+    });
+    let mut next = 0;
+    run_with_b(&mut p, at_ms(4000), Duration::from_millis(20), &mut next);
+    assert_eq!(cuts(&p).len(), 1, "{:?}", p.events_b);
+    // B opens a stream to A, which accepts it.
+    let now = p.now;
+    let (src, dst) = (
+        "10.0.0.2:40000".parse().unwrap(),
+        "10.0.0.1:80".parse().unwrap(),
+    );
+    let id = p.b.streams().unwrap().open(now, src, dst).unwrap();
+    let mut opened = false;
+    while !opened && p.now < at_ms(4500) {
+        p.run_until(p.now + Duration::from_millis(1));
+        let now = p.now;
+        let sa = p.a.streams().unwrap();
+        while let Some(e) = sa.poll_event() {
+            if let StreamEvent::Incoming { id, .. } = e {
+                sa.accept(now, id);
+            }
+        }
+        p.a.handle_streams(now);
+        let sb = p.b.streams().unwrap();
+        while let Some(e) = sb.poll_event() {
+            opened |= e == (StreamEvent::Opened { id });
+        }
+        p.b.handle_streams(now);
+        p.flush();
+    }
+    assert!(opened);
+    assert_eq!(cuts(&p).len(), 1, "still cut");
+    // B writes 3 MB at once: 1.2 s over the 5 ms channel at 20 Mbit/s, 0.4 s plus 120 ms
+    // over the bond. The streams hold it, not the transmit queue: their unsent bytes
+    // are judged, and the bond is taken at once.
+    let t0 = p.now;
+    let data = vec![7u8; 3_000_000];
+    assert_eq!(p.b.streams().unwrap().write(t0, id, &data), data.len());
+    p.b.handle_streams(t0);
+    p.flush();
+    let c = cuts(&p);
+    assert_eq!(c.len(), 2, "{c:?}");
+    assert_eq!(c[1], (t0, None));
+}
+
+#[test]
 fn the_peer_flow_ending_brings_every_channel_back_and_idle_cuts_nothing() {
     let (mut p, mut next) = acking(Mode::Seq);
     assert_eq!(cuts(&p).len(), 1);

@@ -1,5 +1,6 @@
 //! TCP carried as streams through a session pair (`session::streams`): a stream's
-//! frames ride the stripe over a lossy bond and arrive as the bytes written, none of
+//! data frames ride the stripe over a lossy bond (its control frames the lowest-delay
+//! channel) and arrive as the bytes written, none of
 //! them delivered as a packet; an end opens streams only to a peer that announced them.
 
 use super::*;
@@ -96,6 +97,40 @@ fn a_stream_crosses_a_lossy_bond_intact_and_no_frame_is_delivered_as_a_packet() 
     let s = p.b.stats(p.now);
     assert!(s.channels[2].arq.missing > 0, "the channel did lose");
     assert_eq!(p.b.streams_ref().unwrap().stats().malformed, 0);
+}
+
+#[test]
+fn control_frames_take_the_lowest_delay_channel_past_the_stripe() {
+    let mut p = pair_with(3, Mode::Logical, &[60, 20, 5], streams_on);
+    p.every = Duration::ZERO;
+    p.run_until(at_ms(1000));
+    assert!(p.a.streams_usable() && p.b.streams_usable());
+    let t0 = p.now;
+    let id = open_from(&mut p, 40000);
+    let (mut b, mut opened) = (Reader::default(), None);
+    while opened.is_none() && p.now < t0 + Duration::from_millis(500) {
+        p.run_until(p.now + Duration::from_millis(1));
+        let now = p.now;
+        let st = p.a.streams().unwrap();
+        while let Some(e) = st.poll_event() {
+            if e == (StreamEvent::Opened { id }) {
+                opened = Some(now);
+            }
+        }
+        p.a.handle_streams(now);
+        b.step(&mut p);
+        p.flush();
+    }
+    // OPEN and OPEN_RESULT each cross the 5 ms channel (whichever channel the stripe
+    // would have named next), a round trip of 10 ms, plus the 1 ms steps.
+    let took = opened.expect("opened") - t0;
+    assert!(took <= Duration::from_millis(13), "{took:?}");
+    let (fa, fb) = (&p.a.stats(p.now).flows, &p.b.stats(p.now).flows);
+    assert!(fa.tx_stream_control >= 1 && fb.rx_stream_control >= 1);
+    assert!(fb.tx_stream_control >= 1 && fa.rx_stream_control >= 1);
+    // Not counted as a flow's packets, and nothing reached the application.
+    assert_eq!((fa.tx_lowest_delay, fb.rx_delivered), (0, 0));
+    assert!(p.delivered.is_empty() && p.delivered_a.is_empty());
 }
 
 #[test]
