@@ -152,6 +152,12 @@ pub struct BenchArgs {
     /// in each mode, and over MPTCP (JSON `download`, and `download_s` per mode).
     #[arg(long, value_name = "BYTES")]
     pub download: Option<String>,
+    /// Also open this many TCP connections through the tunnel in each mode (after its
+    /// flows), hold them idle and read both ends' memory (`/proc/PID/status`) before
+    /// and while they are open (JSON `idle_made`, `idle_open_s`, `idle_rss_bytes`,
+    /// `idle_rss_growth_bytes`: the larger end's).
+    #[arg(long, value_name = "N", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=30000))]
+    pub idle: u32,
 }
 
 /// The flags of `braid lab stream`.
@@ -471,6 +477,7 @@ impl BenchArgs {
             changes,
             runs: self.runs as usize,
             flows: self.flows as usize,
+            idle: self.idle as usize,
             download: self.download_bytes()?,
             exe: braid_exe()?,
             seed: self.seed,

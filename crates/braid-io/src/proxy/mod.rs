@@ -79,7 +79,7 @@ pub struct TerminatorConfig {
 impl Default for TerminatorConfig {
     fn default() -> Self {
         TerminatorConfig {
-            max_connections: 4096,
+            max_connections: 16384,
             buffer: 256 * 1024,
             mtu: 1400,
             exclude_ports: Vec::new(),

@@ -54,22 +54,34 @@ s.close()
 print(got, dt)
 "#;
 
-/// A download server in the server's namespace; stopped when dropped.
+/// A python script serving in the server's namespace; stopped when dropped.
 pub struct Server(Child);
 
 impl Server {
     /// Serve `bytes` per connection on `port`, under `prefix` (e.g. `mptcpize run`).
     pub fn start(prefix: &[&str], port: u16, bytes: u64) -> Result<Server, LabError> {
         let (p, n) = (port.to_string(), bytes.to_string());
-        let mut args: Vec<&str> = prefix.to_vec();
-        args.extend(["python3", "-c", SERVER, &p, &n]);
-        let child = ns_cmd(NS_SERVER, &args)
+        Server::python(prefix, SERVER, &[&p, &n], "the download server")
+    }
+
+    /// Run `script` with `args` under `prefix` in the server's namespace (`what` names
+    /// it in an error), and give it 300 ms to listen.
+    pub fn python(
+        prefix: &[&str],
+        script: &str,
+        args: &[&str],
+        what: &str,
+    ) -> Result<Server, LabError> {
+        let mut argv: Vec<&str> = prefix.to_vec();
+        argv.extend(["python3", "-c", script]);
+        argv.extend(args);
+        let child = ns_cmd(NS_SERVER, &argv)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .map_err(|e| LabError::Command {
-                cmd: "the download server".into(),
+                cmd: what.into(),
                 reason: e.to_string(),
             })?;
         std::thread::sleep(Duration::from_millis(300));

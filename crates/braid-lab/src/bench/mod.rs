@@ -22,6 +22,7 @@ use braid_io::traffic::{SendReport, SinkReport};
 use crate::spec::LinkSpec;
 
 mod download;
+mod idle;
 mod payload;
 mod result;
 
@@ -81,6 +82,9 @@ pub struct BenchOptions {
     /// Also time one download of this many bytes (from its SYN to its last byte) over
     /// each link alone, through the tunnel in each mode, and over MPTCP.
     pub download: Option<u64>,
+    /// With 1 or more: after each mode's flows, this many TCP connections opened
+    /// through the tunnel and held idle while both ends' memory is read.
+    pub idle: usize,
     /// The `braid` binary.
     pub exe: PathBuf,
     /// Emulator seed.
@@ -352,6 +356,10 @@ fn measure(opt: &BenchOptions, progress: &mut impl FnMut(&str)) -> Result<BenchR
         Some(b) => Some(download::Server::start(&[], download::PORT, b)?),
         None => None,
     };
+    let _idle_server = match opt.idle {
+        0 => None,
+        _ => Some(idle::start_server()?),
+    };
     let mut links = Vec::new();
     let mut download_best_link_s: Option<f64> = None;
     for (i, l) in opt.links.iter().enumerate() {
@@ -376,6 +384,9 @@ fn measure(opt: &BenchOptions, progress: &mut impl FnMut(&str)) -> Result<BenchR
         let mut then = String::from("TCP, UDP");
         if opt.flows >= 2 {
             then += &format!(", {} TCP flows at once", opt.flows);
+        }
+        if opt.idle > 0 {
+            then += &format!(", {} idle connections", opt.idle);
         }
         if packets_beside(opt) {
             then += ", then TCP as packets";
@@ -725,6 +736,13 @@ fn tunnel_run(
         true => Some(with_changes(opt, || many_flows(opt, secs))?),
         false => None,
     };
+    let idle = match opt.idle {
+        0 => None,
+        n => {
+            let pids = [tunnels[0].0.id(), tunnels[1].0.id()];
+            Some(idle::measure("10.99.0.2", n, pids, Duration::from_secs(2))?)
+        }
+    };
     let tunnel_status = status_of(opt, NS_SERVER, "tun-b.sock");
     let sender_status = status_of(opt, NS_CLIENT, "tun-a.sock");
     drop(tunnels);
@@ -738,6 +756,10 @@ fn tunnel_run(
         tcp_packet_bps,
         flows_tcp_bps: flows.map(|f| f.0),
         flows_jain: flows.map(|f| f.1),
+        idle_made: idle.map(|i| i.made as f64),
+        idle_open_s: idle.map(|i| i.open_s),
+        idle_rss_bytes: idle.map(|i| i.rss_open.into_iter().max().unwrap_or(0) as f64),
+        idle_rss_growth_bytes: idle.map(|i| i.growth() as f64),
         tcp_bps,
         tcp_retransmits,
         udp_out_of_order: got.out_of_order,

@@ -126,6 +126,7 @@ mod tests {
             tcp_streams: None,
             flows: 1,
             download: None,
+            idle: 0,
             return_path: true,
             buffer_packets: None,
             changes: Vec::new(),

@@ -50,6 +50,15 @@ pub struct ModeResult {
     /// With `--download BYTES`: seconds from the SYN to the last byte through the
     /// tunnel.
     pub download_s: Option<f64>,
+    /// With `--idle N`: the idle connections made through the tunnel.
+    pub idle_made: Option<f64>,
+    /// Seconds to make them.
+    pub idle_open_s: Option<f64>,
+    /// The larger of the two ends' resident sets while they are open, bytes.
+    pub idle_rss_bytes: Option<f64>,
+    /// The larger of the two ends' growth in resident set from before they were
+    /// opened, bytes.
+    pub idle_rss_growth_bytes: Option<f64>,
 }
 
 /// A whole bench: one run, or the medians of several.
@@ -184,6 +193,10 @@ impl BenchResult {
             b.flows_tcp_bps = median(&|x| x.braid.get(m)?.flows_tcp_bps);
             b.flows_jain = median(&|x| x.braid.get(m)?.flows_jain);
             b.download_s = median(&|x| x.braid.get(m)?.download_s);
+            b.idle_made = median(&|x| x.braid.get(m)?.idle_made);
+            b.idle_open_s = median(&|x| x.braid.get(m)?.idle_open_s);
+            b.idle_rss_bytes = median(&|x| x.braid.get(m)?.idle_rss_bytes);
+            b.idle_rss_growth_bytes = median(&|x| x.braid.get(m)?.idle_rss_growth_bytes);
         }
         r.mptcp_bps = median(&|x| x.mptcp_bps);
         r.download_best_link_s = median(&|x| x.download_best_link_s);
@@ -230,11 +243,17 @@ impl BenchResult {
         for key in MODE_FIGURES {
             self.add_range(&mut v, key, &|x| Some(x.braid.get(m)?.figure(key)));
         }
-        let optional: [(&str, Figure); 4] = [
+        let optional: [(&str, Figure); 8] = [
             ("tcp_packet_bps", &|x| x.braid.get(m)?.tcp_packet_bps),
             ("flows_tcp_bps", &|x| x.braid.get(m)?.flows_tcp_bps),
             ("flows_jain", &|x| x.braid.get(m)?.flows_jain),
             ("download_s", &|x| x.braid.get(m)?.download_s),
+            ("idle_made", &|x| x.braid.get(m)?.idle_made),
+            ("idle_open_s", &|x| x.braid.get(m)?.idle_open_s),
+            ("idle_rss_bytes", &|x| x.braid.get(m)?.idle_rss_bytes),
+            ("idle_rss_growth_bytes", &|x| {
+                x.braid.get(m)?.idle_rss_growth_bytes
+            }),
         ];
         for (key, f) in optional {
             if let (Some(b), Some(o)) = (f(self), v.as_object_mut()) {
@@ -439,6 +458,20 @@ impl BenchResult {
                 let extra = format!("   Jain's fairness {j:.3}");
                 s += &self.row("  many flows at once, total", &f, None, &extra);
             }
+            if let (Some(made), Some(open_s), Some(rss), Some(growth)) = (
+                r.idle_made,
+                r.idle_open_s,
+                r.idle_rss_bytes,
+                r.idle_rss_growth_bytes,
+            ) {
+                let mib = |b: f64| b / f64::from(1u32 << 20);
+                s += &format!(
+                    "  {made:.0} idle connections (made in {open_s:.1} s): the larger end \
+                     holds {:.1} MiB, {:.1} MiB more than before\n",
+                    mib(rss),
+                    mib(growth)
+                );
+            }
         }
         if self.mptcp_bps.is_some() {
             let what = "MPTCP, one subflow per link";
@@ -496,6 +529,10 @@ fn mode_from_json(r: &Value) -> Option<ModeResult> {
         flows_tcp_bps: r["flows_tcp_bps"].as_f64(),
         flows_jain: r["flows_jain"].as_f64(),
         download_s: r["download_s"].as_f64(),
+        idle_made: r["idle_made"].as_f64(),
+        idle_open_s: r["idle_open_s"].as_f64(),
+        idle_rss_bytes: r["idle_rss_bytes"].as_f64(),
+        idle_rss_growth_bytes: r["idle_rss_growth_bytes"].as_f64(),
     })
 }
 
