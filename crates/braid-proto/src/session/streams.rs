@@ -60,7 +60,11 @@ impl Session {
         };
         if self.crypto.ready() {
             st.handle_timeout(now);
-            self.streams_unsent = st.unsent();
+            // Only the return path's backlog rule reads it, and only while a cut is in
+            // force: no walk over every stream on each turn otherwise.
+            if self.return_path.on.is_some() {
+                self.streams_unsent = st.unsent();
+            }
             let max = self.path_max_packet();
             while st.wants_to_send()
                 && self.tx.pending.len() < QUEUE_FRAMES
