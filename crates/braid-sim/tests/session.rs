@@ -376,6 +376,42 @@ fn every_undelivered_packet_is_counted_by_cause() {
     assert_eq!(n.offered - r.packets_delivered, n.receiver_gave_up, "{n:?}");
 }
 
+/// Issue 28's simulated case, with the tunnel's defaults: 8 channels spanning 20x in
+/// rate, 1-80 ms with jitter up to 50 ms, equal weights, 64-1400-byte packets, loaded to
+/// 70 % and 90 % of what they carry on the wire. With the scenario's seed every mode
+/// delivers at least 0.99 and
+/// 0.97 of what is offered, and seq misorders nothing. (Before repairs went to the
+/// channel where they arrive first, logical delivered 0.91 at 90 %: every repair went
+/// to the 5 Mbit/s channel with the lowest delay and the stripe stalled behind it.)
+#[test]
+fn eight_dissimilar_channels_carry_what_is_offered() {
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios/defaults/eight-channels.toml");
+    let mut sc = scenario::load(&path).unwrap_or_else(|e| panic!("{e}"));
+    sc.jobs
+        .retain(|j| j.params.iter().any(|(_, v)| *v == 199.0 || *v == 255.0));
+    assert_eq!(sc.jobs.len(), 6);
+    let r = run(&sc, 1);
+    for run in &r.runs {
+        let n = run.session.as_ref().expect("a session run").not_delivered;
+        let share = run.packets_delivered as f64 / n.offered as f64;
+        let least = if run.params.iter().any(|(_, v)| *v == 199.0) {
+            0.99
+        } else {
+            0.97
+        };
+        assert!(
+            share >= least,
+            "{} {:?}: {share:.4} {n:?}",
+            run.label,
+            run.params
+        );
+        if run.label == "seq" {
+            assert_eq!(run.out_of_order, 0, "{:?}", run.params);
+        }
+    }
+}
+
 fn run_seq_link_down() -> braid_sim::report::RunReport {
     let mut sc = link_down();
     sc.jobs.retain(|j| j.label == "seq");

@@ -24,7 +24,8 @@
 //!   lately (a `Resend` session message, `wire::session`), and releases the channel's
 //!   datagrams in counter order as soon as the gap is filled, or when the wait runs
 //!   out (then the datagram is lost, as without repair);
-//! * the sender answers on its fastest channel with the **same sealed bytes**: not
+//! * the sender answers on the channel where the repair arrives first (its round trip
+//!   and its pacer's debt) with the **same sealed bytes**: not
 //!   re-sealed and not wrapped, so a repair is no larger than the original and needs no
 //!   room in the MTU. The receiver recognises one when it fails to open on the channel
 //!   it came in on but carries a counter it is missing on another: the channel index is
@@ -135,6 +136,15 @@ impl LinkSender {
                 self.highest[0] = (key, Some(counter));
             }
         }
+    }
+
+    /// The length of the datagram sealed with key `key` and `counter`, if it is kept.
+    pub fn len_of(&self, key: u32, counter: u64) -> Option<usize> {
+        self.items
+            .iter()
+            .rev()
+            .find(|(_, k, c, ..)| *k == key && *c == counter)
+            .map(|(_, _, _, b, _)| b.len())
     }
 
     /// The datagram sealed with key `key` and `counter`, to send again at `now`, unless

@@ -214,6 +214,17 @@ impl Pacer {
         Some(b.at + Duration::from_micros(us.max(1)))
     }
 
+    /// How long after `now` a datagram of `len` bytes charged to channel `c` now would
+    /// have left, at the channel's rate, behind the tokens it owes already: the wait a
+    /// packet sent past the queue (a repair) puts on the channel. `None`: not paced.
+    pub fn backlog_after(&self, now: Instant, c: usize, len: usize) -> Option<Duration> {
+        let b = self.buckets.get(c)?.as_ref()?;
+        let dt = now.saturating_since(b.at).as_micros() as f64;
+        let tokens = (b.tokens + dt * b.rate).min(b.cap) - (len as f64 + self.overhead);
+        let us = (-tokens / b.rate).max(0.0).ceil() as u64;
+        Some(Duration::from_micros(us))
+    }
+
     /// Scale CoDel to the bond's round trip: the slowest round trip (minimum) of the
     /// channels we stripe over is `slowest`.
     pub fn scale(&mut self, slowest: Duration) {
@@ -307,6 +318,28 @@ mod tests {
         assert_eq!(p.ready_at(0), Some(us(3000)));
         assert!(!p.ready(us(2999), 0));
         assert!(p.ready(us(3000), 0));
+    }
+
+    #[test]
+    fn the_backlog_is_the_debt_at_the_channels_rate() {
+        let cfg = PacingConfig {
+            overhead: 0,
+            ..PacingConfig::new(vec![8e6, 0.0])
+        };
+        // 1 byte/µs, a 2 ms burst = 2000 bytes of tokens.
+        let mut p = Pacer::new(&cfg, 500, us(0));
+        assert_eq!(p.backlog_after(us(0), 0, 1500), Some(Duration::ZERO));
+        assert_eq!(
+            p.backlog_after(us(0), 0, 5000),
+            Some(Duration::from_micros(3000))
+        );
+        p.charge(us(0), 0, 5000);
+        // 3000 bytes owed, 1000 paid back by 1 ms: 2000 more and 1000 for the datagram.
+        assert_eq!(
+            p.backlog_after(us(1000), 0, 1000),
+            Some(Duration::from_micros(3000))
+        );
+        assert_eq!(p.backlog_after(us(0), 1, 1500), None);
     }
 
     #[test]

@@ -1018,6 +1018,57 @@ fn arq_answers_a_repeated_request_once_per_round_trip_of_the_repair_path() {
 }
 
 #[test]
+fn arq_repairs_take_the_channel_where_they_arrive_first() {
+    // Channel 0 has the lowest delay but is paced at 1 Mbit/s; channel 1 is 15 ms
+    // further and paced at 50. A burst of requests for channel 2's datagrams must not
+    // all go on channel 0: its pacer would owe a second of repairs, and the stripe,
+    // which waits in order for each channel's tokens, would stall behind them.
+    let mut p = pair_with(3, Mode::Seq, &[5, 20, 20], |c| {
+        arq_on(c);
+        paced(&[1e6, 50e6, 50e6])(c);
+    });
+    p.run_until(at_ms(1000));
+    p.sent_a = Some(Vec::new());
+    p.run_until(at_ms(1600));
+    p.every = Duration::ZERO;
+    p.run_until(at_ms(1700));
+    let sealed = p.sent_a.take().unwrap();
+    let ids: Vec<(u32, u64)> = sealed
+        .iter()
+        .filter(|(c, _)| *c == 2)
+        .filter_map(|(_, d)| sealed_id(d))
+        .collect();
+    let key_index = ids.last().expect("A sent on channel 2").0;
+    let counters: Vec<u64> = ids
+        .iter()
+        .filter(|(k, _)| *k == key_index)
+        .map(|&(_, c)| c)
+        .collect();
+    assert!(counters.len() >= 96, "{}", counters.len());
+    for chunk in counters.chunks(wire::session::RESEND_MAX) {
+        let m = Msg::Resend(wire::session::Resend {
+            channel: 0,
+            lost_channel: 2,
+            key_index,
+            counters: chunk.to_vec(),
+        });
+        let asked = p.b.crypto.seal(p.now, 0, &[&m.to_vec()], true).unwrap();
+        p.a.handle_datagram(p.now, 0, asked);
+    }
+    let mut on = [0usize; 3];
+    while let Some(t) = p.a.poll_transmit() {
+        if t.kind == DatagramKind::Repair {
+            on[t.channel] += 1;
+        }
+    }
+    assert_eq!(on.iter().sum::<usize>(), counters.len(), "{on:?}");
+    assert_eq!(on[2], 0, "not on the channel that lost them: {on:?}");
+    // The first on the fastest; once its pacer owes more than the 15 ms channel 1 is
+    // further, the rest on channel 1.
+    assert!(on[0] >= 1 && on[0] * 4 < counters.len(), "{on:?}");
+}
+
+#[test]
 fn arq_rejects_requests_for_datagrams_never_sent() {
     let mut p = pair_with(2, Mode::Seq, &[5, 5], arq_on);
     p.run_until(at_ms(300));
