@@ -957,7 +957,8 @@ impl Session {
         let k = self.tx.striper.next_channel(p);
         let phys = self.tx.members.get(k).copied().unwrap_or(0);
         if let Some(pc) = &mut self.pacer {
-            if !pc.ready(now, phys) {
+            let quantum = self.tx.striper.quantum(k).unwrap_or(0) as usize;
+            if !pc.ready_in_round(now, phys, quantum) {
                 pc.stats.waits += 1;
                 return false;
             }

@@ -103,8 +103,13 @@ struct Bucket {
 
 impl Bucket {
     fn refill(&mut self, now: Instant) {
+        self.refill_to(now, self.cap);
+    }
+
+    /// Refill, saving up at most `cap` bytes.
+    fn refill_to(&mut self, now: Instant, cap: f64) {
         let dt = now.saturating_since(self.at).as_micros() as f64;
-        self.tokens = (self.tokens + dt * self.rate).min(self.cap);
+        self.tokens = (self.tokens + dt * self.rate).min(cap.max(self.tokens));
         self.at = self.at.max(now);
     }
 }
@@ -170,13 +175,20 @@ impl Pacer {
         });
     }
 
-    /// May a packet go on channel `c` at `now`? (A channel with tokens left may take
-    /// one datagram whatever its size: the bucket goes below zero and refills first.)
-    pub fn ready(&mut self, now: Instant, c: usize) -> bool {
+    /// May a packet go on channel `c` at `now`, for a channel the stripe gives
+    /// `quantum` bytes a round (0: not known)? A channel with tokens left may take one
+    /// datagram whatever its size: the bucket goes below zero and refills first. While
+    /// the stripe waits on the other channels, a channel saves up tokens for its whole
+    /// quantum and a datagram, even beyond its burst. A round lasts the smallest
+    /// quantum's time at the slowest channel's pace; with that longer than the burst
+    /// (a quantum of 1445 bytes at 2.9 Mbit/s is 4 ms), every channel's tokens
+    /// overflowed while it waited its turn, and each carried about half its pace.
+    pub fn ready_in_round(&mut self, now: Instant, c: usize, quantum: usize) -> bool {
+        let round = quantum as f64 + self.min_cap / 2.0;
         match self.buckets.get_mut(c).and_then(Option::as_mut) {
             None => true,
             Some(b) => {
-                b.refill(now);
+                b.refill_to(now, b.cap.max(round));
                 b.tokens >= 0.0
             }
         }
@@ -290,7 +302,7 @@ mod tests {
         let mut sent = 0u64;
         let mut t = 0u64;
         while t <= 100_000 {
-            if p.ready(us(t), 0) {
+            if p.ready_in_round(us(t), 0, 0) {
                 p.charge(us(t), 0, 1000);
                 sent += 1000;
             }
@@ -300,7 +312,7 @@ mod tests {
         assert!((100_000..=103_000).contains(&sent), "{sent}");
         // Channel 1 is not paced.
         for _ in 0..1000 {
-            assert!(p.ready(us(t), 1));
+            assert!(p.ready_in_round(us(t), 1, 0));
             p.charge(us(t), 1, 1500);
         }
         assert_eq!(p.ready_at(1), None);
@@ -314,10 +326,37 @@ mod tests {
         };
         let mut p = Pacer::new(&cfg, 500, us(0));
         p.charge(us(0), 0, 5000); // 2000 - 5000 = -3000 bytes
-        assert!(!p.ready(us(0), 0));
+        assert!(!p.ready_in_round(us(0), 0, 0));
         assert_eq!(p.ready_at(0), Some(us(3000)));
-        assert!(!p.ready(us(2999), 0));
-        assert!(p.ready(us(3000), 0));
+        assert!(!p.ready_in_round(us(2999), 0, 0));
+        assert!(p.ready_in_round(us(3000), 0, 0));
+    }
+
+    #[test]
+    fn a_channel_waiting_its_turn_saves_up_its_quantum() {
+        // 8 Mbit/s = 1 byte/µs: a 2 ms burst is 2000 bytes (two 958-byte datagrams).
+        let cfg = PacingConfig {
+            overhead: 0,
+            ..PacingConfig::new(vec![8e6])
+        };
+        let sendable = |quantum: usize| {
+            let mut p = Pacer::new(&cfg, 958, us(0));
+            // Spent, then 10 ms waiting for the other channels.
+            p.charge(us(0), 0, 2000);
+            let mut sent = 0;
+            while p.ready_in_round(us(10_000), 0, quantum) {
+                p.charge(us(10_000), 0, 500);
+                sent += 500;
+            }
+            sent
+        };
+        // Without a quantum the burst caps what it saved: 2000 bytes and one more
+        // datagram's overdraw.
+        assert_eq!(sendable(0), 2500);
+        // A 6000-byte quantum: that and a datagram (958), and the overdraw.
+        assert_eq!(sendable(6000), 7000);
+        // Never more than the 10 ms at its rate (and the overdraw).
+        assert_eq!(sendable(50_000), 10_500);
     }
 
     #[test]

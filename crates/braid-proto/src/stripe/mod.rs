@@ -217,6 +217,16 @@ impl Striper {
         }
     }
 
+    /// The SRR quantum of channel `k` (its index in the stripe) in force, if SRR.
+    pub fn quantum(&self, k: usize) -> Option<u32> {
+        match &self.chooser {
+            Chooser::Causal(Sched::Srr(s)) if k < s.channels() => {
+                Some(s.quantum(k).clamp(0, i64::from(u32::MAX)) as u32)
+            }
+            _ => None,
+        }
+    }
+
     fn apply_quanta(&mut self) {
         let (Some(q), Chooser::Causal(Sched::Srr(s))) =
             (self.pending_quanta.take(), &mut self.chooser)
