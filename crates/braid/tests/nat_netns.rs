@@ -1,8 +1,10 @@
 //! Issue 30: a client behind a NAT (iptables MASQUERADE in a namespace between it and
 //! the server) reaches a server that knows no client address; the NAT's outside
 //! address changes (as a modem's public address does) and traffic flows again within
-//! a second; an attacker's forged and replayed datagrams from another address never
-//! move the server's endpoint. Needs root, /dev/net/tun, `ip`, `iptables`, `ping`
+//! a second, and a TCP connection open across the change (carried as a stream of the
+//! session, the default) goes on and delivers every byte; an attacker's forged and
+//! replayed datagrams from another address never move the server's endpoint (issue 32:
+//! a connection survives a NAT rebinding). Needs root, /dev/net/tun, `ip`, `iptables`, `ping`
 //! and python3; without them the test says why it is skipped. Namespaces are removed
 //! on every exit path.
 
@@ -173,6 +175,13 @@ fn a_client_behind_nat_is_followed_when_its_mapping_changes_and_spoofs_do_not_mo
     ping_until(&nc, "10.78.0.2", Duration::from_secs(3));
     ping_until(&ns, "10.78.0.1", Duration::from_secs(3));
 
+    // A TCP connection from the client's side to a server behind the server's tunnel
+    // address runs across the change: 4 MB at 1 MB/s, checked end to end.
+    let sink = common::py(&ns, common::ECHO_SUM, &["10.78.0.2"]);
+    std::thread::sleep(Duration::from_millis(300));
+    let source = common::py(&nc, common::SEND_SUM, &["10.78.0.2", "4000000", "1000000"]);
+    std::thread::sleep(Duration::from_millis(1000));
+
     // The NAT's outside address changes: its old mappings go (MASQUERADE forgets
     // them with the address) and the client's next datagrams leave from the new one.
     sh(&["ip", "-n", &nn, "addr", "del", "10.220.0.1/24", "dev", &no]);
@@ -190,6 +199,20 @@ fn a_client_behind_nat_is_followed_when_its_mapping_changes_and_spoofs_do_not_mo
         assert_eq!(c["endpoint_changes"], 1, "{c}");
         assert_eq!(c["state"], "up", "{c}");
     }
+
+    // The connection went on: every byte arrived, both ways, over one stream.
+    let source = source.wait_with_output().unwrap();
+    let sink = sink.wait_with_output().unwrap();
+    assert_eq!(
+        common::text(&source),
+        "ok",
+        "server: {}",
+        common::text(&sink)
+    );
+    assert_eq!(common::text(&sink), "10.78.0.1");
+    let c = status(&cc).unwrap();
+    assert_eq!(c["streams_opened"], 1, "{c}");
+    assert_eq!(c["streams_reset"], 0, "{c}");
 
     // An attacker at the NAT's address (another port) replays a captured datagram,
     // forges one and forges a handshake initiation: the endpoint stays.

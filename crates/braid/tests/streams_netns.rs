@@ -6,11 +6,10 @@
 //! stream (the ends' counters), not as packets. Needs root, /dev/net/tun, `ip`,
 //! `iptables` and python3; without them each test says why it is skipped and passes.
 
-use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 mod common;
-use common::{blackhole, status, Ends};
+use common::{blackhole, py, status, text, Ends, ECHO_SUM, SEND_SUM};
 
 fn skip_reason() -> Option<String> {
     common::netns_skip_reason(
@@ -25,66 +24,6 @@ fn skip_reason() -> Option<String> {
 fn up(tag: &str, net: u8) -> Ends {
     // The defaults: every channel is paced, so TCP crosses as streams.
     common::two_ends("st", tag, net, "10.79.0", "")
-}
-
-/// B's server on 10.79.0.2:5001: reads to the end (the client's half-close), then
-/// answers with the length and SHA-256 of what it read and 1 MiB of its own, and
-/// closes.
-const ECHO_SUM: &str = r#"
-import socket, hashlib, random
-l = socket.socket(); l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-l.bind(("10.79.0.2", 5001)); l.listen(1); l.settimeout(30)
-c, peer = l.accept(); c.settimeout(30)
-h = hashlib.sha256(); n = 0
-while True:
-    b = c.recv(65536)
-    if not b: break
-    h.update(b); n += len(b)
-c.sendall(("%d %s\n" % (n, h.hexdigest())).encode() + random.Random(3).randbytes(1 << 20))
-c.close()
-print(peer[0])
-"#;
-
-/// A's client: sends `argv[1]` bytes (paced to `argv[2]` bytes a second if given),
-/// half-closes, and checks B's answer: prints `ok`, or what was wrong.
-const SEND_SUM: &str = r#"
-import socket, hashlib, random, sys, time
-n = int(sys.argv[1]); rate = float(sys.argv[2]) if len(sys.argv) > 2 else 0
-data = random.Random(7).randbytes(n)
-s = socket.create_connection(("10.79.0.2", 5001), timeout=30)
-t0 = time.monotonic(); i = 0
-while i < n:
-    s.sendall(data[i:i + 65536]); i += 65536
-    if rate: time.sleep(max(0.0, t0 + i / rate - time.monotonic()))
-s.shutdown(socket.SHUT_WR)
-got = b""
-while True:
-    b = s.recv(65536)
-    if not b: break
-    got += b
-line, _, rest = got.partition(b"\n")
-want = "%d %s" % (n, hashlib.sha256(data).hexdigest())
-if line.decode() != want: print("sum", line, want)
-elif rest != random.Random(3).randbytes(1 << 20): print("answer", len(rest))
-else: print("ok")
-"#;
-
-fn py(ns: &str, script: &str, args: &[&str]) -> std::process::Child {
-    Command::new("ip")
-        .args(["netns", "exec", ns, "python3", "-c", script])
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout).trim(),
-        String::from_utf8_lossy(&o.stderr).trim()
-    )
 }
 
 /// The streams counters of both ends went up for `n` connections: taken at A,
@@ -105,9 +44,9 @@ fn a_connection_crosses_as_a_stream_both_ways_with_half_close() {
         return;
     }
     let e = up("h", 204);
-    let server = py(&e.nb, ECHO_SUM, &[]);
+    let server = py(&e.nb, ECHO_SUM, &["10.79.0.2"]);
     std::thread::sleep(Duration::from_millis(300));
-    let client = py(&e.na, SEND_SUM, &["8000000"])
+    let client = py(&e.na, SEND_SUM, &["10.79.0.2", "8000000"])
         .wait_with_output()
         .unwrap();
     let server = server.wait_with_output().unwrap();
@@ -184,10 +123,10 @@ fn a_connection_outlives_a_channel_failure() {
         return;
     }
     let e = up("f", 207);
-    let server = py(&e.nb, ECHO_SUM, &[]);
+    let server = py(&e.nb, ECHO_SUM, &["10.79.0.2"]);
     std::thread::sleep(Duration::from_millis(300));
     // 6 MB at 1 MB/s; channel 0 a black hole both ways from 1.5 s to 4 s.
-    let client = py(&e.na, SEND_SUM, &["6000000", "1000000"]);
+    let client = py(&e.na, SEND_SUM, &["10.79.0.2", "6000000", "1000000"]);
     std::thread::sleep(Duration::from_millis(1500));
     let dev = &e.devs[0];
     blackhole(&e.nb, &dev.1, "-A");
@@ -221,7 +160,7 @@ fn a_destination_the_far_end_does_not_allow_is_refused() {
         "10.79.0",
         "tcp_streams = true\ntcp_streams_to = [\"192.0.2.0/24\"]\n",
     );
-    let mut server = py(&e.nb, ECHO_SUM, &[]);
+    let mut server = py(&e.nb, ECHO_SUM, &["10.79.0.2"]);
     std::thread::sleep(Duration::from_millis(300));
     let script = r#"
 import socket
@@ -255,9 +194,9 @@ fn a_port_in_tcp_streams_except_crosses_as_packets() {
         "10.79.0",
         "tcp_streams_except = [22, \"5000-5010\"]\n",
     );
-    let server = py(&e.nb, ECHO_SUM, &[]);
+    let server = py(&e.nb, ECHO_SUM, &["10.79.0.2"]);
     std::thread::sleep(Duration::from_millis(300));
-    let client = py(&e.na, SEND_SUM, &["2000000"])
+    let client = py(&e.na, SEND_SUM, &["10.79.0.2", "2000000"])
         .wait_with_output()
         .unwrap();
     let server = server.wait_with_output().unwrap();

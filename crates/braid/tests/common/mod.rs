@@ -384,3 +384,69 @@ pub fn blackhole(ns: &str, dev: &str, op: &str) {
         "ip", "netns", "exec", ns, "iptables", op, "INPUT", "-i", dev, "-p", "udp", "-j", "DROP",
     ]);
 }
+
+/// A server on `argv[1]`, port 5001: reads to the end (the client's half-close), then
+/// answers with the length and SHA-256 of what it read and 1 MiB of its own, and
+/// closes.
+#[allow(dead_code)]
+pub const ECHO_SUM: &str = r#"
+import socket, hashlib, random, sys
+l = socket.socket(); l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind((sys.argv[1], 5001)); l.listen(1); l.settimeout(30)
+c, peer = l.accept(); c.settimeout(30)
+h = hashlib.sha256(); n = 0
+while True:
+    b = c.recv(65536)
+    if not b: break
+    h.update(b); n += len(b)
+c.sendall(("%d %s\n" % (n, h.hexdigest())).encode() + random.Random(3).randbytes(1 << 20))
+c.close()
+print(peer[0])
+"#;
+
+/// A client of `ECHO_SUM` at `argv[1]`: sends `argv[2]` bytes (paced to `argv[3]` bytes
+/// a second if given), half-closes, and checks the answer: prints `ok`, or what was wrong.
+#[allow(dead_code)]
+pub const SEND_SUM: &str = r#"
+import socket, hashlib, random, sys, time
+n = int(sys.argv[2]); rate = float(sys.argv[3]) if len(sys.argv) > 3 else 0
+data = random.Random(7).randbytes(n)
+s = socket.create_connection((sys.argv[1], 5001), timeout=30)
+t0 = time.monotonic(); i = 0
+while i < n:
+    s.sendall(data[i:i + 65536]); i += 65536
+    if rate: time.sleep(max(0.0, t0 + i / rate - time.monotonic()))
+s.shutdown(socket.SHUT_WR)
+got = b""
+while True:
+    b = s.recv(65536)
+    if not b: break
+    got += b
+line, _, rest = got.partition(b"\n")
+want = "%d %s" % (n, hashlib.sha256(data).hexdigest())
+if line.decode() != want: print("sum", line, want)
+elif rest != random.Random(3).randbytes(1 << 20): print("answer", len(rest))
+else: print("ok")
+"#;
+
+/// Runs python3 `script` with `args` in namespace `ns`, its output piped.
+#[allow(dead_code)]
+pub fn py(ns: &str, script: &str, args: &[&str]) -> std::process::Child {
+    std::process::Command::new("ip")
+        .args(["netns", "exec", ns, "python3", "-c", script])
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// A finished child's standard output and error, trimmed, one after the other.
+#[allow(dead_code)]
+pub fn text(o: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout).trim(),
+        String::from_utf8_lossy(&o.stderr).trim()
+    )
+}
