@@ -281,13 +281,6 @@ pub fn tcp_transfer(from: &str, to: &str, addr: &str) -> (String, String) {
         .output()
         .unwrap();
     let got = sink.wait_with_output().unwrap();
-    let text = |o: &std::process::Output| {
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&o.stdout).trim(),
-            String::from_utf8_lossy(&o.stderr).trim()
-        )
-    };
     (text(&source), text(&got))
 }
 
