@@ -344,17 +344,24 @@ fn channel_changes_are_checked() {
     assert!(!r.runs[0].goodput_series_bps.is_empty());
 }
 
+/// `scenarios/defaults/eight-channels.toml` with the runs `keep` accepts (by label and
+/// offered load, Mbit/s).
+fn eight_channels(keep: impl Fn(&str, f64) -> bool) -> scenario::Scenario {
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios/defaults/eight-channels.toml");
+    let mut sc = scenario::load(&path).unwrap_or_else(|e| panic!("{e}"));
+    sc.jobs
+        .retain(|j| j.params.iter().any(|(_, v)| keep(&j.label, *v)));
+    sc
+}
+
 /// Every packet offered and not delivered has a cause in the JSON (issue 28): in seq
 /// mode the receiver counts what it gave up, so nothing is left unexplained, and what
 /// the sending end dropped is what it never sent.
 #[test]
 fn every_undelivered_packet_is_counted_by_cause() {
-    let path =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios/defaults/eight-channels.toml");
-    let mut sc = scenario::load(&path).unwrap_or_else(|e| panic!("{e}"));
     // One run: seq, offered more than the bond carries (the sweep's 90 %).
-    sc.jobs
-        .retain(|j| j.label == "seq" && j.params.iter().any(|(_, v)| *v == 279.0));
+    let sc = eight_channels(|label, offered| label == "seq" && offered == 279.0);
     assert_eq!(sc.jobs.len(), 1);
     let r = run(&sc, 1);
     let run = &r.runs[0];
@@ -385,11 +392,7 @@ fn every_undelivered_packet_is_counted_by_cause() {
 /// to the 5 Mbit/s channel with the lowest delay and the stripe stalled behind it.)
 #[test]
 fn eight_dissimilar_channels_carry_what_is_offered() {
-    let path =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios/defaults/eight-channels.toml");
-    let mut sc = scenario::load(&path).unwrap_or_else(|e| panic!("{e}"));
-    sc.jobs
-        .retain(|j| j.params.iter().any(|(_, v)| *v == 199.0 || *v == 255.0));
+    let sc = eight_channels(|_, offered| offered == 199.0 || offered == 255.0);
     assert_eq!(sc.jobs.len(), 6);
     let r = run(&sc, 1);
     for run in &r.runs {

@@ -108,9 +108,14 @@ impl Bucket {
 
     /// Refill, saving up at most `cap` bytes.
     fn refill_to(&mut self, now: Instant, cap: f64) {
-        let dt = now.saturating_since(self.at).as_micros() as f64;
-        self.tokens = (self.tokens + dt * self.rate).min(cap.max(self.tokens));
+        self.tokens = self.tokens_at(now, cap);
         self.at = self.at.max(now);
+    }
+
+    /// The tokens at `now`, saving up at most `cap` bytes (or what it has already).
+    fn tokens_at(&self, now: Instant, cap: f64) -> f64 {
+        let dt = now.saturating_since(self.at).as_micros() as f64;
+        (self.tokens + dt * self.rate).min(cap.max(self.tokens))
     }
 }
 
@@ -231,8 +236,7 @@ impl Pacer {
     /// packet sent past the queue (a repair) puts on the channel. `None`: not paced.
     pub fn backlog_after(&self, now: Instant, c: usize, len: usize) -> Option<Duration> {
         let b = self.buckets.get(c)?.as_ref()?;
-        let dt = now.saturating_since(b.at).as_micros() as f64;
-        let tokens = (b.tokens + dt * b.rate).min(b.cap) - (len as f64 + self.overhead);
+        let tokens = b.tokens_at(now, b.cap) - (len as f64 + self.overhead);
         let us = (-tokens / b.rate).max(0.0).ceil() as u64;
         Some(Duration::from_micros(us))
     }
