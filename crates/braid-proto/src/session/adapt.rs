@@ -140,6 +140,10 @@ struct Pace {
     /// without draining (µs): the link's FIFO jitter under load, not a queue of ours.
     /// A standing queue is judged above it; it follows the measured queue down.
     floor: Vec<u64>,
+    /// Per channel, how far its last capacity train's datagrams arrived from a steady
+    /// rate (µs, `session::probe`): its link's jitter, as far as a train shows it. A
+    /// queue measure moves by that much without a change of load.
+    wobble: Vec<u64>,
     /// Per channel, a pace cut whose effect the next step judges.
     trial: Vec<Option<Trial>>,
 }
@@ -184,6 +188,7 @@ impl Adapt {
                 overhead: f64::from(overhead),
                 least,
                 floor: vec![0; rates_bps.len()],
+                wobble: vec![0; rates_bps.len()],
                 trial: vec![None; rates_bps.len()],
             };
             if rates_bps.iter().all(|r| *r > 0.0) {
@@ -237,6 +242,17 @@ impl Adapt {
         let changed = new != self.quanta;
         self.quanta = new;
         changed || started
+    }
+
+    /// Channel `c`'s capacity train arrived `wobble_us` off a steady rate at most
+    /// (`session::probe`): a trial cut's queue is judged drained or grown only by more
+    /// than that.
+    pub fn wobble(&mut self, c: usize, wobble_us: u32) {
+        for p in [&mut self.pace, &mut self.learning].into_iter().flatten() {
+            if let Some(w) = p.wobble.get_mut(c) {
+                *w = u64::from(wobble_us);
+            }
+        }
     }
 
     /// Channel `c` may be paced up to `most` (bit/s on the wire), if that is more than
@@ -557,7 +573,7 @@ impl Pace {
         let gone = now.saturating_since(t.at);
         let seen = gone.as_micros().saturating_sub(TRIAL_LAG.as_micros());
         let expected = (seen as f64 * (1.0 - t.share).max(0.0)) as u64;
-        let tolerance = (expected / 3).max(TRIAL_TOLERANCE_US);
+        let tolerance = (expected / 3).max(TRIAL_TOLERANCE_US).max(self.wobble[c]);
         let rtt_min = e.rtt_min.map_or(0, |m| m.as_micros());
         let growth = (rtt_min / 10).max(STANDING_US);
         if q + tolerance < t.queue {
@@ -900,7 +916,14 @@ mod tests {
     /// Steps of a two-channel bond paced at 100 and 50 Mbit/s whose channel 0 delivers
     /// `mbps` with these queues (ms), one step every 300 ms; the rates after each.
     fn paced_steps(mbps: f64, queues: &[u64]) -> Vec<f64> {
+        paced_steps_wobbling(mbps, queues, 0)
+    }
+
+    /// The same, the channel's capacity train having arrived `wobble_us` off a steady
+    /// rate.
+    fn paced_steps_wobbling(mbps: f64, queues: &[u64], wobble_us: u32) -> Vec<f64> {
         let mut a = Adapt::new(vec![1500, 1500], &[100e6, 50e6], 0, Instant::ZERO);
+        a.wobble(0, wobble_us);
         let mut e = [est(mbps, 60, 10), est(49.0, 40, 40)];
         let mut rates = vec![];
         for (i, q) in queues.iter().enumerate() {
@@ -926,6 +949,21 @@ mod tests {
         let r = paced_steps(100.0, &[30; 8]);
         assert_eq!(&r[..2], &[95e6, 95e6], "{r:?}");
         assert_eq!(&r[2..], &[100e6; 6], "{r:?}");
+    }
+
+    #[test]
+    fn a_delay_that_wanders_within_the_trains_wobble_is_jitter_too() {
+        // The same jitter, wandering by 6 ms between reports. The train that measured
+        // the link arrived up to 8 ms off a steady rate: the cut is held while
+        // watched, then undone, as before.
+        let queues = [30, 24, 30, 26, 30, 30, 30, 30, 30];
+        let r = paced_steps_wobbling(100.0, &queues, 8_000);
+        assert_eq!(&r[..2], &[95e6, 95e6], "{r:?}");
+        assert_eq!(&r[2..], &[100e6; 7], "{r:?}");
+        // Without it the 6 ms fall reads as a queue of ours that drained, the rise
+        // after it as a new queue: cut again, and undone only steps later.
+        let r = paced_steps(100.0, &queues);
+        assert_eq!(&r[..5], &[95e6, 95e6, 90.25e6, 90.25e6, 90.25e6], "{r:?}");
     }
 
     #[test]

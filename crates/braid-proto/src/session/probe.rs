@@ -45,14 +45,31 @@
 //! bytes, less than the lab's 20 Mbit/s link holds (tbf's 32 KiB burst and 20 ms of
 //! queue). A train that overflows a queue still measures the link (the queue drains at
 //! the link's rate while it drops), but its losses count as the channel's for a moment.
+//!
+//! A link with jitter (a FIFO that delays each datagram by a varying amount, holding
+//! the ones behind a late one and letting them out together) moves a short train's
+//! span by up to its jitter. The receiver reports the train's *wobble* with its rate
+//! ([`measure`]); a train that wobbled by more than [`WOBBLE_SHARE`] of its span is
+//! timed by a line through its arrivals, paces the channel for now at a rate lowered
+//! by its wobble, and is followed at once by one long enough for the same wobble to
+//! be that share of its span (at least twice as long), up to [`MAX_TRAIN_LEN`] (whose
+//! rate stands, wobble or not). Adaptive pacing judges its
+//! trial cuts by queue moves larger than the wobble (`session::adapt`).
 
 use super::{LinkState, Role};
 use crate::time::{Duration, Instant};
 use crate::wire::secure;
 use crate::wire::session::{Msg, Probe, ProbeReport};
 
-/// Datagrams in a train.
+/// Datagrams in a channel's first train.
 pub const TRAIN_LEN: u16 = 48;
+/// Most datagrams in a train: a train whose arrival wobbled is followed by a longer
+/// one, up to this (see [`WOBBLE_SHARE`]).
+pub const MAX_TRAIN_LEN: u16 = 768;
+/// A train is trusted when no timed datagram arrived farther from the span's steady
+/// rate than this share of the span; otherwise its rate paces the channel for now, and
+/// a longer train follows, until one is trusted or [`MAX_TRAIN_LEN`] was sent.
+pub const WOBBLE_SHARE: f64 = 0.1;
 /// The receiver reports a train this long after its latest datagram, if the train's
 /// last one has not arrived.
 pub const REPORT_AFTER: Duration = Duration::from_millis(200);
@@ -75,6 +92,9 @@ const MIN_RECEIVED: usize = 8;
 /// the link. With 1500-byte datagrams it lets a train show up to about 570 Mbit/s; a
 /// faster link is left as configured.
 pub const MIN_SPAN: Duration = Duration::from_micros(500);
+/// Least time a whole train must take to be timed whole, when its later half came
+/// within [`MIN_SPAN`] (see [`measure`]).
+const WHOLE_MIN_SPAN: Duration = Duration::from_millis(4);
 /// Most arrivals kept of one train (a peer cannot make us keep more).
 const MAX_ARRIVALS: usize = 1024;
 
@@ -196,6 +216,8 @@ pub(crate) struct Probes {
     failure: Vec<Option<ProbeFailure>>,
     /// Channels that gave up since the last [`Probes::take_gave_up`].
     gave_up: Vec<usize>,
+    /// Datagrams in each channel's next train (it grows while trains wobble).
+    len: Vec<u16>,
     next_train: u16,
     /// The peer's trains, per channel.
     rx: Vec<Option<RxTrain>>,
@@ -210,6 +232,7 @@ impl Probes {
             last: vec![None; n],
             failure: vec![None; n],
             gave_up: Vec::new(),
+            len: vec![TRAIN_LEN; n],
             next_train: 0,
             rx: vec![None; n],
             stats: ProbeStats::default(),
@@ -224,6 +247,7 @@ impl Probes {
                 if c.is_none_or(|c| c == i) {
                     *s = TxState::Due { first: true };
                     self.failure[i] = None;
+                    self.len[i] = TRAIN_LEN;
                 }
             }
         }
@@ -258,8 +282,8 @@ impl Probes {
     }
 
     /// The channels to send a train on at `now`, given which are up both ways, with
-    /// the train's number; each is marked sent.
-    pub fn due(&mut self, now: Instant, up: impl Fn(usize) -> bool) -> Vec<(usize, u16)> {
+    /// the train's number and its datagrams; each is marked sent.
+    pub fn due(&mut self, now: Instant, up: impl Fn(usize) -> bool) -> Vec<(usize, u16, u16)> {
         let mut out = Vec::new();
         let Some(tx) = &mut self.tx else {
             return out;
@@ -295,7 +319,7 @@ impl Probes {
                 first,
             };
             self.stats.trains_sent += 1;
-            out.push((c, train));
+            out.push((c, train, self.len[c]));
         }
         out
     }
@@ -356,7 +380,25 @@ impl Probes {
         }
         let bytes = r.tail_bytes as f64 + f64::from(r.tail) * f64::from(overhead);
         let bps = bytes * 8e6 / r.span_us as f64;
-        *s = TxState::Done { at: now };
+        // A train whose arrival wobbled by a fair share of its span measured the
+        // link's jitter as much as its rate: a longer train follows, whose span the
+        // same jitter moves by a smaller share. Until it reports, the rate is taken
+        // as low as the wobble may have made it look high (the jitter may have moved
+        // each end of the span by the wobble): a pace above the link's rate builds a
+        // queue that adaptive pacing then cuts to half, and is slow to win back.
+        let wobble = f64::from(r.wobble_us);
+        let span = r.span_us as f64;
+        let mut bps = bps;
+        *s = if wobble > WOBBLE_SHARE * span && self.len[c] < MAX_TRAIN_LEN {
+            // Long enough for the same wobble to be a tenth of the span, if the span
+            // grows with the train; at least twice as long.
+            let factor = (wobble / (WOBBLE_SHARE * span)).ceil().max(2.0);
+            self.len[c] = (f64::from(self.len[c]) * factor).min(f64::from(MAX_TRAIN_LEN)) as u16;
+            bps *= span / (span + 2.0 * wobble);
+            TxState::Due { first }
+        } else {
+            TxState::Done { at: now }
+        };
         self.last[c] = Some(bps);
         self.failure[c] = None;
         Some((bps, first))
@@ -432,22 +474,37 @@ impl Probes {
     fn report(&mut self, c: usize) -> Option<ProbeReport> {
         let t = self.rx.get_mut(c)?.as_mut()?;
         t.reported = true;
-        let (tail, tail_bytes, span_us, readings) = measure(&t.arrivals)?;
+        let m = measure(&t.arrivals)?;
         self.stats.reports_sent += 1;
         Some(ProbeReport {
             channel: c as u8,
             train: t.train,
             received: t.arrivals.len() as u16,
-            tail,
-            readings,
-            tail_bytes,
-            span_us,
+            tail: m.tail,
+            readings: m.readings,
+            tail_bytes: m.tail_bytes,
+            span_us: m.span_us,
+            wobble_us: m.wobble_us,
         })
     }
 }
 
-/// The later half of a train's arrivals: (datagrams timed, their bytes, the time they
-/// took, microseconds, distinct clock readings); all but the readings 0 when it came in
+/// How a train's later half arrived (see [`measure`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Timing {
+    /// Datagrams timed (0: the half came in one clock reading).
+    tail: u16,
+    /// Their bytes.
+    tail_bytes: u64,
+    /// Microseconds from the half's first reading to its last.
+    span_us: u64,
+    /// Distinct clock readings over the half.
+    readings: u16,
+    /// The farthest a timed datagram arrived from where the span's steady rate puts it.
+    wobble_us: u32,
+}
+
+/// The later half of a train's arrivals, timed; all but the readings 0 when it came in
 /// one reading. `None` when too few arrived to say anything. The first half is left out: a token bucket at the bottleneck
 /// lets a burst through at once. A receiver may stamp several datagrams with one clock
 /// reading, taken after the last of them arrived (a batch read, a GRO buffer): so the
@@ -455,24 +512,104 @@ impl Probes {
 /// later, over the time to the last reading. (Counting from the half's first datagram
 /// instead measured a 100 Mbit/s link at up to 130 in the lab, its datagrams coalesced
 /// on arrival; a least-squares fit did no better.)
-fn measure(arrivals: &[(Instant, u64)]) -> Option<(u16, u64, u64, u16)> {
+///
+/// The *wobble* says how far to trust the span: each timed datagram is compared with
+/// the time the span's rate puts it at (the half's first reading plus its bytes so far
+/// at that rate). A link that spaces the train at its rate keeps it within a read
+/// batch; a link with jitter, whose FIFO holds datagrams behind a late one and lets
+/// them out together, moves it by up to its jitter, and so it moves the span's ends:
+/// the sender sends a longer train (`Probes::on_report`).
+fn measure(arrivals: &[(Instant, u64)]) -> Option<Timing> {
     if arrivals.len() < MIN_RECEIVED {
         return None;
     }
-    let half = &arrivals[arrivals.len() / 2..];
-    let first = half[0].0;
-    let last = half[half.len() - 1].0;
-    let readings = 1 + half.windows(2).filter(|w| w[1].0 != w[0].0).count() as u16;
-    let later: Vec<u64> = half
+    let half = time(&arrivals[arrivals.len() / 2..]);
+    if half.span_us >= MIN_SPAN.as_micros() {
+        return Some(half);
+    }
+    // A later half that came within MIN_SPAN after a first half that took
+    // WHOLE_MIN_SPAN or more: no rate limit spaces a train so (a token bucket lets
+    // the first datagrams through at once, not the last), but a link's jitter does,
+    // holding the later half behind a late datagram and letting it out at once. It is
+    // timed over the whole train, and its wobble asks for a longer one. (A link too
+    // fast to time, read in a few batches, brings the whole train within a read's
+    // scheduling: hundreds of microseconds.)
+    let whole = time(arrivals);
+    Some(if whole.span_us >= WHOLE_MIN_SPAN.as_micros() {
+        whole
+    } else {
+        half
+    })
+}
+
+/// The time `bytes` take at the rate of a least-squares line through `arrivals`
+/// (arrival time on the bytes so far, each datagram's included), microseconds; `None`
+/// for a line that does not rise.
+fn fitted_span(arrivals: &[(Instant, u64)], first: Instant, bytes: u64) -> Option<u64> {
+    let mut so_far = 0.0;
+    let points: Vec<(f64, f64)> = arrivals
+        .iter()
+        .map(|(at, b)| {
+            so_far += *b as f64;
+            (so_far, at.saturating_since(first).as_micros() as f64)
+        })
+        .collect();
+    let n = points.len() as f64;
+    let (mx, my) = points
+        .iter()
+        .fold((0.0, 0.0), |(x, y), p| (x + p.0 / n, y + p.1 / n));
+    let (sxy, sxx) = points.iter().fold((0.0, 0.0), |(xy, xx), p| {
+        (xy + (p.0 - mx) * (p.1 - my), xx + (p.0 - mx) * (p.0 - mx))
+    });
+    let us_per_byte = sxy / sxx;
+    (us_per_byte > 0.0 && us_per_byte.is_finite())
+        .then(|| ((us_per_byte * bytes as f64).round() as u64).max(1))
+}
+
+/// Times `arrivals` from their first clock reading (see [`measure`]).
+fn time(arrivals: &[(Instant, u64)]) -> Timing {
+    let first = arrivals[0].0;
+    let last = arrivals[arrivals.len() - 1].0;
+    let readings = 1 + arrivals.windows(2).filter(|w| w[1].0 != w[0].0).count() as u16;
+    let later: Vec<(Instant, u64)> = arrivals
         .iter()
         .filter(|(at, _)| *at > first)
-        .map(|(_, b)| *b)
+        .copied()
         .collect();
     let span = last.saturating_since(first).as_micros();
     if later.is_empty() || span == 0 {
-        return Some((0, 0, 0, 1));
+        return Timing {
+            tail: 0,
+            tail_bytes: 0,
+            span_us: 0,
+            readings: 1,
+            wobble_us: 0,
+        };
     }
-    Some((later.len() as u16, later.iter().sum(), span, readings))
+    let tail_bytes: u64 = later.iter().map(|(_, b)| b).sum();
+    let mut so_far = 0u64;
+    let mut wobble = 0u64;
+    for (at, b) in &later {
+        so_far += b;
+        let due = (span as u128 * u128::from(so_far) / u128::from(tail_bytes)) as u64;
+        let off = at.saturating_since(first).as_micros();
+        wobble = wobble.max(off.abs_diff(due));
+    }
+    // An unsteady arrival is timed by a line through all of it rather than by its
+    // ends, which the jitter moves most: the span becomes the time the fit's rate
+    // takes for the bytes timed.
+    let span = if wobble as f64 > WOBBLE_SHARE * span as f64 {
+        fitted_span(arrivals, first, tail_bytes).unwrap_or(span)
+    } else {
+        span
+    };
+    Timing {
+        tail: later.len() as u16,
+        tail_bytes,
+        span_us: span,
+        readings,
+        wobble_us: u32::try_from(wobble).unwrap_or(u32::MAX),
+    }
 }
 
 impl super::Session {
@@ -503,19 +640,19 @@ impl super::Session {
                     .map(|r| r.round() as u64),
             });
         }
-        for (c, train) in due {
+        for (c, train, count) in due {
             // Control messages are always sealed: the train's datagrams are the largest
             // the channel carries (its path MTU, with discovery on).
             let largest = self.pmtu.get(c).map_or(self.cfg.max_datagram, |m| {
                 m.plpmtu.min(self.cfg.max_datagram)
             });
             let len = (largest as usize).saturating_sub(secure::OVERHEAD);
-            for index in 0..TRAIN_LEN {
+            for index in 0..count {
                 let p = Probe {
                     channel: c as u8,
                     train,
                     index,
-                    count: TRAIN_LEN,
+                    count,
                     len,
                 };
                 // One datagram per send, so the link spaces them (see the module docs).
@@ -595,6 +732,7 @@ impl super::Session {
             return;
         }
         if let Some(a) = &mut self.adapt {
+            a.wobble(c, r.wobble_us);
             if !first {
                 a.raise(c, capped(bps));
             } else if a.learn(c, pace, capped(bps)) && self.tx.switching.is_none() {
@@ -644,7 +782,7 @@ mod tests {
         // The sender counts 42 bytes below each datagram: 1542 bytes per 120 us.
         let mut s = Probes::new(1, true);
         let due = s.due(us(0), |_| true);
-        assert_eq!(due, vec![(0, 0)]);
+        assert_eq!(due, vec![(0, 0, TRAIN_LEN)]);
         let r = ProbeReport { train: 0, ..r };
         assert_eq!(r.readings, 24);
         let (bps, fresh) = s.on_report(us(5), 0, &r, 42).expect("a rate");
@@ -652,6 +790,113 @@ mod tests {
         assert!((bps - 1542.0 * 8.0 / 120e-6).abs() < 1.0, "{bps}");
         assert_eq!(s.measured(0), Some(bps));
         assert!(!s.pending());
+    }
+
+    /// A train of `count` 1500-byte datagrams, sent at once at `sent_us`, over a FIFO
+    /// link of 100 Mbit/s (120 us each) that adds a jitter drawn in `[0, jitter_us]`
+    /// to each (arrivals never overtake, as the simulator's links): the report.
+    fn jittery_train(
+        rx: &mut Probes,
+        train: u16,
+        count: u16,
+        jitter_us: u64,
+        seed: &mut u64,
+    ) -> ProbeReport {
+        let mut last = 0;
+        let mut report = None;
+        for i in 0..count {
+            *seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let jitter = (*seed >> 33) % (jitter_us + 1);
+            let at = (120 * u64::from(i + 1) + jitter).max(last);
+            last = at;
+            let p = Probe {
+                count,
+                ..probe(train, i)
+            };
+            report = rx.on_probe(0, &p, us(at), 1500);
+        }
+        report.expect("reported at the last datagram")
+    }
+
+    #[test]
+    fn a_jittery_link_is_measured_with_longer_trains() {
+        // 100 Mbit/s with up to 30 ms of jitter: 48 datagrams take 6 ms, and their
+        // span is the jitter's as much as the link's.
+        let (mut rx, mut tx) = (Probes::new(1, false), Probes::new(1, true));
+        let mut seed = 7;
+        let truth = 1500.0 * 8.0 / 120e-6;
+        let mut lens = Vec::new();
+        let mut now = us(0);
+        let mut last = None;
+        while let Some(&(c, train, count)) = tx.due(now, |_| true).first() {
+            assert_eq!(c, 0);
+            lens.push(count);
+            let r = jittery_train(&mut rx, train, count, 30_000, &mut seed);
+            assert_eq!(r.received, count);
+            let (bps, first) = tx.on_report(now, 0, &r, 0).expect("a rate");
+            assert!(first, "each train of the run sets the pace");
+            let wobbled = f64::from(r.wobble_us) > WOBBLE_SHARE * r.span_us as f64;
+            let raw = r.tail_bytes as f64 * 8e6 / r.span_us as f64;
+            if wobbled && count < MAX_TRAIN_LEN {
+                // Taken as low as the wobble may have made it look high, and a
+                // longer train is due.
+                assert!(bps < raw, "{bps} {raw}");
+            } else {
+                assert_eq!(bps, raw);
+            }
+            last = Some(bps);
+            now += Duration::from_millis(300);
+        }
+        // Each train at least twice as long as the last, sized for its wobble to be a
+        // tenth of its span, until one is trusted (or the longest was sent).
+        assert!(lens.len() >= 2, "{lens:?}");
+        assert_eq!(lens[0], TRAIN_LEN);
+        assert!(lens.windows(2).all(|w| w[1] >= 2 * w[0]), "{lens:?}");
+        assert!(lens.iter().all(|n| *n <= MAX_TRAIN_LEN), "{lens:?}");
+        let bps = last.unwrap();
+        assert!((bps / truth - 1.0).abs() < 0.1, "{bps}");
+        assert!(!tx.pending());
+        // The same link without jitter: one train, timed by its ends, trusted.
+        let (mut rx, mut tx) = (Probes::new(1, false), Probes::new(1, true));
+        let due = tx.due(us(0), |_| true);
+        assert_eq!(due, vec![(0, 0, TRAIN_LEN)]);
+        let r = jittery_train(&mut rx, 0, TRAIN_LEN, 0, &mut seed);
+        assert_eq!(r.wobble_us, 0);
+        let (bps, _) = tx.on_report(us(10), 0, &r, 0).expect("a rate");
+        assert!((bps / truth - 1.0).abs() < 1e-6, "{bps}");
+        assert!(tx.due(us(20), |_| true).is_empty());
+        // Measured again when the channel comes back: from a short train.
+        tx.again(Some(0));
+        assert_eq!(tx.due(us(30), |_| true), vec![(0, 1, TRAIN_LEN)]);
+    }
+
+    #[test]
+    fn a_later_half_let_out_at_once_after_a_slow_first_half_is_timed_whole() {
+        // The first 24 datagrams one every 250 us, the last 24 in one reading (held
+        // behind a late one): no rate limit does that; the whole train is timed.
+        let mut rx = Probes::new(1, false);
+        let mut report = None;
+        for i in 0..TRAIN_LEN {
+            let at = 250 * u64::from(i.min(24));
+            report = rx.on_probe(0, &probe(1, i), us(at), 1500);
+        }
+        let r = report.unwrap();
+        assert_eq!(r.tail, 47);
+        assert!(
+            f64::from(r.wobble_us) > WOBBLE_SHARE * r.span_us as f64,
+            "{r:?}"
+        );
+        // Unsteady: timed by a line through it, not by its ends (6 ms).
+        assert!(r.span_us != 6_000 && r.span_us > 5_000, "{r:?}");
+        // The same later half after a first half of 2 ms: a link too fast to time.
+        let mut report = None;
+        for i in 0..TRAIN_LEN {
+            let at = 80 * u64::from(i.min(24));
+            report = rx.on_probe(0, &probe(2, i), us(at), 1500);
+        }
+        assert_eq!(report.unwrap().tail, 0);
     }
 
     #[test]
@@ -684,10 +929,10 @@ mod tests {
     fn no_report_means_another_train_then_giving_up() {
         let mut s = Probes::new(2, true);
         // Channel 1 is not up yet: only channel 0 gets a train.
-        assert_eq!(s.due(us(0), |c| c == 0), vec![(0, 0)]);
-        assert_eq!(s.due(us(500_000), |_| true), vec![(1, 1)]);
+        assert_eq!(s.due(us(0), |c| c == 0), vec![(0, 0, TRAIN_LEN)]);
+        assert_eq!(s.due(us(500_000), |_| true), vec![(1, 1, TRAIN_LEN)]);
         // No report: again a second after each, three trains in all.
-        assert_eq!(s.due(us(1_000_000), |_| true), vec![(0, 2)]);
+        assert_eq!(s.due(us(1_000_000), |_| true), vec![(0, 2, TRAIN_LEN)]);
         let r = ProbeReport {
             channel: 1,
             train: 1,
@@ -696,6 +941,7 @@ mod tests {
             readings: 20,
             tail_bytes: 19_000,
             span_us: 1_000,
+            wobble_us: 0,
         };
         // A report for another train does not count; for the current one it does.
         assert_eq!(
@@ -704,7 +950,7 @@ mod tests {
         );
         let (bps, _) = s.on_report(us(1_100_000), 1, &r, 0).unwrap();
         assert!((bps - 152e6).abs() < 1.0);
-        assert_eq!(s.due(us(2_000_000), |_| true), vec![(0, 3)]);
+        assert_eq!(s.due(us(2_000_000), |_| true), vec![(0, 3, TRAIN_LEN)]);
         assert!(s.pending());
         assert!(s.due(us(3_000_000), |_| true).is_empty());
         assert!(!s.pending(), "channel 0 gave up, channel 1 is measured");
@@ -713,13 +959,13 @@ mod tests {
         // Channel 0 comes back: measured again.
         s.again(Some(0));
         assert!(s.pending());
-        assert_eq!(s.due(us(9_000_000), |_| true), vec![(0, 4)]);
+        assert_eq!(s.due(us(9_000_000), |_| true), vec![(0, 4, TRAIN_LEN)]);
     }
 
     #[test]
     fn a_channel_at_its_measured_rate_is_measured_again_at_most_every_thirty_seconds() {
         let mut s = Probes::new(1, true);
-        assert_eq!(s.due(us(0), |_| true), vec![(0, 0)]);
+        assert_eq!(s.due(us(0), |_| true), vec![(0, 0, TRAIN_LEN)]);
         let r = ProbeReport {
             channel: 0,
             train: 0,
@@ -728,13 +974,14 @@ mod tests {
             readings: 24,
             tail_bytes: 23_000,
             span_us: 1_000,
+            wobble_us: 0,
         };
         let (_, fresh) = s.on_report(us(100_000), 0, &r, 0).unwrap();
         assert!(fresh, "the first measurement sets the pace");
         assert!(!s.remeasure(0, us(30_099_999)));
         assert!(s.remeasure(0, us(30_100_000)));
         assert!(!s.remeasure(0, us(30_200_000)), "already due");
-        assert_eq!(s.due(us(30_200_000), |_| true), vec![(0, 1)]);
+        assert_eq!(s.due(us(30_200_000), |_| true), vec![(0, 1, TRAIN_LEN)]);
         let (bps, fresh) = s
             .on_report(us(30_300_000), 0, &ProbeReport { train: 1, ..r }, 0)
             .unwrap();
@@ -745,7 +992,7 @@ mod tests {
         assert_eq!(s.measured(0), Some(bps));
         // Down and up again: the next measurement is a first one again.
         s.again(Some(0));
-        assert_eq!(s.due(us(30_400_000), |_| true), vec![(0, 2)]);
+        assert_eq!(s.due(us(30_400_000), |_| true), vec![(0, 2, TRAIN_LEN)]);
         let (_, fresh) = s
             .on_report(us(30_500_000), 0, &ProbeReport { train: 2, ..r }, 0)
             .unwrap();
@@ -765,6 +1012,7 @@ mod tests {
             readings: 20,
             tail_bytes: 19_000,
             span_us: 1_000,
+            wobble_us: 0,
         };
         assert_eq!(s.on_report(us(0), 0, &r, 0), None);
         assert!(!s.measures());
@@ -793,7 +1041,16 @@ mod tests {
     fn too_few_or_simultaneous_arrivals_measure_nothing() {
         assert_eq!(measure(&[(us(0), 1500); 7]), None);
         // Arrived, in one reading: reported as such (so the sender knows why).
-        assert_eq!(measure(&[(us(5), 1500); 20]), Some((0, 0, 0, 1)));
+        assert_eq!(
+            measure(&[(us(5), 1500); 20]),
+            Some(Timing {
+                tail: 0,
+                tail_bytes: 0,
+                span_us: 0,
+                readings: 1,
+                wobble_us: 0
+            })
+        );
     }
 
     /// What an unshaped veth pair did to a train: it left in GSO sends of 16 datagrams
@@ -867,6 +1124,7 @@ mod tests {
             readings: 24,
             tail_bytes: 23 * 1500,
             span_us,
+            wobble_us: 0,
         };
         tx.due(us(0), |_| true);
         assert_eq!(tx.on_report(us(1), 0, &r(0, 499), 0), None);
@@ -889,7 +1147,7 @@ mod tests {
         assert_eq!(tx.state(1), ProbeState::Measuring);
         // Readings 0: not counted by the peer; its rate is taken.
         let due = tx.due(us(3_000_000), |_| true);
-        assert_eq!(due, vec![(1, 3)]);
+        assert_eq!(due, vec![(1, 3, TRAIN_LEN)]);
         let r = ProbeReport {
             channel: 1,
             train: 3,
@@ -898,6 +1156,7 @@ mod tests {
             readings: 0,
             tail_bytes: 23_000,
             span_us: 1_000,
+            wobble_us: 0,
         };
         let (bps, _) = tx.on_report(us(3_100_000), 1, &r, 0).unwrap();
         assert_eq!(tx.state(1), ProbeState::Measured { bps });

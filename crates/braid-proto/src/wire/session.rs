@@ -318,6 +318,10 @@ pub struct ProbeReport {
     pub tail_bytes: u64,
     /// Microseconds over which they arrived.
     pub span_us: u64,
+    /// How far, at most, a timed datagram arrived from where a steady rate over the
+    /// span would have put it, microseconds (0: not measured): the link's jitter, when
+    /// it is a fair share of the span.
+    pub wobble_us: u32,
 }
 
 /// A datagram of path MTU discovery, or its acknowledgement (see the module docs):
@@ -553,7 +557,7 @@ fn write_probe_report(r: &ProbeReport, v: &mut Vec<u8>) {
     v.extend_from_slice(&r.readings.to_be_bytes());
     v.extend_from_slice(&r.tail_bytes.to_be_bytes());
     v.extend_from_slice(&r.span_us.to_be_bytes());
-    v.extend_from_slice(&[0; 4]);
+    v.extend_from_slice(&r.wobble_us.to_be_bytes());
 }
 
 /// A hello (fixed length).
@@ -696,6 +700,7 @@ fn parse_probe_report(b: &[u8], channel: u8) -> Result<Msg, CtrlError> {
         readings: u16_at(b, 10),
         tail_bytes: u64_at(b, 12),
         span_us,
+        wobble_us: u32_at(b, 28),
     }))
 }
 
@@ -876,12 +881,14 @@ mod tests {
             readings: 9,
             tail_bytes: 34_500,
             span_us: 2_760,
+            wobble_us: 410,
         };
         let b = Msg::ProbeReport(r).to_vec();
         assert_eq!(b.len(), 32);
         assert_eq!(&b[..12], &[0xB4, 1, 7, 1, 0, 7, 0, 48, 0, 23, 0, 9]);
         assert_eq!(&b[12..20], &34_500u64.to_be_bytes());
         assert_eq!(&b[20..28], &2_760u64.to_be_bytes());
+        assert_eq!(&b[28..32], &410u32.to_be_bytes());
         assert_eq!(Msg::parse(&b), Ok(Msg::ProbeReport(r)));
         assert_eq!(Msg::parse(&b[..31]), Err(CtrlError::Length));
         // Datagrams timed over no time, or more timed than received: invalid.
@@ -896,6 +903,7 @@ mod tests {
             readings: 1,
             tail_bytes: 0,
             span_us: 0,
+            wobble_us: 0,
             ..r
         };
         assert_eq!(
