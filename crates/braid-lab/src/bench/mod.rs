@@ -508,16 +508,29 @@ fn many_flows(opt: &BenchOptions, secs: u64) -> Result<(f64, f64), LabError> {
 fn link_alone(i: usize, l: &LinkSpec, secs: u64) -> Result<f64, LabError> {
     let (client, server) = topo::link_addrs(i, l);
     let c = || tcp_client(NS_CLIENT, &[], &server, Some(&client), 5201, secs);
-    // A stalled connection is tried once more: nothing else runs on the link.
-    let json = match output(c(), "iperf3 single link") {
-        Err(LabError::TimedOut { .. }) => {
-            eprintln!("      (stalled and stopped; once more)");
-            output(c(), "iperf3 single link")?
+    // A connection that stalls (TCP alone over a bursty-loss link can, before its
+    // first interval) or fails is tried again, up to LINK_TRIES times: nothing else
+    // runs on the link, and a whole run should not be lost to its reference.
+    let mut tries = 1;
+    loop {
+        let r = output(c(), "iperf3 single link")
+            .and_then(|json| iperf_bps(&json, "iperf3 single link"));
+        match r {
+            Err(e) if tries < LINK_TRIES => {
+                let why = match e {
+                    LabError::TimedOut { .. } => "stalled and stopped".to_string(),
+                    e => e.to_string(),
+                };
+                eprintln!("      ({why}; again)");
+                tries += 1;
+            }
+            r => return r,
         }
-        r => r?,
-    };
-    iperf_bps(&json, "iperf3 single link")
+    }
 }
+
+/// Tries of a link's TCP flow alone before the bench gives up.
+const LINK_TRIES: u32 = 3;
 
 /// Each link's emulator counters (its `emu-I.json` in the state folder), null where
 /// there are none.

@@ -489,16 +489,17 @@ impl Probes {
     }
 }
 
-/// How a train's later half arrived (see [`measure`]).
+/// How a train's later half (or, see [`measure`], the whole train) arrived.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Timing {
-    /// Datagrams timed (0: the half came in one clock reading).
+    /// Datagrams timed (0: they came in one clock reading).
     tail: u16,
     /// Their bytes.
     tail_bytes: u64,
-    /// Microseconds from the half's first reading to its last.
+    /// Microseconds from the first reading to the last (for an unsteady arrival, the
+    /// time a line fitted through the arrivals takes for the bytes).
     span_us: u64,
-    /// Distinct clock readings over the half.
+    /// Distinct clock readings.
     readings: u16,
     /// The farthest a timed datagram arrived from where the span's steady rate puts it.
     wobble_us: u32,
