@@ -387,9 +387,12 @@ fn every_undelivered_packet_is_counted_by_cause() {
 /// rate, 1-80 ms with jitter up to 50 ms, equal weights, 64-1400-byte packets, loaded to
 /// 70 % and 90 % of what they carry on the wire, over the seeds 1-8 (the scenario's and
 /// seven more, each drawing other jitter and packet sizes). At 70 % every mode
-/// delivers at least 0.99 of what is offered with every seed; at 90 % at least 0.96
-/// with every seed and 0.98 on average (the goal's 0.97 is missed by seed 1 in logical
-/// and seed 8 in trr, at 0.965); seq misorders nothing. Before the probe trains grew on
+/// delivers at least 0.99 of what is offered with every seed; at 90 % at least 0.97
+/// (the goal) with every seed and 0.985 on average; seq misorders nothing. Before a
+/// channel carrying far less than its pace was left uncut on a queue that held still
+/// (its link's jitter when traffic began), seed 1 gave 0.965 in logical and seed 8 the
+/// same in trr (a 40 ms-jitter 80 Mbit/s channel halved as the flow's first packets
+/// reached it, and 3.5 % of the traffic waited at the sender). Before the probe trains grew on
 /// jittery links (a 48-datagram train is shorter than the links' jitter, and the rate
 /// it measured capped the pace for 30 s) the seeds gave 0.72-1.0 at 70 % and 0.56-0.98
 /// at 90 %; before repairs went to the channel where they arrive first, seed 1 gave
@@ -405,7 +408,7 @@ fn eight_dissimilar_channels_carry_what_is_offered() {
             let n = run.session.as_ref().expect("a session run").not_delivered;
             let share = run.packets_delivered as f64 / n.offered as f64;
             let full = run.params.iter().any(|(_, v)| *v == 255.0);
-            let least = if full { 0.96 } else { 0.99 };
+            let least = if full { 0.97 } else { 0.99 };
             let what = format!(
                 "seed {seed} {} {:?}: {share:.4} {n:?}",
                 run.label, run.params
@@ -421,7 +424,7 @@ fn eight_dissimilar_channels_carry_what_is_offered() {
     }
     for (label, shares) in &at_90 {
         let mean = shares.iter().sum::<f64>() / shares.len() as f64;
-        assert!(mean >= 0.98, "{label}: {shares:?}");
+        assert!(mean >= 0.985, "{label}: {shares:?}");
     }
     assert_eq!(at_90.len(), 3);
 }

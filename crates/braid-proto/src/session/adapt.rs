@@ -146,6 +146,9 @@ struct Pace {
     wobble: Vec<u64>,
     /// Per channel, a pace cut whose effect the next step judges.
     trial: Vec<Option<Trial>>,
+    /// Per channel, the queue its last step measured (µs; 0 before its first: a channel
+    /// starts without one).
+    queue_before: Vec<u64>,
 }
 
 /// A pace cut made on a standing queue (and no loss), to be judged at the next step: a
@@ -190,6 +193,7 @@ impl Adapt {
                 floor: vec![0; rates_bps.len()],
                 wobble: vec![0; rates_bps.len()],
                 trial: vec![None; rates_bps.len()],
+                queue_before: vec![0; rates_bps.len()],
             };
             if rates_bps.iter().all(|r| *r > 0.0) {
                 let all: Vec<usize> = (0..quanta.len()).collect();
@@ -472,12 +476,24 @@ impl Pace {
     /// the rate cut on loss or a standing queue (above the channel's floor), or probed
     /// upwards after calm steps. Returns whether the rate moved by more than 1 % (or
     /// went back, a trial cut having turned out the link's jitter).
+    ///
+    /// A standing queue cuts only a channel that used its pace (its link carried at
+    /// least [`PACE_BUSY`] of it) or whose queue grew since its last step by more than
+    /// a trial's growth (and its train's wobble). One that carries far less than its
+    /// pace while its queue holds still is not sending its link more than it takes:
+    /// the queue is the link's jitter, or traffic that has only begun to arrive (the
+    /// first step of a flow on a long path), and a cut there takes from the bond what
+    /// its link could carry. A link whose rate fell below the pace shows its queue
+    /// growing step over step, and is cut.
     fn step_channel(&mut self, c: usize, now: Instant, e: &Estimate) -> bool {
         let old = self.rates[c];
         let wire = self.on_wire(e);
         let queue = e.queue.map(|q| q.as_micros());
+        let growth_seen = growth(e).max(self.wobble[c]);
+        let grew = queue.is_some_and(|q| q > self.queue_before[c] + growth_seen);
         if let Some(q) = queue {
             self.floor[c] = self.floor[c].min(q);
+            self.queue_before[c] = q;
         }
         let lossy = shortfall(e);
         if !lossy {
@@ -491,7 +507,8 @@ impl Pace {
             queue: queue.map(|q| Duration::from_micros(q.saturating_sub(self.floor[c]))),
             ..*e
         };
-        if lossy || standing_queue(&above_floor) {
+        let used = wire.is_some_and(|w| w >= PACE_BUSY * old);
+        if lossy || ((used || grew) && standing_queue(&above_floor)) {
             self.calm[c] = 0;
             let Some(wire) = wire else {
                 return false;
@@ -574,8 +591,6 @@ impl Pace {
         let seen = gone.as_micros().saturating_sub(TRIAL_LAG.as_micros());
         let expected = (seen as f64 * (1.0 - t.share).max(0.0)) as u64;
         let tolerance = (expected / 3).max(TRIAL_TOLERANCE_US).max(self.wobble[c]);
-        let rtt_min = e.rtt_min.map_or(0, |m| m.as_micros());
-        let growth = (rtt_min / 10).max(STANDING_US);
         if q + tolerance < t.queue {
             // Drained: a queue of ours. The cut stands, with no other while the queue
             // keeps draining; once it no longer stands, the channel is calm.
@@ -594,7 +609,7 @@ impl Pace {
             });
             return Verdict::Watching;
         }
-        if q > t.queue + growth {
+        if q > t.queue + growth(e) {
             // Grew: the link takes less than even the cut pace.
             return Verdict::Ours;
         }
@@ -736,6 +751,13 @@ pub(crate) fn standing_queue(e: &Estimate) -> bool {
 
 /// A standing queue is at least this long (µs), and a tenth of the minimum round trip.
 const STANDING_US: u64 = 5_000;
+
+/// How much (µs) a channel's queue must grow, from one measure to a later one, to show
+/// that its link takes less than it is sent: as much as a standing queue.
+fn growth(e: &Estimate) -> u64 {
+    let rtt_min = e.rtt_min.map_or(0, |m| m.as_micros());
+    (rtt_min / 10).max(STANDING_US)
+}
 
 /// A channel that loses more than this share of its datagrams is given more than it
 /// carries (a drop-tail queue overflowing); random loss of a few percent is not taken
@@ -964,6 +986,24 @@ mod tests {
         // after it as a new queue: cut again, and undone only steps later.
         let r = paced_steps(100.0, &queues);
         assert_eq!(&r[..5], &[95e6, 95e6, 90.25e6, 90.25e6, 90.25e6], "{r:?}");
+    }
+
+    #[test]
+    fn a_channel_far_below_its_pace_is_cut_only_on_a_queue_that_grows() {
+        // Paced at 100 Mbit/s, the channel carries 10 (a flow's first packets, or a
+        // bond held back elsewhere) with a queue of 8-16 ms that creeps and wanders by
+        // less than a standing queue (5 ms here) from step to step: its link's jitter,
+        // not our sending. No cut.
+        let r = paced_steps(10.0, &[4, 8, 12, 12, 16, 12]);
+        assert_eq!(r, vec![100e6; 6], "{r:?}");
+        // The same channel whose queue grows by 30 ms a step: its link takes less than
+        // it is sent (a rate that fell under a large buffer). Cut, to half at most.
+        let r = paced_steps(10.0, &[4, 8, 40, 70]);
+        assert_eq!(&r[..2], &[100e6, 100e6], "{r:?}");
+        assert_eq!(r[2], 50e6, "{r:?}");
+        // Carrying its pace, the same still queue is judged as before: a trial cut.
+        let r = paced_steps(100.0, &[4, 8, 8]);
+        assert_eq!(&r[1..], &[95e6, 95e6], "{r:?}");
     }
 
     #[test]

@@ -125,7 +125,7 @@ pub enum ProbeFailure {
     NoReport,
     /// The train arrived too fast to time: its later half within `span_us`
     /// microseconds, less than [`MIN_SPAN`] (0: in one clock reading), in `readings`
-    /// distinct readings (0: not counted by the peer); `received` of the train's
+    /// distinct readings (0: not counted by the peer); `received` of the train's `sent`
     /// datagrams arrived.
     Untimed {
         /// Microseconds over which the later half arrived.
@@ -134,6 +134,9 @@ pub enum ProbeFailure {
         readings: u16,
         /// Datagrams of the train that arrived.
         received: u16,
+        /// Datagrams in the train (a jittery link's trains are longer than
+        /// [`TRAIN_LEN`]).
+        sent: u16,
     },
 }
 
@@ -148,6 +151,7 @@ impl std::fmt::Display for ProbeFailure {
                 span_us,
                 readings,
                 received,
+                sent,
             } => {
                 if *span_us == 0 {
                     write!(f, "the peer read the train's later half all at once")?;
@@ -159,7 +163,7 @@ impl std::fmt::Display for ProbeFailure {
                 }
                 write!(
                     f,
-                    " ({received} of {TRAIN_LEN} datagrams arrived), under the {} us it takes to time it: \
+                    " ({received} of {sent} datagrams arrived), under the {} us it takes to time it: \
                      the link is faster than a train can show",
                     MIN_SPAN.as_micros()
                 )
@@ -375,6 +379,7 @@ impl Probes {
                 span_us: r.span_us,
                 readings: r.readings,
                 received: r.received,
+                sent: self.len[c],
             });
             return None;
         }
@@ -1093,6 +1098,7 @@ mod tests {
             span_us: 0,
             readings: 1,
             received: 48,
+            sent: 48,
         };
         assert_eq!(tx.state(0), ProbeState::Failed(f));
         assert_eq!(tx.measured(0), None);
@@ -1104,9 +1110,14 @@ mod tests {
         let f = ProbeFailure::Untimed {
             span_us: 300,
             readings: 2,
-            received: 48,
+            received: 90,
+            sent: 96,
         };
         assert!(f.to_string().contains("within 300 us (2 reads"), "{f}");
+        assert!(
+            f.to_string().contains("(90 of 96 datagrams arrived)"),
+            "{f}"
+        );
         assert_eq!(tx.stats.reports, 3);
         // Back up later: measured again, the failure forgotten.
         tx.again(Some(0));

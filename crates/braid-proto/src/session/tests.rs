@@ -1731,6 +1731,7 @@ fn without_a_rate_to_measure_the_channel_stays_unpaced() {
         span_us: 0,
         readings: 1,
         received: probe::TRAIN_LEN,
+        sent: probe::TRAIN_LEN,
     };
     let failed: Vec<_> = p
         .events_a
