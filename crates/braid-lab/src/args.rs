@@ -158,6 +158,12 @@ pub struct BenchArgs {
     /// `idle_rss_growth_bytes`: the larger end's).
     #[arg(long, value_name = "N", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=30000))]
     pub idle: u32,
+    /// Also send a call beside each mode's TCP flow: a 200-byte UDP datagram every
+    /// 20 ms through the tunnel, numbered and stamped (the tunnel's defaults classify
+    /// it); its loss and one-way delay, and the same over the lowest-delay link alone
+    /// and idle for reference (JSON `call` per mode, `call_idle_best_link`).
+    #[arg(long)]
+    pub call: bool,
 }
 
 /// The flags of `braid lab stream`.
@@ -478,6 +484,7 @@ impl BenchArgs {
             runs: self.runs as usize,
             flows: self.flows as usize,
             idle: self.idle as usize,
+            call: self.call,
             download: self.download_bytes()?,
             exe: braid_exe()?,
             seed: self.seed,

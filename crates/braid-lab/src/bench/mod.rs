@@ -7,6 +7,9 @@
 //!    at the tunnel output;
 //! 5. Linux MPTCP with one subflow per link (in-kernel path manager, `mptcpize`).
 //!
+//! With `--call`, a VoIP-like UDP flow beside each mode's TCP flow, and over the
+//! lowest-delay link alone and idle for reference ([`call`]).
+//!
 //! The lab is built before and removed after, also when a step fails.
 
 use std::collections::BTreeMap;
@@ -21,6 +24,7 @@ use braid_io::traffic::{SendReport, SinkReport};
 
 use crate::spec::LinkSpec;
 
+pub mod call;
 mod download;
 mod idle;
 mod payload;
@@ -85,6 +89,9 @@ pub struct BenchOptions {
     /// With 1 or more: after each mode's flows, this many TCP connections opened
     /// through the tunnel and held idle while both ends' memory is read.
     pub idle: usize,
+    /// A call (200-byte UDP datagrams, 50 a second) through the tunnel beside each
+    /// mode's single TCP flow, and over the lowest-delay link alone and idle.
+    pub call: bool,
     /// The `braid` binary.
     pub exe: PathBuf,
     /// Emulator seed.
@@ -375,13 +382,27 @@ fn measure(opt: &BenchOptions, progress: &mut impl FnMut(&str)) -> Result<BenchR
         }
     }
     let sum_bps: f64 = links.iter().map(|l| l.tcp_bps).sum();
+    let call_idle_best_link = match opt.call {
+        true => {
+            let i = call::best_link(&opt.links);
+            progress(&format!(
+                "      a call over link {i} alone, idle ({})",
+                opt.links[i].text
+            ));
+            Some((i, call::over_link(i, &opt.links[i])?))
+        }
+        false => None,
+    };
 
     say("TCP over every link at once (ceiling)".into(), progress);
     let ceiling_bps = with_changes(opt, || ceiling(&opt.links, secs))?;
 
     let mut braid = BTreeMap::new();
     for mode in &opt.modes {
-        let mut then = String::from("TCP, UDP");
+        let mut then = String::from(match opt.call {
+            true => "TCP with a call beside it, UDP",
+            false => "TCP, UDP",
+        });
         if opt.flows >= 2 {
             then += &format!(", {} TCP flows at once", opt.flows);
         }
@@ -413,6 +434,7 @@ fn measure(opt: &BenchOptions, progress: &mut impl FnMut(&str)) -> Result<BenchR
         download_bytes: opt.download,
         download_best_link_s,
         download_mptcp_s,
+        call_idle_best_link,
         emulator: emulator_counters(n),
         payload: None,
         per_run: Vec::new(),
@@ -734,7 +756,13 @@ fn tunnel_run(
     let tunnels = start_tunnels(opt, mode)?;
     wait_for_tunnel(opt, mode)?;
     let c = tcp_client(NS_CLIENT, &[], "10.99.0.2", None, 5201, secs);
+    // The call runs beside the TCP flow, for as long.
+    let call = match opt.call {
+        true => Some(call::through_tunnel(Duration::from_secs(secs))?),
+        false => None,
+    };
     let tcp_json = with_changes(opt, || output(c, "iperf3 through the tunnel"))?;
+    let call = call.map(call::Call::finish).transpose()?;
     let tcp_series_bps = iperf_series(&tcp_json);
     let tcp_rx_series_bps = iperf_rx_series(&tcp_json);
     let tcp_bps = iperf_bps(&tcp_json, "iperf3 through the tunnel")?;
@@ -765,6 +793,7 @@ fn tunnel_run(
         false => None,
     };
     Ok(ModeResult {
+        call,
         download_s,
         tcp_packet_bps,
         flows_tcp_bps: flows.map(|f| f.0),

@@ -127,6 +127,7 @@ mod tests {
             flows: 1,
             download: None,
             idle: 0,
+            call: false,
             return_path: true,
             buffer_packets: None,
             changes: Vec::new(),

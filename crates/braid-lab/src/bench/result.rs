@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{json, Map, Value};
 
+use super::call::CallStats;
 use super::Payload;
 
 /// One link alone.
@@ -59,6 +60,8 @@ pub struct ModeResult {
     /// The larger of the two ends' growth in resident set from before they were
     /// opened, bytes.
     pub idle_rss_growth_bytes: Option<f64>,
+    /// With `--call`: the call beside the single TCP flow through the tunnel.
+    pub call: Option<CallStats>,
 }
 
 /// A whole bench: one run, or the medians of several.
@@ -84,6 +87,9 @@ pub struct BenchResult {
     pub download_best_link_s: Option<f64>,
     /// Its seconds over MPTCP.
     pub download_mptcp_s: Option<f64>,
+    /// With `--call`: the lowest-delay link (its index) and the call over it alone,
+    /// idle: the reference for the call through the tunnel.
+    pub call_idle_best_link: Option<(usize, CallStats)>,
     /// Per-link emulator counters at the end.
     pub emulator: Vec<Value>,
     /// Inner TCP payload bytes per datagram (computed from the configuration).
@@ -197,6 +203,15 @@ impl BenchResult {
             b.idle_open_s = median(&|x| x.braid.get(m)?.idle_open_s);
             b.idle_rss_bytes = median(&|x| x.braid.get(m)?.idle_rss_bytes);
             b.idle_rss_growth_bytes = median(&|x| x.braid.get(m)?.idle_rss_growth_bytes);
+            let calls: Vec<CallStats> = runs.iter().filter_map(|x| x.braid.get(m)?.call).collect();
+            b.call = CallStats::median(&calls);
+        }
+        if let Some((i, _)) = r.call_idle_best_link {
+            let calls: Vec<CallStats> = runs
+                .iter()
+                .filter_map(|x| Some(x.call_idle_best_link?.1))
+                .collect();
+            r.call_idle_best_link = CallStats::median(&calls).map(|c| (i, c));
         }
         r.mptcp_bps = median(&|x| x.mptcp_bps);
         r.download_best_link_s = median(&|x| x.download_best_link_s);
@@ -261,7 +276,23 @@ impl BenchResult {
                 self.add_range(&mut v, key, f);
             }
         }
+        if let Some(c) = &r.call {
+            let mut cv = c.to_json();
+            cv["p99_over_idle_ms"] = json!(self.call_p99_over_idle(c));
+            self.add_range(&mut cv, "p99_ms", &|x| Some(x.braid.get(m)?.call?.p99_ms));
+            self.add_range(&mut cv, "loss_pct", &|x| {
+                Some(x.braid.get(m)?.call?.loss_pct())
+            });
+            v["call"] = cv;
+        }
         v
+    }
+
+    /// A call's p99 one-way delay less the lowest-delay link's idle median, ms
+    /// (`None` without the reference).
+    pub fn call_p99_over_idle(&self, c: &CallStats) -> Option<f64> {
+        self.call_idle_best_link
+            .map(|(_, idle)| c.p99_ms - idle.p50_ms)
     }
 
     /// The JSON object: every figure under its key (with several runs the median, and
@@ -307,6 +338,15 @@ impl BenchResult {
             self.add_range(&mut d, "mptcp_s", &|x| x.download_mptcp_s);
             v["download"] = d;
         }
+        if let Some((i, c)) = &self.call_idle_best_link {
+            let mut cv = c.to_json();
+            cv["link"] = json!(i);
+            cv["spec"] = json!(self.links.get(*i).map(|l| l.spec.clone()));
+            self.add_range(&mut cv, "p50_ms", &|x| {
+                Some(x.call_idle_best_link?.1.p50_ms)
+            });
+            v["call_idle_best_link"] = cv;
+        }
         if self.per_run.len() > 1 {
             v["per_run"] = self.per_run.iter().map(BenchResult::to_json).collect();
         }
@@ -348,6 +388,10 @@ impl BenchResult {
             download_bytes: v["download"]["bytes"].as_u64(),
             download_best_link_s: v["download"]["best_link_s"].as_f64(),
             download_mptcp_s: v["download"]["mptcp_s"].as_f64(),
+            call_idle_best_link: v["call_idle_best_link"]["link"]
+                .as_u64()
+                .zip(CallStats::from_json(&v["call_idle_best_link"]))
+                .map(|(i, c)| (i as usize, c)),
             emulator: v["emulator"].as_array().cloned().unwrap_or_default(),
             payload: Payload::from_json(&v["tcp_payload_per_datagram"]),
             per_run,
@@ -376,6 +420,7 @@ impl BenchResult {
         };
         s += &self.rows();
         s += &self.download_lines();
+        s += &self.call_lines();
         s += &self.series_lines();
         s
     }
@@ -396,6 +441,48 @@ impl BenchResult {
         }
         if self.download_mptcp_s.is_some() {
             s += &format!("  {:<32} {}\n", "MPTCP", secs(self.download_mptcp_s));
+        }
+        s
+    }
+
+    /// With `--call`: the call over the best link alone and idle, and through the
+    /// tunnel beside the TCP flow in each mode.
+    fn call_lines(&self) -> String {
+        let Some((i, idle)) = &self.call_idle_best_link else {
+            return String::new();
+        };
+        let line = |what: &str, c: &CallStats, over: Option<f64>| {
+            let over = over.map_or(String::new(), |o| format!(" {o:>9.1}"));
+            format!(
+                "  {what:<42} {:>5} {:>5} {:>7.2} {:>7.1} {:>7.1} {:>7.1}{over}\n",
+                c.sent,
+                c.lost,
+                c.loss_pct(),
+                c.p50_ms,
+                c.p99_ms,
+                c.max_ms
+            )
+        };
+        let spec = self.links.get(*i).map_or("", |l| l.spec.as_str());
+        let mut s = format!(
+            "A call ({} bytes of UDP every {} ms), one-way delay in ms:\n  {:<42} {:>5} {:>5} {:>7} {:>7} {:>7} {:>7} {:>9}\n",
+            super::call::SIZE,
+            super::call::EVERY.as_millis(),
+            "",
+            "sent",
+            "lost",
+            "loss %",
+            "p50",
+            "p99",
+            "max",
+            "p99-idle"
+        );
+        s += &line(&format!("link {i} alone, idle ({spec})"), idle, None);
+        for (m, r) in &self.braid {
+            if let Some(c) = &r.call {
+                let what = format!("braid {m}, beside the TCP flow");
+                s += &line(&what, c, self.call_p99_over_idle(c));
+            }
         }
         s
     }
@@ -533,6 +620,7 @@ fn mode_from_json(r: &Value) -> Option<ModeResult> {
         idle_open_s: r["idle_open_s"].as_f64(),
         idle_rss_bytes: r["idle_rss_bytes"].as_f64(),
         idle_rss_growth_bytes: r["idle_rss_growth_bytes"].as_f64(),
+        call: CallStats::from_json(&r["call"]),
     })
 }
 
@@ -547,6 +635,14 @@ mod tests {
             udp_loss: 0.01 * scale,
             tcp_packet_bps: Some(70e6 * scale),
             download_s: Some(0.3 * scale),
+            call: Some(CallStats {
+                sent: 750,
+                delivered: 750,
+                p50_ms: 5.0 * scale,
+                p99_ms: 10.0 * scale,
+                max_ms: 20.0 * scale,
+                ..CallStats::default()
+            }),
             ..ModeResult::default()
         };
         BenchResult {
@@ -563,6 +659,17 @@ mod tests {
             download_bytes: Some(2_000_000),
             download_best_link_s: Some(0.5 * scale),
             download_mptcp_s: Some(0.4 * scale),
+            call_idle_best_link: Some((
+                0,
+                CallStats {
+                    sent: 250,
+                    delivered: 250,
+                    p50_ms: 5.0,
+                    p99_ms: 5.5,
+                    max_ms: 6.0,
+                    ..CallStats::default()
+                },
+            )),
             emulator: Vec::new(),
             payload: None,
             per_run: Vec::new(),
@@ -606,7 +713,23 @@ mod tests {
             v["braid"]["logical"]["tcp_packet_bps_range"],
             json!([35e6, 84e6])
         );
+        // The call: the median of each figure, and its p99 over the idle best link's
+        // median.
+        assert_eq!(v["braid"]["logical"]["call"]["p99_ms"], 10.0);
+        assert_eq!(v["braid"]["logical"]["call"]["p99_over_idle_ms"], 5.0);
+        assert_eq!(
+            v["braid"]["logical"]["call"]["p99_ms_range"],
+            json!([5.0, 12.0])
+        );
+        assert_eq!(v["call_idle_best_link"]["link"], 0);
+        assert_eq!(v["call_idle_best_link"]["spec"], "100mbit/0ms");
+        assert_eq!(v["call_idle_best_link"]["p50_ms"], 5.0);
         let t = r.table();
+        assert!(t.contains("link 0 alone, idle (100mbit/0ms)"), "{t}");
+        assert!(
+            t.contains("braid logical, beside the TCP flow           750     0    0.00     5.0    10.0    20.0       5.0"),
+            "{t}"
+        );
         assert!(t.contains("the same as packets"), "{t}");
         assert!(t.contains("One download of 2000000 bytes"), "{t}");
         assert!(t.contains("3 runs"), "{t}");
