@@ -311,6 +311,7 @@ impl Report {
         self.runs_table(&mut out, &cols);
         if self.runs.iter().any(|r| r.session.is_some()) {
             self.session_table(&mut out, &cols);
+            self.not_delivered_table(&mut out, &cols);
         }
         if self.runs.iter().any(|r| r.tcp.is_some()) {
             self.tcp_table(&mut out, &cols);
@@ -463,6 +464,50 @@ impl Report {
         }
     }
 
+    /// What the `[session]` runs were offered and did not deliver, by cause (the
+    /// JSON's `not_delivered`).
+    fn not_delivered_table(&self, out: &mut String, cols: &Columns) {
+        let (lw, pw) = (cols.lw, cols.pw);
+        let _ = writeln!(
+            out,
+            "\nnot delivered, by cause (share delivered of what was offered)\n\
+             {:<lw$}  {:>pw$}{:>9} {:>9} {:>9} {:>7} {:>7} {:>8} {:>7}",
+            "",
+            "",
+            "offered",
+            "delivered",
+            "sender q",
+            "pacer",
+            "rx aqm",
+            "gave up",
+            "unseen",
+            pw = if pw > 0 { pw + 2 } else { 0 },
+        );
+        for (r, p) in self.runs.iter().zip(&cols.params) {
+            let Some(s) = &r.session else {
+                continue;
+            };
+            let n = &s.not_delivered;
+            let share = if n.offered == 0 {
+                "-".to_string()
+            } else {
+                format!("{:.4}", r.packets_delivered as f64 / n.offered as f64)
+            };
+            cols.row_head(out, r, p);
+            let _ = writeln!(
+                out,
+                "{:>9} {:>9} {:>9} {:>7} {:>7} {:>8} {:>7}",
+                n.offered,
+                share,
+                n.sender_queue,
+                n.pacer,
+                n.receiver_aqm,
+                n.receiver_gave_up,
+                n.lost_unseen
+            );
+        }
+    }
+
     /// The tcp source's counters, for the runs that have one.
     fn tcp_table(&self, out: &mut String, cols: &Columns) {
         let (lw, pw) = (cols.lw, cols.pw);
@@ -585,6 +630,36 @@ mod tests {
                 ],
                 "{table}"
             );
+        }
+        // The block of what was not delivered, by cause: the JSON's counts, and the
+        // five causes add up to what was offered and not delivered.
+        let head = lines
+            .iter()
+            .position(|l| l.starts_with("not delivered, by cause"))
+            .unwrap_or_else(|| panic!("no not-delivered block:\n{table}"));
+        for (i, r) in rep.runs.iter().enumerate() {
+            let n = &r.session.as_ref().unwrap().not_delivered;
+            let row: Vec<&str> = lines[head + 2 + i].split_whitespace().collect();
+            let share = r.packets_delivered as f64 / n.offered as f64;
+            let causes = [
+                n.sender_queue,
+                n.pacer,
+                n.receiver_aqm,
+                n.receiver_gave_up,
+                n.lost_unseen,
+            ];
+            assert!(
+                causes.iter().sum::<u64>() > 0,
+                "the link-down loses some: {n:?}"
+            );
+            assert_eq!(causes.iter().sum::<u64>(), n.offered - r.packets_delivered);
+            let mut want = vec![
+                r.label.clone(),
+                n.offered.to_string(),
+                format!("{share:.4}"),
+            ];
+            want.extend(causes.iter().map(|c| c.to_string()));
+            assert_eq!(row, want, "{table}");
         }
         assert_eq!(worst_ms(&[Some(1.0), None, Some(3.25)]), "3.2!1");
         assert_eq!(worst_ms(&[None]), "never!1");
