@@ -189,6 +189,13 @@ struct Gate {
     sources: HashMap<(usize, SocketAddr), Option<std::time::Instant>>,
     /// The cookie replies' GCRA.
     replies: Option<std::time::Instant>,
+    /// The cookie replies per source, counted in [`REPLY_SLOTS`] slots picked by a
+    /// keyed hash of the source (channel, address), each `second << 8 | replies` (the
+    /// cookies' clock in whole seconds, its low 24 bits). Empty until the first reply.
+    reply_slots: Vec<u32>,
+    /// The hash that picks a source's slot, keyed at random (a forger cannot aim at
+    /// another source's slot).
+    reply_hash: std::collections::hash_map::RandomState,
     /// The cookies' clock starts here.
     epoch: std::time::Instant,
 }
@@ -304,6 +311,12 @@ const SOURCES: usize = 16384;
 /// genuine client would get no cookie.)
 const REPLY_RATE: u64 = 200_000;
 const REPLY_BURST: u64 = 10_000;
+/// Cookie replies per second to one source (channel and address): a genuine client
+/// needs one per new cookie (every 2 minutes, or when its address changed).
+const SOURCE_REPLIES: u32 = 20;
+/// Slots the per-source reply counts are kept in (4 bytes each, 256 KiB in all,
+/// allocated on the first reply).
+const REPLY_SLOTS: usize = 65_536;
 /// Initiations remembered as read.
 const KNOWN_INITIATIONS: usize = 4096;
 /// At most one warning per kind this often.
@@ -1101,6 +1114,8 @@ impl Gate {
             load_until: None,
             sources: HashMap::new(),
             replies: None,
+            reply_slots: Vec::new(),
+            reply_hash: Default::default(),
         }
     }
 
@@ -1121,8 +1136,33 @@ impl Gate {
         (is, is && !was)
     }
 
+    /// May source (`channel`, `from`) have one more cookie reply in this `second` of
+    /// the cookies' clock? At most [`SOURCE_REPLIES`] a second each: an initiation
+    /// forged with a victim's address (one of our own peers', or anyone's) is
+    /// answered to that address, and the server must not pour its replies there.
+    /// Sources share a slot now and then; a forged flood from random addresses puts
+    /// about rate / [`REPLY_SLOTS`] a second in each (under 2 at 100 000/s), leaving a
+    /// genuine source's slot its replies.
+    fn reply_to(&mut self, channel: usize, from: SocketAddr, second: u64) -> bool {
+        use std::hash::BuildHasher;
+        if self.reply_slots.is_empty() {
+            self.reply_slots = vec![0; REPLY_SLOTS];
+        }
+        let slot = self.reply_hash.hash_one((channel, from)) as usize % REPLY_SLOTS;
+        let stamp = (second as u32 & 0xff_ffff) << 8;
+        let v = &mut self.reply_slots[slot];
+        if *v & !0xff != stamp {
+            *v = stamp;
+        }
+        if *v & 0xff >= SOURCE_REPLIES {
+            return false;
+        }
+        *v += 1;
+        true
+    }
+
     /// Under load, the initiation needs a mac2 over our cookie for its source (else a
-    /// cookie reply, rate-limited); then its source's rate.
+    /// cookie reply, rate-limited per source and in all); then its source's rate.
     fn check(
         &mut self,
         now: std::time::Instant,
@@ -1144,7 +1184,10 @@ impl Gate {
                 if d.len() >= 16 && d[d.len() - 16..] != [0; 16] {
                     n(&c.stale_cookies);
                 }
-                if !gcra(&mut self.replies, now, REPLY_RATE, REPLY_BURST) {
+                let second = now.saturating_duration_since(self.epoch).as_secs();
+                if !self.reply_to(channel, from, second)
+                    || !gcra(&mut self.replies, now, REPLY_RATE, REPLY_BURST)
+                {
                     n(&c.initiations_rate_limited);
                     return Verdict::Drop;
                 }
@@ -1334,6 +1377,34 @@ fn read_key(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cookie_replies_to_one_source_are_limited_per_second() {
+        let mut g = Gate::new(&[7; 32]);
+        let victim: SocketAddr = "192.0.2.1:4000".parse().unwrap();
+        let other: SocketAddr = "192.0.2.2:4000".parse().unwrap();
+        // A flood forged with the victim's address: 20 replies in a second, no more.
+        let sent = (0..1000).filter(|_| g.reply_to(0, victim, 5)).count();
+        assert_eq!(sent, SOURCE_REPLIES as usize);
+        // Another source, or the victim on another channel, has its own allowance. (The
+        // hash is keyed at random: either shares the victim's slot with one key in
+        // 65 536, both at once never in practice.)
+        let others = (0..30).filter(|_| g.reply_to(0, other, 5)).count();
+        let channel = (0..30).filter(|_| g.reply_to(1, victim, 5)).count();
+        let full = SOURCE_REPLIES as usize;
+        assert!(others == full || channel == full, "{others} {channel}");
+        // The next second: the victim's allowance again.
+        assert!(g.reply_to(0, victim, 6));
+        // A flood from 100 000 random sources in one second leaves a genuine
+        // source most of its replies: slots are shared by a couple of forgers at most.
+        let mut g = Gate::new(&[7; 32]);
+        for i in 0..100_000u32 {
+            let a = std::net::Ipv4Addr::from(0x0a00_0000 | i);
+            g.reply_to(0, SocketAddr::from((a, 9)), 9);
+        }
+        let genuine = (0..5).filter(|_| g.reply_to(0, victim, 9)).count();
+        assert_eq!(genuine, 5);
+    }
 
     fn nets(v: &[&str]) -> Vec<IpNet> {
         v.iter().map(|s| s.parse().unwrap()).collect()
