@@ -532,11 +532,26 @@ fn link_alone(i: usize, l: &LinkSpec, secs: u64) -> Result<f64, LabError> {
     let c = || tcp_client(NS_CLIENT, &[], &server, Some(&client), 5201, secs);
     // A connection that stalls (TCP alone over a bursty-loss link can, before its
     // first interval) or fails is tried again, up to LINK_TRIES times: nothing else
-    // runs on the link, and a whole run should not be lost to its reference.
+    // runs on the link, and a whole run should not be lost to its reference. So is
+    // one that iperf3 reports as a success having carried next to nothing (a
+    // connection whose first segments were lost and whose retransmission timer backed
+    // off past the run: 0.0 Mbit/s over a 100 Mbit/s link losing 5 % in bursts).
+    let least = l.rate_bps as f64 * LINK_LEAST_SHARE;
     let mut tries = 1;
     loop {
         let r = output(c(), "iperf3 single link")
-            .and_then(|json| iperf_bps(&json, "iperf3 single link"));
+            .and_then(|json| iperf_bps(&json, "iperf3 single link"))
+            .and_then(|bps| match bps < least {
+                true => Err(LabError::Command {
+                    cmd: "iperf3 single link".into(),
+                    reason: format!(
+                        "carried {:.2} Mbit/s, under {} % of the link's rate",
+                        bps / 1e6,
+                        LINK_LEAST_SHARE * 100.0
+                    ),
+                }),
+                false => Ok(bps),
+            });
         match r {
             Err(e) if tries < LINK_TRIES => {
                 let why = match e {
@@ -553,6 +568,9 @@ fn link_alone(i: usize, l: &LinkSpec, secs: u64) -> Result<f64, LabError> {
 
 /// Tries of a link's TCP flow alone before the bench gives up.
 const LINK_TRIES: u32 = 3;
+/// A link's TCP flow alone that carried less than this share of the link's rate is a
+/// failed try (it stalled), not the link's figure.
+const LINK_LEAST_SHARE: f64 = 0.01;
 
 /// Each link's emulator counters (its `emu-I.json` in the state folder), null where
 /// there are none.
