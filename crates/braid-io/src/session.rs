@@ -518,6 +518,67 @@ fn bind(
 
 /// Bind channel `i` of `cfg`: its socket, the socket's batched I/O state, and the
 /// address it is bound to.
+/// A channel list's new weights (`new`'s, where `run_cfg` has the running ones) set
+/// on the new run's `machine`, and what the log says of them: trr's receiver cannot
+/// follow quanta that move, so there they wait for a restart (as a reload's weights,
+/// `reload::session_changes`).
+fn new_weights(
+    machine: &mut machine::Session,
+    new: &SessionConfig,
+    run_cfg: &SessionConfig,
+) -> Vec<String> {
+    let new_w: Vec<u32> = new.channels.iter().map(|c| c.weight).collect();
+    let run_w: Vec<u32> = run_cfg.channels.iter().map(|c| c.weight).collect();
+    if new_w == run_w {
+        return Vec::new();
+    }
+    if run_cfg.core.mode == braid_proto::Mode::Trr {
+        return vec![format!(
+            "channel weights {new_w:?} not applied (trr mode): they wait for a restart"
+        )];
+    }
+    vec![match machine.set_weights(&new_w) {
+        Ok(()) => format!("channel weights {new_w:?}"),
+        Err(e) => format!("channel weights {new_w:?} not applied ({e}): they wait for a restart"),
+    }]
+}
+
+/// What a change of the channel list from `old` to `new` did, for the log: the count,
+/// the kept channels renamed or with another mtu or pace, those `added` or bound anew,
+/// and those removed.
+fn channel_changes(old: &SessionConfig, new: &SessionConfig, added: &[String]) -> String {
+    let (old_n, new_n) = (old.channels.len(), new.channels.len());
+    let kept = old_n.min(new_n);
+    let removed: Vec<String> = old.channels[kept..]
+        .iter()
+        .enumerate()
+        .map(|(k, c)| format!("{} ({})", kept + k, c.name))
+        .collect();
+    let changed: Vec<String> = (0..kept)
+        .filter_map(|i| {
+            let (o, c) = (&old.channels[i], &new.channels[i]);
+            if o.name != c.name {
+                Some(format!("{i} ({} -> {})", o.name, c.name))
+            } else if o.mtu != c.mtu || o.pace_bps != c.pace_bps || o.pace_auto != c.pace_auto {
+                Some(format!("{i} ({}): mtu or pace", c.name))
+            } else {
+                None
+            }
+        })
+        .collect();
+    let mut what = format!("channels {old_n} -> {new_n}");
+    if !changed.is_empty() {
+        what += &format!(", changed: {}", changed.join(", "));
+    }
+    if !added.is_empty() {
+        what += &format!(", added or bound anew: {}", added.join(", "));
+    }
+    if !removed.is_empty() {
+        what += &format!(", removed: {} (socket closed)", removed.join(", "));
+    }
+    what
+}
+
 fn bind_channel(
     cfg: &SessionConfig,
     i: usize,
@@ -2084,38 +2145,71 @@ impl Driver {
         }
         let (old_n, new_n) = (self.cfg.channels.len(), new.channels.len());
         let kept = old_n.min(new_n);
-        // The kept channels keep the weights this run's handshake carried (the peer's
-        // run has them); the file's weights apply on top, as a reload's weights do.
+        let run_cfg = self.run_config(&new);
+        // Sockets for the channels added and the kept ones moved, before anything is
+        // torn down: one that cannot be bound leaves the running session as it is.
+        let fresh = self.bind_moved(&run_cfg, kept)?;
+        let now = self.now();
+        let mut machine = new_machine(&run_cfg, now, None)
+            .map_err(|e| format!("{e}; the running channels are kept"))?;
+        let mut notes = new_weights(&mut machine, &new, &run_cfg);
+        self.stop_readers(net).await;
+        let was_gone: Vec<bool> = (0..kept).map(|i| self.machine.uplink_gone(i)).collect();
+        self.resize_channels(&run_cfg);
+        let added = self.take_fresh(fresh, &run_cfg);
+        self.start_readers(&mut machine, now, &was_gone);
+        notes.insert(0, channel_changes(&self.cfg, &run_cfg, &added));
+        notes.push("a new run of the session with a new handshake (the TUN device stays); the bond runs over the channels both ends have until the peer's list is the same".into());
+        self.cfg = run_cfg;
+        machine.adopt_streams(self.machine.take_streams());
+        self.machine = machine;
+        self.sync_path_limit();
+        Ok(notes.join("; "))
+    }
+
+    /// The configuration a new run with the channel list of `new` starts from. The
+    /// kept channels keep the weights this run's handshake carried (the peer's run has
+    /// them; the file's weights apply on top, as a reload's weights do), and the new
+    /// run carries this run's streams on under the same streams run, so that the peer
+    /// keeps its side: the connections outlive the reload.
+    fn run_config(&self, new: &SessionConfig) -> SessionConfig {
         let mut run_cfg = new.clone();
         for (c, o) in run_cfg.channels.iter_mut().zip(&self.cfg.channels) {
             c.weight = o.weight;
         }
-        // This driver terminates TCP as before, and the new run carries this run's
-        // streams on under the same streams run, so that the peer keeps its side: the
-        // connections outlive the reload.
         if self.machine.config().streams.is_some() {
             run_cfg.serve_tcp();
         }
         if let (Some(st), Some(run)) = (run_cfg.core.streams.as_mut(), self.machine.streams_run()) {
             st.run = run;
         }
-        // Sockets for the channels added and the kept ones moved (another local
-        // address or device), before anything is torn down: one that cannot be bound
-        // leaves the running session as it is. A device not there yet is no error: the
-        // channel waits for its uplink.
+        run_cfg
+    }
+
+    /// Per channel of `run_cfg`: `None` if it is one of the `kept` first and stays
+    /// where it is (same local address and device), else a socket bound for it anew
+    /// (`Some(None)`: its device is not there yet, and it waits for its uplink). An
+    /// error for a socket that cannot be bound.
+    #[allow(clippy::type_complexity)]
+    fn bind_moved(
+        &self,
+        run_cfg: &SessionConfig,
+        kept: usize,
+    ) -> Result<Vec<Option<Option<(Arc<UdpSocket>, Arc<UdpSocketState>, SocketAddr)>>>, String>
+    {
         let moved = |i: usize| {
             i >= kept || {
-                let (o, c) = (&self.cfg.channels[i], &new.channels[i]);
+                let (o, c) = (&self.cfg.channels[i], &run_cfg.channels[i]);
                 o.local != c.local || o.device != c.device
             }
         };
         let mut fresh = Vec::new();
-        for i in 0..new_n {
+        for i in 0..run_cfg.channels.len() {
             if !moved(i) {
                 fresh.push(None);
                 continue;
             }
-            match bind_channel(&run_cfg, i) {
+            match bind_channel(run_cfg, i) {
                 Ok(s) => fresh.push(Some(Some(s))),
                 Err(SessionError::Device { error, .. })
                     if error.raw_os_error() == Some(libc::ENODEV) =>
@@ -2125,60 +2219,63 @@ impl Driver {
                 Err(e) => return Err(format!("{e}; the running channels are kept")),
             }
         }
-        let now = self.now();
-        let mut machine = new_machine(&run_cfg, now, None)
-            .map_err(|e| format!("{e}; the running channels are kept"))?;
-        let new_w: Vec<u32> = new.channels.iter().map(|c| c.weight).collect();
-        let run_w: Vec<u32> = run_cfg.channels.iter().map(|c| c.weight).collect();
-        let mut notes = Vec::new();
-        if new_w != run_w && run_cfg.core.mode == braid_proto::Mode::Trr {
-            // As a reload's weights (`reload::session_changes`): trr's receiver cannot
-            // follow quanta that move.
-            notes.push(format!(
-                "channel weights {new_w:?} not applied (trr mode): they wait for a restart"
-            ));
-        } else if new_w != run_w {
-            match machine.set_weights(&new_w) {
-                Ok(()) => notes.push(format!("channel weights {new_w:?}")),
-                Err(e) => notes.push(format!(
-                    "channel weights {new_w:?} not applied ({e}): they wait for a restart"
-                )),
-            }
-        }
-        // The readers stop (they count into the old run's queue shares and admit by
-        // its keys); what they queued was for the old run's keys, and is dropped.
-        let own = self.own.as_mut().expect("checked");
-        for r in own.readers.iter_mut() {
-            if let Some(r) = r.take() {
-                r.abort();
-                let _ = r.await;
+        Ok(fresh)
+    }
+
+    /// The channel readers stop (they count into the old run's queue shares and admit
+    /// by its keys); what they queued was for the old run's keys, and is dropped.
+    async fn stop_readers(&mut self, net: &mut mpsc::Receiver<Received>) {
+        if let Some(own) = self.own.as_mut() {
+            for r in own.readers.iter_mut() {
+                if let Some(r) = r.take() {
+                    r.abort();
+                    let _ = r.await;
+                }
             }
         }
         while net.try_recv().is_ok() {}
-        let was_gone: Vec<bool> = (0..kept).map(|i| self.machine.uplink_gone(i)).collect();
-        let (_, limits) = Channels::limits(&run_cfg);
-        self.budgets = Budget::per_channel(new_n);
+    }
+
+    /// The per-channel state sized for `run_cfg`'s channels (a new channel's slots
+    /// empty), its queue limits and uplinks in force.
+    fn resize_channels(&mut self, run_cfg: &SessionConfig) {
         fn fit<T: Default>(v: &mut Vec<T>, n: usize) {
             v.resize_with(n, T::default);
         }
-        fit(&mut self.socks, new_n);
-        fit(&mut self.states, new_n);
-        self.locals.resize(new_n, run_cfg.channels[0].local);
-        fit(&mut self.outq, new_n);
-        fit(&mut self.dests, new_n);
-        fit(&mut self.hs_source, new_n);
-        fit(&mut self.alone, new_n);
-        fit(&mut self.tx_errors, new_n);
-        let own = self.own.as_mut().expect("checked");
+        let n = run_cfg.channels.len();
+        let (_, limits) = Channels::limits(run_cfg);
+        self.budgets = Budget::per_channel(n);
+        fit(&mut self.socks, n);
+        fit(&mut self.states, n);
+        self.locals.resize(n, run_cfg.channels[0].local);
+        fit(&mut self.outq, n);
+        fit(&mut self.dests, n);
+        fit(&mut self.hs_source, n);
+        fit(&mut self.alone, n);
+        fit(&mut self.tx_errors, n);
+        let Some(own) = self.own.as_mut() else { return };
         own.limits = limits;
-        fit(&mut own.readers, new_n);
-        fit(&mut own.bound, new_n);
-        fit(&mut own.bind_warned, new_n);
+        fit(&mut own.readers, n);
+        fit(&mut own.bound, n);
+        fit(&mut own.bind_warned, n);
         own.uplinks = run_cfg
             .channels
             .iter()
             .map(crate::uplink::Uplink::of)
             .collect();
+    }
+
+    /// The sockets [`Driver::bind_moved`] bound, in their channels' places; what was
+    /// done, per channel, for the log.
+    #[allow(clippy::type_complexity)]
+    fn take_fresh(
+        &mut self,
+        fresh: Vec<Option<Option<(Arc<UdpSocket>, Arc<UdpSocketState>, SocketAddr)>>>,
+        run_cfg: &SessionConfig,
+    ) -> Vec<String> {
+        let Some(own) = self.own.as_mut() else {
+            return Vec::new();
+        };
         let ifs = crate::uplink::interfaces().unwrap_or_default();
         let mut added = Vec::new();
         for (i, f) in fresh.into_iter().enumerate() {
@@ -2204,7 +2301,15 @@ impl Driver {
                 }
             }
         }
-        for i in 0..new_n {
+        added
+    }
+
+    /// A reader for every channel with a socket; the others, and those whose uplink
+    /// was gone (`was_gone`, by channel), are down in the new `machine`. A channel
+    /// waiting for its uplink is looked at at once.
+    fn start_readers(&mut self, machine: &mut machine::Session, now: Instant, was_gone: &[bool]) {
+        let Some(own) = self.own.as_mut() else { return };
+        for i in 0..self.socks.len() {
             match (&self.socks[i], &self.states[i]) {
                 (Some(s), Some(state)) => {
                     own.readers[i] = Some(tokio::spawn(reader(
@@ -2213,7 +2318,7 @@ impl Driver {
                         state.clone(),
                         own.net_tx.clone(),
                         self.budgets[i].clone(),
-                        limits,
+                        own.limits,
                     )));
                     if was_gone.get(i).copied().unwrap_or(false) {
                         machine.set_uplink(now, i, false);
@@ -2222,43 +2327,7 @@ impl Driver {
                 _ => machine.set_uplink(now, i, false),
             }
         }
-        // A channel waiting for its uplink is looked at now.
         own.next_look = tokio::time::Instant::now();
-        let removed: Vec<String> = self.cfg.channels[kept..]
-            .iter()
-            .enumerate()
-            .map(|(k, c)| format!("{} ({})", kept + k, c.name))
-            .collect();
-        // Kept channels renamed, or with another mtu or pace.
-        let changed: Vec<String> = (0..kept)
-            .filter_map(|i| {
-                let (o, c) = (&self.cfg.channels[i], &run_cfg.channels[i]);
-                if o.name != c.name {
-                    Some(format!("{i} ({} -> {})", o.name, c.name))
-                } else if o.mtu != c.mtu || o.pace_bps != c.pace_bps || o.pace_auto != c.pace_auto {
-                    Some(format!("{i} ({}): mtu or pace", c.name))
-                } else {
-                    None
-                }
-            })
-            .collect();
-        self.cfg = run_cfg;
-        machine.adopt_streams(self.machine.take_streams());
-        self.machine = machine;
-        self.sync_path_limit();
-        let mut what = format!("channels {old_n} -> {new_n}");
-        if !changed.is_empty() {
-            what += &format!(", changed: {}", changed.join(", "));
-        }
-        if !added.is_empty() {
-            what += &format!(", added or bound anew: {}", added.join(", "));
-        }
-        if !removed.is_empty() {
-            what += &format!(", removed: {} (socket closed)", removed.join(", "));
-        }
-        notes.insert(0, what);
-        notes.push("a new run of the session with a new handshake (the TUN device stays); the bond runs over the channels both ends have until the peer's list is the same".into());
-        Ok(notes.join("; "))
     }
 
     /// A batch of datagrams from channel `c`'s reader, and what else is already
