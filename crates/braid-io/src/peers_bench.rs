@@ -603,9 +603,32 @@ fn run_blocking(plan: Plan) -> Result<PeersReport> {
         .enable_all()
         .build()
         .context("cannot start the clients' runtime")?;
-    let r = rt.block_on(measure(&mut lab, &plan));
+    // Ctrl-C or SIGTERM ends the run: the measurement is dropped, then the lab (its
+    // server stopped, its namespace deleted), as on any other exit.
+    let r = rt.block_on(async {
+        tokio::select! {
+            r = measure(&mut lab, &plan) => r,
+            s = stop_signal() => Err(anyhow!("{s}: the server was stopped and the namespace deleted")),
+        }
+    });
     rt.shutdown_timeout(Duration::from_secs(2));
     r
+}
+
+/// The first SIGINT or SIGTERM to arrive, by name.
+async fn stop_signal() -> &'static str {
+    use tokio::signal::unix::{signal, SignalKind};
+    match (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) {
+        (Ok(mut int), Ok(mut term)) => tokio::select! {
+            _ = int.recv() => "interrupted",
+            _ = term.recv() => "terminated",
+        },
+        // No handler: the default (the process ends) stands.
+        _ => std::future::pending().await,
+    }
 }
 
 /// The clients, started and established.
