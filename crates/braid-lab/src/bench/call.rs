@@ -69,16 +69,6 @@ pub struct Arrival {
     pub at_us: u64,
 }
 
-/// The `q` quantile (0 to 1) of `sorted` by nearest rank: the smallest value with at
-/// least `q` of them at or below it; 0 when empty.
-pub fn quantile(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let rank = (q * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
-}
-
 impl CallStats {
     /// The figures of a call of `sent` datagrams (numbered 0 to `sent - 1`) from its
     /// arrivals in the order they came: a number seen again is a duplicate (its delay
@@ -100,19 +90,20 @@ impl CallStats {
                 reordered += 1;
             }
             highest = highest.max(Some(a.seq));
-            delays.push(a.at_us.saturating_sub(a.sent_us) as f64 / 1e3);
+            delays.push(a.at_us.saturating_sub(a.sent_us));
         }
-        delays.sort_by(f64::total_cmp);
         let delivered = delays.len() as u64;
+        // Nearest-rank quantiles, as the stream row's.
+        let l = crate::stream::Latency::of(&delays);
         CallStats {
             sent,
             delivered,
             lost: sent - delivered,
             duplicates,
             reordered,
-            p50_ms: quantile(&delays, 0.5),
-            p99_ms: quantile(&delays, 0.99),
-            max_ms: delays.last().copied().unwrap_or(0.0),
+            p50_ms: l.as_ref().map_or(0.0, |l| l.p50),
+            p99_ms: l.as_ref().map_or(0.0, |l| l.p99),
+            max_ms: l.as_ref().map_or(0.0, |l| l.max),
         }
     }
 
@@ -378,14 +369,27 @@ mod tests {
 
     #[test]
     fn quantiles_are_by_nearest_rank() {
-        let v: Vec<f64> = (1..=100).map(f64::from).collect();
-        assert_eq!(quantile(&v, 0.5), 50.0);
-        assert_eq!(quantile(&v, 0.99), 99.0);
-        assert_eq!(quantile(&v, 1.0), 100.0);
-        assert_eq!(quantile(&v, 0.0), 1.0);
-        assert_eq!(quantile(&[7.0], 0.99), 7.0);
-        assert_eq!(quantile(&[1.0, 2.0, 3.0], 0.5), 2.0);
-        assert_eq!(quantile(&[], 0.5), 0.0);
+        // Datagram k took `ms[k]` milliseconds.
+        let stats = |ms: &[u64]| {
+            let a: Vec<Arrival> = (0..ms.len() as u64)
+                .map(|k| Arrival {
+                    seq: k,
+                    sent_us: 0,
+                    at_us: ms[k as usize] * 1000,
+                })
+                .collect();
+            CallStats::of(ms.len() as u64, &a)
+        };
+        let v: Vec<u64> = (1..=100).collect();
+        let c = stats(&v);
+        assert_eq!((c.p50_ms, c.p99_ms, c.max_ms), (50.0, 99.0, 100.0));
+        assert_eq!(stats(&[7]).p99_ms, 7.0);
+        assert_eq!(stats(&[1, 2, 3]).p50_ms, 2.0);
+        let none = CallStats::of(3, &[]);
+        assert_eq!(
+            (none.p50_ms, none.p99_ms, none.max_ms, none.lost),
+            (0.0, 0.0, 0.0, 3)
+        );
     }
 
     /// 200 sent; 197 distinct arrive, one twice, two out of order, one from no call of
