@@ -230,12 +230,17 @@ impl ModeEngine for Logical {
                 return self.run(now, sink);
             }
         }
+        let data = matches!(item, Item::Data { .. });
         b.push(channel, item, &mut sink.stats);
         // Waiting on another channel: this arrival changes nothing but the waiting
-        // clock, unless it filled a buffer (the common case under skew).
+        // clock, unless it filled a buffer (the common case under skew). Only data
+        // starts the clock: an idle sender's heartbeat markers on the other channels
+        // are nothing waiting, and with heartbeats further apart than `max_wait` (an
+        // idle session's) they gave up on the awaited channel: the receiver then ran
+        // out of step with the sender and misordered the first packets after the idle.
         if let Some((bc, since)) = b.blocked {
             if bc != channel && b.bufs[channel].len() < b.limit {
-                if since.is_none() {
+                if since.is_none() && data {
                     b.blocked = Some((bc, Some(now)));
                 }
                 return;
