@@ -395,6 +395,11 @@ fn setting_changes(a: &SessionConfig, b: &SessionConfig, p: &mut Plan) {
     differ("receiver settings", a.core.receiver != b.core.receiver);
     differ("heartbeat", a.heartbeat() != b.heartbeat());
     differ("dead_after", a.dead_after() != b.dead_after());
+    differ(
+        "idle_heartbeat",
+        a.core.idle_heartbeat != b.core.idle_heartbeat,
+    );
+    differ("idle_after", a.core.idle_after != b.core.idle_after);
     differ("rejoin_after", a.core.rejoin_after != b.core.rejoin_after);
     differ(
         "queue_packets",

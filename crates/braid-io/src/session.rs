@@ -2929,6 +2929,7 @@ impl Driver {
             uptime_s: self.origin.elapsed().as_secs_f64(),
             peer_seen: s.peer_seen,
             peer_closed: s.peer_closed,
+            idle: s.idle,
             peer_last_heard_s: s.peer_last_heard.map_or(-1.0, |d| d.as_secs_f64()),
             tx_epoch: s.tx_epoch,
             rx_epoch: s.rx_epoch,

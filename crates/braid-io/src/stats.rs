@@ -213,6 +213,9 @@ pub struct SessionStats {
     /// The peer closed the session on purpose (and no new run of it has been heard).
     #[serde(default)]
     pub peer_closed: bool,
+    /// No data has flowed either way for `idle_after`: hellos at the idle heartbeat.
+    #[serde(default)]
+    pub idle: bool,
     /// Seconds since the last authenticated packet from the peer (-1: never).
     pub peer_last_heard_s: f64,
     /// Transmit epoch.
@@ -575,6 +578,11 @@ impl SessionStats {
                 "never heard".to_string()
             } else if self.peer_closed {
                 format!("closed the session {:.2}s ago", self.peer_last_heard_s)
+            } else if self.idle {
+                format!(
+                    "heard {:.2}s ago (idle: hellos at the idle heartbeat)",
+                    self.peer_last_heard_s
+                )
             } else {
                 format!("heard {:.2}s ago", self.peer_last_heard_s)
             },
@@ -1388,6 +1396,7 @@ const GAUGES: &[(bool, &str, &str, &str, f64)] = &[
     (false, "uptime_s", "uptime_seconds", "Seconds since the session started", 1.0),
     (false, "peer_seen", "peer_seen", "1 once an authenticated packet from the peer has arrived", 1.0),
     (false, "peer_closed", "peer_closed", "1 while the peer has closed the session on purpose (until a new run of it is heard)", 1.0),
+    (false, "idle", "idle", "1 while no data has flowed either way for idle_after (hellos at the idle heartbeat)", 1.0),
     (false, "peer_last_heard_s", "peer_last_heard_seconds", "Seconds since the last authenticated packet from the peer (-1: never)", 1.0),
     (false, "tx_epoch", "tx_epoch", "The transmit epoch in force (a number; it changes with the transmit channel set)", 1.0),
     (false, "rx_epoch", "rx_epoch", "The receive epoch in force (a number)", 1.0),
@@ -1714,6 +1723,20 @@ mod tests {
         }
         // No HELP line is a Rust name.
         assert!(!text.contains("SessionStats.") && !text.contains("ChannelSnapshot."));
+    }
+
+    #[test]
+    fn the_table_says_when_the_session_is_idle() {
+        let mut s = SessionStats {
+            peer_seen: true,
+            peer_last_heard_s: 0.5,
+            ..Default::default()
+        };
+        assert!(!s.table().contains("idle heartbeat"));
+        s.idle = true;
+        assert!(s
+            .table()
+            .contains("peer heard 0.50s ago (idle: hellos at the idle heartbeat)"));
     }
 
     #[test]

@@ -1543,6 +1543,11 @@ impl Crypto {
         self.failed_on.get(c).copied().unwrap_or(0)
     }
 
+    /// Is a handshake due or under way (our initiation outstanding)?
+    pub fn handshaking(&self) -> bool {
+        self.init.is_some()
+    }
+
     /// Do we have keys to send with?
     pub fn ready(&self) -> bool {
         self.current.is_some()

@@ -197,7 +197,7 @@ impl Session {
         let reported = self
             .peer
             .report_at
-            .is_some_and(|at| now - at <= self.cfg.dead_after);
+            .is_some_and(|at| now - at <= self.dead_after_now());
         // Without a fresh report from the peer, only to take out channels whose uplink
         // is gone (we know that ourselves): right after a handshake the set is every
         // channel, and what it striped onto a gone one until the peer's first hello

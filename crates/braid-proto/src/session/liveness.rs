@@ -1,8 +1,24 @@
 //! Hellos and channel liveness: which channels we hear the peer on, which channels the
 //! peer hears us on, and the periodic heartbeat.
+//!
+//! **Idle sessions slow down.** After `idle_after` (2 s) without application data
+//! either way, the heartbeat goes from `heartbeat` (50 ms) to `idle_heartbeat` (1 s),
+//! and back at once with the first packet sent or received (hellos go out then). An
+//! idle tunnel costs a twentieth of the datagrams (a server's thousand idle peers
+//! had kept most of a core busy with 40 000 hellos a second each way, and a cellular
+//! uplink paid for them), and its hellos still hold every NAT mapping open. An idle
+//! end's hellos say when the next comes (`Hello::interval_us`), and the peer stretches its
+//! `dead_after` by as much as that interval exceeds its own heartbeat (a channel is
+//! down after 6 s of silence at the defaults while the peer is idle). When the peer
+//! speeds up again, the silence of its channels counts from the first fast hello, so
+//! a channel whose fast hellos are a moment behind another's is not taken for dead,
+//! and one that died while the tunnel was idle is down within `dead_after` of the
+//! tunnel's first data. Never idle without keys, while a handshake is due, while an
+//! epoch switch waits for its ack, or while a down channel that is heard again
+//! rejoins (its return wakes the heartbeat at once).
 
 use super::{bit, Event, Session};
-use crate::time::Instant;
+use crate::time::{Duration, Instant};
 use crate::wire::session::{Feedback, Hello, Msg, HELLO_SEQ_MASK};
 
 /// Do we hear the peer on a channel?
@@ -100,6 +116,11 @@ pub(super) struct Peer {
     /// The peer said it ends this run (a close message): its silence is no failure.
     /// Until a new run of the peer completes a handshake.
     pub closed: bool,
+    /// The peer's next hello comes within this (its latest hello said, while it is
+    /// idle; zero: not said, its usual heartbeat).
+    pub interval: Duration,
+    /// When the peer's hellos last sped up: silence counts from there.
+    pub faster_at: Option<Instant>,
 }
 
 impl Peer {
@@ -112,11 +133,68 @@ impl Peer {
             silent_warned: false,
             hello_seq: None,
             closed: false,
+            interval: Duration::ZERO,
+            faster_at: None,
         }
     }
 }
 
 impl Session {
+    /// Application data went out or came in: the session is active; if it was idle,
+    /// hellos go out now, saying the heartbeat is fast again.
+    #[inline]
+    pub(super) fn active(&mut self, now: Instant) {
+        self.last_active = now;
+        if self.idle {
+            self.idle = false;
+            self.next_hello = self.clock;
+        }
+    }
+
+    /// Should the heartbeat that starts now be the idle one?
+    pub(super) fn quiet(&self, now: Instant) -> bool {
+        self.cfg.idle_heartbeat > self.cfg.heartbeat
+            && now.saturating_since(self.last_active) >= self.cfg.idle_after
+            && self.crypto.ready()
+            && !self.crypto.handshaking()
+            && self.tx.switching.is_none()
+            && !self.rejoining()
+    }
+
+    /// Is a down channel being heard again (a rejoin under way)?
+    fn rejoining(&self) -> bool {
+        self.chans
+            .iter()
+            .any(|c| c.state == LinkState::Down && c.run_start.is_some())
+    }
+
+    /// The time to the next heartbeat.
+    pub(super) fn hello_interval(&self) -> Duration {
+        if self.idle {
+            self.cfg.idle_heartbeat
+        } else {
+            self.cfg.heartbeat
+        }
+    }
+
+    /// `dead_after`, stretched by as much as the peer's hellos (while it is idle) come
+    /// slower than our heartbeat.
+    pub(super) fn dead_after_now(&self) -> Duration {
+        let (hb, theirs) = (self.cfg.heartbeat, self.peer.interval);
+        if theirs <= hb {
+            return self.cfg.dead_after;
+        }
+        let us = u128::from(self.cfg.dead_after.as_micros()) * u128::from(theirs.as_micros())
+            / u128::from(hb.as_micros().max(1));
+        Duration::from_micros(u64::try_from(us).unwrap_or(u64::MAX))
+    }
+
+    /// How long channel `c` (last heard at `last`) has been silent: since the peer's
+    /// hellos last sped up, if that is later.
+    fn silent_since(&self, last: Instant, now: Instant) -> Duration {
+        now - self.peer.faster_at.map_or(last, |f| f.max(last))
+    }
+
     pub(super) fn rx_mask(&self) -> u64 {
         self.chans
             .iter()
@@ -159,8 +237,8 @@ impl Session {
             self.take_transmits();
         }
         if let Some(l) = self.peer.last {
-            let silent = now - l;
-            if silent > self.cfg.dead_after && !self.peer.silent_warned && !self.peer.closed {
+            let silent = self.silent_since(l, now);
+            if silent > self.dead_after_now() && !self.peer.silent_warned && !self.peer.closed {
                 self.peer.silent_warned = true;
                 self.events.push_back(Event::PeerSilent(silent));
             }
@@ -203,6 +281,12 @@ impl Session {
                 tx_epoch: self.tx.epoch,
                 rx_epoch: self.rx.epoch,
                 seq: self.hello_seq,
+                // Said only while idle: the usual hello stays 24 bytes.
+                interval_us: if self.idle {
+                    u32::try_from(self.hello_interval().as_micros()).unwrap_or(u32::MAX)
+                } else {
+                    0
+                },
             });
             self.send_ctrl(c, &m);
         }
@@ -241,10 +325,12 @@ impl Session {
 
     fn liveness(&mut self, now: Instant) {
         let mut went_down = false;
-        let dead = self.cfg.dead_after;
+        let dead = self.dead_after_now();
         let rejoin = self.cfg.rejoin_after;
-        let hb2 = self.cfg.heartbeat + self.cfg.heartbeat;
+        let slowest = self.cfg.heartbeat.max(self.peer.interval);
+        let hb2 = slowest + slowest;
         let uplink_down = self.uplink_down;
+        let faster_at = self.peer.faster_at;
         for (i, c) in self.chans.iter_mut().enumerate() {
             if uplink_down & bit(i) != 0 {
                 // Down already, and nothing of it counts until the uplink is back.
@@ -252,7 +338,9 @@ impl Session {
             }
             match c.state {
                 LinkState::Up => {
-                    let silent = c.last_rx.map_or(dead + dead, |l| now - l);
+                    let silent = c
+                        .last_rx
+                        .map_or(dead + dead, |l| now - faster_at.map_or(l, |f| f.max(l)));
                     if silent > dead {
                         c.state = LinkState::Down;
                         c.since = now;
@@ -344,15 +432,23 @@ impl Session {
             // Queued before the uplink went: says nothing of it now.
             return;
         }
-        let dead = self.cfg.dead_after;
+        let dead = self.dead_after_now();
         let ch = &mut self.chans[c];
+        let mut back = false;
         if ch.state == LinkState::Down {
             let gap = ch.last_rx.is_none_or(|l| now - l > dead);
             if ch.run_start.is_none() || gap {
+                back = ch.run_start.is_none();
                 ch.run_start = Some(now);
             }
         }
         ch.last_rx = Some(now);
+        // A down channel heard again while idle: the usual heartbeat until it has
+        // rejoined (hellos now), so an idle tunnel takes it back as soon as a busy one.
+        if back && self.idle {
+            self.idle = false;
+            self.next_hello = self.clock;
+        }
     }
 
     pub(super) fn on_hello(&mut self, c: usize, h: Hello, now: Instant) {
@@ -366,6 +462,11 @@ impl Session {
             return;
         }
         self.peer.hello_seq = Some(h.seq);
+        let interval = Duration::from_micros(u64::from(h.interval_us));
+        if interval < self.peer.interval {
+            self.peer.faster_at = Some(now);
+        }
+        self.peer.interval = interval;
         // Only the channels both ends have count (another number of channels is the
         // handshake's to see: `Session::on_new_peer`).
         let mask = h.rx_mask & self.common_set();

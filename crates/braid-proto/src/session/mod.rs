@@ -137,6 +137,11 @@ pub struct Config {
     pub receiver: ReceiverConfig,
     /// Hello and heartbeat-marker interval.
     pub heartbeat: Duration,
+    /// The heartbeat while the session is idle (`idle_after` without application data
+    /// either way); equal to `heartbeat`: never slower (`session::liveness`).
+    pub idle_heartbeat: Duration,
+    /// No application data either way for this long: the session is idle.
+    pub idle_after: Duration,
     /// A channel that delivers nothing for this long is declared down.
     pub dead_after: Duration,
     /// A down channel must deliver continuously for this long to be declared up again.
@@ -207,6 +212,8 @@ impl std::fmt::Debug for Config {
             .field("trigger_every", &self.trigger_every)
             .field("receiver", &self.receiver)
             .field("heartbeat", &self.heartbeat)
+            .field("idle_heartbeat", &self.idle_heartbeat)
+            .field("idle_after", &self.idle_after)
             .field("dead_after", &self.dead_after)
             .field("rejoin_after", &self.rejoin_after)
             .field("queue_packets", &self.queue_packets)
@@ -245,6 +252,8 @@ impl Config {
             trigger_every: 128,
             receiver: ReceiverConfig::default(),
             heartbeat: Duration::from_millis(50),
+            idle_heartbeat: Duration::from_secs(1),
+            idle_after: Duration::from_secs(2),
             dead_after: Duration::from_millis(300),
             rejoin_after: Duration::from_millis(150),
             queue_packets: 4096,
@@ -318,6 +327,13 @@ impl Config {
         self.flows.validate()?;
         if let Some(m) = &self.pmtu {
             m.validate(n, self.max_datagram)?;
+        }
+        if self.idle_heartbeat < self.heartbeat {
+            return Err(format!(
+                "idle_heartbeat ({} ms) must be at least the heartbeat ({} ms)",
+                self.idle_heartbeat.as_micros() / 1000,
+                self.heartbeat.as_micros() / 1000
+            ));
         }
         if self.dead_after < self.heartbeat + self.heartbeat {
             return Err(format!(
@@ -778,6 +794,10 @@ pub struct Session {
     clock: Instant,
     next_hello: Instant,
     next_rate: Instant,
+    /// When application data last went out or came in (`session::liveness`).
+    last_active: Instant,
+    /// Hellos at the idle heartbeat: nothing has flowed for `idle_after`.
+    idle: bool,
 }
 
 impl Session {
@@ -846,6 +866,8 @@ impl Session {
             clock: now,
             next_hello: now,
             next_rate: now + Duration::from_secs(1),
+            last_active: now,
+            idle: false,
             streams: cfg.streams.clone().map(crate::stream::Streams::new),
             peer_streams: None,
             streams_unsent: 0,
@@ -911,6 +933,7 @@ impl Session {
         self.clock = self.clock.max(now);
         self.counters.sent_packets += 1;
         self.counters.sent_bytes += p.len() as u64;
+        self.active(now);
         // Real-time flows leave at once, outside the stripe (`session::flows`).
         if self.flow_out(now, &p) {
             return;
@@ -1370,7 +1393,10 @@ impl Session {
     /// `repaired`: it came as an in-bond repair, later than it was sent.
     fn on_inner(&mut self, now: Instant, arrived: Instant, c: usize, inner: Bytes, repaired: bool) {
         match inner.first().copied() {
-            Some(wire::TYPE_SESSION) if wire::flow::is_flow(&inner) => self.on_flow(now, c, inner),
+            Some(wire::TYPE_SESSION) if wire::flow::is_flow(&inner) => {
+                self.active(now);
+                self.on_flow(now, c, inner)
+            }
             Some(wire::TYPE_SESSION) => self.on_ctrl(c, &inner, now, arrived, repaired),
             Some(wire::TYPE_CREDIT) => self.on_credit(now, c, &inner),
             Some(wire::TYPE_NAK) => {
@@ -1390,6 +1416,7 @@ impl Session {
             }
             Some(_) => {
                 self.chans[c].n.rx_data += 1;
+                self.active(now);
                 self.resequence(c, inner, now, arrived, repaired)
             }
             None => self.chans[c].n.malformed += 1,
@@ -1706,7 +1733,8 @@ impl Session {
             self.pump(now);
         }
         if now >= self.next_hello {
-            self.next_hello = now + self.cfg.heartbeat;
+            self.idle = self.quiet(now);
+            self.next_hello = now + self.hello_interval();
             self.heartbeat(now);
             self.repair_margin();
         }
@@ -2080,6 +2108,8 @@ impl Session {
         self.peer.seen = true;
         // A new run numbers its hellos from the start.
         self.peer.hello_seq = None;
+        self.peer.interval = Duration::ZERO;
+        self.peer.faster_at = None;
         self.peer.closed = false;
         // The set is every channel again: those whose uplink is gone leave it now.
         self.maybe_switch(now);

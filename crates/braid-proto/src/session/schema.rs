@@ -157,6 +157,10 @@ pub struct SessionSettings {
     // --- liveness ---
     /// Hello and heartbeat-marker interval.
     pub heartbeat: Dur,
+    /// The heartbeat of an idle session (equal to `heartbeat`: never slower).
+    pub idle_heartbeat: Dur,
+    /// No application data either way for this long: the session is idle.
+    pub idle_after: Dur,
     /// A channel silent this long is down.
     pub dead_after: Dur,
     /// A down channel must deliver this long to rejoin.
@@ -261,6 +265,8 @@ impl Default for SessionSettings {
             max_wait: Dur(receiver.max_wait),
             buffer_packets: receiver.buffer_packets,
             heartbeat: Dur::ms(50),
+            idle_heartbeat: Dur::ms(1000),
+            idle_after: Dur::ms(2000),
             dead_after: Dur::ms(300),
             rejoin_after: Dur::ms(150),
             queue_packets: 4096,
@@ -447,7 +453,21 @@ impl SessionSettings {
                 ),
             ));
         }
+        if self.idle_heartbeat.0 > MAX_HEARTBEAT {
+            return Err(bad(
+                "idle_heartbeat",
+                format!(
+                    "{} is more than {}: the hellos are each channel's keepalive, and a NAT forgets an idle UDP mapping after 30 s or so",
+                    self.idle_heartbeat,
+                    Dur(MAX_HEARTBEAT)
+                ),
+            ));
+        }
         cfg.heartbeat = self.heartbeat.0;
+        // Never faster than the heartbeat: a configuration that slows the heartbeat
+        // itself needs no idle setting of its own.
+        cfg.idle_heartbeat = self.idle_heartbeat.0.max(self.heartbeat.0);
+        cfg.idle_after = self.idle_after.0;
         cfg.dead_after = self.dead_after.0;
         cfg.rejoin_after = self.rejoin_after.0;
         Ok(())
@@ -694,6 +714,14 @@ pub const REFERENCE: &[KeyDoc] = &[
     KeyDoc {
         key: "heartbeat",
         doc: "hellos on every channel, and markers (triggers in `trr`) on every channel of the transmit set; the hellos are also the keepalives that hold each channel's NAT mapping open (at most 25s)",
+    },
+    KeyDoc {
+        key: "idle_heartbeat",
+        doc: "the heartbeat while the session is idle (no application data either way for `idle_after`): hellos and markers this often instead, back to `heartbeat` with the first packet. Each hello says when the next comes, so the peer waits for it before it declares a channel down (`dead_after` stretched in proportion: 6 s at the defaults while idle). An idle tunnel sends a twentieth of the datagrams (what a cellular uplink pays for, and a server with many peers spends its CPU on) and still holds every NAT mapping open; a channel that fails while idle is found within `dead_after` of the first data. Never faster than `heartbeat`; set it to `heartbeat` to keep the heartbeat when idle; at most 25s",
+    },
+    KeyDoc {
+        key: "idle_after",
+        doc: "no application data sent or received for this long: the session is idle (`idle_heartbeat`)",
     },
     KeyDoc {
         key: "dead_after",

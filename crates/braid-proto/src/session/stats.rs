@@ -138,6 +138,9 @@ pub struct SessionStats {
     /// The peer ended its run on purpose (a close message) and no new run has been
     /// heard since.
     pub peer_closed: bool,
+    /// No application data has flowed either way for `idle_after`: hellos at the idle
+    /// heartbeat (`session::liveness`).
+    pub idle: bool,
     /// Transmit epoch.
     pub tx_epoch: u32,
     /// Receive epoch.
@@ -215,6 +218,7 @@ impl Session {
             peer_seen: self.peer.seen,
             peer_last_heard: self.peer.last.map(|l| now.saturating_since(l)),
             peer_closed: self.peer.closed,
+            idle: self.idle,
             tx_epoch: self.tx.epoch,
             rx_epoch: self.rx.epoch,
             rx_waiting: self.rx.reseq.waiting(now).and_then(|(k, d)| {

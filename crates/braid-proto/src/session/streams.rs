@@ -75,6 +75,7 @@ impl Session {
                 };
                 self.counters.sent_packets += 1;
                 self.counters.sent_bytes += f.len() as u64;
+                self.active(now);
                 if f[0] == TYPE_DATA || !self.stream_control_out(&f) {
                     self.stripe_in(now, f);
                 }

@@ -560,6 +560,7 @@ fn forgeries(id: u64) -> Vec<Bytes> {
             tx_epoch: 0,
             rx_epoch: 0,
             seq: 0,
+            interval_us: 0,
         })
         .to_vec(),
     ));
@@ -1459,6 +1460,7 @@ mod demote;
 mod endpoint;
 mod flows;
 mod handshake;
+mod idle;
 mod pmtu;
 mod recovery;
 mod return_path;
@@ -1681,6 +1683,7 @@ fn a_channel_that_comes_back_is_measured_again() {
     p.ba[1].up = true;
     p.ab[1].rate_bps = 2e6;
     p.ba[1].rate_bps = 2e6;
+    // (Idle from 2 s on: the channel's return wakes the heartbeat.)
     p.run_until(at_ms(4000));
     let m = measured(&p, 1);
     assert_eq!(m.len(), 2, "{m:?}");

@@ -15,7 +15,8 @@
 //!                                          channel: physical index it was sent on
 //! ```
 //!
-//! **Hello** (kind 1, 24 bytes), sent on every configured channel every heartbeat:
+//! **Hello** (kind 1, 24 bytes; 28 while the sender is idle), sent on every configured
+//! channel every heartbeat:
 //!
 //! ```text
 //!  4: channels (u8) | 5..8: heartbeat number (u24, wrapping; the same on every
@@ -23,7 +24,11 @@
 //!  8..16:  rx mask (u64): bit c set = the sender currently hears us on channel c
 //! 16..20:  sender's transmit epoch (u32)
 //! 20..24:  sender's receive epoch (u32)
+//! 24..28:  only while the sender is idle (`session::liveness`): its next hello comes
+//!          within this many microseconds (u32), its idle heartbeat
 //! ```
+//!
+//! A hello of 24 bytes says its sender keeps its usual heartbeat (interval 0).
 //!
 //! **Epoch end** (kind 2, 40 + 16 n bytes), sent by the data sender on every channel of
 //! the old and the new set, after the last data packet of the old epoch, and repeated
@@ -209,6 +214,9 @@ pub struct Hello {
     pub rx_epoch: u32,
     /// The sender's heartbeat number, 24 bits, wrapping (`HELLO_SEQ_MASK`).
     pub seq: u32,
+    /// While the sender is idle: its next hello comes within this many microseconds
+    /// (0: not said, the sender keeps its usual heartbeat; the 24-byte form).
+    pub interval_us: u32,
 }
 
 /// Hello numbers wrap at 24 bits.
@@ -373,6 +381,8 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
 }
 
 const HELLO_LEN: usize = 24;
+/// A hello with the idle sender's interval.
+const HELLO_LEN_IDLE: usize = 28;
 const ACK_LEN: usize = 24;
 const FEEDBACK_LEN: usize = 48;
 /// A report from before the congestion count.
@@ -483,7 +493,7 @@ fn parse_mtu(b: &[u8], channel: u8) -> Result<Msg, CtrlError> {
     })
 }
 
-/// A hello: 24 bytes.
+/// A hello: 24 bytes, 28 with an interval.
 fn write_hello(h: &Hello, v: &mut Vec<u8>) {
     v.extend_from_slice(&[TYPE_SESSION, VERSION, KIND_HELLO, h.channel]);
     let seq = (h.seq & HELLO_SEQ_MASK).to_be_bytes();
@@ -491,6 +501,9 @@ fn write_hello(h: &Hello, v: &mut Vec<u8>) {
     v.extend_from_slice(&h.rx_mask.to_be_bytes());
     v.extend_from_slice(&h.tx_epoch.to_be_bytes());
     v.extend_from_slice(&h.rx_epoch.to_be_bytes());
+    if h.interval_us != 0 {
+        v.extend_from_slice(&h.interval_us.to_be_bytes());
+    }
 }
 
 /// An epoch end: the fixed part, then each old channel's final position.
@@ -562,7 +575,7 @@ fn write_probe_report(r: &ProbeReport, v: &mut Vec<u8>) {
 
 /// A hello (fixed length).
 fn parse_hello(b: &[u8], channel: u8) -> Result<Msg, CtrlError> {
-    if b.len() != HELLO_LEN {
+    if b.len() != HELLO_LEN && b.len() != HELLO_LEN_IDLE {
         return Err(CtrlError::Length);
     }
     Ok(Msg::Hello(Hello {
@@ -572,6 +585,11 @@ fn parse_hello(b: &[u8], channel: u8) -> Result<Msg, CtrlError> {
         tx_epoch: u32_at(b, 16),
         rx_epoch: u32_at(b, 20),
         seq: u32::from_be_bytes([0, b[5], b[6], b[7]]),
+        interval_us: if b.len() == HELLO_LEN_IDLE {
+            u32_at(b, 24)
+        } else {
+            0
+        },
     }))
 }
 
@@ -740,13 +758,33 @@ mod tests {
             tx_epoch: 7,
             rx_epoch: 9,
             seq: 0x01_0203,
+            interval_us: 50_000,
         });
         let b = h.to_vec();
         assert_eq!(
             b,
-            [0xB4, 1, 1, 2, 3, 1, 2, 3, 0, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0, 7, 0, 0, 0, 9]
+            [
+                0xB4, 1, 1, 2, 3, 1, 2, 3, 0, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0, 7, 0, 0, 0, 9, 0, 0,
+                0xC3, 0x50
+            ]
         );
-        assert_eq!(Msg::parse(&b), Ok(h));
+        assert_eq!(Msg::parse(&b), Ok(h.clone()));
+        // Without an interval (the sender is not idle): the 24-byte form.
+        let Msg::Hello(usual) = Msg::parse(&b[..24]).unwrap() else {
+            panic!("not a hello");
+        };
+        assert_eq!(usual.interval_us, 0);
+        let Msg::Hello(h) = h else { unreachable!() };
+        assert_eq!(Msg::Hello(usual).to_vec(), b[..24]);
+        assert_eq!(
+            Msg::Hello(Hello {
+                interval_us: 0,
+                ..h
+            })
+            .to_vec(),
+            b[..24]
+        );
+        assert_eq!(Msg::parse(&b[..25]), Err(CtrlError::Length));
     }
 
     #[test]

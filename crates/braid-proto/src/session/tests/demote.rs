@@ -173,15 +173,18 @@ fn moderate_random_loss_is_not_demoted() {
         let mut p = pair_with(3, Mode::Logical, &[10, 20, 30], arq_on);
         lossy(&mut p, 1, loss);
         p.run_until(at_ms(10_000));
-        // Idle: probes only.
+        let l = p.a.stats(p.now).channels[1].window_loss.expect("measured");
+        assert!(l < 0.12, "{loss}: {l}");
+        // Idle: probes only (hellos and feedback, at the idle heartbeat).
         p.every = Duration::ZERO;
         p.run_until(at_ms(20_000));
         assert!(demoted_at(&p, 1).is_empty(), "{loss}: {:?}", p.events_a);
         let s = p.a.stats(p.now);
         assert_eq!(s.channels[1].role, Role::Active);
         assert_eq!(s.tx_epoch_changes, 0);
-        let l = s.channels[1].window_loss.expect("measured");
-        assert!(l < 0.12, "{loss}: {l}");
+        // Too few datagrams in the window to judge while idle, or a loss well below
+        // the threshold.
+        assert!(s.channels[1].window_loss.is_none_or(|l| l < 0.12), "{loss}");
     }
 }
 

@@ -266,7 +266,8 @@ fn a_forged_a_replayed_or_a_late_datagram_never_moves_an_endpoint() {
 #[test]
 fn an_idle_session_sends_on_every_channel_every_heartbeat_at_both_ends() {
     // The hellos are the keepalives that hold a NAT's mapping open: with no traffic
-    // at all, each end still sends on each channel at least once per heartbeat.
+    // at all, each end still sends on each channel at least once per heartbeat (the
+    // idle heartbeat, once nothing has flowed for `idle_after`).
     let mut p = Nat::new(3);
     p.idle = true;
     p.run_ms(300);
@@ -274,7 +275,11 @@ fn an_idle_session_sends_on_every_channel_every_heartbeat_at_both_ends() {
     p.watch_from = p.now;
     p.longest_silence = Duration::ZERO;
     p.run_ms(10_000);
-    let heartbeat = p.a.config().heartbeat;
+    let heartbeat = p.a.config().idle_heartbeat;
+    assert!(
+        heartbeat < Duration::from_secs(25),
+        "NATs forget after 30 s"
+    );
     for end in 0..2 {
         for (c, &t) in p.last_tx[end].iter().enumerate() {
             assert!(
