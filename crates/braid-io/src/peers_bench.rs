@@ -13,7 +13,9 @@
 //!   span gives `handshakes_per_cpu_s` (the rate one core of the server sustains; on a
 //!   small machine the clients' own public-key work competes with the server's);
 //! * **memory**: the server's resident set (`VmRSS`) before any client, and with all N
-//!   connected and idle (after a settling pause), and its CPU while they idle;
+//!   connected (after a settling pause of 2 s, while their capacity probes still run),
+//!   and its CPU then; the same again once they have idled (12 s after the last
+//!   handshake: no data for `idle_after`, the probes done, freed memory given back);
 //! * **forwarding**: K clients send IPv4/UDP packets as fast as their sessions take
 //!   them, through the server's TUN device to a UDP socket on the server's inner
 //!   address; the bytes that socket receives per second;
@@ -177,8 +179,17 @@ pub struct PeersReport {
     pub rss_bytes: u64,
     /// `(rss_bytes - rss_start_bytes) / handshakes_completed`.
     pub rss_per_peer_bytes: u64,
-    /// The server's CPU while every client idles (hellos only), in cores.
+    /// The server's CPU 2-4 s after the last handshake (every client idle, their
+    /// capacity probes still running), in cores.
     pub idle_server_cpu: f64,
+    /// The server's resident set once the clients have idled ([`SETTLED`] after the
+    /// last handshake).
+    #[serde(default)]
+    pub rss_settled_bytes: u64,
+    /// The server's CPU over the 2 s that follow, in cores (hellos at the idle
+    /// heartbeat).
+    #[serde(default)]
+    pub settled_server_cpu: f64,
     /// Forwarding with `active` clients sending.
     pub forwarding: Forwarding,
     /// Forwarding under a flood of forged initiations (`--flood`).
@@ -202,6 +213,10 @@ const SINK_PORT: u16 = 9000;
 const SERVER_INNER: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
 /// Pause after the handshakes before the idle measurements.
 const SETTLE: Duration = Duration::from_secs(2);
+/// When the settled figures are read, after the last handshake: the sessions idle
+/// after 2 s without data, their capacity probes are over, and a server gives back
+/// the memory its sessions' first seconds freed within 10 s of the last start.
+const SETTLED: Duration = Duration::from_secs(12);
 
 fn dur(s: &str, flag: &str) -> Result<Duration> {
     braid_proto::units::parse_duration(s).with_context(|| flag.to_string())
@@ -702,11 +717,17 @@ async fn measure(lab: &mut Lab, plan: &Plan) -> Result<PeersReport> {
     r.establish_s = clients.establish_s;
     r.handshakes_per_s = per(clients.completed as f64, clients.establish_s);
     r.handshakes_per_cpu_s = per(clients.completed as f64, r.establish_server_cpu_s);
+    let established = std::time::Instant::now();
     tokio::time::sleep(SETTLE).await;
     let cpu1 = cpu_seconds(pid)?;
     tokio::time::sleep(SETTLE).await;
     r.idle_server_cpu = (cpu_seconds(pid)? - cpu1) / SETTLE.as_secs_f64();
     r.rss_bytes = rss_bytes(pid)?;
+    tokio::time::sleep(SETTLED.saturating_sub(established.elapsed())).await;
+    r.rss_settled_bytes = rss_bytes(pid)?;
+    let cpu2 = cpu_seconds(pid)?;
+    tokio::time::sleep(SETTLE).await;
+    r.settled_server_cpu = (cpu_seconds(pid)? - cpu2) / SETTLE.as_secs_f64();
     r.rss_per_peer_bytes =
         r.rss_bytes.saturating_sub(r.rss_start_bytes) / (clients.completed.max(1) as u64);
     r.server_peers_connected = server_counters(lab).await?.peers_connected;
@@ -1210,6 +1231,12 @@ pub fn render(r: &PeersReport, json: bool) -> String {
         "server: {} peers connected; resident {:.1} MiB ({:.1} MiB before any client, {:.1} KiB per peer); idle CPU {:.2} cores\n",
         r.server_peers_connected, mib(r.rss_bytes), mib(r.rss_start_bytes),
         r.rss_per_peer_bytes as f64 / 1024.0, r.idle_server_cpu
+    );
+    s += &format!(
+        "settled ({} s after the last handshake, the peers idle): resident {:.1} MiB; CPU {:.2} cores\n",
+        SETTLED.as_secs(),
+        mib(r.rss_settled_bytes),
+        r.settled_server_cpu
     );
     let fwd = |f: &Forwarding| {
         format!(

@@ -699,8 +699,16 @@ async fn control(
     mut identified: mpsc::Receiver<Identified>,
     mut ctl: mpsc::Receiver<Ctl>,
 ) {
+    let mut trim = tokio::time::interval(TRIM_EVERY);
+    trim.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_start: Option<std::time::Instant> = None;
     loop {
         tokio::select! {
+            _ = trim.tick() => {
+                if last_start.is_some_and(|t| t.elapsed() <= TRIM_AFTER_STARTS) {
+                    crate::memory::give_back_freed();
+                }
+            }
             i = identified.recv() => {
                 let Some(i) = i else { return };
                 let table = shared.table();
@@ -711,6 +719,7 @@ async fn control(
                 };
                 if peer.running.get().is_none() {
                     start_peer(&shared, peer);
+                    last_start = Some(std::time::Instant::now());
                 }
                 if let Some(r) = peer.running.get() {
                     r.inbox.offer(i.channel, vec![(i.at, i.from, i.datagram)]);
@@ -748,6 +757,13 @@ async fn control(
         }
     }
 }
+
+/// While peers start (and for [`TRIM_AFTER_STARTS`] after the last), the memory freed
+/// is given back to the system this often ([`crate::memory`]).
+const TRIM_EVERY: Duration = Duration::from_secs(1);
+/// See [`TRIM_EVERY`]: a new session's first seconds (its handshake, its capacity
+/// probes' trains) allocate and free the most.
+const TRIM_AFTER_STARTS: Duration = Duration::from_secs(10);
 
 /// Start `peer`'s session and its TUN writer.
 fn start_peer(shared: &Arc<Shared>, peer: &Arc<Peer>) {

@@ -70,6 +70,10 @@ fn bench_peers_reports_what_the_server_saw() {
     assert!(r["handshakes_per_s"].as_f64().unwrap() > 0.0);
     let (start, rss) = (u(&r, &["rss_start_bytes"]), u(&r, &["rss_bytes"]));
     assert!(start > 1 << 20 && rss > start, "rss {start} then {rss}");
+    // Read again once the peers idle: the server still holds them.
+    let settled = u(&r, &["rss_settled_bytes"]);
+    assert!(settled > start, "rss {start}, settled {settled}");
+    assert!(r["settled_server_cpu"].as_f64().unwrap() >= 0.0);
     let f = &r["forwarding"];
     assert_eq!(u(f, &["active"]), 2);
     assert!(u(f, &["received_packets"]) > 100, "{f:#}");

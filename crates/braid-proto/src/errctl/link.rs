@@ -89,6 +89,10 @@ pub enum NotResent {
 #[derive(Default)]
 pub struct LinkSender {
     items: VecDeque<(Instant, u32, u64, Bytes, Option<Instant>)>,
+    /// The most `items` held lately: a second's worth of a busy channel is given back
+    /// once it idles (a server's idle peers each kept the room of their first seconds,
+    /// 3-4 KiB per channel, for good).
+    room: crate::room::Room,
     /// Highest counter sealed per key index (the current and the one before).
     highest: [(u32, Option<u64>); 2],
     /// Sender-side counters (the receiver-side ones stay zero).
@@ -101,6 +105,10 @@ impl LinkSender {
         self.sealed(now, key, counter);
         self.items
             .push_back((now, key, counter, sealed.clone(), None));
+        self.room.note(self.items.len());
+        if let Some(keep) = self.room.check(now, self.items.capacity()) {
+            self.items.shrink_to(keep);
+        }
     }
 
     /// A datagram sealed at `now` under key `key` with `counter` that is not kept (a

@@ -47,7 +47,10 @@ fn an_idle_session_sends_a_twentieth_and_wakes_with_the_first_packet() {
     p.run_until(at_ms(3000));
     // Hellos, feedback and markers every 50 ms.
     let busy = since(&p, &from);
-    assert!(busy.iter().all(|&n| n >= 50), "{busy:?} datagrams in the second");
+    assert!(
+        busy.iter().all(|&n| n >= 50),
+        "{busy:?} datagrams in the second"
+    );
     p.run_until(at_ms(4000));
     let from = sent(&p);
     p.run_until(at_ms(14_000));
