@@ -431,35 +431,30 @@ impl SessionSettings {
     }
 
     fn liveness(&self, cfg: &mut Config) -> Result<(), SettingError> {
+        /// A hello interval that a NAT outlasts.
+        fn keepalive(key: &'static str, every: Dur) -> Result<(), SettingError> {
+            if every.0 <= MAX_HEARTBEAT {
+                return Ok(());
+            }
+            Err(bad(
+                key,
+                format!(
+                    "{every} is more than {}: the hellos are each channel's keepalive, and a NAT forgets an idle UDP mapping after 30 s or so",
+                    Dur(MAX_HEARTBEAT)
+                ),
+            ))
+        }
         if self.heartbeat.0 < Duration::from_millis(1) {
             return Err(bad("heartbeat", "must be at least 1ms"));
         }
-        if self.heartbeat.0 > MAX_HEARTBEAT {
-            return Err(bad(
-                "heartbeat",
-                format!(
-                    "{} is more than {}: the hellos are each channel's keepalive, and a NAT forgets an idle UDP mapping after 30 s or so",
-                    self.heartbeat,
-                    Dur(MAX_HEARTBEAT)
-                ),
-            ));
-        }
+        keepalive("heartbeat", self.heartbeat)?;
+        keepalive("idle_heartbeat", self.idle_heartbeat)?;
         if self.dead_after.0 < self.heartbeat.0 + self.heartbeat.0 {
             return Err(bad(
                 "dead_after",
                 format!(
                     "{} is less than twice the heartbeat ({}): healthy channels would flap",
                     self.dead_after, self.heartbeat
-                ),
-            ));
-        }
-        if self.idle_heartbeat.0 > MAX_HEARTBEAT {
-            return Err(bad(
-                "idle_heartbeat",
-                format!(
-                    "{} is more than {}: the hellos are each channel's keepalive, and a NAT forgets an idle UDP mapping after 30 s or so",
-                    self.idle_heartbeat,
-                    Dur(MAX_HEARTBEAT)
                 ),
             ));
         }
@@ -944,6 +939,23 @@ mod tests {
         let e = s.apply(&mut c).unwrap_err();
         assert_eq!(e.key, "heartbeat");
         assert!(e.reason.contains("keepalive"), "{e}");
+        // The idle heartbeat too.
+        let s = SessionSettings {
+            idle_heartbeat: Dur::ms(26_000),
+            ..SessionSettings::default()
+        };
+        let e = s.apply(&mut c).unwrap_err();
+        assert_eq!(e.key, "idle_heartbeat");
+        assert!(e.reason.contains("keepalive"), "{e}");
+        // A heartbeat slower than the default idle one: idle, it stays as it is.
+        let s = SessionSettings {
+            heartbeat: Dur::ms(2_000),
+            dead_after: Dur::ms(6_000),
+            ..SessionSettings::default()
+        };
+        s.apply(&mut c).unwrap();
+        assert_eq!(c.idle_heartbeat, Duration::from_secs(2));
+        assert_eq!(SessionSettings::default().idle_heartbeat, Dur::ms(1000));
     }
 }
 
