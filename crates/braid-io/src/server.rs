@@ -706,7 +706,8 @@ async fn control(
         tokio::select! {
             _ = trim.tick() => {
                 if last_start.is_some_and(|t| t.elapsed() <= TRIM_AFTER_STARTS) {
-                    crate::memory::give_back_freed();
+                    // Off the runtime's threads: it walks the allocator's free lists.
+                    tokio::task::spawn_blocking(crate::memory::give_back_freed);
                 }
             }
             i = identified.recv() => {
