@@ -1379,6 +1379,9 @@ impl Session {
 
     fn on_established(&mut self, now: Instant, e: Established) {
         if e.first || e.restart {
+            // Idle time counts from the handshake: one that took longer than
+            // `idle_after` must not start the session at the idle heartbeat.
+            self.active(now);
             self.on_new_peer(now, e.restart, e.peer_channels);
             self.streams_on_new_peer(e.restart, e.peer_streams);
         } else {

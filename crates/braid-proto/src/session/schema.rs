@@ -716,7 +716,7 @@ pub const REFERENCE: &[KeyDoc] = &[
     },
     KeyDoc {
         key: "idle_after",
-        doc: "no application data sent or received for this long: the session is idle (`idle_heartbeat`)",
+        doc: "no application data sent or received for this long (counted from the handshake): the session is idle (`idle_heartbeat`)",
     },
     KeyDoc {
         key: "dead_after",

@@ -149,3 +149,32 @@ fn an_idle_heartbeat_equal_to_the_heartbeat_keeps_it() {
     p.run_until(at_ms(5000));
     assert!(since(&p, &from).iter().all(|&n| n >= 50));
 }
+
+/// A session counts its idle time from its handshake, not from its creation: one
+/// whose handshake took longer than `idle_after` (every channel cut for the first
+/// 3 s) starts at the usual heartbeat, with its probes and first measurements at
+/// full pace, and slows only `idle_after` later.
+#[test]
+fn a_late_handshake_starts_the_session_busy() {
+    let mut p = Pair::new(2, Mode::Logical, &[10, 20]);
+    p.every = Duration::ZERO;
+    p.set_up(0, false);
+    p.set_up(1, false);
+    p.run_until(at_ms(3000));
+    assert!(!p.a.stats(p.now).idle);
+    p.set_up(0, true);
+    p.set_up(1, true);
+    p.run_until(at_ms(3500));
+    assert!(p.a.peer_seen() && p.b.peer_seen());
+    let from = sent(&p);
+    p.run_until(at_ms(4500));
+    let busy = since(&p, &from);
+    assert!(
+        busy.iter().all(|&n| n >= 20),
+        "{busy:?} datagrams in the second after the handshake"
+    );
+    assert!(!p.a.stats(p.now).idle && !p.b.stats(p.now).idle);
+    // Still quiet 2 s later: idle now.
+    p.run_until(at_ms(7000));
+    assert!(p.a.stats(p.now).idle && p.b.stats(p.now).idle);
+}
