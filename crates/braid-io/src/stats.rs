@@ -406,7 +406,10 @@ pub struct SessionStats {
     /// channel.
     #[serde(default)]
     pub streams_tx_control: u64,
-    /// Stream control frames received that way.
+    /// Stream data frames sent that way: streams on the fast lane (they send little).
+    #[serde(default)]
+    pub streams_tx_fast: u64,
+    /// Stream frames received that way (control, and the fast lane's data).
     #[serde(default)]
     pub streams_rx_control: u64,
     /// Packets waiting in the transmit queue (for credit, or an epoch switch).
@@ -1348,7 +1351,8 @@ const COUNTERS: &[(bool, &str, &str)] = &[
     (false, "streams_rx_bytes", "TCP streams: bytes of the peer's streams written to our connections"),
     (false, "streams_retransmitted_bytes", "TCP streams: stream data sent again"),
     (false, "streams_tx_control", "TCP streams: control frames (all but data) sent on the lowest-delay channel"),
-    (false, "streams_rx_control", "TCP streams: control frames received on the lowest-delay channel"),
+    (false, "streams_tx_fast", "TCP streams: data frames of streams that send little, sent on the lowest-delay channel"),
+    (false, "streams_rx_control", "TCP streams: frames received on the lowest-delay channel (control, and the fast lane's data)"),
     (false, "credit_stalls", "Credits: times a channel ran out of credit and the striper waited"),
     (false, "credits_sent", "Credits: credits sent to the peer"),
     (false, "credit_refused", "Credits: data refused because the peer was past its credit"),
@@ -1503,6 +1507,7 @@ pub fn with_flows(f: &braid_proto::session::FlowStats, base: SessionStats) -> Se
         flows_rx_held: f.rx_held,
         flows_rx_gaps: f.rx_gaps,
         streams_tx_control: f.tx_stream_control,
+        streams_tx_fast: f.tx_stream_fast,
         streams_rx_control: f.rx_stream_control,
         ..base
     }

@@ -48,6 +48,10 @@ use super::{bit, DatagramKind, LinkState, Role, Session};
 use crate::time::{Duration, Instant};
 use crate::wire::flow as wf;
 
+/// The lowest-delay channel's pacer may owe at most this for a stream's DATA to take
+/// the fast lane (`Session::stream_fast_len`).
+pub const FAST_QUEUE: Duration = Duration::from_millis(5);
+
 /// What happens to a flow's packets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum FlowPolicy {
@@ -314,11 +318,15 @@ pub struct FlowStats {
     /// Control frames of TCP carried as streams (all but DATA) sent on the
     /// lowest-delay channel, past the stripe.
     pub tx_stream_control: u64,
+    /// DATA frames of streams on the fast lane (streams that send little,
+    /// `stream::lane`) sent on the lowest-delay channel, past the stripe.
+    pub tx_stream_fast: u64,
     /// Times a lowest-delay flow moved to another channel.
     pub moves: u64,
     /// Flow datagrams delivered (the first copy of each packet).
     pub rx_delivered: u64,
-    /// Stream control frames received as flow datagrams (the first copy of each).
+    /// Stream frames received as flow datagrams (the first copy of each): control
+    /// frames, and the DATA of streams on the fast lane.
     pub rx_stream_control: u64,
     /// Copies dropped because the packet was delivered already.
     pub rx_duplicates: u64,
@@ -669,13 +677,42 @@ impl Session {
     /// the data queued there and then for the resequencer, at the slowest channel's
     /// delay: a connection's SYN waits for the OPEN's answer, and a sender's loss
     /// detection and credit for the ACKs.
-    pub(super) fn stream_control_out(&mut self, f: &Bytes) -> bool {
+    /// The DATA of a stream on the fast lane goes the same way (`data`).
+    pub(super) fn stream_control_out(&mut self, f: &Bytes, data: bool) -> bool {
         let Some(chosen) = self.flow_channels(FlowPolicy::LowestDelay, f.len()) else {
             return false;
         };
-        self.flows.stats.tx_stream_control += 1;
+        if data {
+            self.flows.stats.tx_stream_fast += 1;
+        } else {
+            self.flows.stats.tx_stream_control += 1;
+        }
         self.send_flow(&chosen, FlowPolicy::LowestDelay, 0, f);
         true
+    }
+
+    /// The most bytes a stream frame on the fast lane may have now (`stream::lane`):
+    /// what a flow datagram on the lowest-delay channel carries, or 0 when there is
+    /// none or its pacer owes more than [`FAST_QUEUE`] (the fast lane does not overrun
+    /// the channel it shares with the stripe). The channel is the one the last
+    /// control frame took (a stream's OPEN comes first, and its ACKs keep the choice
+    /// fresh): no ranking of the channels on each turn.
+    pub(super) fn stream_fast_len(&self, now: Instant) -> usize {
+        let Some(c) = self.flows.pinned else {
+            return 0;
+        };
+        if !self.crypto.ready() || c >= self.n || !self.flow_may_take(c) {
+            return 0;
+        }
+        let queued = self.pacer.as_ref().and_then(|p| p.backlog_after(now, c, 0));
+        if queued.is_some_and(|q| q > FAST_QUEUE) {
+            return 0;
+        }
+        let mtu = self.pmtu.get(c).map_or(self.cfg.max_datagram, |m| m.plpmtu);
+        let inner = mtu
+            .min(self.cfg.max_datagram)
+            .saturating_sub(self.cfg.security.data_overhead() as u32);
+        (inner as usize).saturating_sub(wf::HEADER_LEN)
     }
 
     /// The channels a flow datagram of `policy` with `len` bytes of payload goes on, or
@@ -727,16 +764,19 @@ impl Session {
     /// The channels a flow datagram may take: up, with an uplink, heard by the peer.
     fn flow_candidates(&self) -> Vec<Candidate> {
         (0..self.n)
-            .filter(|&c| {
-                let ch = &self.chans[c];
-                ch.state != LinkState::Down && ch.peer_hears_us && self.uplink_down & bit(c) == 0
-            })
+            .filter(|&c| self.flow_may_take(c))
             .map(|c| Candidate {
                 channel: c,
                 active: self.chans[c].demote.role == Role::Active,
                 srtt: self.chans[c].fb_tx.srtt(),
             })
             .collect()
+    }
+
+    /// Channel `c` may take a flow datagram: up, with an uplink, heard by the peer.
+    fn flow_may_take(&self, c: usize) -> bool {
+        let ch = &self.chans[c];
+        ch.state != LinkState::Down && ch.peer_hears_us && self.uplink_down & bit(c) == 0
     }
 
     /// A flow datagram opened on (sealed for) channel `c` at `now`: in domain 0

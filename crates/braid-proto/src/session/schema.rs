@@ -235,6 +235,9 @@ pub struct SessionSettings {
     pub tcp_streams_to: Vec<String>,
     /// Ports (or ranges) whose connections are carried as packets, not terminated.
     pub tcp_streams_except: Vec<NumOrName>,
+    /// A stream that sends little takes the lowest-delay channel, past the stripe
+    /// (`crate::stream::lane`).
+    pub tcp_streams_fast: bool,
     // --- sockets (the tunnel) ---
     /// SO_RCVBUF / SO_SNDBUF per channel socket, bytes (0: the kernel's default).
     pub socket_buffer: usize,
@@ -299,6 +302,7 @@ impl Default for SessionSettings {
             tcp_streams: None,
             tcp_streams_to: Vec::new(),
             tcp_streams_except: Vec::new(),
+            tcp_streams_fast: true,
             socket_buffer: 4 << 20,
         }
     }
@@ -393,6 +397,7 @@ impl SessionSettings {
         cfg.streams = streams.then(|| crate::stream::StreamConfig {
             allow_to,
             except_ports,
+            fast_lane: self.tcp_streams_fast,
             ..crate::stream::StreamConfig::default()
         });
         Ok(())
@@ -829,6 +834,10 @@ pub const REFERENCE: &[KeyDoc] = &[
     KeyDoc {
         key: "tcp_streams_except",
         doc: "with `tcp_streams`: ports, or ranges (`[22, \"5060-5070\"]`), whose TCP connections this end does not terminate: a SYN entering the tunnel with one of them as its source or destination port passes as a packet, and the connection crosses as packets end to end (for an application that must see its peer's own TCP: its window, timestamps or options). Empty (the default): every connection that can be terminated is",
+    },
+    KeyDoc {
+        key: "tcp_streams_fast",
+        doc: "with `tcp_streams`: a stream that sends little (at most 16 KiB waiting to be sent, within 2 Mbit/s with a burst of 64 KiB: a remote shell, a game, a small request or answer) sends its data on the lowest-delay channel, past the stripe, as it does its control frames: one way in that channel's delay instead of the slowest channel's, and never held back by another flow's loss the bond repairs. A stream that writes more goes into the stripe and stays there until all it sent is acknowledged. Only the streams' own sender measures what path the bytes took, so no TCP connection sees its round trip change (`docs/streams.md`). `false`: every stream's data in the stripe",
     },
     KeyDoc {
         key: "socket_buffer",

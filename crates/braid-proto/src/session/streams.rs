@@ -21,7 +21,7 @@
 use bytes::Bytes;
 
 use super::Session;
-use crate::stream::Streams;
+use crate::stream::{Lane, Streams};
 use crate::time::Instant;
 use crate::wire::stream::{is_frame, TYPE_DATA};
 
@@ -66,18 +66,23 @@ impl Session {
                 self.streams_unsent = st.unsent();
             }
             let max = self.path_max_packet();
+            let mut fast = self.stream_fast_len(now);
             while st.wants_to_send()
                 && self.tx.pending.len() < QUEUE_FRAMES
                 && self.out.len() < OUT_FRAMES
             {
-                let Some(f) = st.poll_frame(now, max) else {
+                let Some((f, lane)) = st.poll_frame_lane(now, max, fast) else {
                     break;
                 };
                 self.counters.sent_packets += 1;
                 self.counters.sent_bytes += f.len() as u64;
                 self.active(now);
-                if f[0] == TYPE_DATA || !self.stream_control_out(&f) {
+                let data = f[0] == TYPE_DATA;
+                if lane == Lane::Stripe || !self.stream_control_out(&f, data) {
                     self.stripe_in(now, f);
+                } else if data {
+                    // Its channel may be full now.
+                    fast = self.stream_fast_len(now);
                 }
             }
         }

@@ -74,6 +74,7 @@
 //! [`Streams::poll_timeout`].
 
 mod input;
+mod lane;
 mod output;
 mod recv;
 mod rtt;
@@ -87,6 +88,7 @@ use std::net::SocketAddr;
 
 use bytes::Bytes;
 
+pub use self::lane::{Lane, FAST_BACKLOG, FAST_BURST, FAST_RATE};
 use self::rtt::Rtt;
 use self::state::{Ctrl, PeerIds, Phase, Resetting, Stream, Tomb};
 use crate::time::{Duration, Instant};
@@ -145,6 +147,9 @@ pub struct StreamConfig {
     /// new one (we restarted, and our streams are gone) resets them. 0 (the
     /// default): drawn from the session's seed, so each run has its own.
     pub run: u64,
+    /// A stream that sends little takes the fast lane (default true): its DATA goes
+    /// on the lowest-delay channel, past the stripe ([`Lane`], `stream::lane`).
+    pub fast_lane: bool,
 }
 
 impl Default for StreamConfig {
@@ -164,6 +169,7 @@ impl Default for StreamConfig {
             allow_to: Vec::new(),
             except_ports: Vec::new(),
             run: 0,
+            fast_lane: true,
         }
     }
 }
@@ -254,6 +260,9 @@ pub struct StreamStats {
     pub data_frames_sent: u64,
     /// Bytes of stream data sent for the first time.
     pub data_bytes_sent: u64,
+    /// DATA frames (new and retransmitted) handed out for the fast lane
+    /// ([`Lane::Fast`]).
+    pub fast_frames_sent: u64,
     /// DATA frames sent again.
     pub retransmitted_frames: u64,
     /// Bytes of stream data sent again.
@@ -530,8 +539,21 @@ impl Streams {
     /// nothing is ready (or nothing fits: give at least
     /// [`crate::wire::stream::MAX_CONTROL_LEN`] bytes).
     pub fn poll_frame(&mut self, now: Instant, max_len: usize) -> Option<Bytes> {
+        self.poll_frame_lane(now, max_len, 0).map(|(f, _)| f)
+    }
+
+    /// The next frame as [`Streams::poll_frame`], and the lane it takes: control
+    /// frames and ACKs [`Lane::Fast`], DATA [`Lane::Fast`] (at most `fast_len` bytes)
+    /// when its stream sends little (`stream::lane`), else [`Lane::Stripe`]. A
+    /// `fast_len` of 0: no DATA takes the fast lane now.
+    pub fn poll_frame_lane(
+        &mut self,
+        now: Instant,
+        max_len: usize,
+        fast_len: usize,
+    ) -> Option<(Bytes, Lane)> {
         self.tick(now);
-        let f = self.next_frame(now, max_len)?;
+        let f = self.next_frame(now, max_len, fast_len)?;
         self.stats.frames_sent += 1;
         Some(f)
     }

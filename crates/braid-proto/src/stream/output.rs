@@ -2,6 +2,7 @@
 
 use bytes::Bytes;
 
+use super::lane::Lane;
 use super::send::{Out, SendSide};
 use super::state::{Ctrl, Q_ACK, Q_DATA, Q_RTX};
 use super::{StreamId, Streams};
@@ -34,18 +35,31 @@ fn data_frame(id: StreamId, send: &SendSide, out: Out, rtx: bool) -> Bytes {
 }
 
 impl Streams {
-    /// The next frame, by priority.
-    pub(super) fn next_frame(&mut self, now: Instant, max_len: usize) -> Option<Bytes> {
+    /// The next frame, by priority, and its lane (DATA on the fast lane at most
+    /// `fast_len` bytes).
+    pub(super) fn next_frame(
+        &mut self,
+        now: Instant,
+        max_len: usize,
+        fast_len: usize,
+    ) -> Option<(Bytes, Lane)> {
         if let Some(f) = self.poll_ctrl(max_len) {
-            return Some(f);
+            return Some((f, Lane::Fast));
         }
         if let Some(f) = self.poll_ack(now, max_len) {
-            return Some(f);
+            return Some((f, Lane::Fast));
         }
-        if let Some(f) = self.poll_rtx(now, max_len) {
-            return Some(f);
+        // A fast frame is never larger than a stripe one.
+        let fast_room = fast_len.min(max_len).saturating_sub(DATA_HEADER_LEN) as u64;
+        let sent = match self.poll_rtx(now, max_len, fast_room) {
+            Some(x) => Some(x),
+            None => self.poll_new(now, max_len, fast_room),
+        };
+        let (f, lane) = sent?;
+        if lane == Lane::Fast {
+            self.stats.fast_frames_sent += 1;
         }
-        self.poll_new(now, max_len)
+        Some((f, lane))
     }
 
     /// Our control frames, then answers to stray frames.
@@ -144,8 +158,9 @@ impl Streams {
         None
     }
 
-    /// The next retransmission, round robin over the streams with frames lost.
-    fn poll_rtx(&mut self, now: Instant, max_len: usize) -> Option<Bytes> {
+    /// The next retransmission, round robin over the streams with frames lost; on
+    /// the fast lane (at most `fast_room` bytes) if its stream is on it.
+    fn poll_rtx(&mut self, now: Instant, max_len: usize, fast_room: u64) -> Option<(Bytes, Lane)> {
         let room = max_len.checked_sub(DATA_HEADER_LEN)? as u64;
         for _ in 0..self.rtx_q.len() {
             let id = self.rtx_q.pop_front()?;
@@ -153,7 +168,9 @@ impl Streams {
                 continue;
             };
             s.queued &= !Q_RTX;
-            let Some(out) = s.send.next_rtx(now, self.tx, room) else {
+            let fast = s.lane.on && fast_room > 0;
+            let room = if fast { fast_room } else { room };
+            let Some(out) = s.send.next_rtx(now, self.tx, room, fast) else {
                 self.touch(now, id);
                 continue;
             };
@@ -163,13 +180,14 @@ impl Streams {
             self.stats.retransmitted_frames += 1;
             self.stats.retransmitted_bytes += out.len;
             self.touch(now, id);
-            return Some(f);
+            return Some((f, lane_of(fast)));
         }
         None
     }
 
-    /// The next new data (or FIN, or probe), round robin over the streams.
-    fn poll_new(&mut self, now: Instant, max_len: usize) -> Option<Bytes> {
+    /// The next new data (or FIN, or probe), round robin over the streams; on the
+    /// fast lane (at most `fast_room` bytes) if its stream sends little.
+    fn poll_new(&mut self, now: Instant, max_len: usize, fast_room: u64) -> Option<(Bytes, Lane)> {
         let room = max_len.checked_sub(DATA_HEADER_LEN)? as u64;
         for _ in 0..self.data_q.len() {
             let id = self.data_q.pop_front()?;
@@ -177,8 +195,13 @@ impl Streams {
                 continue;
             };
             s.queued &= !Q_DATA;
+            let mut fast = false;
             let out = if s.can_send_new() {
-                s.send.next_new(now, self.tx, room)
+                let backlog = s.send.written - s.send.nxt;
+                let busy = s.send.in_flight();
+                fast = s.lane.admit(now, &self.cfg, backlog, busy, fast_room);
+                let room = if fast { fast_room } else { room };
+                s.send.next_new(now, self.tx, room, fast)
             } else {
                 None
             };
@@ -193,9 +216,20 @@ impl Streams {
             if out.len == 0 && !out.fin {
                 self.stats.probes_sent += 1;
             }
+            if fast {
+                s.lane.charge(out.len);
+            }
             self.touch(now, id);
-            return Some(f);
+            return Some((f, lane_of(fast)));
         }
         None
+    }
+}
+
+fn lane_of(fast: bool) -> Lane {
+    if fast {
+        Lane::Fast
+    } else {
+        Lane::Stripe
     }
 }

@@ -25,6 +25,8 @@ struct Seg {
     sacked: bool,
     /// Declared lost, waiting to be sent again.
     lost: bool,
+    /// Its latest sending took the fast lane (`stream::lane`): no round-trip sample.
+    fast: bool,
 }
 
 /// A frame for [`SendSide`] to send.
@@ -88,8 +90,11 @@ impl Newly {
         let since = |t: Instant| self.now.saturating_since(t).as_micros();
         // Which copy got there: the first, unless the retransmission is known to have.
         let took = if !s.rtx {
-            self.rtt_sum += since(s.sent);
-            self.rtt_n += 1;
+            // The shared estimate is the stripe's: a bulk stream's timeout follows it.
+            if !s.fast {
+                self.rtt_sum += since(s.sent);
+                self.rtt_n += 1;
+            }
             since(s.sent)
         } else if since(s.sent) < self.min_rtt {
             self.spurious = true;
@@ -223,7 +228,8 @@ impl SendSide {
 
     /// The next new frame, with at most `room` bytes, sent now as transmission `tx`.
     /// A probe is an empty frame without FIN, not kept in flight.
-    pub fn next_new(&mut self, now: Instant, tx: u64, room: u64) -> Option<Out> {
+    /// `fast`: it takes the fast lane.
+    pub fn next_new(&mut self, now: Instant, tx: u64, room: u64, fast: bool) -> Option<Out> {
         if self.probe_due {
             self.probe_due = false;
             return Some(Out {
@@ -252,6 +258,7 @@ impl SendSide {
             rtx: false,
             sacked: false,
             lost: false,
+            fast,
         });
         self.nxt += len;
         self.fin_sent |= fin;
@@ -259,7 +266,8 @@ impl SendSide {
     }
 
     /// The first frame declared lost, cut to `room` bytes, sent again now as `tx`.
-    pub fn next_rtx(&mut self, now: Instant, tx: u64, room: u64) -> Option<Out> {
+    /// `fast`: it takes the fast lane.
+    pub fn next_rtx(&mut self, now: Instant, tx: u64, room: u64, fast: bool) -> Option<Out> {
         let i = self.segs.iter().position(|s| s.lost)?;
         let s = &mut self.segs[i];
         if s.len > room {
@@ -279,6 +287,7 @@ impl SendSide {
         let s = &mut self.segs[i];
         s.lost = false;
         s.rtx = true;
+        s.fast = fast;
         s.tx = tx;
         s.sent = now;
         self.lost -= 1;

@@ -5,6 +5,7 @@
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 
+use super::lane::FastLane;
 use super::recv::{Pool, RecvSide};
 use super::rtt::backoff;
 use super::send::SendSide;
@@ -53,6 +54,8 @@ pub(super) struct Stream {
     pub open: Option<Box<OpenRetx>>,
     pub send: SendSide,
     pub recv: RecvSide,
+    /// Whether its DATA takes the fast lane (`stream::lane`).
+    pub lane: FastLane,
     /// The instant of its entry in the timer set.
     pub armed: Option<Instant>,
     /// The send queues it is in ([`Q_ACK`], [`Q_RTX`], [`Q_DATA`]).
@@ -86,6 +89,7 @@ impl Stream {
             open: None,
             send,
             recv: RecvSide::default(),
+            lane: FastLane::new(now),
             armed: None,
             queued: 0,
             committed: 0,

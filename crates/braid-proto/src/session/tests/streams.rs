@@ -245,3 +245,125 @@ fn a_stream_outlives_a_new_run_that_keeps_it_and_a_restart_resets_it() {
     // (The first stream too: B had not finished its own direction.)
     assert!(p.b.streams_ref().unwrap().stats().resets_received >= 1);
 }
+
+/// B's side of several streams: accept every one A opens, read each.
+#[derive(Default)]
+struct Readers {
+    got: Vec<(StreamId, Vec<u8>)>,
+}
+
+impl Readers {
+    fn step(&mut self, p: &mut Pair) {
+        let now = p.now;
+        let st = p.b.streams().unwrap();
+        while let Some(e) = st.poll_event() {
+            if let StreamEvent::Incoming { id, .. } = e {
+                st.accept(now, id);
+                self.got.push((id, Vec::new()));
+            }
+        }
+        let mut buf = [0u8; 65536];
+        for (id, got) in &mut self.got {
+            loop {
+                let n = st.read(*id, &mut buf);
+                if n == 0 {
+                    break;
+                }
+                got.extend_from_slice(&buf[..n]);
+            }
+        }
+        p.b.handle_streams(now);
+    }
+}
+
+/// A small stream (a 120-byte message every 20 ms for 2 s, a remote shell's or a
+/// game's) over channels of 60, 20 and 5 ms, beside a 3 MB bulk stream if `bulk`
+/// (opened first), the 60 ms channel losing one datagram in 40 if `lossy`: each
+/// message's one-way delay (from its write to the step B has all of it), what the
+/// bulk stream delivered, and A's flow counters.
+fn small_beside_bulk(fast: bool, bulk: bool, lossy: bool) -> (Vec<Duration>, Vec<u8>, FlowStats) {
+    let mut p = pair_with(3, Mode::Logical, &[60, 20, 5], |c| {
+        streams_on(c);
+        c.arq = Some(ArqConfig::default());
+        c.streams.as_mut().unwrap().fast_lane = fast;
+    });
+    p.every = Duration::ZERO;
+    if lossy {
+        p.ab[0].drop_every = 40;
+        p.ba[0].drop_every = 40;
+    }
+    p.run_until(at_ms(1000));
+    let data: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    let big = bulk.then(|| open_from(&mut p, 40001));
+    let small = open_from(&mut p, 40002);
+    let mut b = Readers::default();
+    let (mut sent, mut written, mut wrote_at) = (0, 0, Vec::new());
+    let mut delays = Vec::new();
+    let start = p.now + Duration::from_millis(200);
+    while p.now < start + Duration::from_millis(2500) {
+        p.run_until(p.now + Duration::from_millis(1));
+        let now = p.now;
+        let st = p.a.streams().unwrap();
+        while st.poll_event().is_some() {}
+        if let Some(id) = big {
+            sent += st.write(now, id, &data[sent..]);
+        }
+        let due = now >= start + Duration::from_millis(20 * written as u64);
+        if due && written < 100 {
+            assert_eq!(st.write(now, small, &[written as u8; 120]), 120);
+            wrote_at.push(now);
+            written += 1;
+        }
+        p.a.handle_streams(now);
+        b.step(&mut p);
+        p.flush();
+        let ours = b.got.iter().find(|(id, _)| id.n == small.n);
+        while ours.is_some_and(|(_, g)| g.len() >= 120 * (delays.len() + 1)) {
+            delays.push(now - wrote_at[delays.len()]);
+        }
+    }
+    let bulk_got = b.got.iter().find(|(id, _)| Some(id.n) == big.map(|b| b.n));
+    let bulk_got = bulk_got.map(|(_, g)| g.clone()).unwrap_or_default();
+    assert!(
+        data.starts_with(&bulk_got),
+        "the bulk stream's bytes in order"
+    );
+    (delays, bulk_got, p.a.stats(p.now).flows)
+}
+
+fn p99(d: &[Duration]) -> Duration {
+    let mut d = d.to_vec();
+    d.sort();
+    d[(d.len() * 99).div_ceil(100) - 1]
+}
+
+/// A stream that sends little takes the fast lane: its messages cross the 5 ms
+/// channel, not the stripe (whose order follows the 60 ms one); with the fast lane
+/// off, they wait for the stripe.
+#[test]
+fn a_stream_that_sends_little_crosses_the_lowest_delay_channel() {
+    let (fast, _, fs) = small_beside_bulk(true, false, false);
+    let (slow, _, ss) = small_beside_bulk(false, false, false);
+    assert_eq!((fast.len(), slow.len()), (100, 100));
+    // 5 ms, and up to 2 ms of the harness's 1 ms steps.
+    assert!(p99(&fast) <= Duration::from_millis(8), "{:?}", p99(&fast));
+    assert!(p99(&slow) >= Duration::from_millis(55), "{:?}", p99(&slow));
+    assert!(fs.tx_stream_fast >= 100, "{fs:?}");
+    assert_eq!(ss.tx_stream_fast, 0);
+}
+
+/// Beside a bulk stream, with the slow channel losing: the bulk stream stays in the
+/// stripe (it delivers all it can, in order) and its losses, repaired inside the bond,
+/// never hold back the small stream (a bulk flow's loss holds another back for at
+/// most 1 ms: issue 32).
+#[test]
+fn a_bulk_streams_losses_do_not_hold_back_a_small_one() {
+    let (fast, bulk, fs) = small_beside_bulk(true, true, true);
+    assert_eq!(fast.len(), 100);
+    assert!(p99(&fast) <= Duration::from_millis(8), "{:?}", p99(&fast));
+    assert!(bulk.len() >= 2_000_000, "{} bytes of bulk", bulk.len());
+    // The bulk stream's data went into the stripe: at most its first frames fast.
+    assert!(fs.tx_stream_fast <= 100 + 16, "{fs:?}");
+    let (slow, _, _) = small_beside_bulk(false, true, true);
+    assert!(p99(&slow) >= Duration::from_millis(55), "{:?}", p99(&slow));
+}
