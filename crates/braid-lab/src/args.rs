@@ -164,6 +164,13 @@ pub struct BenchArgs {
     /// and idle for reference (JSON `call` per mode, `call_idle_best_link`).
     #[arg(long)]
     pub call: bool,
+    /// What carries the call: `udp` (the VoIP-like flow above) or `tcp` (the same
+    /// 200-byte records every 20 ms over one TCP connection with TCP_NODELAY, as a
+    /// remote shell or a game sends: an interactive connection beside the bulk one;
+    /// through the tunnel it is carried as a stream by default). Implies `--call`;
+    /// JSON `call_transport`.
+    #[arg(long, value_enum, value_name = "udp|tcp")]
+    pub call_transport: Option<crate::bench::call::Transport>,
 }
 
 /// The flags of `braid lab stream`.
@@ -484,7 +491,8 @@ impl BenchArgs {
             runs: self.runs as usize,
             flows: self.flows as usize,
             idle: self.idle as usize,
-            call: self.call,
+            call: self.call || self.call_transport.is_some(),
+            call_transport: self.call_transport.unwrap_or_default(),
             download: self.download_bytes()?,
             exe: braid_exe()?,
             seed: self.seed,

@@ -9,8 +9,15 @@
 //! reference: that link's idle delay), and through the tunnel in each mode beside the
 //! mode's single TCP flow, for the flow's whole length. The tunnel's defaults decide
 //! the call's policy (a small, slow UDP flow is classified `redundant`).
+//!
+//! With [`Transport::Tcp`] the same records go over one TCP connection instead
+//! (`TCP_NODELAY` at both ends), as a remote shell, a game or a chat sends: an
+//! interactive connection beside the bulk one. Through the tunnel it is carried as a
+//! stream by default, and its one-way delay is each record's, from its write to the
+//! read that completes it.
 
-use std::net::{SocketAddr, UdpSocket};
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
@@ -25,6 +32,10 @@ use crate::topo::{self, LabError, NS_CLIENT, NS_SERVER};
 
 /// The call's port at the receiver (RTP's customary 5004).
 pub const PORT: u16 = 5004;
+/// The TCP call's port at the receiver.
+pub const TCP_PORT: u16 = 5005;
+/// How long the TCP call's sender tries to connect.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Bytes of UDP payload in each datagram.
 pub const SIZE: usize = 200;
 /// One datagram this often (50 a second).
@@ -34,6 +45,61 @@ const GRACE: Duration = Duration::from_secs(2);
 /// The idle reference's length.
 pub const IDLE_LENGTH: Duration = Duration::from_secs(5);
 const MAGIC: [u8; 4] = *b"BRC1";
+
+/// What carries the call.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Transport {
+    /// UDP datagrams: a VoIP-like flow.
+    #[default]
+    Udp,
+    /// Records over one TCP connection: an interactive connection.
+    Tcp,
+}
+
+impl Transport {
+    /// Its name in the JSON and the table.
+    pub fn name(self) -> &'static str {
+        match self {
+            Transport::Udp => "udp",
+            Transport::Tcp => "tcp",
+        }
+    }
+
+    /// Read back [`Transport::name`].
+    pub fn from_name(s: &str) -> Option<Transport> {
+        [Transport::Udp, Transport::Tcp]
+            .into_iter()
+            .find(|t| t.name() == s)
+    }
+
+    /// The receiver's port.
+    pub fn port(self) -> u16 {
+        match self {
+            Transport::Udp => PORT,
+            Transport::Tcp => TCP_PORT,
+        }
+    }
+}
+
+/// Cuts a TCP byte stream into the call's records, however the reads split it.
+#[derive(Default)]
+struct Records {
+    partial: Vec<u8>,
+}
+
+impl Records {
+    /// The records `bytes` completes (number and send time), in order.
+    fn push(&mut self, bytes: &[u8]) -> Vec<(u64, u64)> {
+        self.partial.extend_from_slice(bytes);
+        let whole = self.partial.len() / SIZE * SIZE;
+        let out = self.partial[..whole]
+            .chunks(SIZE)
+            .filter_map(parse)
+            .collect();
+        self.partial.drain(..whole);
+        out
+    }
+}
 
 /// A call's figures: what was sent, what arrived, and the one-way delay of what
 /// arrived (each datagram's first copy).
@@ -194,10 +260,161 @@ pub struct Call {
     arrivals: Arc<Mutex<Vec<Arrival>>>,
 }
 
+/// Microseconds on the lab's clock (one for sender and receiver).
+type Clock = Arc<dyn Fn() -> u64 + Send + Sync>;
+
+/// Keep an arrival.
+fn note(arrivals: &Mutex<Vec<Arrival>>, seq: u64, sent_us: u64, at_us: u64) {
+    arrivals
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(Arrival {
+            seq,
+            sent_us,
+            at_us,
+        });
+}
+
+/// The receiving end, bound at `to` in the namespace it runs in.
+enum Receiver {
+    Udp(UdpSocket),
+    Tcp(TcpListener),
+}
+
+impl Receiver {
+    fn bind(t: Transport, to: SocketAddr) -> Result<Receiver, String> {
+        let e = |e: std::io::Error| format!("binding {to}: {e}");
+        Ok(match t {
+            Transport::Udp => {
+                let s = UdpSocket::bind(to).map_err(e)?;
+                s.set_read_timeout(Some(Duration::from_millis(20)))
+                    .map_err(|e| e.to_string())?;
+                Receiver::Udp(s)
+            }
+            Transport::Tcp => {
+                let l = TcpListener::bind(to).map_err(e)?;
+                l.set_nonblocking(true).map_err(|e| e.to_string())?;
+                Receiver::Tcp(l)
+            }
+        })
+    }
+
+    /// Take what arrives until `stop`.
+    fn run(self, stop: &AtomicBool, clock: &Clock, arrivals: &Mutex<Vec<Arrival>>) {
+        let mut buf = [0u8; 4096];
+        match self {
+            Receiver::Udp(s) => {
+                while !stop.load(Ordering::Relaxed) {
+                    let Ok(n) = s.recv(&mut buf) else { continue };
+                    let at_us = clock();
+                    if let Some((seq, sent_us)) = parse(&buf[..n]) {
+                        note(arrivals, seq, sent_us, at_us);
+                    }
+                }
+            }
+            Receiver::Tcp(l) => {
+                let Some(mut c) = accept(&l, stop) else {
+                    return;
+                };
+                let mut records = Records::default();
+                while !stop.load(Ordering::Relaxed) {
+                    let n = match c.read(&mut buf) {
+                        Ok(0) => return,
+                        Ok(n) => n,
+                        Err(e)
+                            if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) =>
+                        {
+                            continue
+                        }
+                        Err(_) => return,
+                    };
+                    let at_us = clock();
+                    for (seq, sent_us) in records.push(&buf[..n]) {
+                        note(arrivals, seq, sent_us, at_us);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The TCP call's connection, once the sender made it (`None` if stopped first).
+fn accept(l: &TcpListener, stop: &AtomicBool) -> Option<TcpStream> {
+    while !stop.load(Ordering::Relaxed) {
+        match l.accept() {
+            Ok((c, _)) => {
+                let ok = c.set_nonblocking(false).is_ok()
+                    && c.set_nodelay(true).is_ok()
+                    && c.set_read_timeout(Some(Duration::from_millis(20))).is_ok();
+                return ok.then_some(c);
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(2)),
+        }
+    }
+    None
+}
+
+/// The sending end: a UDP socket bound at `from`, or a TCP connection to `to`.
+enum Sender {
+    Udp(UdpSocket, SocketAddr),
+    Tcp(TcpStream),
+}
+
+impl Sender {
+    fn open(t: Transport, from: SocketAddr, to: SocketAddr) -> Result<Sender, String> {
+        Ok(match t {
+            Transport::Udp => {
+                let s = UdpSocket::bind(from).map_err(|e| format!("binding {from}: {e}"))?;
+                Sender::Udp(s, to)
+            }
+            Transport::Tcp => {
+                let c = TcpStream::connect_timeout(&to, CONNECT_TIMEOUT)
+                    .map_err(|e| format!("connecting to {to}: {e}"))?;
+                c.set_nodelay(true).map_err(|e| e.to_string())?;
+                Sender::Tcp(c)
+            }
+        })
+    }
+
+    /// Send record `seq`; a failed UDP send (no route for a moment) is a lost
+    /// datagram, a failed TCP write ends the call.
+    fn send(&mut self, seq: u64, sent_us: u64) -> Result<(), String> {
+        let d = datagram(seq, sent_us);
+        match self {
+            Sender::Udp(s, to) => {
+                let _ = s.send_to(&d, *to);
+                Ok(())
+            }
+            Sender::Tcp(c) => c
+                .write_all(&d)
+                .map_err(|e| format!("writing record {seq}: {e}")),
+        }
+    }
+}
+
+/// Send `count` records, one every [`EVERY`] from when the sender is ready; the
+/// number sent.
+fn send_all(mut s: Sender, count: u64, stop: &AtomicBool, clock: &Clock) -> Result<u64, String> {
+    let start = Instant::now();
+    for seq in 0..count {
+        if stop.load(Ordering::Relaxed) {
+            return Ok(seq);
+        }
+        let at = start + EVERY * seq as u32;
+        let now = Instant::now();
+        if at > now {
+            std::thread::sleep(at - now);
+        }
+        s.send(seq, clock())?;
+    }
+    Ok(count)
+}
+
 impl Call {
-    /// Start a call of `length` from `from` in namespace `client_ns` to `to` in
-    /// `server_ns` (the receiver is bound when this returns).
+    /// Start a call of `length` over `t` from `from` in namespace `client_ns` to `to`
+    /// in `server_ns` (the receiver is bound when this returns).
     pub fn start(
+        t: Transport,
         client_ns: &str,
         from: SocketAddr,
         server_ns: &str,
@@ -205,45 +422,24 @@ impl Call {
         length: Duration,
     ) -> Result<Call, LabError> {
         let t0 = Instant::now();
-        let us = move || t0.elapsed().as_micros() as u64;
+        let clock: Clock = Arc::new(move || t0.elapsed().as_micros() as u64);
         let stop = Arc::new(AtomicBool::new(false));
         let arrivals = Arc::new(Mutex::new(Vec::new()));
         let (ready_tx, ready) = mpsc::channel();
         let receiver = {
-            let (ns, stop, arrivals) = (server_ns.to_string(), stop.clone(), arrivals.clone());
+            let (ns, stop, arrivals, clock) = (
+                server_ns.to_string(),
+                stop.clone(),
+                arrivals.clone(),
+                clock.clone(),
+            );
             std::thread::spawn(move || {
                 let bound = enter(&ns)
                     .map_err(|e| format!("entering {ns}: {e}"))
-                    .and_then(|_| UdpSocket::bind(to).map_err(|e| format!("binding {to}: {e}")))
-                    .and_then(|s| {
-                        s.set_read_timeout(Some(Duration::from_millis(20)))
-                            .map(|_| s)
-                            .map_err(|e| e.to_string())
-                    });
-                let s = match bound {
-                    Ok(s) => {
-                        let _ = ready_tx.send(Ok(()));
-                        s
-                    }
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(e));
-                        return;
-                    }
-                };
-                let mut buf = [0u8; 2048];
-                while !stop.load(Ordering::Relaxed) {
-                    let Ok(n) = s.recv(&mut buf) else { continue };
-                    let at_us = us();
-                    if let Some((seq, sent_us)) = parse(&buf[..n]) {
-                        arrivals
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .push(Arrival {
-                                seq,
-                                sent_us,
-                                at_us,
-                            });
-                    }
+                    .and_then(|_| Receiver::bind(t, to));
+                let _ = ready_tx.send(bound.as_ref().map(|_| ()).map_err(Clone::clone));
+                if let Ok(r) = bound {
+                    r.run(&stop, &clock, &arrivals);
                 }
             })
         };
@@ -257,21 +453,8 @@ impl Call {
             let (ns, stop) = (client_ns.to_string(), stop.clone());
             std::thread::spawn(move || -> Result<u64, String> {
                 enter(&ns).map_err(|e| format!("entering {ns}: {e}"))?;
-                let s = UdpSocket::bind(from).map_err(|e| format!("binding {from}: {e}"))?;
-                let start = Instant::now();
-                for seq in 0..count {
-                    if stop.load(Ordering::Relaxed) {
-                        return Ok(seq);
-                    }
-                    let at = start + EVERY * seq as u32;
-                    let now = Instant::now();
-                    if at > now {
-                        std::thread::sleep(at - now);
-                    }
-                    // A failed send (no route for a moment) is a lost datagram.
-                    let _ = s.send_to(&datagram(seq, us()), to);
-                }
-                Ok(count)
+                let s = Sender::open(t, from, to)?;
+                send_all(s, count, &stop, &clock)
             })
         };
         Ok(Call {
@@ -331,25 +514,27 @@ fn addr(text: &str, port: u16) -> Result<SocketAddr, LabError> {
 
 /// The reference: the call over link `i` alone, nothing else on it, for
 /// [`IDLE_LENGTH`].
-pub fn over_link(i: usize, l: &LinkSpec) -> Result<CallStats, LabError> {
+pub fn over_link(t: Transport, i: usize, l: &LinkSpec) -> Result<CallStats, LabError> {
     let (client, server) = topo::link_addrs(i, l);
     let call = Call::start(
+        t,
         NS_CLIENT,
         addr(&client, 0)?,
         NS_SERVER,
-        addr(&server, PORT)?,
+        addr(&server, t.port())?,
         IDLE_LENGTH,
     )?;
     call.finish()
 }
 
 /// The call through the tunnel (its inner addresses), `length` long, started now.
-pub fn through_tunnel(length: Duration) -> Result<Call, LabError> {
+pub fn through_tunnel(t: Transport, length: Duration) -> Result<Call, LabError> {
     Call::start(
+        t,
         NS_CLIENT,
         addr("10.99.0.1", 0)?,
         NS_SERVER,
-        addr("10.99.0.2", PORT)?,
+        addr("10.99.0.2", t.port())?,
         length,
     )
 }
@@ -440,6 +625,27 @@ mod tests {
         let c = CallStats::of(50, &[]);
         assert_eq!((c.delivered, c.lost, c.p99_ms), (0, 50, 0.0));
         assert_eq!(c.loss_pct(), 100.0);
+    }
+
+    /// A TCP stream cut anywhere gives back the records whole, in order, each once.
+    #[test]
+    fn records_are_cut_from_a_stream_however_it_is_split() {
+        let stream: Vec<u8> = (0..5).flat_map(|s| datagram(s, 1000 + s)).collect();
+        for cut in [1, 7, SIZE - 1, SIZE, SIZE + 1, 333, stream.len()] {
+            let mut r = Records::default();
+            let got: Vec<_> = stream.chunks(cut).flat_map(|c| r.push(c)).collect();
+            let want: Vec<_> = (0..5).map(|s| (s, 1000 + s)).collect();
+            assert_eq!(got, want, "cut every {cut} bytes");
+            assert!(r.partial.is_empty());
+        }
+        // A record not complete yet is held, not parsed.
+        let mut r = Records::default();
+        assert!(r.push(&stream[..SIZE + 10]).len() == 1 && r.partial.len() == 10);
+        assert_eq!(Transport::from_name("tcp"), Some(Transport::Tcp));
+        assert_eq!(
+            Transport::from_name(Transport::Udp.name()),
+            Some(Transport::Udp)
+        );
     }
 
     #[test]

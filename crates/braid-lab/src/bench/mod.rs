@@ -92,6 +92,8 @@ pub struct BenchOptions {
     /// A call (200-byte UDP datagrams, 50 a second) through the tunnel beside each
     /// mode's single TCP flow, and over the lowest-delay link alone and idle.
     pub call: bool,
+    /// What carries the call.
+    pub call_transport: call::Transport,
     /// The `braid` binary.
     pub exe: PathBuf,
     /// Emulator seed.
@@ -389,7 +391,7 @@ fn measure(opt: &BenchOptions, progress: &mut impl FnMut(&str)) -> Result<BenchR
                 "      a call over link {i} alone, idle ({})",
                 opt.links[i].text
             ));
-            Some((i, call::over_link(i, &opt.links[i])?))
+            Some((i, call::over_link(opt.call_transport, i, &opt.links[i])?))
         }
         false => None,
     };
@@ -435,6 +437,7 @@ fn measure(opt: &BenchOptions, progress: &mut impl FnMut(&str)) -> Result<BenchR
         download_best_link_s,
         download_mptcp_s,
         call_idle_best_link,
+        call_transport: opt.call_transport,
         emulator: emulator_counters(n),
         payload: None,
         per_run: Vec::new(),
@@ -778,7 +781,10 @@ fn tunnel_run(
     let c = tcp_client(NS_CLIENT, &[], "10.99.0.2", None, 5201, secs);
     // The call runs beside the TCP flow, for as long.
     let call = match opt.call {
-        true => Some(call::through_tunnel(Duration::from_secs(secs))?),
+        true => Some(call::through_tunnel(
+            opt.call_transport,
+            Duration::from_secs(secs),
+        )?),
         false => None,
     };
     let tcp_json = with_changes(opt, || output(c, "iperf3 through the tunnel"))?;

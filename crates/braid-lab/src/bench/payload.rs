@@ -128,6 +128,7 @@ mod tests {
             download: None,
             idle: 0,
             call: false,
+            call_transport: Default::default(),
             return_path: true,
             buffer_packets: None,
             changes: Vec::new(),

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{json, Map, Value};
 
-use super::call::CallStats;
+use super::call::{CallStats, Transport};
 use super::Payload;
 
 /// One link alone.
@@ -90,6 +90,8 @@ pub struct BenchResult {
     /// With `--call`: the lowest-delay link (its index) and the call over it alone,
     /// idle: the reference for the call through the tunnel.
     pub call_idle_best_link: Option<(usize, CallStats)>,
+    /// What carried the call (`--call-transport`).
+    pub call_transport: Transport,
     /// Per-link emulator counters at the end.
     pub emulator: Vec<Value>,
     /// Inner TCP payload bytes per datagram (computed from the configuration).
@@ -346,6 +348,7 @@ impl BenchResult {
                 Some(x.call_idle_best_link?.1.p50_ms)
             });
             v["call_idle_best_link"] = cv;
+            v["call_transport"] = json!(self.call_transport.name());
         }
         if self.per_run.len() > 1 {
             v["per_run"] = self.per_run.iter().map(BenchResult::to_json).collect();
@@ -392,6 +395,10 @@ impl BenchResult {
                 .as_u64()
                 .zip(CallStats::from_json(&v["call_idle_best_link"]))
                 .map(|(i, c)| (i as usize, c)),
+            call_transport: v["call_transport"]
+                .as_str()
+                .and_then(Transport::from_name)
+                .unwrap_or_default(),
             emulator: v["emulator"].as_array().cloned().unwrap_or_default(),
             payload: Payload::from_json(&v["tcp_payload_per_datagram"]),
             per_run,
@@ -464,18 +471,16 @@ impl BenchResult {
             )
         };
         let spec = self.links.get(*i).map_or("", |l| l.spec.as_str());
+        let what = match self.call_transport {
+            Transport::Udp => "A call (%B bytes of UDP every %T ms)",
+            Transport::Tcp => "An interactive TCP connection (%B-byte records every %T ms)",
+        };
+        let what = what
+            .replace("%B", &super::call::SIZE.to_string())
+            .replace("%T", &super::call::EVERY.as_millis().to_string());
         let mut s = format!(
-            "A call ({} bytes of UDP every {} ms), one-way delay in ms:\n  {:<42} {:>5} {:>5} {:>7} {:>7} {:>7} {:>7} {:>9}\n",
-            super::call::SIZE,
-            super::call::EVERY.as_millis(),
-            "",
-            "sent",
-            "lost",
-            "loss %",
-            "p50",
-            "p99",
-            "max",
-            "p99-idle"
+            "{what}, one-way delay in ms:\n  {:<42} {:>5} {:>5} {:>7} {:>7} {:>7} {:>7} {:>9}\n",
+            "", "sent", "lost", "loss %", "p50", "p99", "max", "p99-idle"
         );
         s += &line(&format!("link {i} alone, idle ({spec})"), idle, None);
         for (m, r) in &self.braid {
@@ -670,6 +675,7 @@ mod tests {
                     ..CallStats::default()
                 },
             )),
+            call_transport: Transport::Udp,
             emulator: Vec::new(),
             payload: None,
             per_run: Vec::new(),
