@@ -143,7 +143,10 @@ pub struct Emulator {
     down: bool,
     /// A file whose contents change the link while it runs ([`control_path`]).
     control: Option<std::path::PathBuf>,
-    control_seen: Option<std::time::SystemTime>,
+    /// The control file's contents last applied (or found at the start). Compared by
+    /// contents, not modification time: two changes within one tick of the file
+    /// system's clock (`down`, then `up` a moment later) have the same time.
+    control_seen: Option<String>,
 }
 
 /// The control file of link `i` in the lab's state directory: `braid lab change`
@@ -182,7 +185,7 @@ impl Emulator {
 
     /// Watch `path` for changes ([`control_path`]).
     pub fn with_control(mut self, path: std::path::PathBuf) -> Emulator {
-        self.control_seen = std::fs::metadata(&path).and_then(|m| m.modified()).ok();
+        self.control_seen = std::fs::read_to_string(&path).ok();
         self.control = Some(path);
         self
     }
@@ -190,17 +193,14 @@ impl Emulator {
     /// Apply the control file if it changed since we last read it.
     fn poll_control(&mut self) {
         let Some(path) = &self.control else { return };
-        let Ok(modified) = std::fs::metadata(path).and_then(|m| m.modified()) else {
-            return;
-        };
-        if self.control_seen == Some(modified) {
-            return;
-        }
-        self.control_seen = Some(modified);
         let Ok(text) = std::fs::read_to_string(path) else {
             return;
         };
+        if self.control_seen.as_ref() == Some(&text) {
+            return;
+        }
         self.apply(text.trim());
+        self.control_seen = Some(text);
     }
 
     /// Take a change: a link specification, `down` or `up`. Anything else is ignored

@@ -193,10 +193,15 @@ pub fn change(i: usize, action: &crate::spec::Action) -> Result<(), LabError> {
         Action::Down => "down".into(),
         Action::Up => "up".into(),
     };
-    std::fs::write(&ctl, text).map_err(|e| LabError::Command {
-        cmd: format!("write {}", ctl.display()),
-        reason: e.to_string(),
-    })
+    // Written whole and renamed into place: the emulator, which reads the file every
+    // 50 ms, never sees it empty or half written.
+    let tmp = ctl.with_extension("ctl.tmp");
+    std::fs::write(&tmp, text)
+        .and_then(|_| std::fs::rename(&tmp, &ctl))
+        .map_err(|e| LabError::Command {
+            cmd: format!("write {}", ctl.display()),
+            reason: e.to_string(),
+        })
 }
 
 /// Start `braid lab emulate` for `links` (comma-separated specs) in namespace `ns`, its
