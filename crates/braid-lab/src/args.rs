@@ -116,6 +116,11 @@ pub struct BenchArgs {
     /// measured once more with it off, as `tcp_packet_bps` ("the same as packets").
     #[arg(long, value_name = "on|off", value_parser = parse_on_off, num_args = 0..=1, default_missing_value = "on")]
     pub tcp_streams: Option<bool>,
+    /// The streams' fast lane in the tunnel (`tcp_streams_fast`; default the
+    /// tunnel's, on): a stream that sends little takes the lowest-delay channel past
+    /// the stripe. `off` to measure what it gives (with `--call-transport tcp`).
+    #[arg(long, value_name = "on|off", value_parser = parse_on_off, num_args = 0..=1, default_missing_value = "on")]
+    pub tcp_streams_fast: Option<bool>,
     /// The tunnel's receive buffer per channel, packets (`buffer_packets`; default
     /// the tunnel's, 4096). With --credits the window is this less 64.
     #[arg(long, value_name = "PACKETS")]
@@ -485,6 +490,7 @@ impl BenchArgs {
             arq: self.arq.clone(),
             credits: self.credits,
             tcp_streams: self.tcp_streams,
+            tcp_streams_fast: self.tcp_streams_fast,
             return_path: !self.no_return_path,
             buffer_packets: self.buffer_packets,
             changes,

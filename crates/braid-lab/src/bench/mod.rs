@@ -69,6 +69,9 @@ pub struct BenchOptions {
     /// TCP carried as byte streams in the tunnel (`session.tcp_streams`); `None`: the
     /// tunnel's default.
     pub tcp_streams: Option<bool>,
+    /// The streams' fast lane (`session.tcp_streams_fast`); `None`: the tunnel's
+    /// default.
+    pub tcp_streams_fast: Option<bool>,
     /// The return path in the tunnel (`session.return_path`, on by default).
     pub return_path: bool,
     /// The tunnel's receive buffer per channel (`session.buffer_packets`); `None`: its
@@ -677,6 +680,9 @@ fn session_options(opt: &BenchOptions) -> String {
     }
     if let Some(on) = opt.tcp_streams {
         s += &format!("tcp_streams = {on}\n");
+    }
+    if let Some(on) = opt.tcp_streams_fast {
+        s += &format!("tcp_streams_fast = {on}\n");
     }
     if !opt.return_path {
         s += "return_path = false\n";

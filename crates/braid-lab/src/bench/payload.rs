@@ -124,6 +124,7 @@ mod tests {
             arq: None,
             credits: false,
             tcp_streams: None,
+            tcp_streams_fast: None,
             flows: 1,
             download: None,
             idle: 0,
