@@ -378,6 +378,10 @@ pub struct SessionStats {
     /// Packets of ordered domains given up: missing when their wait ran out.
     #[serde(default)]
     pub flows_rx_gaps: u64,
+    /// TCP segments of the stripe delivered ahead of its order, each continuing its
+    /// own flow (per-flow order, `flow_order`).
+    #[serde(default)]
+    pub flows_rx_early: u64,
     /// TCP carried as streams: connections open now (being made, or made).
     #[serde(default)]
     pub streams_open: u64,
@@ -1342,6 +1346,7 @@ const COUNTERS: &[(bool, &str, &str)] = &[
     (false, "flows_rx_duplicates", "Real-time flows: copies dropped as duplicates"),
     (false, "flows_rx_held", "Real-time flows: TCP segments held in their flow's order for one they overtook"),
     (false, "flows_rx_gaps", "Real-time flows: TCP segments given up (missing when the wait for them ran out)"),
+    (false, "flows_rx_early", "Per-flow order: TCP segments of the stripe delivered ahead of its order, each continuing its own flow"),
     (false, "streams_open", "TCP streams: connections open now"),
     (false, "streams_opened", "TCP streams: connections taken at this end and opened as streams"),
     (false, "streams_connected", "TCP streams: connections made at this end for the peer's streams"),
@@ -1506,6 +1511,7 @@ pub fn with_flows(f: &braid_proto::session::FlowStats, base: SessionStats) -> Se
         flows_rx_duplicates: f.rx_duplicates,
         flows_rx_held: f.rx_held,
         flows_rx_gaps: f.rx_gaps,
+        flows_rx_early: f.rx_early,
         streams_tx_control: f.tx_stream_control,
         streams_tx_fast: f.tx_stream_fast,
         streams_rx_control: f.rx_stream_control,

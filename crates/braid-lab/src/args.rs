@@ -121,6 +121,11 @@ pub struct BenchArgs {
     /// the stripe. `off` to measure what it gives (with `--call-transport tcp`).
     #[arg(long, value_name = "on|off", value_parser = parse_on_off, num_args = 0..=1, default_missing_value = "on")]
     pub tcp_streams_fast: Option<bool>,
+    /// Per-flow order for TCP carried as packets in the tunnel (`flow_order`; default
+    /// the tunnel's, on). `off` to measure what it gives (with `--tcp-streams off
+    /// --call-transport tcp`).
+    #[arg(long, value_name = "on|off", value_parser = parse_on_off, num_args = 0..=1, default_missing_value = "on")]
+    pub flow_order: Option<bool>,
     /// The tunnel's receive buffer per channel, packets (`buffer_packets`; default
     /// the tunnel's, 4096). With --credits the window is this less 64.
     #[arg(long, value_name = "PACKETS")]
@@ -491,6 +496,7 @@ impl BenchArgs {
             credits: self.credits,
             tcp_streams: self.tcp_streams,
             tcp_streams_fast: self.tcp_streams_fast,
+            flow_order: self.flow_order,
             return_path: !self.no_return_path,
             buffer_packets: self.buffer_packets,
             changes,

@@ -110,7 +110,11 @@ impl Voip {
         p[20..22].copy_from_slice(&spec.port.to_be_bytes());
         p[22..24].copy_from_slice(&spec.port.to_be_bytes());
         if spec.tcp {
-            // Data offset 5 (no options), PSH and ACK: a segment with data.
+            // The sequence number of its first byte: the flow's segments follow each
+            // other (per-flow order in the receiver looks at it). Data offset 5 (no
+            // options), PSH and ACK: a segment with data.
+            let seq = (self.next_id as u32).wrapping_mul((len - 40) as u32);
+            p[24..28].copy_from_slice(&seq.to_be_bytes());
             p[32] = 5 << 4;
             p[33] = 0x18;
         } else {

@@ -72,6 +72,9 @@ pub struct BenchOptions {
     /// The streams' fast lane (`session.tcp_streams_fast`); `None`: the tunnel's
     /// default.
     pub tcp_streams_fast: Option<bool>,
+    /// Per-flow order in the stripe (`session.flow_order`); `None`: the tunnel's
+    /// default.
+    pub flow_order: Option<bool>,
     /// The return path in the tunnel (`session.return_path`, on by default).
     pub return_path: bool,
     /// The tunnel's receive buffer per channel (`session.buffer_packets`); `None`: its
@@ -683,6 +686,9 @@ fn session_options(opt: &BenchOptions) -> String {
     }
     if let Some(on) = opt.tcp_streams_fast {
         s += &format!("tcp_streams_fast = {on}\n");
+    }
+    if let Some(on) = opt.flow_order {
+        s += &format!("flow_order = {on}\n");
     }
     if !opt.return_path {
         s += "return_path = false\n";

@@ -125,6 +125,7 @@ mod tests {
             credits: false,
             tcp_streams: None,
             tcp_streams_fast: None,
+            flow_order: None,
             flows: 1,
             download: None,
             idle: 0,

@@ -163,6 +163,13 @@ impl Equalizer {
         Duration::from_micros((slowest - own).max(0.0) as u64) + self.margin
     }
 
+    /// How long a datagram arriving now on `channel` is held for the channels' skew
+    /// alone (its hold without the margin).
+    pub(crate) fn skew(&self, now: Instant, channel: usize) -> Duration {
+        let hold = self.hold(now, channel).as_micros();
+        Duration::from_micros(hold.saturating_sub(self.margin.as_micros()))
+    }
+
     /// Hold `datagram` from `channel`, which arrived at `arrived` (FIFO per channel);
     /// returns it back if it can go through at once. At most `limit` datagrams wait per
     /// channel: beyond that the oldest one is made due at once.

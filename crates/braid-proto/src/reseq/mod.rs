@@ -306,6 +306,16 @@ impl Resequencer {
         })
     }
 
+    /// How long the delay equalizer holds a datagram arriving now on `channel` for the
+    /// channels' skew alone (without the margin of [`Resequencer::set_hold_margin`]);
+    /// zero with equalization off or for an unknown channel.
+    pub fn equalizer_skew(&self, now: Instant, channel: usize) -> Duration {
+        match &self.equalizer {
+            Some(e) if channel < self.sink.stats.channels.len() => e.skew(now, channel),
+            _ => Duration::ZERO,
+        }
+    }
+
     /// Hold every channel this much longer in the delay equalizer (when it is on): a
     /// playout margin that absorbs short holds before the resequencer, such as in-bond
     /// repair's, so the traffic sees a steady delay instead of a stall at each repair.

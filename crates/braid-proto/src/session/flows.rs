@@ -340,6 +340,10 @@ pub struct FlowStats {
     pub rx_gaps: u64,
     /// Flow datagrams that did not parse (counted malformed on their channel too).
     pub rx_malformed: u64,
+    /// TCP segments of the stripe delivered ahead of its order, each continuing its
+    /// own flow (`session::order`): what another packet's loss or a slower channel
+    /// would have held back.
+    pub rx_early: u64,
 }
 
 /// The receiver's duplicate filter: a sliding window of [`WINDOW`] sequence numbers
@@ -678,7 +682,7 @@ impl Session {
     /// delay: a connection's SYN waits for the OPEN's answer, and a sender's loss
     /// detection and credit for the ACKs.
     /// The DATA of a stream on the fast lane goes the same way (`data`).
-    pub(super) fn stream_control_out(&mut self, f: &Bytes, data: bool) -> bool {
+    pub(super) fn stream_frame_out(&mut self, f: &Bytes, data: bool) -> bool {
         let Some(chosen) = self.flow_channels(FlowPolicy::LowestDelay, f.len()) else {
             return false;
         };
@@ -709,10 +713,7 @@ impl Session {
             return 0;
         }
         let mtu = self.pmtu.get(c).map_or(self.cfg.max_datagram, |m| m.plpmtu);
-        let inner = mtu
-            .min(self.cfg.max_datagram)
-            .saturating_sub(self.cfg.security.data_overhead() as u32);
-        (inner as usize).saturating_sub(wf::HEADER_LEN)
+        (self.sealed_room(mtu) as usize).saturating_sub(wf::HEADER_LEN)
     }
 
     /// The channels a flow datagram of `policy` with `len` bytes of payload goes on, or

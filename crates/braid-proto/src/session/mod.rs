@@ -54,6 +54,7 @@ mod epoch;
 pub mod feedback;
 pub mod flows;
 mod liveness;
+pub mod order;
 mod pacing;
 pub mod pmtu;
 pub mod probe;
@@ -181,6 +182,10 @@ pub struct Config {
     /// Flow policies of our transmit direction (`session::flows`): which inner
     /// packets go redundantly or on the lowest-delay channel instead of the stripe.
     pub flows: FlowConfig,
+    /// Per-flow order for the TCP segments in the stripe (`session::order`): a segment
+    /// the stripe holds only for another packet goes on as soon as it continues its
+    /// own flow. On by default.
+    pub flow_order: bool,
     /// Path MTU discovery per channel (`session::pmtu`). `None`: off (each channel
     /// carries `max_datagram`); on by default.
     pub pmtu: Option<pmtu::Config>,
@@ -225,6 +230,7 @@ impl std::fmt::Debug for Config {
             .field("pacing", &self.pacing)
             .field("return_path", &self.return_path)
             .field("flows", &self.flows)
+            .field("flow_order", &self.flow_order)
             .field("pmtu", &self.pmtu)
             .field("streams", &self.streams)
             .finish()
@@ -265,6 +271,7 @@ impl Config {
             pacing: None,
             return_path: None,
             flows: FlowConfig::default(),
+            flow_order: true,
             pmtu: None,
             streams: None,
         };
@@ -766,6 +773,8 @@ pub struct Session {
     return_path: return_path::ReturnPath,
     /// Flow policies and the real-time packets' numbers (`session::flows`).
     flows: flows::Flows,
+    /// Per-flow order of the TCP segments in the stripe, if on.
+    order: Option<order::FlowOrder>,
     /// Capacity probes: our trains and the peer's.
     probes: probe::Probes,
     /// Path MTU discovery per channel (empty: off).
@@ -851,6 +860,7 @@ impl Session {
                 .map(|p| pacing::Pacer::new(p, cfg.max_datagram, now)),
             return_path: return_path::ReturnPath::default(),
             flows: flows::Flows::new(cfg.flows.clone()),
+            order: cfg.flow_order.then(order::FlowOrder::default),
             probes: probe::Probes::new(n, cfg.pacing.as_ref().is_some_and(|p| p.probe)),
             pmtu: cfg.pmtu.as_ref().map_or_else(Vec::new, |m| {
                 (0..n)
@@ -919,11 +929,15 @@ impl Session {
         let Some(smallest) = self.pmtu.iter().take(self.common).map(|m| m.plpmtu).min() else {
             return self.max_packet();
         };
-        let inner = smallest
-            .min(self.cfg.max_datagram)
+        self.sealed_room(smallest)
+            .saturating_sub(self.cfg.data_overhead()) as usize
+    }
+
+    /// The bytes a datagram of at most `mtu` bytes carries inside the security
+    /// envelope (before any header of the stripe's or a flow datagram's).
+    fn sealed_room(&self, mtu: u32) -> u32 {
+        mtu.min(self.cfg.max_datagram)
             .saturating_sub(self.cfg.security.data_overhead() as u32)
-            .saturating_sub(self.cfg.data_overhead());
-        inner as usize
     }
 
     /// A packet from the application. While an epoch switch waits for its ack, up to
@@ -1114,10 +1128,12 @@ impl Session {
             {
                 self.chans[c].n.rx_data += 1;
                 self.chans[c].fb_rx.accepted(d.len());
+                self.order_arrival(now, c, &d);
                 self.resequence(c, d, now, now, false);
             }
             _ => self.chans[c].n.unauthenticated += 1,
         }
+        self.order_timeout(now);
         self.handle_streams(now);
     }
 
@@ -1216,6 +1232,7 @@ impl Session {
             self.on_inner(now, now, c, inner, false);
             return;
         }
+        self.order_arrival(now, sealed_for, &inner);
         match (self.cfg.arq, sealed_id(d)) {
             (Some(a), Some(id)) => self.repair_in_order(now, c, sealed_for, a, id, inner),
             _ => self.on_inner(now, now, c, inner, false),
@@ -1706,6 +1723,9 @@ impl Session {
         if let Some(t) = self.streams_timeout() {
             d = d.min(t);
         }
+        if let Some(t) = self.order.as_ref().and_then(order::FlowOrder::next_timeout) {
+            d = d.min(t);
+        }
         d
     }
 
@@ -1731,6 +1751,7 @@ impl Session {
         self.rx.reseq.handle_timeout(now);
         self.flows_expire(now);
         self.drain_deliver(now);
+        self.order_timeout(now);
         self.credit_timers(now);
         if self.pacer.is_some() && !self.tx.pending.is_empty() {
             self.pump(now);
@@ -1995,21 +2016,16 @@ impl Session {
             if self.stream_frame_in(now, &b) {
                 continue;
             }
-            match &mut self.aqm {
-                None => self.deliver.push_back(b),
-                Some(aqm) => {
-                    if !aqm.signals(now) {
-                        self.deliver.push_back(b);
-                        continue;
-                    }
-                    // CoDel marks the packet CE in place: take it back as owned bytes
-                    // (a copy when others share its buffer, as opened datagrams do).
-                    let mut m = bytes::BytesMut::from(b);
-                    if aqm.signal(&mut m) == aqm::Verdict::Deliver {
-                        self.deliver.push_back(m.freeze());
-                    }
+            if let Some(o) = &mut self.order {
+                if !o.on_delivered(now, &b) {
+                    // Its twin went ahead (per-flow order).
+                    continue;
                 }
             }
+            self.hand_to_app(now, b);
+            // What it let go of its flow follows it at once, before anything the
+            // stripe delivers next.
+            self.order_flush(now);
         }
         self.credit_sync(now);
         // Losses to repair (seq mode): the NAK goes to the peer's striper on every
@@ -2021,6 +2037,74 @@ impl Session {
                 }
             }
         }
+    }
+
+    /// A packet in order for the application, past the AQM (which may mark or drop it).
+    fn hand_to_app(&mut self, now: Instant, b: Bytes) {
+        match &mut self.aqm {
+            None => self.deliver.push_back(b),
+            Some(aqm) => {
+                if !aqm.signals(now) {
+                    self.deliver.push_back(b);
+                    return;
+                }
+                // CoDel marks the packet CE in place: take it back as owned bytes
+                // (a copy when others share its buffer, as opened datagrams do).
+                let mut m = bytes::BytesMut::from(b);
+                if aqm.signal(&mut m) == aqm::Verdict::Deliver {
+                    self.deliver.push_back(m.freeze());
+                }
+            }
+        }
+    }
+
+    /// Per-flow order (`session::order`): a data packet `inner`, sealed for channel
+    /// `c`, arrived and is about to enter in-bond repair and the stripe; a TCP segment
+    /// among them is watched, to go ahead of the stripe's order when it continues its
+    /// flow, no earlier than the delay equalizer would let it go for the channels'
+    /// skew.
+    fn order_arrival(&mut self, now: Instant, c: usize, inner: &Bytes) {
+        let Some(o) = &mut self.order else {
+            return;
+        };
+        // The packet past a sequence header, if any.
+        let at = match inner.first() {
+            Some(b) if matches!(b >> 4, 4 | 6) => 0,
+            Some(&(wire::TYPE_SEQ_DATA | wire::TYPE_REPAIR)) => 5,
+            _ => return,
+        };
+        let Some(k) = self.rx.index.get(c).copied().flatten() else {
+            return;
+        };
+        let skew = self.rx.reseq.equalizer_skew(now, k);
+        o.on_arrival(now, now + skew, inner, at);
+    }
+
+    /// Per-flow order: the watched segments now due that continue their flows go to
+    /// the application.
+    fn order_timeout(&mut self, now: Instant) {
+        if let Some(o) = &mut self.order {
+            if o.next_timeout().is_some_and(|t| t <= now) {
+                o.handle_timeout(now);
+                self.order_flush(now);
+            }
+        }
+    }
+
+    /// What per-flow order released goes to the application.
+    fn order_flush(&mut self, now: Instant) {
+        while let Some(b) = self.order.as_mut().and_then(order::FlowOrder::poll_release) {
+            self.hand_to_app(now, b);
+        }
+    }
+
+    /// The flows' counters, with per-flow order's.
+    pub(crate) fn flow_stats(&self) -> FlowStats {
+        let mut f = self.flows.stats.clone();
+        if let Some(o) = &self.order {
+            f.rx_early = o.stats.released;
+        }
+        f
     }
 
     /// The resequence stage: a packet for the resequencer (then the deliver stage,

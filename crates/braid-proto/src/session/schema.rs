@@ -225,6 +225,8 @@ pub struct SessionSettings {
     pub flow_copies: usize,
     /// Policy overrides by protocol, port, address and DSCP (`[[session.flow]]`).
     pub flow: Vec<FlowRuleSettings>,
+    /// Per-flow order for the TCP segments in the stripe (`session::order`).
+    pub flow_order: bool,
     /// TCP carried as byte streams (`crate::stream`): the tunnel terminates TCP
     /// connections and carries their bytes, without TCP/IP headers. Unset: on when
     /// every channel is paced (the streams' rate is the pacer's).
@@ -299,6 +301,7 @@ impl Default for SessionSettings {
             flow_auto: true,
             flow_copies: 2,
             flow: Vec::new(),
+            flow_order: true,
             tcp_streams: None,
             tcp_streams_to: Vec::new(),
             tcp_streams_except: Vec::new(),
@@ -381,6 +384,7 @@ impl SessionSettings {
             (true, None) => Some(super::pmtu::Config::default()),
         };
         cfg.flows = self.flows()?;
+        cfg.flow_order = self.flow_order;
         let allow_to = self
             .tcp_streams_to
             .iter()
@@ -822,6 +826,10 @@ pub const REFERENCE: &[KeyDoc] = &[
     KeyDoc {
         key: "flow",
         doc: "policy overrides, tried in order before `flow_auto`: `[[session.flow]]` tables with `policy` (`redundant`, `lowest-delay` or `bond`) and at least one of `protocol` (`udp`, `tcp`, `icmp` or a number), `port` (`5060` or a range `\"10000-20000\"`: the source or destination port), `address` (an address or network, `10.1.0.0/16`, `2001:db8::/32`: the source or destination) and `dscp` (0 to 63, or `ef`, `cs0`-`cs7`, `af11`-`af43`); a packet gets the policy of the first rule whose every criterion it matches. A real-time packet too large for a flow datagram (16 bytes of header) is bonded. A TCP flow a rule sends `redundant` or `lowest-delay` keeps its order (a reorder domain of its own); name only ports whose connections stay small (a game server, a remote console): a connection that measured its round trip on the fast path and then carries bulk data through the bond ends its slow start early (`docs/tunnel.md`)",
+    },
+    KeyDoc {
+        key: "flow_order",
+        doc: "per-flow order for the TCP segments that cross in the stripe (TCP carried as packets: `tcp_streams = false`, or a connection that is not terminated): the receiver delivers a segment the stripe still holds (behind another packet's loss being repaired, or a slower channel's turn) as soon as it continues its own connection's bytes exactly, no earlier than the delay equalizer would for the channels' skew; so one flow's loss holds back that flow alone. Nothing is added on the wire; other protocols keep the stripe's order. `false`: every packet waits for the stripe's order (`docs/tunnel.md`, \"Per-flow order in the stripe\")",
     },
     KeyDoc {
         key: "tcp_streams",

@@ -248,7 +248,7 @@ impl Session {
             queued: self.tx.pending.len(),
             return_path: self.return_path.on,
             return_path_cuts: self.return_path.cuts,
-            flows: self.flows.stats.clone(),
+            flows: self.flow_stats(),
             channels,
         }
     }

@@ -6,7 +6,7 @@
 //! resequenced like the bonded traffic; the receiver hands it to its [`Streams`]
 //! instead of delivering it. The other frames (OPEN, OPEN_RESULT, ACK, RESET,
 //! RESET_ACK) go past the stripe on the lowest-delay channel, as flow datagrams
-//! (`Session::stream_control_out`): the streams take frames in any order, and in the
+//! (`Session::stream_frame_out`): the streams take frames in any order, and in the
 //! stripe they would wait behind the queued data and for the resequencer, at the
 //! slowest channel's delay. Frames enter the stripe only while the transmit queue is
 //! short ([`QUEUE_FRAMES`]): the bond's pacer, not a congestion window, sets the
@@ -78,7 +78,7 @@ impl Session {
                 self.counters.sent_bytes += f.len() as u64;
                 self.active(now);
                 let data = f[0] == TYPE_DATA;
-                if lane == Lane::Stripe || !self.stream_control_out(&f, data) {
+                if lane == Lane::Stripe || !self.stream_frame_out(&f, data) {
                     self.stripe_in(now, f);
                 } else if data {
                     // Its channel may be full now.

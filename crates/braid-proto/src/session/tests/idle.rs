@@ -19,6 +19,18 @@ fn since(p: &Pair, from: &[u64]) -> Vec<u64> {
     sent(p).iter().zip(from).map(|(n, f)| n - f).collect()
 }
 
+/// Run the second after `from_ms` (where the pair is now) and check that A sent at
+/// least `n` datagrams on every channel in it.
+fn busy_second(p: &mut Pair, from_ms: u64, n: u64, what: &str) {
+    let from = sent(p);
+    p.run_until(at_ms(from_ms + 1000));
+    let busy = since(p, &from);
+    assert!(
+        busy.iter().all(|&k| k >= n),
+        "{busy:?} datagrams in the second {what}"
+    );
+}
+
 fn downs(events: &[(Instant, Event)], after: Instant) -> Vec<(Instant, usize)> {
     events
         .iter()
@@ -43,14 +55,8 @@ fn an_idle_session_sends_a_twentieth_and_wakes_with_the_first_packet() {
     // No data from here: the usual heartbeat for `idle_after` (2 s), then the idle one.
     p.every = Duration::ZERO;
     p.run_until(at_ms(2000));
-    let from = sent(&p);
-    p.run_until(at_ms(3000));
     // Hellos, feedback and markers every 50 ms.
-    let busy = since(&p, &from);
-    assert!(
-        busy.iter().all(|&n| n >= 50),
-        "{busy:?} datagrams in the second"
-    );
+    busy_second(&mut p, 2000, 50, "before idle");
     p.run_until(at_ms(4000));
     let from = sent(&p);
     p.run_until(at_ms(14_000));
@@ -166,13 +172,7 @@ fn a_late_handshake_starts_the_session_busy() {
     p.set_up(1, true);
     p.run_until(at_ms(3500));
     assert!(p.a.peer_seen() && p.b.peer_seen());
-    let from = sent(&p);
-    p.run_until(at_ms(4500));
-    let busy = since(&p, &from);
-    assert!(
-        busy.iter().all(|&n| n >= 20),
-        "{busy:?} datagrams in the second after the handshake"
-    );
+    busy_second(&mut p, 3500, 20, "after the handshake");
     assert!(!p.a.stats(p.now).idle && !p.b.stats(p.now).idle);
     // Still quiet 2 s later: idle now.
     p.run_until(at_ms(7000));
