@@ -22,7 +22,8 @@
 //!
 //! Bounds: [`MAX_FLOWS`] flows tracked (beyond, the table starts again: a flow not in
 //! it waits for the stripe), [`MAX_HELD`] segments watched, [`MAX_RELEASED`] twins
-//! remembered, and each forgotten after [`FORGET`].
+//! awaited (with that many, segments wait for the stripe), and each forgotten after
+//! [`FORGET`].
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
@@ -170,8 +171,8 @@ pub struct FlowOrder {
     due: BinaryHeap<Reverse<(Instant, u64, u32)>>,
     /// Segments released early (flow, seq, end), whose twin is still to come.
     released: Table<(u64, u32, u32), Instant>,
-    /// The same, oldest first, to forget them.
-    released_order: VecDeque<(Instant, (u64, u32, u32))>,
+    /// When twins not seen for [`FORGET`] were last forgotten (once a second).
+    swept: Instant,
     /// Packets released early, for the application.
     out: VecDeque<Bytes>,
     /// Its counters.
@@ -242,7 +243,8 @@ impl FlowOrder {
     fn chain(&mut self, now: Instant, flow: u64) {
         while let Some(&at) = self.next.get(&flow) {
             match self.held.get(&(flow, at)) {
-                Some(h) if h.due <= now => {
+                // With as many twins awaited as allowed, it waits for the stripe.
+                Some(h) if h.due <= now && self.released.len() < MAX_RELEASED => {
                     let h = self.held.remove(&(flow, at)).expect("just seen");
                     self.release(now, (flow, at, h.end), h.packet);
                     self.advance(flow, h.end);
@@ -253,30 +255,9 @@ impl FlowOrder {
     }
 
     fn release(&mut self, now: Instant, key: (u64, u32, u32), packet: Bytes) {
-        if self.released.len() >= MAX_RELEASED {
-            self.forget_released(None);
-        }
         self.released.insert(key, now);
-        self.released_order.push_back((now, key));
         self.out.push_back(packet);
         self.stats.released += 1;
-    }
-
-    /// Forget the oldest twin awaited (`None`), or every one awaited since before
-    /// `before`.
-    fn forget_released(&mut self, before: Option<Instant>) {
-        while let Some(&(at, key)) = self.released_order.front() {
-            if before.is_some_and(|b| at >= b) {
-                return;
-            }
-            self.released_order.pop_front();
-            if self.released.get(&key) == Some(&at) {
-                self.released.remove(&key);
-                if before.is_none() {
-                    return;
-                }
-            }
-        }
     }
 
     /// Time passed: the watched segments now due that continue their flows go; what
@@ -301,10 +282,9 @@ impl FlowOrder {
                 self.due.push(Reverse((forget, flow, seq)));
             }
         }
-        if now.as_micros() > FORGET.as_micros() {
-            self.forget_released(Some(Instant::from_micros(
-                now.as_micros() - FORGET.as_micros(),
-            )));
+        if now >= self.swept + Duration::from_secs(1) {
+            self.swept = now;
+            self.released.retain(|_, at| *at + FORGET > now);
         }
     }
 
