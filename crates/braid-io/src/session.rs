@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration as StdDuration;
 
 use braid_proto::session::{
-    self as machine, members_of, Event, HandshakeFailure, HandshakeStats, Mismatch,
+    self as machine, members_of, Cipher, Event, HandshakeFailure, HandshakeStats, Mismatch,
 };
 use braid_proto::wire;
 use braid_proto::Instant;
@@ -1434,10 +1434,9 @@ fn probe_detail(c: &machine::ChannelInfo) -> String {
     }
 }
 
-/// The peer was heard, restarted, re-keyed, went silent or closed the session.
+/// The peer restarted, re-keyed, went silent or closed the session.
 fn log_peer_event(e: Event) {
     match e {
-        Event::PeerHeard => info!("peer heard"),
         Event::PeerRestarted => {
             info!("peer restarted (new run): both directions start over at epoch 0")
         }
@@ -2629,8 +2628,11 @@ impl Driver {
                     answer,
                     count,
                 } => self.log_settings_mismatch(mismatch, answer, count),
-                e @ (Event::PeerHeard
-                | Event::PeerRestarted
+                Event::PeerHeard => info!(
+                    "peer heard; data sealed with {}",
+                    self.machine.cipher().map_or("?", Cipher::name)
+                ),
+                e @ (Event::PeerRestarted
                 | Event::Rekeyed
                 | Event::PeerSilent(_)
                 | Event::PeerClosed
@@ -2973,6 +2975,7 @@ impl Driver {
     fn handshake_stats(&self, s: &machine::SessionStats, base: SessionStats) -> SessionStats {
         SessionStats {
             security: self.cfg.core.security.name().into(),
+            cipher: self.machine.cipher().map(|c| c.name().to_string()),
             handshakes: s.handshakes.completed,
             handshake_failures: s.handshakes.failed,
             settings_mismatches: s.handshakes.mismatched,

@@ -261,6 +261,10 @@ pub struct SessionStats {
     /// Security mode (`encrypt`, `auth`, `none`).
     #[serde(default)]
     pub security: String,
+    /// The cipher data are sealed with (`aes-256-gcm`, `chacha20-poly1305`), agreed
+    /// in the handshake; absent before the first (and for a server: see its peers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cipher: Option<String>,
     /// Handshakes completed (the first, re-keys, after peer restarts).
     #[serde(default)]
     pub handshakes: u64,
@@ -579,7 +583,7 @@ impl SessionStats {
     fn summary_line(&self, s: &mut String) {
         let _ = writeln!(
             s,
-            "uptime {:.1}s  peer {}  tx epoch {}{}  rx epoch {}{}  delivered {} pkts {} B ({}bit/s)  lost {}  ooo {}  auth-fail {}  replays {}",
+            "uptime {:.1}s  peer {}  tx epoch {}{}  rx epoch {}{}  delivered {} pkts {} B ({}bit/s)  lost {}  ooo {}  auth-fail {}  replays {}{}",
             self.uptime_s,
             if !self.peer_seen {
                 "never heard".to_string()
@@ -614,6 +618,9 @@ impl SessionStats {
             self.out_of_order,
             self.auth_failures,
             self.replays,
+            self.cipher
+                .as_ref()
+                .map_or(String::new(), |c| format!("  cipher {c}")),
         );
     }
 
@@ -1748,6 +1755,24 @@ mod tests {
         assert!(s
             .table()
             .contains("peer heard 0.50s ago (idle: hellos at the idle heartbeat)"));
+    }
+
+    #[test]
+    fn the_table_and_the_json_name_the_cipher_once_agreed() {
+        let mut s = SessionStats::default();
+        assert!(!s.table().contains("cipher"));
+        assert!(!serde_json::to_string(&s).unwrap().contains("cipher"));
+        s.cipher = Some("aes-256-gcm".into());
+        assert!(s
+            .table()
+            .lines()
+            .next()
+            .unwrap()
+            .ends_with("  cipher aes-256-gcm"));
+        let json = serde_json::to_string(&s).unwrap();
+        assert!(json.contains("\"cipher\":\"aes-256-gcm\""), "{json}");
+        let back: SessionStats = serde_json::from_str(&json).unwrap();
+        assert_eq!(back.cipher.as_deref(), Some("aes-256-gcm"));
     }
 
     #[test]

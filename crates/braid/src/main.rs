@@ -26,7 +26,7 @@ Exit status:
 /// marker resynchronization (Adiseshu, Parulkar, Varghese, SIGCOMM '96),
 /// trigger-based SRR (Schrøder, Stormark, Koch), application-oriented error control
 /// with a loss tolerance for `send`/`recv` (Gong, Parulkar), and seals every datagram
-/// (Noise handshake, ChaCha20-Poly1305) by default. Docs: README.md and docs/.
+/// (Noise handshake; AES-256-GCM or ChaCha20-Poly1305, whichever both ends run faster) by default. Docs: README.md and docs/.
 #[derive(Parser, Debug)]
 #[command(
     name = "braid",

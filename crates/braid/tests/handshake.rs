@@ -131,3 +131,54 @@ fn matching_ends_still_connect() {
         stderr(&recv)
     );
 }
+
+/// A `--config` file for one end: its `--channel` pairs and `--key-file` from `args`,
+/// and `cipher`.
+fn config_with_cipher(args: &[String], cipher: &str, name: &str) -> std::path::PathBuf {
+    let at = |flag: &str| {
+        args.iter()
+            .enumerate()
+            .filter(|(_, x)| *x == flag)
+            .map(|(i, _)| args[i + 1].clone())
+            .collect::<Vec<_>>()
+    };
+    let mut toml = format!(
+        "[session]\nkey_file = \"{}\"\ncipher = \"{cipher}\"\n",
+        at("--key-file")[0]
+    );
+    for (i, ch) in at("--channel").iter().enumerate() {
+        let (local, remote) = ch.split_once(',').unwrap();
+        toml +=
+            &format!("[[channel]]\nname = \"c{i}\"\nlocal = \"{local}\"\nremote = \"{remote}\"\n");
+    }
+    let p = tmp(&format!("hs-cipher-{name}.toml"));
+    std::fs::write(&p, toml).unwrap();
+    p
+}
+
+#[test]
+fn the_ends_agree_on_aes_gcm_only_when_both_ask_and_say_which_they_use() {
+    for (ours, theirs, want) in [
+        ("aes-256-gcm", "aes-256-gcm", "aes-256-gcm"),
+        ("aes-256-gcm", "chacha20-poly1305", "chacha20-poly1305"),
+        ("chacha20-poly1305", "aes-256-gcm", "chacha20-poly1305"),
+    ] {
+        let (_relay, a, b) = ends(1);
+        let ca = config_with_cipher(&a, ours, &format!("a-{ours}-{theirs}"));
+        let cb = config_with_cipher(&b, theirs, &format!("b-{ours}-{theirs}"));
+        let arg = |p: &std::path::PathBuf| vec!["--config".to_string(), p.display().to_string()];
+        let (send, recv, _) = run(&arg(&ca), &arg(&cb), &[], &[]);
+        let _ = (std::fs::remove_file(ca), std::fs::remove_file(cb));
+        let (se, re) = (stderr(&send), stderr(&recv));
+        assert!(
+            send.status.success() && recv.status.success(),
+            "{ours}/{theirs}:\n{se}\n{re}"
+        );
+        for (who, e) in [("send", &se), ("recv", &re)] {
+            assert!(
+                e.contains(&format!("peer heard; data sealed with {want}")),
+                "{ours}/{theirs}, {who}:\n{e}"
+            );
+        }
+    }
+}

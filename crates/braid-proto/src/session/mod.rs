@@ -81,9 +81,9 @@ use crate::errctl::link as arq;
 pub use crate::errctl::link::{ArqChannelStats, ArqConfig};
 pub use credits::{CreditConfig, CreditCounters};
 pub use crypto::{
-    address_bytes, index_prefix, plausible_counter, receiver_index, HandshakeDone,
-    HandshakeFailure, HandshakeJob, HandshakeStats, InitiationReader, SecurityMode, ServerCookies,
-    KEY_LEN, PLAUSIBLE_AHEAD, RECEIVING_KEYS,
+    address_bytes, aes_hardware, index_prefix, plausible_counter, receiver_index, Cipher,
+    HandshakeDone, HandshakeFailure, HandshakeJob, HandshakeStats, InitiationReader, SecurityMode,
+    ServerCookies, KEY_LEN, PLAUSIBLE_AHEAD, RECEIVING_KEYS,
 };
 use crypto::{Crypto, Established, Keys, Reject};
 pub use demote::{DemoteConfig, Role};
@@ -124,6 +124,10 @@ pub struct Config {
     pub key: Vec<u8>,
     /// What the security layer does to data (control is always sealed).
     pub security: SecurityMode,
+    /// Ask the peer for AES-256-GCM ([`Cipher`]): the session uses it when both ends
+    /// ask, ChaCha20-Poly1305 otherwise. The default: whether this CPU has AES
+    /// instructions ([`crypto::aes_hardware`]).
+    pub aes_gcm: bool,
     /// Our static X25519 private key (with `peer_public_key`: WireGuard-style keys).
     pub private_key: Option<[u8; KEY_LEN]>,
     /// The peer's static X25519 public key.
@@ -207,6 +211,7 @@ impl std::fmt::Debug for Config {
                 &format_args!("<{} bytes, not shown>", self.key.len()),
             )
             .field("security", &self.security)
+            .field("aes_gcm", &self.aes_gcm)
             .field(
                 "private_key",
                 &self.private_key.map(|_| format_args!("<not shown>")),
@@ -251,6 +256,7 @@ impl Config {
             scheduler: SchedulerKind::Srr,
             key,
             security: SecurityMode::Encrypt,
+            aes_gcm: crypto::aes_hardware(),
             private_key: None,
             peer_public_key: None,
             rekey_after: Duration::from_secs(120),
@@ -454,6 +460,7 @@ impl Config {
             mode: self.mode,
             scheduler: self.scheduler,
             security: self.security,
+            aes_gcm: self.aes_gcm,
             max_packet: self.max_inner(),
             credits: self.credits,
             weights: self.channels.iter().map(|c| c.weight).collect(),
@@ -908,6 +915,12 @@ impl Session {
     /// The handshake counters (cheap; [`Session::stats`] has them too).
     pub fn handshake_stats(&self) -> &HandshakeStats {
         &self.crypto.stats
+    }
+
+    /// The cipher of the keys we send with (agreed in the handshake); `None` before
+    /// the first handshake.
+    pub fn cipher(&self) -> Option<Cipher> {
+        self.crypto.cipher()
     }
 
     /// The largest application packet [`Session::handle_packet`] accepts when it does

@@ -127,6 +127,8 @@ pub struct SessionSettings {
     /// What the security layer does to data.
     #[serde(with = "security_name")]
     pub security: SecurityMode,
+    /// The AEAD to ask the peer for: `auto`, `chacha20-poly1305` or `aes-256-gcm`.
+    pub cipher: String,
     /// Acknowledges that `security = "none"` is insecure.
     pub allow_insecure: bool,
     /// Fresh keys (a new handshake) this often.
@@ -257,6 +259,7 @@ impl Default for SessionSettings {
             private_key_file: None,
             peer_public_key: None,
             security: SecurityMode::Encrypt,
+            cipher: "auto".into(),
             allow_insecure: false,
             rekey_after: Dur(Duration::from_secs(120)),
             mode: Mode::Logical,
@@ -351,6 +354,19 @@ impl SessionSettings {
             ));
         }
         cfg.security = self.security;
+        cfg.aes_gcm = match self.cipher.trim() {
+            "auto" => super::crypto::aes_hardware(),
+            "chacha20-poly1305" => false,
+            "aes-256-gcm" => true,
+            other => {
+                return Err(bad(
+                    "cipher",
+                    format!(
+                        "unknown cipher '{other}': expected auto, chacha20-poly1305 or aes-256-gcm"
+                    ),
+                ))
+            }
+        };
         if self.rekey_after.0 < Duration::from_secs(1) {
             return Err(bad("rekey_after", "must be at least 1s"));
         }
@@ -666,6 +682,10 @@ pub const REFERENCE: &[KeyDoc] = &[
     KeyDoc {
         key: "security",
         doc: "`encrypt`: every datagram sealed and encrypted; `auth`: sealed, bodies in clear (integrity, no confidentiality); `none`: data travel bare and unauthenticated (trusted links, or payloads already encrypted such as WireGuard), control is still sealed; it is refused unless `allow_insecure = true` stands beside it, and the tunnel logs a warning at every start. Both ends must agree. See `docs/security.md`",
+    },
+    KeyDoc {
+        key: "cipher",
+        doc: "the AEAD that seals data (and control), agreed in the handshake: AES-256-GCM when both ends ask for it, ChaCha20-Poly1305 otherwise; the two need not match. `auto`: ask for AES-256-GCM when this CPU has AES instructions (x86-64 AES-NI with PCLMULQDQ, ARMv8 AES with PMULL), where it costs a third of ChaCha20-Poly1305's time per datagram (`docs/performance.md`, \"The cipher\"); `chacha20-poly1305`: never ask (the session uses ChaCha20-Poly1305); `aes-256-gcm`: ask even without the instructions. `braid status` shows the cipher in use. Both are 256-bit AEADs with a 16-byte tag: the wire format and the overhead are the same",
     },
     KeyDoc {
         key: "allow_insecure",

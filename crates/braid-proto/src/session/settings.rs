@@ -29,11 +29,16 @@
 //! in-bond repair: an end without it ignores the other's requests), or travels in the
 //! messages themselves (marker timestamps, adapted quanta).
 //!
-//! One setting is announced but need not match: **streams** (TCP carried as byte
-//! streams, [`crate::stream`]). Each end says whether it takes them; an end opens a
-//! stream only to a peer that takes them, and carries TCP as packets otherwise. With
-//! it goes the end's streams run: the same after a new run of the session that kept
-//! its streams (a reload of the channel list), so the peer keeps its side too.
+//! Two settings are announced but need not match:
+//!
+//! * **streams** (TCP carried as byte streams, [`crate::stream`]). Each end says
+//!   whether it takes them; an end opens a stream only to a peer that takes them, and
+//!   carries TCP as packets otherwise. With it goes the end's streams run: the same
+//!   after a new run of the session that kept its streams (a reload of the channel
+//!   list), so the peer keeps its side too.
+//! * **AES-256-GCM** ([`crate::session::Cipher`]): each end says whether it asks for
+//!   it (by default, when its CPU has AES instructions); the keys of the handshake seal
+//!   with AES-256-GCM when both ask, with ChaCha20-Poly1305 otherwise.
 
 use crate::config::Mode;
 use crate::sched::SchedulerKind;
@@ -63,10 +68,16 @@ pub struct Settings {
     /// This end takes TCP carried as byte streams (announced; need not match): its
     /// streams run ([`crate::stream::StreamConfig::run`]).
     pub streams: Option<u64>,
+    /// This end asks for AES-256-GCM (announced; the session uses it when both ask).
+    pub aes_gcm: bool,
 }
 
 /// Feature bit of [`Settings::streams`] in byte 6 of the settings block.
 const FEATURE_STREAMS: u8 = 1;
+/// Feature bit of [`Settings::aes_gcm`] in byte 6 of the settings block.
+const FEATURE_AES_GCM: u8 = 2;
+/// The feature bits this version knows.
+const FEATURES: u8 = FEATURE_STREAMS | FEATURE_AES_GCM;
 
 /// The first setting that differs between the two ends.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -192,7 +203,7 @@ impl Settings {
                 FEATURE_STREAMS
             } else {
                 0
-            },
+            } | if self.aes_gcm { FEATURE_AES_GCM } else { 0 },
             0,
         ]);
         v.extend_from_slice(&self.max_packet.to_be_bytes());
@@ -211,7 +222,7 @@ impl Settings {
 
     /// Parse a settings block; `None` if it is not one this version reads.
     pub fn parse(b: &[u8]) -> Option<Settings> {
-        if b.len() < FIXED_LEN || b[0] != VERSION || b[6] & !FEATURE_STREAMS != 0 || b[7] != 0 {
+        if b.len() < FIXED_LEN || b[0] != VERSION || b[6] & !FEATURES != 0 || b[7] != 0 {
             return None;
         }
         let n = b[4] as usize;
@@ -249,6 +260,7 @@ impl Settings {
                 true => Some(u64::from_be_bytes(b[end..end + 8].try_into().ok()?)),
                 false => None,
             },
+            aes_gcm: b[6] & FEATURE_AES_GCM != 0,
         })
     }
 
@@ -354,6 +366,7 @@ mod tests {
             credits: None,
             weights: vec![1, 2],
             streams: None,
+            aes_gcm: false,
         }
     }
 
@@ -388,8 +401,15 @@ mod tests {
         assert_eq!(with.len(), b.len() + 8);
         assert_eq!(Settings::parse(&with), Some(s.clone()));
         let mut bad = with.clone();
-        bad[6] |= 2;
+        bad[6] |= 4;
         assert_eq!(Settings::parse(&bad), None);
+        // The AES-256-GCM bit: a flag, nothing after it.
+        s.aes_gcm = true;
+        let aes = s.to_vec();
+        assert_eq!(aes[6], FEATURE_STREAMS | FEATURE_AES_GCM);
+        assert_eq!(aes.len(), with.len());
+        assert_eq!(Settings::parse(&aes), Some(s.clone()));
+        s.aes_gcm = false;
         assert_eq!(Settings::parse(&with[..with.len() - 8]), None);
         let mut bad = with.clone();
         bad[6] = 0;
@@ -397,10 +417,11 @@ mod tests {
     }
 
     #[test]
-    fn streams_are_announced_and_need_not_match() {
+    fn streams_and_aes_are_announced_and_need_not_match() {
         let ours = base();
         let mut theirs = base();
         theirs.streams = Some(7);
+        theirs.aes_gcm = true;
         assert_eq!(ours.mismatch(&theirs), None);
     }
 
