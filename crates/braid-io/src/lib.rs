@@ -32,7 +32,7 @@ pub mod config;
 pub mod icmp;
 pub mod keys;
 pub mod logging;
-mod memory;
+pub mod memory;
 pub mod mss;
 pub mod node;
 pub mod node_flow;
