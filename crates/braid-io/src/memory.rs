@@ -15,7 +15,7 @@
 //! allocated and freed thousands of times a second, and glibc returned the free top of
 //! a heap to the system whenever it passed 128 KiB (`M_TRIM_THRESHOLD`), so the next
 //! chunks came back as fresh pages, each one a page fault: 46 000 a second for one TCP
-//! flow through the tunnel, 4.6 % of both ends' CPU samples. [`keep_freed_for_reuse`]
+//! flow through the tunnel, 4.6 % of both ends' CPU samples. [`tune_allocator`]
 //! raises that threshold to [`TRIM_THRESHOLD`] (1 200 faults a second in the same
 //! run); `give_back_freed` still returns everything free when called.
 
@@ -34,14 +34,25 @@ pub fn give_back_freed() {
 /// it to the system (docs/performance.md, "Page faults").
 pub const TRIM_THRESHOLD: usize = 32 << 20;
 
-/// Make the allocator keep up to [`TRIM_THRESHOLD`] of freed memory per heap for
-/// reuse (glibc's `M_TRIM_THRESHOLD`; nothing elsewhere). Called once at start.
-pub fn keep_freed_for_reuse() {
+/// Set the allocator's thresholds for braid's data path (glibc; nothing elsewhere).
+/// Called once at start, before any thread:
+///
+/// * keep up to [`TRIM_THRESHOLD`] of freed memory per heap for reuse
+///   (`M_TRIM_THRESHOLD`; above);
+/// * serve blocks of 128 KiB or more with their own `mmap`, always
+///   (`M_MMAP_THRESHOLD` at its default, instead of letting it rise). glibc raises it
+///   to the size of each such block freed (up to 32 MiB), after which the TCP
+///   terminator's 256 KiB socket buffers come from the heap arenas, and zeroing them
+///   there touches pages that an `mmap`ed block leaves untouched until used: 10 000
+///   idle terminated connections held 220 MiB, and 114 MiB with the threshold fixed
+///   (`docs/streams.md`, "Memory"). Setting either threshold stops glibc's raising.
+pub fn tune_allocator() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only sets a parameter of the allocator, under its lock; it has
     // no preconditions and an invalid value is refused (returns 0), not undefined.
     unsafe {
         libc::mallopt(libc::M_TRIM_THRESHOLD, TRIM_THRESHOLD as libc::c_int);
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
     }
 }
 
@@ -83,7 +94,7 @@ mod tests {
 
     #[test]
     fn chunks_freed_and_allocated_again_do_not_fault_in_fresh_pages() {
-        super::keep_freed_for_reuse();
+        super::tune_allocator();
         // What the data path does: 64 KiB chunks filled, all freed, more allocated.
         let round = || {
             let blocks: Vec<Vec<u8>> = (0..64).map(|i| vec![i as u8; 64 * 1024]).collect();

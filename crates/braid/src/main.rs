@@ -103,7 +103,7 @@ enum Command {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    braid_io::memory::keep_freed_for_reuse();
+    braid_io::memory::tune_allocator();
     logging::set_cli(cli.log.clone());
     let result = match cli.command {
         Command::Schedule(a) => cmd::schedule::run(a),

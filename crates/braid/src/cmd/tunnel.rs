@@ -71,22 +71,6 @@ pub(crate) async fn shutdown_signal() -> &'static str {
 }
 
 /// Run `braid tunnel`.
-/// Keep glibc's threshold for serving an allocation with its own `mmap` at its default
-/// (128 KiB) instead of letting it rise. glibc raises it to the size of each such block
-/// freed (up to 32 MiB), after which the TCP terminator's 256 KiB socket buffers come
-/// from the heap arenas, and zeroing them there touches pages that an `mmap`ed block
-/// leaves untouched until used: 10 000 idle terminated connections held 220 MiB, and
-/// 114 MiB with the threshold fixed (`docs/streams.md`, "Memory"). Elsewhere than
-/// glibc, nothing to do.
-fn fixed_mmap_threshold() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only sets an allocator parameter; called before the runtime's
-    // threads start.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
-    }
-}
-
 pub fn run(a: Args) -> Result<()> {
     let fc = FileConfig::load(&a.config)?;
     let Some(t) = fc.tunnel.clone() else {
@@ -96,7 +80,6 @@ pub fn run(a: Args) -> Result<()> {
         );
     };
     let logger = crate::logging::init(t.log_level.as_deref());
-    fixed_mmap_threshold();
     let peer_timeout = parse_timeout(&a.peer_timeout, "--peer-timeout")?;
     // `braid peer add`/`remove` ask for a reload through the control socket.
     let (reload_tx, reload_rx) = tokio::sync::mpsc::channel(4);
