@@ -130,6 +130,11 @@ struct Owd {
     mins: VecDeque<(Instant, i64)>,
     /// Bytes received per [`LOAD_BIN`], newest last: (bin start, bytes).
     load: VecDeque<(Instant, u64)>,
+    /// The bins of `load` that are the largest of every bin from them on, oldest (and
+    /// largest) first: the fullest bin of any window that ends now is the first of
+    /// these inside it. [`Owd::loaded`] runs for every packet delivered; a scan of the
+    /// 100 bins was 1.4 % of the tunnel's CPU samples at 5 Gbit/s.
+    peaks: VecDeque<(Instant, u64)>,
     /// Losses found behind a standing queue within the last [`LOSS_BURST_SPAN`]:
     /// (when, how many).
     losses: VecDeque<(Instant, u64)>,
@@ -178,13 +183,23 @@ const LOAD_SHARE: f64 = 0.5;
 impl Owd {
     /// `bytes` arrived on the channel at `now`.
     fn carried(&mut self, now: Instant, bytes: u64) {
-        match self.load.back_mut() {
-            Some((start, b)) if now.saturating_since(*start) < LOAD_BIN => *b += bytes,
+        let bin = match self.load.back_mut() {
+            Some((start, b)) if now.saturating_since(*start) < LOAD_BIN => {
+                *b += bytes;
+                // The current bin is the newest of `peaks`: it leaves to come back.
+                self.peaks.pop_back();
+                (*start, *b)
+            }
             _ => {
                 self.load.push_back((now, bytes));
                 self.forget_load(now);
+                (now, bytes)
             }
+        };
+        while self.peaks.back().is_some_and(|&(_, b)| b <= bin.1) {
+            self.peaks.pop_back();
         }
+        self.peaks.push_back(bin);
     }
 
     /// Drop the bins that started more than [`LOAD_WINDOW`] before `now`.
@@ -195,6 +210,13 @@ impl Owd {
             .is_some_and(|(start, _)| now.saturating_since(*start) > LOAD_WINDOW)
         {
             self.load.pop_front();
+        }
+        while self
+            .peaks
+            .front()
+            .is_some_and(|(start, _)| now.saturating_since(*start) > LOAD_WINDOW)
+        {
+            self.peaks.pop_front();
         }
     }
 
@@ -207,12 +229,10 @@ impl Owd {
             return true;
         }
         let peak = self
-            .load
+            .peaks
             .iter()
-            .filter(|(start, _)| now.saturating_since(*start) <= LOAD_WINDOW)
-            .map(|(_, b)| *b)
-            .max()
-            .unwrap_or(0);
+            .find(|(start, _)| now.saturating_since(*start) <= LOAD_WINDOW)
+            .map_or(0, |&(_, b)| b);
         let need = (peak as f64 * LOAD_SHARE) as u64;
         let mut bins = self.load.iter().rev();
         match bins.next() {
@@ -767,6 +787,62 @@ mod tests {
         assert_eq!(q[1] & 3, 2);
         assert_eq!(a.stats(ms(54)).loss_signals, 1);
         assert_eq!(a.stats(ms(54)).ce_marks, 1);
+    }
+
+    /// [`Owd::loaded`] as it was: the peak by a scan of every bin in the window.
+    fn loaded_by_scan(o: &Owd, now: Instant) -> bool {
+        if o.load.is_empty() {
+            return true;
+        }
+        let peak = o
+            .load
+            .iter()
+            .filter(|(start, _)| now.saturating_since(*start) <= LOAD_WINDOW)
+            .map(|(_, b)| *b)
+            .max()
+            .unwrap_or(0);
+        let need = (peak as f64 * LOAD_SHARE) as u64;
+        let mut bins = o.load.iter().rev();
+        match bins.next() {
+            Some((start, b)) if now.saturating_since(*start) < LOAD_BIN => {
+                *b >= need
+                    || bins.next().is_some_and(|(s, b)| {
+                        start.saturating_since(*s) <= LOAD_BIN + LOAD_BIN && *b >= need
+                    })
+            }
+            Some((start, b)) => now.saturating_since(*start) < LOAD_BIN + LOAD_BIN && *b >= need,
+            None => false,
+        }
+    }
+
+    #[test]
+    fn the_kept_peaks_give_what_a_scan_of_the_bins_gives() {
+        // Bursts, pauses longer than the window, rising and falling loads: the answer
+        // at every step (and between arrivals) is the scan's.
+        let mut o = Owd::default();
+        let mut x = 12345u64;
+        let mut t = 0u64;
+        let mut loaded = 0;
+        for step in 0..200_000u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            t += match x % 1000 {
+                0 => 11_000_000,   // quiet for longer than the window
+                1..=20 => 150_000, // a bin or more without data
+                _ => x % 700,
+            };
+            let phase = (step / 20_000) % 4;
+            let bytes = 100 + (x >> 20) % (500 * (phase + 1));
+            o.carried(Instant::from_micros(t), bytes);
+            for later in [0, 120_000, 250_000] {
+                let now = Instant::from_micros(t + later);
+                assert_eq!(o.loaded(now), loaded_by_scan(&o, now), "step {step}");
+                loaded += usize::from(o.loaded(now));
+            }
+            assert!(o.peaks.len() <= o.load.len());
+        }
+        assert!(loaded > 1000, "the test saw loaded channels");
     }
 
     #[test]

@@ -466,6 +466,13 @@ impl LinkReceiver {
         }
     }
 
+    /// Nothing missing and nothing held: [`LinkReceiver::release`] and
+    /// [`LinkReceiver::requests`] have nothing to do (the common case, checked for
+    /// every datagram received).
+    pub fn is_quiet(&self) -> bool {
+        self.missing.is_empty() && self.held.is_empty()
+    }
+
     /// Counters to ask for now (at most `max` per request), each asked again
     /// `every` later while still missing: `(key, counters)`.
     pub fn requests(&mut self, now: Instant, every: Duration, max: usize) -> Vec<(u32, Vec<u64>)> {

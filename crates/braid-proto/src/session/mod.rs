@@ -1528,6 +1528,9 @@ impl Session {
             return;
         }
         for lost in 0..self.n {
+            if self.arq_rx[lost].is_quiet() {
+                continue;
+            }
             // Not on the channel that lost it (its queue may be what overflowed).
             let via = self.repair_path(lost);
             // Its base round trip, not the smoothed one a standing queue inflates; and
