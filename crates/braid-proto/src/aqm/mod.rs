@@ -220,6 +220,14 @@ impl Owd {
         }
     }
 
+    /// The fullest bin of the [`LOAD_WINDOW`] that ends at `now` (0 if none).
+    fn peak(&self, now: Instant) -> u64 {
+        self.peaks
+            .iter()
+            .find(|(start, _)| now.saturating_since(*start) <= LOAD_WINDOW)
+            .map_or(0, |&(_, b)| b)
+    }
+
     /// Whether the channel is loaded at `now`: the last whole bin (or the current
     /// one, once it alone reaches it) carried at least [`LOAD_SHARE`] of the fullest
     /// bin of the last [`LOAD_WINDOW`]. Without any count ([`Aqm::on_bytes`] never
@@ -228,12 +236,7 @@ impl Owd {
         if self.load.is_empty() {
             return true;
         }
-        let peak = self
-            .peaks
-            .iter()
-            .find(|(start, _)| now.saturating_since(*start) <= LOAD_WINDOW)
-            .map_or(0, |&(_, b)| b);
-        let need = (peak as f64 * LOAD_SHARE) as u64;
+        let need = (self.peak(now) as f64 * LOAD_SHARE) as u64;
         let mut bins = self.load.iter().rev();
         match bins.next() {
             // The current bin, still filling.
@@ -789,30 +792,14 @@ mod tests {
         assert_eq!(a.stats(ms(54)).ce_marks, 1);
     }
 
-    /// [`Owd::loaded`] as it was: the peak by a scan of every bin in the window.
-    fn loaded_by_scan(o: &Owd, now: Instant) -> bool {
-        if o.load.is_empty() {
-            return true;
-        }
-        let peak = o
-            .load
+    /// The window's peak as [`Owd::loaded`] once found it: a scan of every bin.
+    fn peak_by_scan(o: &Owd, now: Instant) -> u64 {
+        o.load
             .iter()
             .filter(|(start, _)| now.saturating_since(*start) <= LOAD_WINDOW)
             .map(|(_, b)| *b)
             .max()
-            .unwrap_or(0);
-        let need = (peak as f64 * LOAD_SHARE) as u64;
-        let mut bins = o.load.iter().rev();
-        match bins.next() {
-            Some((start, b)) if now.saturating_since(*start) < LOAD_BIN => {
-                *b >= need
-                    || bins.next().is_some_and(|(s, b)| {
-                        start.saturating_since(*s) <= LOAD_BIN + LOAD_BIN && *b >= need
-                    })
-            }
-            Some((start, b)) => now.saturating_since(*start) < LOAD_BIN + LOAD_BIN && *b >= need,
-            None => false,
-        }
+            .unwrap_or(0)
     }
 
     #[test]
@@ -837,7 +824,7 @@ mod tests {
             o.carried(Instant::from_micros(t), bytes);
             for later in [0, 120_000, 250_000] {
                 let now = Instant::from_micros(t + later);
-                assert_eq!(o.loaded(now), loaded_by_scan(&o, now), "step {step}");
+                assert_eq!(o.peak(now), peak_by_scan(&o, now), "step {step}");
                 loaded += usize::from(o.loaded(now));
             }
             assert!(o.peaks.len() <= o.load.len());

@@ -185,6 +185,13 @@ pub fn plausible_counter(top: u64, counter: u64) -> bool {
 /// Start a new handshake once a channel's counter passes this (about 36 minutes of
 /// a channel at a million datagrams a second; `rekey_after` comes long before).
 pub const REKEY_AFTER_COUNT: u64 = 1 << 31;
+/// With AES-256-GCM, start a new handshake once a key sealed this many datagrams on all
+/// channels together: 2^27 datagrams of at most 94 AES blocks (1500 bytes) are 2^33.6
+/// blocks, within the 2^34.5 that TLS 1.3 allows an AES-GCM key (RFC 8446, 5.5: a
+/// margin of about 2^-57). ChaCha20-Poly1305 needs no such limit. At half a million
+/// datagrams a second it is four and a half minutes; `rekey_after` (2 minutes by
+/// default) mostly comes first.
+pub const AES_GCM_REKEY_AFTER_TOTAL: u64 = 1 << 27;
 /// Never seal with a counter at or beyond this (a new handshake is overdue): the
 /// envelope carries the counter in 32 bits (`wire::secure`), so no counter a key seals
 /// with is ever cut short, and no nonce repeats.
@@ -1688,7 +1695,13 @@ impl Crypto {
                     .last_heard
                     .is_some_and(|l| now - l >= REHANDSHAKE_AFTER_SILENCE)
                     && age >= REHANDSHAKE_AFTER_SILENCE;
-                age >= limit || silent || k.counters.iter().any(|&c| c >= REKEY_AFTER_COUNT)
+                let worn = match k.cipher {
+                    Cipher::Aes256Gcm => {
+                        k.counters.iter().sum::<u64>() >= AES_GCM_REKEY_AFTER_TOTAL
+                    }
+                    Cipher::ChaCha20Poly1305 => false,
+                };
+                age >= limit || silent || worn || k.counters.iter().any(|&c| c >= REKEY_AFTER_COUNT)
             }
         }
     }
@@ -2841,6 +2854,28 @@ mod tests {
         );
     }
 
+    #[test]
+    fn an_aes_gcm_key_is_replaced_after_its_total_count_a_chacha_key_is_not() {
+        for (aes, want) in [(true, true), (false, false)] {
+            let s = Duration::from_secs(120);
+            let end = |seed: u8| {
+                let mut set = settings(2);
+                set.aes_gcm = aes;
+                Crypto::new(SecurityMode::Encrypt, psk_keys(), s, set, [seed; 32]).unwrap()
+            };
+            let (mut a, mut b) = (end(1), end(2));
+            handshake(&mut a, &mut b, Instant::ZERO);
+            assert!(!a.due(Instant::ZERO));
+            // Half on each channel: neither is near REKEY_AFTER_COUNT.
+            let k = a.current.as_mut().unwrap();
+            k.counters[0] = AES_GCM_REKEY_AFTER_TOTAL / 2;
+            k.counters[1] = AES_GCM_REKEY_AFTER_TOTAL / 2 - 1;
+            assert!(!a.due(Instant::ZERO));
+            a.current.as_mut().unwrap().counters[1] += 1;
+            assert_eq!(a.due(Instant::ZERO), want, "AES-256-GCM: {aes}");
+        }
+    }
+
     fn at(ms: u64) -> Instant {
         Instant::ZERO + Duration::from_millis(ms)
     }
@@ -3292,24 +3327,31 @@ mod tests {
 
     #[test]
     fn auth_mode_leaves_the_body_readable_and_protects_it() {
-        let s = Duration::from_secs(120);
-        let mut a = Crypto::new(SecurityMode::Auth, psk_keys(), s, settings(1), [1; 32]).unwrap();
-        let mut b = Crypto::new(SecurityMode::Auth, psk_keys(), s, settings(1), [2; 32]).unwrap();
-        let init = a.initiation(Instant::ZERO).unwrap();
-        let resp = b.on_handshake(Instant::ZERO, 0, &init).reply.unwrap();
-        a.on_handshake(Instant::ZERO, 0, &resp);
-        let d = a.seal(Instant::ZERO, 0, &[b"visible text"], false).unwrap();
-        assert_eq!(&d[HEADER_LEN..HEADER_LEN + 12], b"visible text");
-        let mut t = d.to_vec();
-        t[HEADER_LEN] ^= 1;
-        assert_eq!(
-            b.open(Instant::ZERO, 0, &Bytes::from(t)),
-            Err(Reject::BadTag)
-        );
-        assert_eq!(
-            &b.open(Instant::ZERO, 0, &d).unwrap().0[..],
-            b"visible text"
-        );
+        // With either cipher (AES-256-GCM: GMAC over the whole datagram).
+        for aes in [false, true] {
+            let s = Duration::from_secs(120);
+            let mut set = settings(1);
+            set.aes_gcm = aes;
+            let mut a =
+                Crypto::new(SecurityMode::Auth, psk_keys(), s, set.clone(), [1; 32]).unwrap();
+            let mut b = Crypto::new(SecurityMode::Auth, psk_keys(), s, set, [2; 32]).unwrap();
+            let init = a.initiation(Instant::ZERO).unwrap();
+            let resp = b.on_handshake(Instant::ZERO, 0, &init).reply.unwrap();
+            a.on_handshake(Instant::ZERO, 0, &resp);
+            assert_eq!(a.cipher().unwrap() == Cipher::Aes256Gcm, aes);
+            let d = a.seal(Instant::ZERO, 0, &[b"visible text"], false).unwrap();
+            assert_eq!(&d[HEADER_LEN..HEADER_LEN + 12], b"visible text");
+            let mut t = d.to_vec();
+            t[HEADER_LEN] ^= 1;
+            assert_eq!(
+                b.open(Instant::ZERO, 0, &Bytes::from(t)),
+                Err(Reject::BadTag)
+            );
+            assert_eq!(
+                &b.open(Instant::ZERO, 0, &d).unwrap().0[..],
+                b"visible text"
+            );
+        }
     }
 
     #[test]

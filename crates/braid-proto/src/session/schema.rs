@@ -342,6 +342,21 @@ fn opt(d: Dur) -> Option<Duration> {
 }
 
 impl SessionSettings {
+    /// Whether this end asks the peer for AES-256-GCM (`cipher`).
+    fn asks_for_aes(&self) -> Result<bool, SettingError> {
+        match self.cipher.trim() {
+            "auto" => Ok(super::crypto::aes_hardware()),
+            "chacha20-poly1305" => Ok(false),
+            "aes-256-gcm" => Ok(true),
+            other => Err(bad(
+                "cipher",
+                format!(
+                    "unknown cipher '{other}': expected auto, chacha20-poly1305 or aes-256-gcm"
+                ),
+            )),
+        }
+    }
+
     /// Apply every setting but the keys to `cfg` (whose channels, datagram size and
     /// pacing rates are set): the values, then each concern's configuration, then the
     /// session's own checks. `cfg.pacing` must already say which channels are paced:
@@ -354,19 +369,7 @@ impl SessionSettings {
             ));
         }
         cfg.security = self.security;
-        cfg.aes_gcm = match self.cipher.trim() {
-            "auto" => super::crypto::aes_hardware(),
-            "chacha20-poly1305" => false,
-            "aes-256-gcm" => true,
-            other => {
-                return Err(bad(
-                    "cipher",
-                    format!(
-                        "unknown cipher '{other}': expected auto, chacha20-poly1305 or aes-256-gcm"
-                    ),
-                ))
-            }
-        };
+        cfg.aes_gcm = self.asks_for_aes()?;
         if self.rekey_after.0 < Duration::from_secs(1) {
             return Err(bad("rekey_after", "must be at least 1s"));
         }
