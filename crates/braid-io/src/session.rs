@@ -2629,7 +2629,11 @@ impl Driver {
                     count,
                 } => self.log_settings_mismatch(mismatch, answer, count),
                 Event::PeerHeard => info!(
-                    "peer heard; data sealed with {}",
+                    "peer heard; {} sealed with {}",
+                    match self.cfg.core.security {
+                        machine::SecurityMode::None => "control (data bare)",
+                        _ => "data",
+                    },
                     self.machine.cipher().map_or("?", Cipher::name)
                 ),
                 e @ (Event::PeerRestarted
