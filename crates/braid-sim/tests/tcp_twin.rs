@@ -431,10 +431,14 @@ fn measured_rates_pace_a_bond_whose_rates_nobody_configured() {
     // slow start before adaptive pacing has seen them, and the flow leaves it early.
     // Measured too, each channel is paced at the lower of the two from the start.
     // (Measured: nominal 15.96, nominal and measured 27.43 Mbit/s.)
-    assert_eq!(
-        q(3),
-        m,
-        "the lower of nominal and measured is the measured rate"
+    // (The quanta also follow what each channel sends outside the stripe, measured
+    // over each step, so the two runs' may differ by a few bytes.)
+    let n = q(3);
+    assert!(
+        n.iter()
+            .zip(&m)
+            .all(|(a, b)| (f64::from(*a) / f64::from(*b) - 1.0).abs() < 0.01),
+        "the lower of nominal and measured is the measured rate: {n:?} against {m:?}"
     );
     assert!(
         nominal_measured > 1.3 * nominal,

@@ -84,6 +84,10 @@ pub(super) struct Chan {
     pub fb_tx: super::feedback::Estimator,
     /// Is it a net cost (`super::demote`)?
     pub demote: super::demote::ChanDemote,
+    /// Bytes and datagrams sent on it outside the stripe's quanta (markers, control,
+    /// repairs, flow datagrams, probes): adaptive pacing gives the stripe the rest of
+    /// its rate (`session::adapt`).
+    pub unstriped: (u64, u64),
 }
 
 impl Chan {
@@ -99,6 +103,7 @@ impl Chan {
             fb_rx: Default::default(),
             fb_tx: Default::default(),
             demote: super::demote::ChanDemote::new(now),
+            unstriped: (0, 0),
         }
     }
 }

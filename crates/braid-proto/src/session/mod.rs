@@ -1796,6 +1796,8 @@ impl Session {
         let est: Vec<_> = self.chans.iter().map(|c| c.fb_tx.estimate()).collect();
         let max_packet = self.tx.striper.config().max_packet;
         let stale_after = self.cfg.heartbeat + self.cfg.heartbeat + self.cfg.heartbeat;
+        let unstriped: Vec<_> = self.chans.iter().map(|c| c.unstriped).collect();
+        a.unstriped(now, &unstriped);
         if let Some(q) = a.step(now, &self.tx.members, &est, max_packet, stale_after) {
             if self.tx.switching.is_none() {
                 // Refused only if the quanta do not fit the striper: then keep the old.
@@ -1985,6 +1987,10 @@ impl Session {
         }
         if let Some(pc) = &mut self.pacer {
             pc.charge(self.clock, c, bytes.len());
+        }
+        if kind != DatagramKind::Data {
+            let u = &mut self.chans[c].unstriped;
+            *u = (u.0 + bytes.len() as u64, u.1 + 1);
         }
         self.out.push_back(Transmit {
             channel: c,
