@@ -5,7 +5,7 @@
 //! the security envelope of its `security` mode and the mode's header); less the inner
 //! IPv4 and TCP headers with the options Linux puts on every data segment, or, where
 //! the tunnel carries TCP as streams (its default with paced channels), less the
-//! stream DATA frame's header instead.
+//! stream's short DATA frame header instead.
 
 use std::collections::BTreeMap;
 
@@ -86,7 +86,8 @@ impl Payload {
 
 /// Inner TCP payload per datagram of the tunnel that `config` (a `braid tunnel`
 /// configuration) sets up: its TUN device's MTU (the bond's largest packet) less the
-/// inner headers, or, with TCP carried as streams, less a DATA frame's header.
+/// inner headers, or, with TCP carried as streams, less a short DATA frame's header (a
+/// stream numbered below 2^24, as the bench's are, sends short DATA).
 pub fn braid_payload(config: &str) -> Result<u32, LabError> {
     let bad = |reason: String| LabError::Command {
         cmd: "the bench's tunnel configuration".into(),
@@ -98,7 +99,7 @@ pub fn braid_payload(config: &str) -> Result<u32, LabError> {
     let mtu = braid_io::tunnel::tun_mtu(&t, &fc.session);
     let streams = fc.session.core.streams.is_some() || fc.session.tcp_streams_auto.is_some();
     Ok(match streams {
-        true => mtu.saturating_sub(braid_proto::wire::stream::DATA_HEADER_LEN as u32),
+        true => mtu.saturating_sub(braid_proto::wire::stream::SHORT_DATA_HEADER_LEN as u32),
         false => mtu.saturating_sub(INNER_TCP_HEADERS),
     })
 }
@@ -162,15 +163,15 @@ mod tests {
         assert_eq!(Payload::from_json(&p.to_json()), Some(p));
     }
 
-    /// With the defaults (channels paced) TCP crosses as streams: a DATA frame's 12
-    /// bytes of header in place of the inner 52, so 1434 bytes of the connection's
+    /// With the defaults (channels paced) TCP crosses as streams: a short DATA frame's
+    /// 8 bytes of header in place of the inner 52, so 1438 bytes of the connection's
     /// payload per datagram, against 1424 for MPTCP and 1448 for plain TCP.
     #[test]
     fn payload_with_tcp_as_streams_is_the_bond_packet_less_the_data_header() {
         let p = Payload::of(&options(&["logical", "seq"], None)).unwrap();
-        assert_eq!(p.braid["logical"], 1500 - 28 - 26 - 12);
-        assert_eq!(p.braid["logical"], 1434);
-        assert_eq!(p.braid["seq"], 1434 - 5);
+        assert_eq!(p.braid["logical"], 1500 - 28 - 26 - 8);
+        assert_eq!(p.braid["logical"], 1438);
+        assert_eq!(p.braid["seq"], 1438 - 5);
         let mut off = options(&["logical"], None);
         off.pace = Pace::Off;
         assert_eq!(Payload::of(&off).unwrap().braid["logical"], 1394);

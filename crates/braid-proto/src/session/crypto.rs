@@ -2787,30 +2787,34 @@ mod tests {
     #[test]
     fn a_handshake_of_another_version_is_named_at_both_ends() {
         // An older braid's initiation (handshake version 2, whose keys sealed with a
-        // 16-byte header): refused, and said so in words, not only counted.
-        let (mut a, mut b) = pair(psk_keys(), psk_keys());
-        let mut init = a.initiation(Instant::ZERO).unwrap().to_vec();
-        init[1] = 2;
-        let o = b.on_handshake(Instant::ZERO, 0, &Bytes::from(init));
-        assert!(o.established.is_none() && o.reply.is_none());
-        let (f, count) = o.failure.unwrap();
-        assert_eq!(
-            (f, count),
-            (
-                HandshakeFailure::OtherVersion {
-                    theirs: 2,
-                    answer: false
-                },
-                1
-            )
-        );
-        assert!(!f.is_answer());
-        let said = f.to_string();
-        assert!(
-            said.contains("version 2") && said.contains("upgrade"),
-            "{said}"
-        );
-        assert_eq!(b.failed_on(0), 1);
+        // 16-byte header; version 5, before the short stream DATA frame): refused, and
+        // said so in words, not only counted.
+        for old in [2, 5] {
+            let (mut a, mut b) = pair(psk_keys(), psk_keys());
+            let mut init = a.initiation(Instant::ZERO).unwrap().to_vec();
+            init[1] = old;
+            let o = b.on_handshake(Instant::ZERO, 0, &Bytes::from(init));
+            assert!(o.established.is_none() && o.reply.is_none());
+            let (f, count) = o.failure.unwrap();
+            assert_eq!(
+                (f, count),
+                (
+                    HandshakeFailure::OtherVersion {
+                        theirs: old,
+                        answer: false
+                    },
+                    1
+                )
+            );
+            assert!(!f.is_answer());
+            let said = f.to_string();
+            assert!(
+                said.contains(&format!("version {old}, this braid speaks 6"))
+                    && said.contains("upgrade"),
+                "{said}"
+            );
+            assert_eq!(b.failed_on(0), 1);
+        }
         // A response of another version reaches the initiator as an answer.
         let (mut a, mut b) = pair(psk_keys(), psk_keys());
         let init = a.initiation(Instant::ZERO).unwrap();

@@ -23,7 +23,7 @@ use bytes::Bytes;
 use super::Session;
 use crate::stream::{Lane, Streams};
 use crate::time::Instant;
-use crate::wire::stream::{is_frame, TYPE_DATA};
+use crate::wire::stream::{is_data, is_frame};
 
 /// Frames held in the transmit queue at most: more wait in their streams, where a
 /// reader's credit still governs them.
@@ -77,7 +77,7 @@ impl Session {
                 self.counters.sent_packets += 1;
                 self.counters.sent_bytes += f.len() as u64;
                 self.active(now);
-                let data = f[0] == TYPE_DATA;
+                let data = is_data(&f);
                 if lane == Lane::Stripe || !self.stream_frame_out(&f, data) {
                     self.stripe_in(now, f);
                 } else if data {

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use super::state::{Ctrl, Phase, Stream, Tomb};
 use super::{Refusal, StreamEvent, StreamId, Streams};
 use crate::time::Instant;
-use crate::wire::stream::{Ack, OpenCode, Repr, ResetReason, WireId};
+use crate::wire::stream::{Ack, DataOffset, OpenCode, Repr, ResetReason, WireId};
 
 /// The stream a frame names, as this end names it.
 fn local(w: WireId) -> StreamId {
@@ -136,9 +136,22 @@ impl Streams {
 
     /// Bytes of a stream. DATA on a stream we are still opening means the peer
     /// accepted it (its OPEN_RESULT is late or lost; the OPEN goes on until one comes).
-    fn on_data(&mut self, now: Instant, id: StreamId, off: u64, fin: bool, rtx: bool, data: &[u8]) {
+    /// A short DATA's offset is expanded around the stream's cumulative point.
+    fn on_data(
+        &mut self,
+        now: Instant,
+        id: StreamId,
+        off: DataOffset,
+        fin: bool,
+        rtx: bool,
+        data: &[u8],
+    ) {
         let Some(s) = self.map.get_mut(&id) else {
             self.stray_data(id);
+            return;
+        };
+        let Ok(off) = off.resolve(s.recv.nxt, data.len()) else {
+            self.stats.malformed += 1;
             return;
         };
         match s.phase {

@@ -105,6 +105,12 @@ pub struct StreamId {
     pub n: u32,
 }
 
+/// The largest receive window of a stream (1 GiB, [`StreamConfig::window`]): a short
+/// DATA frame carries the low 32 bits of its offset, which its receiver expands to the
+/// offset nearest its cumulative point, right as long as no frame is more than 2^31
+/// bytes away from it ([`crate::wire::stream::expand_offset`]).
+pub const MAX_WINDOW: u32 = 1 << 30;
+
 /// Settings of [`Streams`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StreamConfig {
@@ -112,7 +118,8 @@ pub struct StreamConfig {
     /// is granted beyond what its application read. It must cover the bond's rate
     /// times the stream's round trip (the slowest channel's, with its queue and the
     /// resequencing wait): 1 MiB held one flow at 100 Mbit/s on the lab's
-    /// 5/20/60 ms links, whose sum is 170.
+    /// 5/20/60 ms links, whose sum is 170. At most [`MAX_WINDOW`] (a larger one is
+    /// taken as that).
     pub window: u32,
     /// All streams' receive buffers together, bytes (default 128 MiB).
     pub pool: u64,

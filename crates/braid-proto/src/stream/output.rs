@@ -8,8 +8,8 @@ use super::state::{Ctrl, Q_ACK, Q_DATA, Q_RTX};
 use super::{StreamId, Streams};
 use crate::time::Instant;
 use crate::wire::stream::{
-    emit_data_header, Ack, OpenCode, Repr, Sack, WireId, ACK_MIN_LEN, DATA_HEADER_LEN, MAX_SACK,
-    SACK_RANGE_LEN,
+    data_header_len, emit_data_header, Ack, OpenCode, Repr, Sack, WireId, ACK_MIN_LEN, MAX_SACK,
+    SACK_RANGE_LEN, SHORT_DATA_HEADER_LEN,
 };
 
 /// The stream as the frame's receiver will read it (we are the frame's sender).
@@ -26,12 +26,20 @@ fn limit32(l: u64) -> u32 {
     l.min(u32::MAX as u64) as u32
 }
 
-/// A DATA frame of `send`'s bytes.
+/// A DATA frame of `send`'s bytes, short unless the stream's number is too large for
+/// it (`wire::stream::data_header_len`).
 fn data_frame(id: StreamId, send: &SendSide, out: Out, rtx: bool) -> Bytes {
-    let mut v = vec![0u8; DATA_HEADER_LEN + out.len as usize];
+    let h = data_header_len(wire(id));
+    let mut v = vec![0u8; h + out.len as usize];
     emit_data_header(&mut v, wire(id), out.off, out.fin, rtx);
-    send.copy(out.off, &mut v[DATA_HEADER_LEN..]);
+    send.copy(out.off, &mut v[h..]);
     Bytes::from(v)
+}
+
+/// Bytes of stream `id`'s data a frame of at most `len` bytes holds; `None` if not
+/// even its header fits.
+fn data_room(id: StreamId, len: usize) -> Option<u64> {
+    len.checked_sub(data_header_len(wire(id))).map(|r| r as u64)
 }
 
 impl Streams {
@@ -50,10 +58,10 @@ impl Streams {
             return Some((f, Lane::Fast));
         }
         // A fast frame is never larger than a stripe one.
-        let fast_room = fast_len.min(max_len).saturating_sub(DATA_HEADER_LEN) as u64;
-        let sent = match self.poll_rtx(now, max_len, fast_room) {
+        let fast_len = fast_len.min(max_len);
+        let sent = match self.poll_rtx(now, max_len, fast_len) {
             Some(x) => Some(x),
-            None => self.poll_new(now, max_len, fast_room),
+            None => self.poll_new(now, max_len, fast_len),
         };
         let (f, lane) = sent?;
         if lane == Lane::Fast {
@@ -159,15 +167,22 @@ impl Streams {
     }
 
     /// The next retransmission, round robin over the streams with frames lost; on
-    /// the fast lane (at most `fast_room` bytes) if its stream is on it.
-    fn poll_rtx(&mut self, now: Instant, max_len: usize, fast_room: u64) -> Option<(Bytes, Lane)> {
-        let room = max_len.checked_sub(DATA_HEADER_LEN)? as u64;
+    /// the fast lane (a frame of at most `fast_len` bytes) if its stream is on it.
+    fn poll_rtx(&mut self, now: Instant, max_len: usize, fast_len: usize) -> Option<(Bytes, Lane)> {
+        if max_len < SHORT_DATA_HEADER_LEN {
+            return None;
+        }
         for _ in 0..self.rtx_q.len() {
             let id = self.rtx_q.pop_front()?;
             let Some(s) = self.map.get_mut(&id) else {
                 continue;
             };
             s.queued &= !Q_RTX;
+            let Some(room) = data_room(id, max_len) else {
+                self.touch(now, id);
+                continue;
+            };
+            let fast_room = data_room(id, fast_len).unwrap_or(0);
             let fast = s.lane.on && fast_room > 0;
             let room = if fast { fast_room } else { room };
             let Some(out) = s.send.next_rtx(now, self.tx, room, fast) else {
@@ -186,15 +201,22 @@ impl Streams {
     }
 
     /// The next new data (or FIN, or probe), round robin over the streams; on the
-    /// fast lane (at most `fast_room` bytes) if its stream sends little.
-    fn poll_new(&mut self, now: Instant, max_len: usize, fast_room: u64) -> Option<(Bytes, Lane)> {
-        let room = max_len.checked_sub(DATA_HEADER_LEN)? as u64;
+    /// fast lane (a frame of at most `fast_len` bytes) if its stream sends little.
+    fn poll_new(&mut self, now: Instant, max_len: usize, fast_len: usize) -> Option<(Bytes, Lane)> {
+        if max_len < SHORT_DATA_HEADER_LEN {
+            return None;
+        }
         for _ in 0..self.data_q.len() {
             let id = self.data_q.pop_front()?;
             let Some(s) = self.map.get_mut(&id) else {
                 continue;
             };
             s.queued &= !Q_DATA;
+            let Some(room) = data_room(id, max_len) else {
+                self.touch(now, id);
+                continue;
+            };
+            let fast_room = data_room(id, fast_len).unwrap_or(0);
             let mut fast = false;
             let out = if s.can_send_new() {
                 let backlog = s.send.written - s.send.nxt;

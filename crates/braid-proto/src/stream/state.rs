@@ -9,7 +9,7 @@ use super::lane::FastLane;
 use super::recv::{Pool, RecvSide};
 use super::rtt::backoff;
 use super::send::SendSide;
-use super::{Refusal, StreamEvent, StreamId, Streams};
+use super::{Refusal, StreamEvent, StreamId, Streams, MAX_WINDOW};
 use crate::time::{Duration, Instant};
 use crate::wire::stream::{OpenCode, ResetReason};
 
@@ -218,16 +218,21 @@ impl Streams {
         }
     }
 
+    /// The window of one stream: the configured one, within 1 and [`MAX_WINDOW`].
+    pub(super) fn window(&self) -> u64 {
+        self.cfg.window.clamp(1, MAX_WINDOW) as u64
+    }
+
     /// The smallest window (never above the window).
     pub(super) fn min_window(&self) -> u64 {
-        self.cfg.min_window.min(self.cfg.window.max(1)) as u64
+        (self.cfg.min_window as u64).min(self.window())
     }
 
     /// The pool's numbers now. The fair share divides the pool among the receiving
     /// streams, less `min_window` kept for each stream that does not receive yet.
     pub(super) fn pool(&self) -> Pool {
         let min = self.min_window();
-        let window = (self.cfg.window as u64).max(min);
+        let window = self.window();
         let idle = (self.map.len() - self.receiving) as u64;
         let rest = self.cfg.pool.saturating_sub(idle.saturating_mul(min));
         let share = rest / self.receiving.max(1) as u64;

@@ -91,8 +91,9 @@ pub const VERSION: u8 = 2;
 /// ends that could not read each other's datagrams do not complete a handshake; 4: flow
 /// datagrams may carry ordered domains, which an end of version 3 drops as malformed;
 /// 5: the settings block may carry the AES-256-GCM feature bit, which an end of version
-/// 4 cannot read).
-pub const HS_VERSION: u8 = 5;
+/// 4 cannot read; 6: streams send the short DATA frame (`wire::stream`, types 8 to 15),
+/// which an end of version 5 drops as malformed).
+pub const HS_VERSION: u8 = 6;
 /// Length of mac1 and mac2.
 pub const MAC_LEN: usize = 16;
 /// Length of a cookie reply.
@@ -515,7 +516,7 @@ mod tests {
             mac2: [2; MAC_LEN],
         };
         let b = i.to_vec();
-        assert_eq!(b[..10], [0xBA, 5, 0, 0, 0, 0, 0, 7, 9, 9]);
+        assert_eq!(b[..10], [0xBA, 6, 0, 0, 0, 0, 0, 7, 9, 9]);
         assert_eq!(b[10..26], [1; 16]);
         assert_eq!(b[26..], [2; 16]);
         assert_eq!(Handshake::parse(&b), Ok(i));
@@ -546,7 +547,7 @@ mod tests {
         assert_eq!(b.len(), REJECT_LEN);
         assert_eq!(
             &b[..12],
-            [0xBB, 5, 1, 1, 0, 0, 0, 0, 0x0A, 0x0B, 0x0C, 0x0D]
+            [0xBB, 6, 1, 1, 0, 0, 0, 0, 0x0A, 0x0B, 0x0C, 0x0D]
         );
         assert_eq!(Handshake::parse(&b), Ok(j));
         assert!(Handshake::parse(&b[..REJECT_LEN - 1]).is_err());
@@ -557,7 +558,7 @@ mod tests {
             mac1: [4; MAC_LEN],
         };
         let b = r.to_vec();
-        assert_eq!(b[..13], [0xBB, 5, 0, 0, 0, 0, 0, 1, 0, 0, 0, 2, 3]);
+        assert_eq!(b[..13], [0xBB, 6, 0, 0, 0, 0, 0, 1, 0, 0, 0, 2, 3]);
         assert_eq!(b[13..], [4; 16]);
         assert_eq!(Handshake::parse(&b), Ok(r));
         assert_eq!(mac_offsets(b[0], b.len()), Some((13, None)));
@@ -565,7 +566,7 @@ mod tests {
             let _ = Handshake::parse(&b[..n]);
         }
         assert_eq!(
-            Handshake::parse(&[0xBB, 5, 0, 0, 0, 0, 0, 1]),
+            Handshake::parse(&[0xBB, 6, 0, 0, 0, 0, 0, 1]),
             Err(SecureError::Truncated)
         );
     }
@@ -579,7 +580,7 @@ mod tests {
         };
         let b = c.to_vec();
         assert_eq!(b.len(), COOKIE_REPLY_LEN);
-        assert_eq!(b[..8], [0xBB, 5, 2, 0, 1, 2, 3, 4]);
+        assert_eq!(b[..8], [0xBB, 6, 2, 0, 1, 2, 3, 4]);
         assert_eq!(b[8..32], [7; 24]);
         assert_eq!(b[32..], [8; 32]);
         assert_eq!(Handshake::parse(&b), Ok(c));

@@ -6,9 +6,11 @@
 //! A frame travels in the stripe like an inner IP packet, so its first byte (the frame
 //! type) is in `0x01..=0x0F`: its high nibble is 0, which no IPv4 (`0x4_`) or IPv6
 //! (`0x6_`) packet and none of braid's control codepoints (`0xB_`) can have. Use
-//! [`is_frame`] to route a datagram's payload. Types 7 to 15 are reserved (a frame of
-//! such a type is malformed). There is no version byte: the session's handshake already
-//! refuses a peer of another wire format, and the DATA header stays at 12 bytes.
+//! [`is_frame`] to route a datagram's payload. Types 8 to 15 are the short DATA frame
+//! (its flags in the type's low three bits); type 7 is reserved (a frame of it is
+//! malformed). There is no version byte: the session's handshake already refuses a peer
+//! of another wire format (handshake version 6 brought the short DATA frame, which an
+//! older braid would take for reserved types).
 //!
 //! # Stream ids without roles
 //!
@@ -19,14 +21,16 @@
 //!
 //! # Frames
 //!
-//! All integers are big-endian. Every frame starts with the same six bytes:
+//! All integers are big-endian. Every frame but the short DATA starts with the same six
+//! bytes:
 //!
 //! ```text
 //!  0        1        2        3        4        5
 //! +--------+--------+--------+--------+--------+--------+
 //! |  type  | flags  |        stream number (u32)        |
 //! +--------+--------+--------+--------+--------+--------+
-//!  type: 1 OPEN, 2 OPEN_RESULT, 3 DATA, 4 ACK, 5 RESET, 6 RESET_ACK
+//!  type: 1 OPEN, 2 OPEN_RESULT, 3 DATA, 4 ACK, 5 RESET, 6 RESET_ACK (8 to 15: the
+//!        short DATA, below)
 //!  flags: 0x80 = O (opened by the sender of this frame); the low bits by type;
 //!         every other bit is zero
 //! ```
@@ -56,7 +60,8 @@
 //! **DATA** (type 3, 12 bytes + the stream's bytes): the bytes at `offset` of the
 //! stream. An empty DATA without FIN is a probe: its receiver answers with an ACK at
 //! once (a sender with no credit asks this way for a credit update that may have been
-//! lost).
+//! lost). A sender uses it only for a stream numbered 2^24 or above; below, it sends
+//! the short DATA.
 //!
 //! ```text
 //!  0        1        2        3        4        5
@@ -69,6 +74,26 @@
 //!  F 0x01: FIN, the stream ends after these bytes (final size = offset + length)
 //!  R 0x02: a retransmission (its receiver tells the sender when it was not needed)
 //! ```
+//!
+//! **Short DATA** (types 8 to 15, 8 bytes + the stream's bytes): the same as a DATA,
+//! for a stream numbered below 2^24 and with the offset's low 32 bits only; its flags
+//! are the type's low three bits. Four bytes less than a DATA: a full frame on a
+//! 1500-byte path carries 1438 bytes of the stream instead of 1434.
+//!
+//! ```text
+//!  0        1        2        3        4        5        6        7
+//! +--------+--------+--------+--------+--------+--------+--------+--------+
+//! |00001ORF|  stream number (u24)     |  offset, low 32 bits (u32)        |
+//! +--------+--------+--------+--------+--------+--------+--------+--------+
+//! |  the stream's bytes (zero or more) ...                                    8..
+//!  byte 0: 0x08 | O << 2 | R << 1 | F (the high nibble stays 0)
+//!  O 0x04: opened by the sender of this frame; R 0x02, F 0x01: as in a DATA
+//! ```
+//!
+//! The receiver takes as the offset the number with these low 32 bits nearest to the
+//! stream's cumulative point ([`expand_offset`]; the argument why that is the sender's
+//! offset is there). A short DATA whose offset so found plus its length reaches 2^48 is
+//! malformed.
 //!
 //! **ACK** (type 4, 18 + 8 k bytes, k <= [`MAX_SACK`]): what the receiver of a stream
 //! holds, and how far its sender may send.
@@ -96,7 +121,7 @@
 //! **RESET_ACK** (type 6, 6 bytes): the common header alone.
 //!
 //! Offsets, limits and range ends are below 2^48 (256 TiB per stream and direction);
-//! a frame with one beyond, a range outside `(cumulative, limit]`, a limit below the
+//! a frame with one at or beyond, a range outside `(cumulative, limit]`, a limit below the
 //! cumulative point, a reserved flag, result, reason or family, or the wrong length is
 //! malformed ([`WireError`]).
 
@@ -109,6 +134,9 @@ pub const TYPE_OPEN: u8 = 0x01;
 pub const TYPE_OPEN_RESULT: u8 = 0x02;
 /// Type of a DATA frame.
 pub const TYPE_DATA: u8 = 0x03;
+/// Type of a short DATA frame without flags: types `0x08..=0x0F` are short DATA, their
+/// low three bits [`SHORT_FLAG_OPENER`], [`FLAG_RTX`] and [`FLAG_FIN`].
+pub const TYPE_SHORT_DATA: u8 = 0x08;
 /// Type of an ACK.
 pub const TYPE_ACK: u8 = 0x04;
 /// Type of a RESET.
@@ -122,6 +150,9 @@ pub const FLAG_OPENER: u8 = 0x80;
 pub const FLAG_FIN: u8 = 0x01;
 /// DATA flag: a retransmission.
 pub const FLAG_RTX: u8 = 0x02;
+/// Short DATA flag (in the type byte): the stream was opened by the sender of this
+/// frame.
+pub const SHORT_FLAG_OPENER: u8 = 0x04;
 /// ACK flag: the receiver knows the final size.
 pub const FLAG_ACK_FIN: u8 = 0x01;
 /// ACK flag: a retransmission arrived that was not needed.
@@ -129,8 +160,12 @@ pub const FLAG_SPURIOUS: u8 = 0x02;
 
 /// Bytes of the header every frame starts with.
 pub const COMMON_LEN: usize = 6;
-/// Bytes in front of a DATA frame's payload.
+/// Bytes in front of a DATA frame's payload (the long form, type 3).
 pub const DATA_HEADER_LEN: usize = 12;
+/// Bytes in front of a short DATA frame's payload (types 8 to 15).
+pub const SHORT_DATA_HEADER_LEN: usize = 8;
+/// Short DATA frames name streams numbered below this (2^24).
+pub const SHORT_STREAM_LIMIT: u32 = 1 << 24;
 /// Bytes of an ACK without SACK ranges.
 pub const ACK_MIN_LEN: usize = 18;
 /// Bytes of one SACK range.
@@ -155,6 +190,88 @@ pub const OFFSET_LIMIT: u64 = 1 << 48;
 #[inline]
 pub fn is_frame(b: &[u8]) -> bool {
     matches!(b.first(), Some(0x01..=0x0F))
+}
+
+/// Is this a short DATA frame's type (`0x08..=0x0F`)?
+#[inline]
+fn is_short_data(ty: u8) -> bool {
+    ty & !(SHORT_FLAG_OPENER | FLAG_RTX | FLAG_FIN) == TYPE_SHORT_DATA
+}
+
+/// Does this frame (first byte) carry a stream's bytes: a DATA or a short DATA?
+#[inline]
+pub fn is_data(b: &[u8]) -> bool {
+    matches!(b.first(), Some(&t) if t == TYPE_DATA || is_short_data(t))
+}
+
+/// Bytes of the DATA header a sender puts in front of stream `id`'s bytes: a short DATA
+/// ([`SHORT_DATA_HEADER_LEN`]) if the stream's number is below [`SHORT_STREAM_LIMIT`],
+/// else a DATA ([`DATA_HEADER_LEN`]). [`emit_data_header`] writes that form.
+#[inline]
+pub fn data_header_len(id: WireId) -> usize {
+    if id.n < SHORT_STREAM_LIMIT {
+        SHORT_DATA_HEADER_LEN
+    } else {
+        DATA_HEADER_LEN
+    }
+}
+
+/// The stream offset whose low 32 bits are `low`, for a stream whose cumulative point
+/// at the receiver is `cum` (every byte below it received): of the numbers `low` modulo
+/// 2^32, the one nearest to `cum` (within `[cum - 2^31, cum + 2^31)`; near 0, the
+/// nearest that is not negative). As QUIC recovers packet numbers.
+///
+/// Why this is the offset the sender meant. The receiver grants credit at most its
+/// window beyond what its application read, so every credit limit it sends is at most
+/// `W` (the window, [`crate::stream::MAX_WINDOW`] at most: 2^30) above the cumulative
+/// point it sends with it, and the sender, which keeps the highest of each, never has a
+/// limit more than `W` above the highest cumulative point it heard. It sends only bytes
+/// below its limit, so a frame's bytes end at most `W` above the cumulative point the
+/// receiver had when the frame left, and that point only grows: on arrival, a frame
+/// starts less than `W` above it. Below it, a sender sends nothing older than its own
+/// acknowledged point, which was at most `W` below the receiver's when the frame left
+/// (the receiver cannot hold bytes the sender had no credit for): a frame starts at
+/// most `W` plus however far the stream moved while it was on the way below the
+/// cumulative point. With `W` at most 2^30, every frame is read right unless the
+/// stream moved on by more than 2^31 - 2^30 = 1 GiB while it was on the way: 0.9 s at
+/// 10 Gbit/s, where a frame crossing the bond is late by tens of milliseconds. (TCP's
+/// 32-bit sequence numbers rest on the same kind of bound.)
+#[inline]
+pub fn expand_offset(low: u32, cum: u64) -> u64 {
+    // `low - cum` modulo 2^32, as a signed distance in [-2^31, 2^31).
+    let d = low.wrapping_sub(cum as u32) as i32 as i64;
+    match cum.checked_add_signed(d) {
+        Some(v) => v,
+        // Below 0 (cum < 2^31): the candidate 2^32 above is the nearest.
+        None => (cum as i64 + d + (1 << 32)) as u64,
+    }
+}
+
+/// The offset of a DATA frame as parsed: a DATA carries all of it, a short DATA its low
+/// 32 bits, which its receiver expands ([`DataOffset::resolve`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DataOffset {
+    /// A DATA frame's offset (below 2^48): emitted as a DATA (type 3).
+    Full(u64),
+    /// A short DATA frame's low 32 bits of the offset: emitted as a short DATA (types
+    /// 8 to 15), whose stream number must be below [`SHORT_STREAM_LIMIT`].
+    Low32(u32),
+}
+
+impl DataOffset {
+    /// The frame's offset, at a receiver whose cumulative point for the stream is `cum`
+    /// ([`expand_offset`] for a short DATA). `Err` if the frame's end (the offset plus
+    /// `len` bytes) reaches 2^48.
+    pub fn resolve(self, cum: u64, len: usize) -> Result<u64, WireError> {
+        let off = match self {
+            DataOffset::Full(o) => o,
+            DataOffset::Low32(l) => expand_offset(l, cum),
+        };
+        match off.checked_add(len as u64) {
+            Some(end) if end < OFFSET_LIMIT => Ok(off),
+            _ => Err(WireError::Invalid),
+        }
+    }
 }
 
 /// A stream as named in a frame: its number and who opened it, seen from the frame's
@@ -303,6 +420,8 @@ mod field {
     pub const FLAGS: usize = 1;
     pub const STREAM: usize = 2;
     pub const OFFSET: usize = 6;
+    pub const SHORT_STREAM: usize = 1;
+    pub const SHORT_OFFSET: usize = 4;
     pub const LIMIT: usize = 12;
     pub const BYTE6: usize = 6;
     pub const BYTE7: usize = 7;
@@ -331,6 +450,7 @@ fn addr_len(family: u8) -> Option<usize> {
 fn allowed_flags(ty: u8) -> u8 {
     match ty {
         TYPE_DATA => FLAG_FIN | FLAG_RTX,
+        t if is_short_data(t) => FLAG_FIN | FLAG_RTX,
         TYPE_ACK => FLAG_ACK_FIN | FLAG_SPURIOUS,
         _ => 0,
     }
@@ -379,6 +499,8 @@ impl<T: AsRef<[u8]>> Packet<T> {
             TYPE_OPEN_RESULT => exact(OPEN_RESULT_LEN),
             TYPE_DATA if b.len() < DATA_HEADER_LEN => Err(WireError::Truncated),
             TYPE_DATA => Ok(()),
+            t if is_short_data(t) && b.len() < SHORT_DATA_HEADER_LEN => Err(WireError::Truncated),
+            t if is_short_data(t) => Ok(()),
             TYPE_ACK if b.len() < ACK_MIN_LEN => Err(WireError::Truncated),
             TYPE_ACK if !(b.len() - ACK_MIN_LEN).is_multiple_of(SACK_RANGE_LEN) => {
                 Err(WireError::Trailing)
@@ -395,14 +517,32 @@ impl<T: AsRef<[u8]>> Packet<T> {
     pub fn frame_type(&self) -> u8 {
         self.buffer.as_ref()[field::TYPE]
     }
-    /// The flags byte.
+    /// The flags byte; of a short DATA, the flags in its type byte as a DATA's flags
+    /// byte would have them (`O` as [`FLAG_OPENER`]).
     pub fn flags(&self) -> u8 {
-        self.buffer.as_ref()[field::FLAGS]
+        let b = self.buffer.as_ref();
+        let ty = b[field::TYPE];
+        if is_short_data(ty) {
+            let o = if ty & SHORT_FLAG_OPENER != 0 {
+                FLAG_OPENER
+            } else {
+                0
+            };
+            return o | ty & (FLAG_RTX | FLAG_FIN);
+        }
+        b[field::FLAGS]
     }
     /// The stream, as named by the frame's sender.
     pub fn id(&self) -> WireId {
+        let b = self.buffer.as_ref();
+        let n = if is_short_data(b[field::TYPE]) {
+            let at = field::SHORT_STREAM;
+            u32::from_be_bytes([0, b[at], b[at + 1], b[at + 2]])
+        } else {
+            read_u32(b, field::STREAM)
+        };
         WireId {
-            n: read_u32(self.buffer.as_ref(), field::STREAM),
+            n,
             opened_by_sender: self.flags() & FLAG_OPENER != 0,
         }
     }
@@ -418,17 +558,25 @@ impl<T: AsRef<[u8]>> Packet<T> {
     pub fn open_limit(&self) -> u32 {
         read_u32(self.buffer.as_ref(), field::OPEN_LIMIT)
     }
-    /// DATA: offset; ACK: cumulative point.
+    /// DATA (type 3): offset; ACK: cumulative point.
     pub fn offset(&self) -> u64 {
         read_u48(self.buffer.as_ref(), field::OFFSET)
+    }
+    /// Short DATA: the offset's low 32 bits.
+    pub fn low_offset(&self) -> u32 {
+        read_u32(self.buffer.as_ref(), field::SHORT_OFFSET)
     }
     /// ACK: the credit limit.
     pub fn limit(&self) -> u64 {
         read_u48(self.buffer.as_ref(), field::LIMIT)
     }
-    /// DATA: the stream's bytes.
+    /// DATA, short DATA: the stream's bytes.
     pub fn payload(&self) -> &[u8] {
-        &self.buffer.as_ref()[DATA_HEADER_LEN..]
+        let b = self.buffer.as_ref();
+        match is_short_data(b[field::TYPE]) {
+            true => &b[SHORT_DATA_HEADER_LEN..],
+            false => &b[DATA_HEADER_LEN..],
+        }
     }
     /// ACK: number of SACK ranges.
     pub fn sack_count(&self) -> usize {
@@ -508,12 +656,13 @@ pub enum Repr<'a> {
         /// Bytes the opener may send before any ACK (zero unless accepted).
         limit: u32,
     },
-    /// Bytes of a stream.
+    /// Bytes of a stream: a DATA or a short DATA, as `offset` says.
     Data {
         /// The stream.
         id: WireId,
-        /// Offset of the first byte.
-        offset: u64,
+        /// Offset of the first byte: all of it (a DATA), or its low 32 bits (a short
+        /// DATA), which the receiver expands ([`DataOffset::resolve`]).
+        offset: DataOffset,
         /// The stream ends after these bytes.
         fin: bool,
         /// A retransmission.
@@ -551,6 +700,7 @@ impl<'a> Repr<'a> {
             TYPE_OPEN => Self::parse_open(&p),
             TYPE_OPEN_RESULT => Self::parse_result(&p),
             TYPE_DATA => Self::parse_data(bytes),
+            t if is_short_data(t) => Ok(Self::parse_short_data(bytes)),
             TYPE_ACK => Self::parse_ack(&p).map(|a| Repr::Ack(Box::new(a))),
             TYPE_RESET => {
                 let reason = ResetReason::from_u8(p.byte6()).ok_or(WireError::Invalid)?;
@@ -600,11 +750,24 @@ impl<'a> Repr<'a> {
         }
         Ok(Repr::Data {
             id: p.id(),
-            offset,
+            offset: DataOffset::Full(offset),
             fin: p.flags() & FLAG_FIN != 0,
             rtx: p.flags() & FLAG_RTX != 0,
             data,
         })
+    }
+
+    /// A short DATA: every value of its fields is valid (the offset is checked once
+    /// expanded, [`DataOffset::resolve`]).
+    fn parse_short_data(bytes: &'a [u8]) -> Repr<'a> {
+        let p = Packet::new_unchecked(bytes);
+        Repr::Data {
+            id: p.id(),
+            offset: DataOffset::Low32(p.low_offset()),
+            fin: p.flags() & FLAG_FIN != 0,
+            rtx: p.flags() & FLAG_RTX != 0,
+            data: &bytes[SHORT_DATA_HEADER_LEN..],
+        }
     }
 
     fn parse_ack<T: AsRef<[u8]>>(p: &Packet<T>) -> Result<Ack, WireError> {
@@ -643,7 +806,16 @@ impl<'a> Repr<'a> {
                     + addr_len(family(dst)).unwrap_or(18)
             }
             Repr::OpenResult { .. } => OPEN_RESULT_LEN,
-            Repr::Data { data, .. } => DATA_HEADER_LEN + data.len(),
+            Repr::Data {
+                offset: DataOffset::Full(_),
+                data,
+                ..
+            } => DATA_HEADER_LEN + data.len(),
+            Repr::Data {
+                offset: DataOffset::Low32(_),
+                data,
+                ..
+            } => SHORT_DATA_HEADER_LEN + data.len(),
             Repr::Ack(a) => ACK_MIN_LEN + a.sack.len() * SACK_RANGE_LEN,
             Repr::Reset { .. } => RESET_LEN,
             Repr::ResetAck { .. } => COMMON_LEN,
@@ -652,7 +824,8 @@ impl<'a> Repr<'a> {
 
     /// Write the frame into `buf`, which must be exactly [`Repr::buffer_len`] long.
     /// Offsets and limits must be below [`OFFSET_LIMIT`], SACK ranges as [`Ack`]
-    /// describes them.
+    /// describes them. Panics on a short DATA of a stream numbered 2^24 or above, which
+    /// it cannot name.
     pub fn emit(&self, buf: &mut [u8]) {
         match self {
             Repr::Open {
@@ -681,8 +854,11 @@ impl<'a> Repr<'a> {
                 rtx,
                 data,
             } => {
-                emit_data_header(buf, *id, *offset, *fin, *rtx);
-                buf[DATA_HEADER_LEN..].copy_from_slice(data);
+                let h = match *offset {
+                    DataOffset::Full(o) => emit_long_data_header(buf, *id, o, *fin, *rtx),
+                    DataOffset::Low32(l) => emit_short_data_header(buf, *id, l, *fin, *rtx),
+                };
+                buf[h..].copy_from_slice(data);
             }
             Repr::Ack(a) => emit_ack(buf, a),
             Repr::Reset { id, reason } => {
@@ -708,12 +884,46 @@ fn emit_common(buf: &mut [u8], ty: u8, flags: u8, id: WireId) {
     buf[field::STREAM..field::STREAM + 4].copy_from_slice(&id.n.to_be_bytes());
 }
 
-/// Write a DATA header into `buf[..DATA_HEADER_LEN]` (the sender copies the bytes behind
-/// it itself, from wherever they are).
-pub fn emit_data_header(buf: &mut [u8], id: WireId, offset: u64, fin: bool, rtx: bool) {
-    let flags = if fin { FLAG_FIN } else { 0 } | if rtx { FLAG_RTX } else { 0 };
-    emit_common(buf, TYPE_DATA, flags, id);
+/// Write the header of a frame of stream `id`'s bytes at `offset` into the start of
+/// `buf`, in the form a sender uses: a short DATA if the stream's number is below
+/// [`SHORT_STREAM_LIMIT`], else a DATA. Returns its length, [`data_header_len`]; the
+/// sender copies the bytes behind it itself, from wherever they are.
+pub fn emit_data_header(buf: &mut [u8], id: WireId, offset: u64, fin: bool, rtx: bool) -> usize {
+    if id.n < SHORT_STREAM_LIMIT {
+        emit_short_data_header(buf, id, offset as u32, fin, rtx)
+    } else {
+        emit_long_data_header(buf, id, offset, fin, rtx)
+    }
+}
+
+fn data_flags(fin: bool, rtx: bool) -> u8 {
+    let fin = if fin { FLAG_FIN } else { 0 };
+    fin | if rtx { FLAG_RTX } else { 0 }
+}
+
+/// A DATA header (type 3) into `buf[..DATA_HEADER_LEN]`.
+fn emit_long_data_header(buf: &mut [u8], id: WireId, offset: u64, fin: bool, rtx: bool) -> usize {
+    emit_common(buf, TYPE_DATA, data_flags(fin, rtx), id);
     write_u48(buf, field::OFFSET, offset);
+    DATA_HEADER_LEN
+}
+
+/// A short DATA header into `buf[..SHORT_DATA_HEADER_LEN]`: the offset's low 32 bits.
+fn emit_short_data_header(buf: &mut [u8], id: WireId, low: u32, fin: bool, rtx: bool) -> usize {
+    assert!(
+        id.n < SHORT_STREAM_LIMIT,
+        "stream {} has no short DATA",
+        id.n
+    );
+    let o = if id.opened_by_sender {
+        SHORT_FLAG_OPENER
+    } else {
+        0
+    };
+    buf[field::TYPE] = TYPE_SHORT_DATA | o | data_flags(fin, rtx);
+    buf[field::SHORT_STREAM..field::SHORT_OFFSET].copy_from_slice(&id.n.to_be_bytes()[1..]);
+    buf[field::SHORT_OFFSET..SHORT_DATA_HEADER_LEN].copy_from_slice(&low.to_be_bytes());
+    SHORT_DATA_HEADER_LEN
 }
 
 fn emit_ack(buf: &mut [u8], a: &Ack) {
@@ -827,7 +1037,7 @@ mod tests {
     fn data_bytes() {
         let r = Repr::Data {
             id: id(0x0102_0304, true),
-            offset: 0x0000_a0b0_c0d0_e0f0,
+            offset: DataOffset::Full(0x0000_a0b0_c0d0_e0f0),
             fin: true,
             rtx: false,
             data: b"hi",
@@ -840,7 +1050,7 @@ mod tests {
         assert_eq!(Repr::parse(&v), Ok(r));
         let probe = Repr::Data {
             id: id(1, false),
-            offset: 5,
+            offset: DataOffset::Full(5),
             fin: false,
             rtx: true,
             data: b"",
@@ -853,6 +1063,194 @@ mod tests {
         let mut flags = v;
         flags[1] |= 0x04;
         assert_eq!(Repr::parse(&flags), Err(WireError::Reserved(0x85)));
+    }
+
+    #[test]
+    fn short_data_bytes() {
+        let r = Repr::Data {
+            id: id(0x00ab_cdef, true),
+            offset: DataOffset::Low32(0x1234_5678),
+            fin: true,
+            rtx: false,
+            data: b"hi",
+        };
+        assert_eq!(r.buffer_len(), SHORT_DATA_HEADER_LEN + 2);
+        assert_eq!(
+            round_trip(r),
+            [0x0d, 0xab, 0xcd, 0xef, 0x12, 0x34, 0x56, 0x78, b'h', b'i']
+        );
+        // Every flag, in the type byte: 0x08 | O << 2 | R << 1 | F.
+        for bits in 0..8u8 {
+            let (o, rtx, fin) = (bits & 4 != 0, bits & 2 != 0, bits & 1 != 0);
+            let r = Repr::Data {
+                id: id(0, o),
+                offset: DataOffset::Low32(0),
+                fin,
+                rtx,
+                data: b"x",
+            };
+            let v = round_trip(r);
+            assert_eq!(v, [0x08 | bits, 0, 0, 0, 0, 0, 0, 0, b'x']);
+            assert!(is_frame(&v) && is_data(&v));
+            assert_eq!(Packet::new_checked(&v[..]).unwrap().payload(), b"x");
+        }
+        // The largest stream number, and a probe (the header alone).
+        let top = Repr::Data {
+            id: id(SHORT_STREAM_LIMIT - 1, false),
+            offset: DataOffset::Low32(u32::MAX),
+            fin: false,
+            rtx: true,
+            data: b"",
+        };
+        assert_eq!(
+            round_trip(top),
+            [0x0a, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff]
+        );
+        // Shorter than its header: truncated, whatever its type.
+        for ty in 0x08..=0x0F {
+            for n in 1..SHORT_DATA_HEADER_LEN {
+                let mut b = vec![0u8; n];
+                b[0] = ty;
+                assert_eq!(Repr::parse(&b), Err(WireError::Truncated), "{ty} {n}");
+            }
+        }
+        // Type 7 stays reserved.
+        assert_eq!(
+            Repr::parse(&[0x07, 0, 0, 0, 0, 0, 0, 0]),
+            Err(WireError::Reserved(7))
+        );
+    }
+
+    #[test]
+    fn the_sender_writes_short_data_below_stream_2_24() {
+        let mut buf = [0xAAu8; DATA_HEADER_LEN];
+        let short = id(SHORT_STREAM_LIMIT - 1, true);
+        assert_eq!(data_header_len(short), SHORT_DATA_HEADER_LEN);
+        // The offset's low 32 bits only.
+        let n = emit_data_header(&mut buf, short, 0x0001_0000_0002, true, true);
+        assert_eq!(n, SHORT_DATA_HEADER_LEN);
+        assert_eq!(buf[..n], [0x0f, 0xff, 0xff, 0xff, 0, 0, 0, 2]);
+        assert_eq!(buf[n..], [0xAA; 4]);
+        assert_eq!(
+            Repr::parse(&buf[..n]),
+            Ok(Repr::Data {
+                id: short,
+                offset: DataOffset::Low32(2),
+                fin: true,
+                rtx: true,
+                data: b"",
+            })
+        );
+        // Stream 2^24 does not fit: a DATA, with the whole offset.
+        let long = id(SHORT_STREAM_LIMIT, false);
+        assert_eq!(data_header_len(long), DATA_HEADER_LEN);
+        let n = emit_data_header(&mut buf, long, 0x0001_0000_0002, false, false);
+        assert_eq!(n, DATA_HEADER_LEN);
+        assert_eq!(buf, [3, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 2]);
+        assert!(is_data(&buf));
+        let r = Repr::parse(&buf).unwrap();
+        let want = DataOffset::Full(0x0001_0000_0002);
+        assert!(matches!(r, Repr::Data { offset, id, .. } if offset == want && id == long));
+        // Stream 0.
+        let n = emit_data_header(&mut buf, id(0, false), 7, false, false);
+        assert_eq!(buf[..n], [0x08, 0, 0, 0, 0, 0, 0, 7]);
+        // Not DATA.
+        assert!(!is_data(&[TYPE_ACK]) && !is_data(&[0x07]) && !is_data(&[]));
+    }
+
+    #[test]
+    #[should_panic(expected = "has no short DATA")]
+    fn a_stream_from_2_24_has_no_short_data() {
+        Repr::Data {
+            id: id(SHORT_STREAM_LIMIT, true),
+            offset: DataOffset::Low32(0),
+            fin: false,
+            rtx: false,
+            data: b"",
+        }
+        .to_vec();
+    }
+
+    const G: u64 = 1 << 32;
+
+    #[test]
+    fn short_offsets_expand_around_the_cumulative_point() {
+        // Within the cumulative point's block of 2^32.
+        assert_eq!(expand_offset(0, 0), 0);
+        assert_eq!(expand_offset(100, 0), 100);
+        assert_eq!(expand_offset(100, 3 * G + 50), 3 * G + 100);
+        // Near 0 nothing is negative: what would lie below 0 is the candidate above.
+        assert_eq!(expand_offset(u32::MAX, 0), G - 1);
+        assert_eq!(expand_offset(0xFFFF_FF00, 10), 0xFFFF_FF00);
+        assert_eq!(expand_offset(0x8000_0000, 0), 0x8000_0000);
+        // Up across a boundary: the cumulative point below it, the bytes above.
+        assert_eq!(expand_offset(5, G - 10), G + 5);
+        assert_eq!(expand_offset(5, 3 * G - 1), 3 * G + 5);
+        assert_eq!(expand_offset(0, G - 1), G);
+        // Down across one: a late copy from below it, the cumulative point above.
+        assert_eq!(expand_offset(u32::MAX - 4, G + 10), G - 5);
+        assert_eq!(expand_offset(u32::MAX, 7 * G), 7 * G - 1);
+        // Up to 2^31 - 1 ahead and 2^31 behind; one further ahead is taken as behind.
+        let cum = 5 * G + 12_345;
+        let half = 1u64 << 31;
+        assert_eq!(expand_offset((cum + half - 1) as u32, cum), cum + half - 1);
+        assert_eq!(expand_offset((cum - half) as u32, cum), cum - half);
+        assert_eq!(expand_offset((cum + half) as u32, cum), cum - half);
+        // Near 2^48: 2^48 itself is 0 modulo 2^32.
+        let top = OFFSET_LIMIT - 10;
+        assert_eq!(expand_offset((top - 1000) as u32, top), top - 1000);
+        assert_eq!(
+            expand_offset((OFFSET_LIMIT - 1) as u32, top),
+            OFFSET_LIMIT - 1
+        );
+        assert_eq!(expand_offset(5, top), OFFSET_LIMIT + 5);
+        // Every offset within the span around a cumulative point comes back.
+        let points = [
+            0,
+            1,
+            half - 1,
+            half,
+            G - 1,
+            G,
+            G + 1,
+            3 * G + half,
+            OFFSET_LIMIT - 1,
+        ];
+        let deltas = [
+            -(half as i64),
+            1 - half as i64,
+            -1500,
+            -1,
+            0,
+            1,
+            1438,
+            half as i64 - 1,
+        ];
+        for cum in points {
+            for d in deltas {
+                let Some(off) = cum.checked_add_signed(d) else {
+                    continue;
+                };
+                assert_eq!(expand_offset(off as u32, cum), off, "{cum} {d}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_short_data_ends_below_2_48() {
+        let top = OFFSET_LIMIT - 10;
+        let low = |o: u64| DataOffset::Low32(o as u32);
+        assert_eq!(low(top - 5).resolve(top, 4), Ok(top - 5));
+        assert_eq!(low(top).resolve(top, 9), Ok(top)); // ends at 2^48 - 1
+        assert_eq!(low(top).resolve(top, 10), Err(WireError::Invalid)); // at 2^48
+        assert_eq!(low(5).resolve(top, 0), Err(WireError::Invalid)); // 2^48 + 5
+        assert_eq!(low(7).resolve(3 * G + 1, 1438), Ok(3 * G + 7));
+        // A DATA's offset needs no cumulative point.
+        assert_eq!(DataOffset::Full(7).resolve(top, 3), Ok(7));
+        assert_eq!(
+            DataOffset::Full(top).resolve(0, 10),
+            Err(WireError::Invalid)
+        );
     }
 
     #[test]
@@ -954,7 +1352,7 @@ mod tests {
         assert!(!is_frame(&[0xB4, 0]));
         assert!(!is_frame(&[0x00]));
         assert!(!is_frame(&[]));
-        assert!(is_frame(&[0x0F]));
+        assert!(is_frame(&[0x0F]) && is_frame(&[0x08]));
         assert_eq!(
             Repr::parse(&[0x07, 0, 0, 0, 0, 0]),
             Err(WireError::Reserved(7))
@@ -969,7 +1367,7 @@ mod tests {
             let len = rng.upto(60) as usize;
             let mut b: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
             if let Some(f) = b.first_mut() {
-                *f = 1 + (i % 7) as u8; // mostly known types, so the bodies get parsed
+                *f = 1 + (i % 15) as u8; // mostly known types, so the bodies get parsed
             }
             if let Ok(r) = Repr::parse(&b) {
                 ok += 1;
