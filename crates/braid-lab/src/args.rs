@@ -138,6 +138,12 @@ pub struct BenchArgs {
     /// second, as its sender and its receiver count it, with or without changes.)
     #[arg(long = "change", value_name = "AT:LINK:WHAT")]
     pub changes: Vec<String>,
+    /// Any other `[session]` setting of the tunnel, as KEY=VALUE (repeat for more),
+    /// e.g. `--set marker_interval=10ms --set pace_burst=2ms`: a number or `true`/`false`
+    /// is written as it is, anything else as a string. The keys are those of
+    /// `docs/settings.md`; a key with a flag of its own here is refused (use the flag).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -461,6 +467,7 @@ impl BenchArgs {
     /// Check every flag and build the bench's options.
     pub fn options(&self) -> Result<BenchOptions> {
         self.check_buffer()?;
+        let set = session_lines(&self.set)?;
         let links = LinkSpec::parse_list(&self.links).context("--links")?;
         let changes = self.changes(links.len())?;
         let weights = self.weights(links.len())?;
@@ -499,6 +506,7 @@ impl BenchArgs {
             flow_order: self.flow_order,
             return_path: !self.no_return_path,
             buffer_packets: self.buffer_packets,
+            set,
             changes,
             runs: self.runs as usize,
             flows: self.flows as usize,
@@ -520,7 +528,64 @@ impl BenchArgs {
                 .with_context(|| format!("--download '{t}'")),
         }
     }
+}
 
+/// `--set KEY=VALUE` as `[session]` lines: the key must be a session setting without a
+/// flag of its own in `lab bench`; the value is written bare if TOML reads it as a
+/// number or a boolean, else quoted.
+fn session_lines(set: &[String]) -> Result<Vec<String>> {
+    /// Keys `lab bench` writes itself or has a flag for.
+    const OWN: &[&str] = &[
+        "key",
+        "mode",
+        "scheduler",
+        "aqm",
+        "aqm_loss_signal",
+        "adaptive",
+        "security",
+        "allow_insecure",
+        "arq",
+        "buffer_packets",
+        "credits",
+        "tcp_streams",
+        "tcp_streams_fast",
+        "flow_order",
+        "return_path",
+    ];
+    let known = braid_proto::session::schema::REFERENCE;
+    let mut lines = Vec::new();
+    for kv in set {
+        let Some((key, value)) = kv.split_once('=') else {
+            bail!("--set '{kv}': expected KEY=VALUE, e.g. marker_interval=10ms");
+        };
+        let (key, value) = (key.trim(), value.trim());
+        if OWN.contains(&key) {
+            bail!("--set {key}: lab bench sets this itself or has a flag for it (see --help)");
+        }
+        if !known.iter().any(|d| d.key == key) {
+            bail!("--set {key}: not a [session] setting (the keys are in docs/settings.md)");
+        }
+        if lines
+            .iter()
+            .any(|l: &String| l.starts_with(&format!("{key} = ")))
+        {
+            bail!("--set {key}: given twice");
+        }
+        let bare = value == "true"
+            || value == "false"
+            || value.parse::<i64>().is_ok()
+            || value.parse::<f64>().is_ok_and(f64::is_finite);
+        let value = if bare {
+            value.to_string()
+        } else {
+            format!("{value:?}")
+        };
+        lines.push(format!("{key} = {value}"));
+    }
+    Ok(lines)
+}
+
+impl BenchArgs {
     fn check_buffer(&self) -> Result<()> {
         if let Some(b) = self.buffer_packets {
             if b < 1 || (self.credits && b < 68) {
@@ -838,7 +903,34 @@ fn parse_size(t: &str) -> Result<u64> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_size;
+    use super::{parse_size, session_lines};
+
+    #[test]
+    fn set_writes_session_lines_and_refuses_what_it_cannot() {
+        let set = |v: &[&str]| session_lines(&v.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        assert_eq!(
+            set(&[
+                "marker_interval=10ms",
+                "trigger_every = 64",
+                "equalize=false"
+            ])
+            .unwrap(),
+            [
+                "marker_interval = \"10ms\"",
+                "trigger_every = 64",
+                "equalize = false"
+            ]
+        );
+        for (bad, says) in [
+            (&["marker_interval"][..], "KEY=VALUE"),
+            (&["no_such_key=1"], "not a [session] setting"),
+            (&["aqm=false"], "has a flag"),
+            (&["trigger_every=1", "trigger_every=2"], "given twice"),
+        ] {
+            let e = set(bad).unwrap_err().to_string();
+            assert!(e.contains(says), "{bad:?}: {e}");
+        }
+    }
 
     #[test]
     fn sizes_take_units_and_refuse_the_rest() {

@@ -93,6 +93,11 @@ pub struct MarkerConfig {
     /// time as well as in rounds. `None` (the default, as in the papers): only the
     /// round and packet counts apply.
     pub max_interval: Option<Duration>,
+    /// While the peer reports no loss (the session's call, [`crate::Striper::set_quiet`]),
+    /// `max_interval` is this instead, and `every_rounds` grows in the same proportion:
+    /// fewer markers where nothing needs repair. `None` (the default, as in the papers):
+    /// always `max_interval`. Never shorter than `max_interval`; no effect without it.
+    pub quiet_interval: Option<Duration>,
     /// Stamp every marker with the sender's clock (8 bytes more per marker), so the
     /// receiver can measure each channel's queueing delay (`aqm`). Off by default, as
     /// in the papers.
@@ -106,6 +111,7 @@ impl Default for MarkerConfig {
             position: MarkerPosition::End,
             idle: Some(Duration::from_millis(20)),
             max_interval: None,
+            quiet_interval: None,
             timestamps: false,
         }
     }

@@ -294,6 +294,70 @@ fn max_interval_bounds_the_wait_for_the_next_trigger() {
     assert_eq!(s.poll_timeout(), None, "nothing sent since");
 }
 
+/// Markers a striper sends while `n` packets of 1000 bytes go out one every 100 µs
+/// (two channels of quantum 1500: a round every 3 packets).
+fn markers_timed(s: &mut Striper, n: u64) -> usize {
+    let mut markers = 0;
+    for i in 0..n {
+        let now = Instant::from_micros(100 * i);
+        s.handle_timeout(now);
+        s.handle_packet(now, payload(i, 1000)).unwrap();
+        markers += std::iter::from_fn(|| s.poll_transmit())
+            .filter(|t| t.kind == TransmitKind::Marker)
+            .count();
+    }
+    markers
+}
+
+/// While quiet, markers come `quiet_interval / max_interval` times less often, by time
+/// and by rounds alike; not quiet (the start), as configured; without a
+/// `quiet_interval`, `set_quiet` changes nothing.
+#[test]
+fn quiet_markers_thin_out_by_time_and_by_rounds() {
+    let mut cfg = StripeConfig::srr(vec![1500, 1500], 1500);
+    cfg.markers.idle = None;
+    cfg.markers.max_interval = Some(Duration::from_millis(5));
+    cfg.markers.quiet_interval = Some(Duration::from_millis(20));
+    // By rounds: a round every 300 µs, markers every 8 rounds (2.4 ms) before 5 ms.
+    let dense = markers_timed(&mut Striper::new(cfg.clone()).unwrap(), 3000);
+    let mut s = Striper::new(cfg.clone()).unwrap();
+    s.set_quiet(true);
+    let quiet = markers_timed(&mut s, 3000);
+    // 1000 rounds in 300 ms: every 8 → 125 batches; every 32 → 31 (two channels each).
+    assert_eq!(dense, 2 * 125);
+    assert_eq!(quiet, 2 * 31);
+    // By time alone: round markers off, 300 ms of data.
+    cfg.markers.every_rounds = 0;
+    let dense = markers_timed(&mut Striper::new(cfg.clone()).unwrap(), 3000);
+    let mut s = Striper::new(cfg.clone()).unwrap();
+    s.set_quiet(true);
+    let quiet = markers_timed(&mut s, 3000);
+    assert!((2 * 58..=2 * 60).contains(&dense), "{dense}");
+    assert!((2 * 14..=2 * 15).contains(&quiet), "{quiet}");
+    // Without a quiet interval nothing changes.
+    cfg.markers.quiet_interval = None;
+    let mut s = Striper::new(cfg.clone()).unwrap();
+    s.set_quiet(true);
+    assert_eq!(markers_timed(&mut s, 3000), dense);
+}
+
+/// TRR's triggers release the receiver's data: quiet leaves their interval alone.
+#[test]
+fn quiet_leaves_trr_triggers_alone() {
+    let mut cfg = StripeConfig::srr(vec![1500, 1500], 1500);
+    cfg.mode = Mode::Trr;
+    cfg.trigger_every = 1000;
+    cfg.markers.idle = None;
+    cfg.markers.max_interval = Some(Duration::from_millis(2));
+    cfg.markers.quiet_interval = Some(Duration::from_millis(20));
+    let mut s = Striper::new(cfg).unwrap();
+    s.set_quiet(true);
+    s.handle_packet(Instant::from_micros(100), data(500))
+        .unwrap();
+    while s.poll_transmit().is_some() {}
+    assert_eq!(s.poll_timeout(), Some(Instant::from_micros(2100)));
+}
+
 /// `drain` delivers what can be delivered, in order, and empties the buffers.
 #[test]
 fn drain_flushes_every_mode_in_order() {

@@ -80,6 +80,8 @@ pub struct BenchOptions {
     /// The tunnel's receive buffer per channel (`session.buffer_packets`); `None`: its
     /// default.
     pub buffer_packets: Option<usize>,
+    /// Further `[session]` lines (`--set KEY=VALUE`), checked and formatted.
+    pub set: Vec<String>,
     /// Scripted link changes, timed from the start of each TCP measurement of all
     /// links (the ceiling, braid in each mode, MPTCP); the links are put back as
     /// configured after each.
@@ -692,6 +694,10 @@ fn session_options(opt: &BenchOptions) -> String {
     }
     if !opt.return_path {
         s += "return_path = false\n";
+    }
+    for line in &opt.set {
+        s += line;
+        s += "\n";
     }
     s
 }

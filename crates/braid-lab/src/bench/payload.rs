@@ -134,6 +134,7 @@ mod tests {
             call_transport: Default::default(),
             return_path: true,
             buffer_packets: None,
+            set: Vec::new(),
             changes: Vec::new(),
             runs: 1,
             exe: "braid".into(),

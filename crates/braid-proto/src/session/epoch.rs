@@ -167,6 +167,7 @@ impl Session {
         let sc = self.stripe(&members);
         self.tx.account();
         self.tx.striper = Striper::new(sc.clone()).expect("validated");
+        self.loss_free_since = None;
         self.tx.epoch = 0;
         self.tx.set = set;
         self.tx.members = members;
@@ -326,6 +327,7 @@ impl Session {
         self.tx.account();
         let members = members_of(a.set & self.common_set());
         self.tx.striper = Striper::new(self.stripe(&members)).expect("validated");
+        self.loss_free_since = None;
         self.tx.striper.set_epoch(new_epoch);
         self.tx.epoch = new_epoch;
         self.tx.set = a.set;

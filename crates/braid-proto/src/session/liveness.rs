@@ -144,6 +144,10 @@ impl Peer {
     }
 }
 
+/// How long the peer must report no loss before the markers thin out
+/// ([`Session::markers_follow_loss`]).
+pub(super) const QUIET_AFTER: Duration = Duration::from_secs(2);
+
 impl Session {
     /// Application data went out or came in: the session is active; if it was idle,
     /// hellos go out now, saying the heartbeat is fast again.
@@ -322,9 +326,28 @@ impl Session {
             return;
         }
         self.chans[c].fb_rx.peer_ts = Some((f.timestamp, now));
+        let (_, missing) = self.chans[c].fb_tx.totals();
         self.chans[c].fb_tx.on_report(now, &f);
+        let lost = self.chans[c].fb_tx.totals().1 > missing;
+        self.markers_follow_loss(now, lost);
         if let Some(m) = self.pmtu.get_mut(c) {
             m.on_feedback(now, f.missing);
+        }
+    }
+
+    /// Thin the markers out once the peer has reported no loss on any channel for
+    /// [`QUIET_AFTER`], and back as configured at the first loss it reports
+    /// ([`crate::Striper::set_quiet`]). Not with credits, which markers carry.
+    fn markers_follow_loss(&mut self, now: Instant, lost: bool) {
+        let since = match self.loss_free_since {
+            Some(t) if !lost => t,
+            _ => *self.loss_free_since.insert(now),
+        };
+        let quiet = self.cfg.markers.quiet_interval.is_some()
+            && self.credit_tx.is_none()
+            && now - since >= QUIET_AFTER;
+        if quiet != self.tx.striper.quiet() {
+            self.tx.striper.set_quiet(quiet);
         }
     }
 

@@ -758,6 +758,9 @@ pub struct Session {
     adapt: Option<adapt::Adapt>,
     /// Quanta per physical channel set by [`Session::set_weights`], if any.
     set_quanta: Option<Vec<u32>>,
+    /// Since when the peer has reported no loss on any channel (`None`: no report
+    /// since the striper started): the markers thin out after [`liveness::QUIET_AFTER`].
+    loss_free_since: Option<Instant>,
     aqm: Option<Aqm>,
     /// In-bond repair: per channel, what we receive and what we sent.
     arq_rx: Vec<arq::LinkReceiver>,
@@ -853,6 +856,7 @@ impl Session {
             counters: stats::Counters::default(),
             adapt: cfg.adapter(&sc, now),
             set_quanta: None,
+            loss_free_since: None,
             aqm: cfg.aqm.map(|a| Aqm::new(a, n)),
             arq_rx: (0..n).map(|_| arq::LinkReceiver::default()).collect(),
             arq_released: Vec::new(),

@@ -2003,3 +2003,40 @@ fn repair_adds_no_delay_while_nothing_is_lost() {
         assert!(lat.iter().all(|&ms| ms >= 60), "{mode:?}: {lat:?}");
     }
 }
+
+/// Markers thin out once the peer has reported no loss for 2 s, and come back as
+/// configured at the first loss it reports.
+#[test]
+fn markers_thin_out_while_the_peer_loses_nothing() {
+    let mut p = pair_with(2, Mode::Logical, &[5, 10], |c| {
+        c.markers.max_interval = Some(Duration::from_millis(5));
+        c.markers.quiet_interval = Some(Duration::from_millis(20));
+    });
+    let markers = |p: &Pair| p.a.stats(p.now).channels[0].tx_markers;
+    let count = |p: &mut Pair, from: u64, to: u64| {
+        p.run_until(at_ms(from));
+        let m = markers(p);
+        p.run_until(at_ms(to));
+        markers(p) - m
+    };
+    // Under 2 s of reports: as configured, one every 5 ms after a packet of 1 ms.
+    let dense = count(&mut p, 500, 1500);
+    let quiet = count(&mut p, 3000, 4000);
+    // Channel 1 loses one datagram in 20: at once as configured again.
+    p.ab[1].drop_every = 20;
+    let lossy = count(&mut p, 4200, 5200);
+    assert!(
+        (150..=200).contains(&dense),
+        "{dense} markers a second before"
+    );
+    // Every 20 ms, and the heartbeat's (every 50 ms while idle between packets).
+    assert!(
+        (40..=70).contains(&quiet),
+        "{quiet} markers a second while quiet"
+    );
+    assert!(2 * quiet < dense, "{quiet} while quiet, {dense} before");
+    assert!(
+        (150..=200).contains(&lossy),
+        "{lossy} markers a second with loss"
+    );
+}

@@ -19,6 +19,7 @@ use crate::config::{ConfigError, MarkerPosition, Mode, Policy, StripeConfig};
 use crate::sched::baseline::Baseline;
 use crate::sched::Sched;
 use crate::stats::Stats;
+use crate::time::Duration;
 use crate::time::Instant;
 use crate::wire::{self, marker, trigger};
 
@@ -126,6 +127,9 @@ pub struct Striper {
     announce_quanta: bool,
     /// The latest `now` given to us (markers are stamped with it).
     clock: Instant,
+    /// The peer has seen no loss for a while: markers at `quiet_interval` (see
+    /// [`Striper::set_quiet`]).
+    quiet: bool,
     /// Where markers and triggers are written.
     arena: Arena,
     stats: Stats,
@@ -152,6 +156,7 @@ impl Striper {
             last_data: None,
             idle_flushed: true,
             unmarked_since: None,
+            quiet: false,
             epoch: 0,
             batch: 0,
             sent_ring: VecDeque::new(),
@@ -370,7 +375,8 @@ impl Striper {
         {
             self.emit_triggers();
         }
-        if !self.markers_on() || self.cfg.markers.every_rounds == 0 {
+        let every = self.every_rounds();
+        if !self.markers_on() || every == 0 {
             return;
         }
         let Chooser::Causal(s) = &self.chooser else {
@@ -383,7 +389,7 @@ impl Striper {
         };
         let round = s.round();
         if s.pointer() == at
-            && round.is_multiple_of(u64::from(self.cfg.markers.every_rounds))
+            && round.is_multiple_of(u64::from(every))
             && self.last_marker_round != Some(round)
         {
             self.last_marker_round = Some(round);
@@ -393,15 +399,13 @@ impl Striper {
 
     /// Markers at the end of a round: the packet just sent (in round `before`) ended it.
     fn markers_after(&mut self, before: u64) {
-        if !self.markers_on()
-            || self.cfg.markers.every_rounds == 0
-            || self.cfg.markers.position != MarkerPosition::End
-        {
+        let every = self.every_rounds();
+        if !self.markers_on() || every == 0 || self.cfg.markers.position != MarkerPosition::End {
             return;
         }
         if let Chooser::Causal(s) = &self.chooser {
             let round = s.round();
-            if round != before && round.is_multiple_of(u64::from(self.cfg.markers.every_rounds)) {
+            if round != before && round.is_multiple_of(u64::from(every)) {
                 self.last_marker_round = Some(round);
                 self.emit_markers();
             }
@@ -507,7 +511,46 @@ impl Striper {
         if !self.control_on() {
             return None;
         }
-        Some(self.unmarked_since? + self.cfg.markers.max_interval?)
+        Some(self.unmarked_since? + self.max_interval()?)
+    }
+
+    /// Markers wanted while data flows: [`MarkerConfig::max_interval`], or
+    /// [`MarkerConfig::quiet_interval`] while quiet (never for TRR's triggers, which
+    /// release the receiver's data).
+    fn max_interval(&self) -> Option<Duration> {
+        let m = &self.cfg.markers;
+        match (self.quiet && self.cfg.mode != Mode::Trr, m.quiet_interval) {
+            (true, Some(q)) => m.max_interval.map(|i| i.max(q)),
+            _ => m.max_interval,
+        }
+    }
+
+    /// Periodic markers every this many rounds: [`MarkerConfig::every_rounds`], times
+    /// `quiet_interval / max_interval` (rounded) while quiet, so rounds and time thin
+    /// out alike.
+    fn every_rounds(&self) -> u32 {
+        let m = &self.cfg.markers;
+        match (self.max_interval(), m.max_interval) {
+            (Some(now), Some(iv)) if now > iv => {
+                let times = (now.as_secs_f64() / iv.as_secs_f64()).round() as u32;
+                m.every_rounds.saturating_mul(times.max(1))
+            }
+            _ => m.every_rounds,
+        }
+    }
+
+    /// Thin the periodic markers out while the peer loses nothing (`quiet`), or send
+    /// them as configured (not quiet, the start). A marker resynchronizes the receiver
+    /// after a loss; on a channel that loses nothing it is overhead, 112 bytes on the
+    /// wire a channel every interval whatever the channel's rate. The session decides
+    /// from the peer's loss reports. Idle markers and TRR triggers are unchanged.
+    pub fn set_quiet(&mut self, quiet: bool) {
+        self.quiet = quiet;
+    }
+
+    /// Whether markers are thinned out ([`Striper::set_quiet`]).
+    pub fn quiet(&self) -> bool {
+        self.quiet
     }
 
     /// When [`Striper::handle_timeout`] wants to be called (idle markers, and markers
