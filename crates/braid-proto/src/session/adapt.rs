@@ -678,9 +678,14 @@ impl Pace {
     /// Channel `c` was measured afresh: nothing learned before holds.
     fn forget(&mut self, c: usize) {
         self.calm[c] = 0;
+        self.unlearn_capacity(c);
+        self.hold[c] = HOLD_STEPS;
+    }
+
+    /// No capacity is known for channel `c` any more (its calm and hold stay).
+    fn unlearn_capacity(&mut self, c: usize) {
         self.known[c] = 0.0;
         self.last_known[c] = 0.0;
-        self.hold[c] = HOLD_STEPS;
     }
 
     /// A cut of channel `c` from `before` to `share` of what its link delivered, on a
@@ -747,8 +752,7 @@ impl Pace {
         self.floor[c] = q;
         self.rates[c] = t.before;
         // The cut's delivery rate was no capacity: the link was not full.
-        self.known[c] = 0.0;
-        self.last_known[c] = 0.0;
+        self.unlearn_capacity(c);
         Verdict::Jitter
     }
 }

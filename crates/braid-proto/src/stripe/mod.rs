@@ -130,6 +130,10 @@ pub struct Striper {
     /// The peer has seen no loss for a while: markers at `quiet_interval` (see
     /// [`Striper::set_quiet`]).
     quiet: bool,
+    /// Periodic markers in force: every this many rounds (0: none) and at least this
+    /// often while data flows ([`marker_schedule`] of the config and `quiet`).
+    every_rounds: u32,
+    max_interval: Option<Duration>,
     /// Where markers and triggers are written.
     arena: Arena,
     stats: Stats,
@@ -157,6 +161,8 @@ impl Striper {
             idle_flushed: true,
             unmarked_since: None,
             quiet: false,
+            every_rounds: cfg.markers.every_rounds,
+            max_interval: cfg.markers.max_interval,
             epoch: 0,
             batch: 0,
             sent_ring: VecDeque::new(),
@@ -375,7 +381,7 @@ impl Striper {
         {
             self.emit_triggers();
         }
-        let every = self.every_rounds();
+        let every = self.every_rounds;
         if !self.markers_on() || every == 0 {
             return;
         }
@@ -399,7 +405,7 @@ impl Striper {
 
     /// Markers at the end of a round: the packet just sent (in round `before`) ended it.
     fn markers_after(&mut self, before: u64) {
-        let every = self.every_rounds();
+        let every = self.every_rounds;
         if !self.markers_on() || every == 0 || self.cfg.markers.position != MarkerPosition::End {
             return;
         }
@@ -511,32 +517,7 @@ impl Striper {
         if !self.control_on() {
             return None;
         }
-        Some(self.unmarked_since? + self.max_interval()?)
-    }
-
-    /// Markers wanted while data flows: [`MarkerConfig::max_interval`], or
-    /// [`MarkerConfig::quiet_interval`] while quiet (never for TRR's triggers, which
-    /// release the receiver's data).
-    fn max_interval(&self) -> Option<Duration> {
-        let m = &self.cfg.markers;
-        match (self.quiet && self.cfg.mode != Mode::Trr, m.quiet_interval) {
-            (true, Some(q)) => m.max_interval.map(|i| i.max(q)),
-            _ => m.max_interval,
-        }
-    }
-
-    /// Periodic markers every this many rounds: [`MarkerConfig::every_rounds`], times
-    /// `quiet_interval / max_interval` (rounded) while quiet, so rounds and time thin
-    /// out alike.
-    fn every_rounds(&self) -> u32 {
-        let m = &self.cfg.markers;
-        match (self.max_interval(), m.max_interval) {
-            (Some(now), Some(iv)) if now > iv => {
-                let times = (now.as_secs_f64() / iv.as_secs_f64()).round() as u32;
-                m.every_rounds.saturating_mul(times.max(1))
-            }
-            _ => m.every_rounds,
-        }
+        Some(self.unmarked_since? + self.max_interval?)
     }
 
     /// Thin the periodic markers out while the peer loses nothing (`quiet`), or send
@@ -546,6 +527,7 @@ impl Striper {
     /// from the peer's loss reports. Idle markers and TRR triggers are unchanged.
     pub fn set_quiet(&mut self, quiet: bool) {
         self.quiet = quiet;
+        (self.every_rounds, self.max_interval) = marker_schedule(&self.cfg, quiet);
     }
 
     /// Whether markers are thinned out ([`Striper::set_quiet`]).
@@ -660,5 +642,24 @@ impl Striper {
                     .fill(self.clock, repr.buffer_len(), |b| repr.emit(b)),
             });
         }
+    }
+}
+
+/// The periodic markers of `cfg`, quiet or not: every `every_rounds` rounds and at
+/// least every `max_interval`, or while quiet every `quiet_interval` (never for TRR's
+/// triggers, which release the receiver's data) and every `every_rounds` times
+/// `quiet_interval / max_interval` (rounded), so rounds and time thin out alike.
+fn marker_schedule(cfg: &StripeConfig, quiet: bool) -> (u32, Option<Duration>) {
+    let m = &cfg.markers;
+    match (
+        quiet && cfg.mode != Mode::Trr,
+        m.max_interval,
+        m.quiet_interval,
+    ) {
+        (true, Some(iv), Some(q)) if q > iv => {
+            let times = (q.as_secs_f64() / iv.as_secs_f64()).round() as u32;
+            (m.every_rounds.saturating_mul(times.max(1)), Some(q))
+        }
+        _ => (m.every_rounds, m.max_interval),
     }
 }
