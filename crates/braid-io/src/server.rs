@@ -121,6 +121,9 @@ struct Peer {
     slot: u16,
     cfg: Mutex<PeerConfig>,
     running: OnceLock<Running>,
+    /// Initiations that arrived before its session started (the control task hands
+    /// them over once it has): at most [`WAITING`].
+    waiting: Mutex<Vec<Arrived>>,
     counters: PeerCounters,
 }
 
@@ -159,14 +162,9 @@ struct Counters {
     peers_removed: AtomicU64,
 }
 
-/// An initiation whose sender's key was read: for the control task.
-struct Identified {
-    key: [u8; 32],
-    channel: usize,
-    at: std::time::Instant,
-    from: SocketAddr,
-    datagram: Bytes,
-}
+/// A peer whose initiation was read while its session does not run: for the control
+/// task, which starts it and hands over what waits in [`Peer::waiting`].
+type Identified = [u8; 32];
 
 /// Rate-limited warnings shared by the tasks.
 struct Logs {
@@ -255,8 +253,11 @@ pub(crate) struct Shared {
     next_slot: Mutex<u16>,
 }
 
-/// Initiations read and waiting for the control task, at most.
+/// Peers waiting for the control task to start their sessions, at most.
 const IDENTIFIED_QUEUE: usize = 1024;
+/// Initiations held for a peer whose session is being started, at most (one for each
+/// channel and source address); beyond, shed.
+const WAITING: usize = 16;
 /// The handshake thread's queues on a server: every peer's handshake jobs, and (after
 /// them) the reading of new initiations. Deep enough for a thousand clients that start
 /// at once (each initiation on every channel; the copies wait for the first read, see
@@ -425,6 +426,7 @@ fn build_table(shared: &Shared, old: &Table, peers: &[PeerConfig]) -> (Table, Ve
                     slot,
                     cfg: Mutex::new(p.clone()),
                     running: OnceLock::new(),
+                    waiting: Mutex::new(Vec::new()),
                     counters: PeerCounters::default(),
                 })
             }
@@ -710,20 +712,24 @@ async fn control(
                     tokio::task::spawn_blocking(crate::memory::give_back_freed);
                 }
             }
-            i = identified.recv() => {
-                let Some(i) = i else { return };
-                let table = shared.table();
-                let Some(peer) = table.by_key.get(&i.key) else {
-                    shared.counters.unknown_peer.fetch_add(1, Ordering::Relaxed);
-                    shared.warn_unknown_peer(&i.key, i.from);
+            key = identified.recv() => {
+                let Some(key) = key else { return };
+                // Removed meanwhile: what waited goes with it.
+                let Some(peer) = shared.table().by_key.get(&key).cloned() else {
                     continue;
                 };
                 if peer.running.get().is_none() {
-                    start_peer(&shared, peer);
+                    start_peer(&shared, &peer);
                     last_start = Some(std::time::Instant::now());
                 }
+                let waiting = match peer.waiting.lock() {
+                    Ok(mut w) => std::mem::take(&mut *w),
+                    Err(_) => continue,
+                };
                 if let Some(r) = peer.running.get() {
-                    r.inbox.offer(i.channel, vec![(i.at, i.from, i.datagram)]);
+                    for (channel, at, from, d) in waiting {
+                        r.inbox.offer(channel, vec![(at, from, d)]);
+                    }
                 }
             }
             c = ctl.recv() => match c {
@@ -1231,8 +1237,12 @@ impl Gate {
 }
 
 impl Shared {
-    /// An initiation whose sender's key is known: to the control task, which starts
-    /// the peer's session if need be (an unknown key is counted and dropped).
+    /// An initiation whose sender's key is known: straight to the peer's session if it
+    /// runs; else it waits with the peer, and the control task is asked once to start
+    /// the session (an unknown key is counted and dropped). When a few hundred clients
+    /// start at once, each sends copies on every channel until answered: queued one
+    /// by one for the control task, behind the sessions being started, they filled its
+    /// queue on a slower machine and were shed.
     fn pass_on(
         &self,
         key: [u8; 32],
@@ -1241,19 +1251,40 @@ impl Shared {
         from: SocketAddr,
         datagram: Bytes,
     ) {
-        if !self.table().by_key.contains_key(&key) {
+        let table = self.table();
+        let Some(peer) = table.by_key.get(&key) else {
             self.counters.unknown_peer.fetch_add(1, Ordering::Relaxed);
             self.warn_unknown_peer(&key, from);
             return;
-        }
-        let i = Identified {
-            key,
-            channel,
-            at,
-            from,
-            datagram,
         };
-        if self.identified.try_send(i).is_err() {
+        if let Some(r) = peer.running.get() {
+            r.inbox.offer(channel, vec![(at, from, datagram)]);
+            return;
+        }
+        let Ok(mut waiting) = peer.waiting.lock() else {
+            return;
+        };
+        // The control task hands over all that waits when it takes the request, so an
+        // empty list means no request is queued (or it was taken before this lock).
+        let ask = waiting.is_empty();
+        // The initiator sends its outstanding initiation again every heartbeat until
+        // answered: the latest from a channel and address replaces the one before.
+        if let Some(w) = waiting
+            .iter_mut()
+            .find(|(c, _, f, _)| *c == channel && *f == from)
+        {
+            *w = (channel, at, from, datagram);
+            return;
+        }
+        if waiting.len() >= WAITING {
+            self.counters
+                .initiations_shed
+                .fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        waiting.push((channel, at, from, datagram));
+        if ask && self.identified.try_send(key).is_err() {
+            waiting.clear();
             self.counters
                 .initiations_shed
                 .fetch_add(1, Ordering::Relaxed);
