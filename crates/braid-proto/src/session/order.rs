@@ -26,6 +26,7 @@
 //! [`FORGET`].
 
 use std::cmp::Reverse;
+use std::collections::hash_map::Entry;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 
@@ -215,9 +216,9 @@ impl FlowOrder {
             self.stats.twins += 1;
             return false;
         }
-        if let Some(h) = self.held.get(&(s.flow, s.seq)) {
-            if h.end == s.end {
-                self.held.remove(&(s.flow, s.seq));
+        if let Entry::Occupied(h) = self.held.entry((s.flow, s.seq)) {
+            if h.get().end == s.end {
+                h.remove();
             }
         }
         if s.flags & RST != 0 {
