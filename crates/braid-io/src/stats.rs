@@ -182,6 +182,27 @@ pub struct ChannelSnapshot {
     /// measured; `pace = "auto"`).
     #[serde(default)]
     pub measured_bps: f64,
+    /// Adaptive pacing: cuts of the channel's pace on loss above random loss, with no
+    /// standing queue to show its link full (they learn no capacity).
+    #[serde(default)]
+    pub pace_cuts_on_loss: u64,
+    /// Adaptive pacing: cuts on a standing queue on the channel's link (the link was
+    /// full: what it delivered is its capacity).
+    #[serde(default)]
+    pub pace_cuts_on_queue: u64,
+    /// Adaptive pacing: cuts that turned out to be the link's jitter (the queue stood
+    /// whatever the pace; the rate went back, the delay became the floor).
+    #[serde(default)]
+    pub pace_jitter: u64,
+    /// Adaptive pacing: the capacity the channel's last cut on a queue showed, bit/s
+    /// on the wire, which probing holds at before it tries above (-1: none since it
+    /// was measured).
+    #[serde(default = "minus_one_f64")]
+    pub pace_capacity_bps: f64,
+    /// Adaptive pacing: the one-way delay above its minimum taken for the link's
+    /// jitter, ms (a standing queue is judged above it; -1: not paced adaptively).
+    #[serde(default = "minus_one_f64")]
+    pub pace_floor_ms: f64,
     /// Its capacity probe (`pace = "auto"`): `off` (not measured), `measuring`,
     /// `measured`, `capped` (measured, paced at its lower configured pace) or `failed`.
     #[serde(default)]
@@ -1405,6 +1426,9 @@ const COUNTERS: &[(bool, &str, &str)] = &[
     (true, "arq_premature", "In-bond repair: requests not answered because the last copy was less than a round trip old"),
     (true, "arq_expired", "In-bond repair: requests for datagrams no longer kept"),
     (true, "arq_rejected", "In-bond repair: requests for datagrams never sent (a broken or hostile peer)"),
+    (true, "pace_cuts_on_loss", "Adaptive pacing: cuts of the channel's pace on loss alone (no standing queue; no capacity learnt)"),
+    (true, "pace_cuts_on_queue", "Adaptive pacing: cuts of the channel's pace on a standing queue (its link full)"),
+    (true, "pace_jitter", "Adaptive pacing: cuts that turned out to be the link's jitter (the rate went back)"),
 ];
 
 /// Gauges: (per channel, field, name, what it is with its unit, scale to base units).
@@ -1445,6 +1469,8 @@ const GAUGES: &[(bool, &str, &str, &str, f64)] = &[
     (true, "pace_bps", "pace_bytes_per_second", "The rate the channel is paced at, bytes per second on the wire (-1: not paced)", 0.125),
     (true, "plpmtu", "plpmtu_bytes", "Path MTU discovery: the largest datagram the channel carries now, bytes of UDP payload (-1: discovery off)", 1.0),
     (true, "measured_bps", "measured_bytes_per_second", "The channel's rate as its capacity probe measured it, bytes per second on the wire (-1: not measured)", 0.125),
+    (true, "pace_capacity_bps", "pace_capacity_bytes_per_second", "Adaptive pacing: the capacity the channel's last cut on a queue showed, bytes per second on the wire (-1: none)", 0.125),
+    (true, "pace_floor_ms", "pace_floor_seconds", "Adaptive pacing: the one-way delay above its minimum taken for the link's jitter, seconds (-1: not paced adaptively)", 1e-3),
 ];
 
 /// How snapshot field `field` (of a channel, or of the session) is exported. A field

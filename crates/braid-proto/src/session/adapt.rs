@@ -180,6 +180,27 @@ struct Pace {
     other: Vec<f64>,
     /// The totals [`Adapt::unstriped`] was last given (bytes, datagrams), and when.
     other_seen: Option<(Instant, Vec<(u64, u64)>)>,
+    /// Per channel, what the controller did so far (for the status).
+    trace: Vec<PaceTrace>,
+}
+
+/// What adaptive pacing did to one channel so far, for the status: how often it cut
+/// the pace, and on what evidence, and the capacity it holds the channel at.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct PaceTrace {
+    /// Cuts made on loss above random loss, with no standing queue to show the link
+    /// full (these learn no capacity).
+    pub cuts_on_loss: u64,
+    /// Cuts made on a standing queue (with loss or without): the link was full.
+    pub cuts_on_queue: u64,
+    /// Cuts that turned out to be the link's jitter (the rate went back).
+    pub jitter: u64,
+    /// The capacity the channel's last cut on a queue showed (bit/s on the wire), if
+    /// one did since it was measured.
+    pub capacity_bps: Option<f64>,
+    /// The one-way delay above its minimum taken for the link's jitter (µs): a
+    /// standing queue is judged above it.
+    pub floor_us: u64,
 }
 
 /// A pace cut made on a standing queue (and no loss), to be judged at the next step: a
@@ -230,6 +251,7 @@ impl Adapt {
                 hold: vec![HOLD_STEPS; rates_bps.len()],
                 other: vec![0.0; rates_bps.len()],
                 other_seen: None,
+                trace: vec![PaceTrace::default(); rates_bps.len()],
             };
             if rates_bps.iter().all(|r| *r > 0.0) {
                 let all: Vec<usize> = (0..quanta.len()).collect();
@@ -422,6 +444,16 @@ impl Adapt {
             .collect()
     }
 
+    /// With adaptive pacing (or while it waits for rates to be measured), what it did to
+    /// channel `c` so far.
+    pub fn trace(&self, c: usize) -> Option<PaceTrace> {
+        let p = self.pace.as_ref().or(self.learning.as_ref())?;
+        let mut t = *p.trace.get(c)?;
+        t.capacity_bps = Some(p.last_known[c]).filter(|k| *k > 0.0);
+        t.floor_us = p.floor[c];
+        Some(t)
+    }
+
     /// With every channel paced, the rates the controller paces them at (bit/s on the
     /// wire, per physical channel).
     pub fn pace_rates(&self) -> Option<&[f64]> {
@@ -592,6 +624,14 @@ impl Pace {
             if queued {
                 self.learn_capacity(c, wire);
             }
+            if self.rates[c] < old {
+                let t = &mut self.trace[c];
+                if queued {
+                    t.cuts_on_queue += 1;
+                } else {
+                    t.cuts_on_loss += 1;
+                }
+            }
             if !lossy && self.rates[c] < old {
                 self.start_trial(c, now, queue, old, self.rates[c] / wire);
             }
@@ -751,6 +791,7 @@ impl Pace {
         self.trial[c] = None;
         self.floor[c] = q;
         self.rates[c] = t.before;
+        self.trace[c].jitter += 1;
         // The cut's delivery rate was no capacity: the link was not full.
         self.unlearn_capacity(c);
         Verdict::Jitter
@@ -1366,10 +1407,35 @@ mod tests {
         e[1].missing = 10;
         a.step(Instant::ZERO, &[0, 1], &e, 1500, SECOND);
         assert_eq!(a.pace_rates().unwrap(), &[100e6, 20e6]);
+        assert_eq!(a.trace(1), Some(PaceTrace::default()));
         e[1].loss = Some(0.2);
         e[1].missing = 140;
         a.step(Instant::ZERO + SECOND, &[0, 1], &e, 1500, SECOND);
         assert!(a.pace_rates().unwrap()[1] < 20e6, "{:?}", a.pace_rates());
+        // A cut on loss alone, which learns no capacity.
+        let t = a.trace(1).unwrap();
+        assert_eq!(
+            (t.cuts_on_loss, t.cuts_on_queue, t.capacity_bps),
+            (1, 0, None)
+        );
+    }
+
+    #[test]
+    fn the_trace_counts_cuts_on_a_queue_and_the_capacity_they_showed() {
+        // The link measured at 104 and carrying 100 (as above): every cut is on its
+        // queue, and the capacity held is what the link delivered.
+        let mut a = Adapt::new(vec![1500, 1500], &[104e6, 50e6], 0, Instant::ZERO);
+        let mut e = [est(100.0, 20, 10), est(49.0, 40, 40)];
+        e[0].queue = Some(Duration::from_millis(10));
+        a.step(Instant::ZERO, &[0, 1], &e, 1500, SECOND);
+        let t = a.trace(0).unwrap();
+        assert_eq!((t.cuts_on_loss, t.cuts_on_queue, t.jitter), (0, 1, 0));
+        assert_eq!(t.capacity_bps, Some(100e6));
+        assert_eq!(a.trace(1), Some(PaceTrace::default()));
+        assert_eq!(a.trace(2), None);
+        // Without pacing there is nothing to trace.
+        let unpaced = Adapt::new(vec![1500, 1500], &[], 0, Instant::ZERO);
+        assert_eq!(unpaced.trace(0), None);
     }
 
     #[test]

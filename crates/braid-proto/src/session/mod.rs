@@ -79,6 +79,7 @@ use crate::{Resequencer, StripeConfig, Striper};
 
 use crate::errctl::link as arq;
 pub use crate::errctl::link::{ArqChannelStats, ArqConfig};
+pub use adapt::PaceTrace;
 pub use credits::{CreditConfig, CreditCounters};
 pub use crypto::{
     address_bytes, aes_hardware, index_prefix, plausible_counter, receiver_index, Cipher,

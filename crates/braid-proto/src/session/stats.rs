@@ -74,6 +74,8 @@ pub struct ChannelInfo {
     /// Its rate as a capacity probe measured it (bit/s on the wire), if one did
     /// (`session::probe`, `pace = "auto"`).
     pub measured_bps: Option<f64>,
+    /// What adaptive pacing did to it so far, when the channel is paced adaptively.
+    pub pace_trace: Option<super::PaceTrace>,
     /// Where its capacity probe stands (`session::probe`).
     pub probe: super::ProbeState,
     /// Its configured pace (bit/s on the wire), if it has one: with a probe, the most
@@ -292,6 +294,7 @@ impl Session {
             weight: if in_tx_set { quantum } else { 0 },
             pace_bps: self.pacer.as_ref().and_then(|p| p.rate_bps(i)),
             measured_bps: self.probes.measured(i),
+            pace_trace: self.adapt.as_ref().and_then(|a| a.trace(i)),
             probe: self.probes.state(i),
             pace_configured_bps: self.configured_rate(i),
             role: c.demote.role,
