@@ -180,8 +180,16 @@ struct Pace {
     other: Vec<f64>,
     /// The totals [`Adapt::unstriped`] was last given (bytes, datagrams), and when.
     other_seen: Option<(Instant, Vec<(u64, u64)>)>,
-    /// Per channel, what the controller did so far (for the status).
-    trace: Vec<PaceTrace>,
+    /// Per channel, the cuts the controller made so far (for the status).
+    cuts: Vec<Cuts>,
+}
+
+/// The cuts of one channel's pace so far, by their evidence (see [`PaceTrace`]).
+#[derive(Clone, Copy, Debug, Default)]
+struct Cuts {
+    on_loss: u64,
+    on_queue: u64,
+    jitter: u64,
 }
 
 /// What adaptive pacing did to one channel so far, for the status: how often it cut
@@ -251,7 +259,7 @@ impl Adapt {
                 hold: vec![HOLD_STEPS; rates_bps.len()],
                 other: vec![0.0; rates_bps.len()],
                 other_seen: None,
-                trace: vec![PaceTrace::default(); rates_bps.len()],
+                cuts: vec![Cuts::default(); rates_bps.len()],
             };
             if rates_bps.iter().all(|r| *r > 0.0) {
                 let all: Vec<usize> = (0..quanta.len()).collect();
@@ -448,10 +456,14 @@ impl Adapt {
     /// channel `c` so far.
     pub fn trace(&self, c: usize) -> Option<PaceTrace> {
         let p = self.pace.as_ref().or(self.learning.as_ref())?;
-        let mut t = *p.trace.get(c)?;
-        t.capacity_bps = Some(p.last_known[c]).filter(|k| *k > 0.0);
-        t.floor_us = p.floor[c];
-        Some(t)
+        let cuts = p.cuts.get(c)?;
+        Some(PaceTrace {
+            cuts_on_loss: cuts.on_loss,
+            cuts_on_queue: cuts.on_queue,
+            jitter: cuts.jitter,
+            capacity_bps: Some(p.last_known[c]).filter(|k| *k > 0.0),
+            floor_us: p.floor[c],
+        })
     }
 
     /// With every channel paced, the rates the controller paces them at (bit/s on the
@@ -625,11 +637,11 @@ impl Pace {
                 self.learn_capacity(c, wire);
             }
             if self.rates[c] < old {
-                let t = &mut self.trace[c];
+                let cuts = &mut self.cuts[c];
                 if queued {
-                    t.cuts_on_queue += 1;
+                    cuts.on_queue += 1;
                 } else {
-                    t.cuts_on_loss += 1;
+                    cuts.on_loss += 1;
                 }
             }
             if !lossy && self.rates[c] < old {
@@ -791,7 +803,7 @@ impl Pace {
         self.trial[c] = None;
         self.floor[c] = q;
         self.rates[c] = t.before;
-        self.trace[c].jitter += 1;
+        self.cuts[c].jitter += 1;
         // The cut's delivery rate was no capacity: the link was not full.
         self.unlearn_capacity(c);
         Verdict::Jitter
