@@ -277,11 +277,13 @@ fn the_status_page_shows_live_charts_that_match_braid_status() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    // Traffic into A's TUN device, in bursts, so the rate charts have something to show.
+    // Traffic into A's TUN device: about a second of bursts, then two seconds of quiet,
+    // so the rate charts, which the page polls once a second, rise and fall. (Bursts
+    // alone, ten a second, average to a flat line at one poll a second.)
     lab.children.push(
         Command::new("ip")
             .args(["netns", "exec", &ns, "bash", "-c"])
-            .arg("while :; do for i in $(seq 300); do echo payload-payload-payload; done > /dev/udp/10.204.1.2/9; sleep 0.1; done")
+            .arg("while :; do for k in $(seq 8); do for i in $(seq 300); do echo payload-payload-payload; done > /dev/udp/10.204.1.2/9; sleep 0.1; done; sleep 2; done")
             .stderr(Stdio::null())
             .spawn()
             .unwrap(),
