@@ -908,11 +908,12 @@ fn link_scoped(a: std::net::IpAddr) -> bool {
 /// Packets from the TUN device to the peer that owns their destination. With transmit
 /// offload a read is a whole TCP super-segment (up to 64 KiB of one flow, so of one
 /// destination) or one packet: it is cut to that peer's bond (`crate::segment`),
-/// MSS-clamped, and queued for the peer as one batch, so that its driver takes the
-/// read whole and each channel's share leaves as GSO trains (as `braid tunnel`'s
-/// reader does). Waits for room in a peer's queue at most [`PEER_WAIT`]; what does not
-/// fit by then is dropped and counted (`tx_queue_drops`), so a stalled peer does not
-/// hold up the others.
+/// MSS-clamped, and queued for the peer. Consecutive reads for one peer, as many as
+/// the device holds at the moment (up to a batch's worth, as `braid tunnel`'s reader
+/// gathers them), go as one batch, so that its driver takes them whole and each
+/// channel's share leaves as GSO trains. Waits for room in a peer's queue at most
+/// [`PEER_WAIT`]; what does not fit by then is dropped and counted (`tx_queue_drops`),
+/// so a stalled peer does not hold up the others.
 async fn route_from_tun(shared: Arc<Shared>) -> std::io::Result<()> {
     crate::tunnel::turn_on_offload(&shared.tun);
     let mut buf = vec![0u8; crate::tunnel::READ_BUF];
@@ -921,53 +922,89 @@ async fn route_from_tun(shared: Arc<Shared>) -> std::io::Result<()> {
     let mut too_big = crate::tunnel::TooBigCounts::default();
     let mut refused = Throttle::new(LOG_EVERY);
     loop {
-        let n = shared.tun.recv_frame(&mut buf).await?;
-        let Some(pkt) = buf
-            .get(crate::offload::VNET_HDR_LEN..n)
-            .filter(|p| !p.is_empty())
-        else {
-            continue;
-        };
-        let Some(peer) = peer_of(&shared, pkt) else {
-            continue;
-        };
-        let Some(r) = peer.running.get() else {
-            peer.counters.not_connected.fetch_add(1, Ordering::Relaxed);
-            continue;
-        };
-        // This peer's bond, as its path MTU discovery finds it (the shared TUN device
-        // keeps the largest any peer's configuration carries): SYNs announce no larger
-        // a segment, super-segments are cut to it, and a larger packet is answered
-        // with ICMP (or fragmented) as the client's tunnel does, not sent to be lost
-        // on the path.
-        let mtu = r.sender.path_max_message();
-        let clamp = |p: &mut [u8]| {
-            crate::mss::clamp(p, mtu);
-        };
-        if let Err(why) = seg.split(&mut buf[..n], mtu, &mut pkts, clamp) {
-            if let Some(more) = refused.allow() {
-                warn!(
-                    "TUN {}: read of {n} bytes dropped: {why} ({more} more not shown)",
-                    shared.tun.name()
-                );
+        let mut next = Some(shared.tun.recv_frame(&mut buf).await?);
+        let mut reads = 0;
+        // The peer the packets in `pkts` go to.
+        let mut to: Option<Arc<Peer>> = None;
+        while let Some(n) = next {
+            reads += 1;
+            'read: {
+                let Some(peer) = running_peer_of(&shared, &buf[..n]) else {
+                    break 'read;
+                };
+                let Some(r) = peer.running.get() else {
+                    break 'read;
+                };
+                if to.as_ref().is_some_and(|t| !Arc::ptr_eq(t, &peer)) {
+                    hand_batch(&mut to, &mut pkts).await;
+                }
+                // This peer's bond, as its path MTU discovery finds it (the shared TUN
+                // device keeps the largest any peer's configuration carries): SYNs
+                // announce no larger a segment, super-segments are cut to it, and a
+                // larger packet is answered with ICMP (or fragmented) as the client's
+                // tunnel does, not sent to be lost on the path.
+                let mtu = r.sender.path_max_message();
+                let clamp = |p: &mut [u8]| {
+                    crate::mss::clamp(p, mtu);
+                };
+                let before = pkts.len();
+                match seg.split(&mut buf[..n], mtu, &mut pkts, clamp) {
+                    Err(why) => {
+                        if let Some(more) = refused.allow() {
+                            warn!(
+                                "TUN {}: read of {n} bytes dropped: {why} ({more} more not shown)",
+                                shared.tun.name()
+                            );
+                        }
+                    }
+                    // Only a packet that came whole can be too big (braid cut the
+                    // others to fit); it is answered after the packets read before it.
+                    Ok(()) if pkts.len() == before + 1 && pkts[before].len() > mtu => {
+                        let p = pkts.pop().unwrap_or_default();
+                        hand_batch(&mut to, &mut pkts).await;
+                        too_big.handle(&shared.tun, &r.sender, &p, mtu).await;
+                    }
+                    Ok(()) => to = Some(peer),
+                }
             }
-            continue;
+            if reads >= crate::tunnel::BATCH_READS || pkts.len() >= crate::tunnel::BATCH_PACKETS {
+                break;
+            }
+            next = shared.tun.try_recv_frame(&mut buf)?;
         }
-        // Only a packet that came whole can be too big (braid cut the others to fit).
-        if pkts.len() == 1 && pkts[0].len() > mtu {
-            let p = pkts.pop().unwrap_or_default();
-            too_big.handle(&shared.tun, &r.sender, &p, mtu).await;
-            continue;
-        }
-        let len = pkts.len();
-        let sent = hand_to_peer(&peer, &r.sender, &mut pkts).await;
-        if sent < len {
-            peer.counters
-                .tx_queue_drops
-                .fetch_add((len - sent) as u64, Ordering::Relaxed);
-        }
-        pkts.clear();
+        hand_batch(&mut to, &mut pkts).await;
     }
+}
+
+/// The peer that owns the destination of the packet in `frame` (a read: a virtio-net
+/// header and a packet), if its session runs; counted when there is none.
+fn running_peer_of(shared: &Shared, frame: &[u8]) -> Option<Arc<Peer>> {
+    let pkt = frame
+        .get(crate::offload::VNET_HDR_LEN..)
+        .filter(|p| !p.is_empty())?;
+    let peer = peer_of(shared, pkt)?;
+    if peer.running.get().is_none() {
+        peer.counters.not_connected.fetch_add(1, Ordering::Relaxed);
+        return None;
+    }
+    Some(peer)
+}
+
+/// Queue the batch `pkts` for the peer `to` (taken), counting what does not fit as
+/// dropped; `pkts` is left empty.
+async fn hand_batch(to: &mut Option<Arc<Peer>>, pkts: &mut Vec<Bytes>) {
+    if let Some(peer) = to.take() {
+        if let Some(r) = peer.running.get() {
+            let len = pkts.len();
+            let sent = hand_to_peer(&peer, &r.sender, pkts).await;
+            if sent < len {
+                peer.counters
+                    .tx_queue_drops
+                    .fetch_add((len - sent) as u64, Ordering::Relaxed);
+            }
+        }
+    }
+    pkts.clear();
 }
 
 /// How long the TUN reader waits for room in one peer's queue before it drops what
@@ -991,7 +1028,7 @@ async fn hand_to_peer(peer: &Peer, sender: &SessionSender, pkts: &mut Vec<Bytes>
     if pkts.is_empty() {
         return now;
     }
-    // (A read's packets are far fewer than the queue holds: they go at once or not.)
+    // (A batch is far smaller than the queue: it goes at once or not.)
     let later = pkts.len();
     match tokio::time::timeout(PEER_WAIT, sender.send_batch(std::mem::take(pkts))).await {
         Ok(Ok(())) => now + later,

@@ -466,6 +466,18 @@ impl Tun {
         }
     }
 
+    /// Read one frame if one is waiting, without waiting: `Ok(None)` when none is.
+    pub fn try_recv_frame(&self, buf: &mut [u8]) -> io::Result<Option<usize>> {
+        match self
+            .fd
+            .try_io(tokio::io::Interest::READABLE, |dev| dev.recv_frame(buf))
+        {
+            Ok(n) => Ok(Some(n)),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Whether packets carry virtio-net headers.
     pub fn vnet(&self) -> bool {
         self.fd.get_ref().vnet

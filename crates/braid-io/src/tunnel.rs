@@ -393,10 +393,11 @@ impl ReadCounts {
 }
 
 /// The TUN device's reader: each read (with transmit offload, up to 64 KiB of one TCP
-/// flow) cut into packets that fit the bond (`crate::segment`), MSS-clamped, handed to
-/// the session as one batch, so that the driver takes them all before it sends and
-/// each channel's share leaves as GSO trains. Returns on a read error or when the
-/// session closes.
+/// flow) cut into packets that fit the bond (`crate::segment`), MSS-clamped, and handed
+/// to the session as one batch with the reads the device held at the same moment (up
+/// to [`BATCH_READS`] or [`BATCH_PACKETS`]), so that the driver takes them all before
+/// it sends and each channel's share leaves as GSO trains. Returns on a read error or
+/// when the session closes.
 async fn read_tun(
     tun: Arc<Tun>,
     sender: SessionSender,
@@ -410,8 +411,7 @@ async fn read_tun(
     let mut too_big = TooBigCounts::default();
     let mut refused = Throttle::new(Duration::from_secs(10));
     loop {
-        let n = tun.recv_frame(&mut buf).await?;
-        counts.reads.fetch_add(1, Ordering::Relaxed);
+        let first = tun.recv_frame(&mut buf).await?;
         // The largest inner packet the bond carries now (path MTU discovery may lower
         // or raise it at any time): TCP SYNs entering the tunnel announce no larger a
         // segment (crate::mss), super-segments are cut to it, and larger packets are
@@ -420,14 +420,28 @@ async fn read_tun(
         let clamp = |p: &mut [u8]| {
             crate::mss::clamp(p, bond_mtu);
         };
-        if let Err(why) = seg.split(&mut buf[..n], bond_mtu, &mut pkts, clamp) {
-            counts.refused.fetch_add(1, Ordering::Relaxed);
-            if let Some(more) = refused.allow() {
-                warn!(
-                    "TUN {}: read of {n} bytes dropped: {why} ({more} more not shown)",
-                    tun.name()
-                );
+        // What else the device holds now goes in the same batch (one hand-over, one
+        // wake-up of the driver, longer trains per channel), up to a batch's worth.
+        let mut next = Some(first);
+        let mut reads = 0;
+        while let Some(n) = next {
+            reads += 1;
+            counts.reads.fetch_add(1, Ordering::Relaxed);
+            if let Err(why) = seg.split(&mut buf[..n], bond_mtu, &mut pkts, clamp) {
+                counts.refused.fetch_add(1, Ordering::Relaxed);
+                if let Some(more) = refused.allow() {
+                    warn!(
+                        "TUN {}: read of {n} bytes dropped: {why} ({more} more not shown)",
+                        tun.name()
+                    );
+                }
             }
+            if reads >= BATCH_READS || pkts.len() >= BATCH_PACKETS {
+                break;
+            }
+            next = tun.try_recv_frame(&mut buf)?;
+        }
+        if pkts.is_empty() {
             continue;
         }
         counts.gso.store(seg.gso_frames, Ordering::Relaxed);
@@ -444,6 +458,15 @@ async fn read_tun(
     }
 }
 
+/// Reads gathered into one batch for the session, at most.
+pub(crate) const BATCH_READS: usize = 32;
+/// Packets in one batch from the TUN device, after which it is handed over at once.
+/// Below a TCP super-segment's 45: a read that is one already goes alone, as before
+/// gathering (a bigger batch made the server's downstream slower: its reader's next read
+/// no longer overlapped the driver's sending); single packets, UDP datagrams or a TCP
+/// flow's acknowledgements, gather.
+pub(crate) const BATCH_PACKETS: usize = 32;
+
 /// Turn on the TUN device's transmit offload (whole super-segments per read) and log
 /// whether it took.
 pub(crate) fn turn_on_offload(tun: &Tun) {
@@ -456,10 +479,10 @@ pub(crate) fn turn_on_offload(tun: &Tun) {
     }
 }
 
-/// Hand a read's packets to the session as one batch (the driver takes it whole
+/// Hand a batch of reads' packets to the session at once (the driver takes it whole
 /// before it sends); those the bond cannot carry as they are (not TCP segments braid
 /// cut: those fit) are moved to `unfit`. `path_max` is what the bond carries now (path
-/// MTU discovery), read once per read so that the cut, this check and the answer to a
+/// MTU discovery), read once per batch so that the cut, this check and the answer to a
 /// packet too big all use the same value. False once the session has closed.
 async fn hand_over(
     sender: &SessionSender,
