@@ -130,6 +130,60 @@ fn ping_until(ns: &str, to: &str, limit: Duration) {
     }
 }
 
+/// Datagrams for each client in [`burst_to_both`].
+const BURST: usize = 150;
+
+/// From namespace `from`, [`BURST`] UDP datagrams to each of `to` (the clients'
+/// namespaces and tunnel addresses), alternating and as fast as python sends; per
+/// client, how many arrived within 5 s and whether in the order sent.
+fn burst_to_both(from: &str, ns: [&str; 2], to: [&str; 2]) -> Vec<(usize, bool)> {
+    use std::io::BufRead;
+    let listen = format!(
+        "import socket,sys\n\
+         s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM); s.bind((sys.argv[1],9100)); s.settimeout(5)\n\
+         print('ready',flush=True)\n\
+         got=[]\n\
+         try:\n\
+         \x20while len(got)<{BURST}: got.append(int(s.recv(2048).split(b' ')[0]))\n\
+         except socket.timeout: pass\n\
+         print(len(got), int(got==sorted(got)))\n"
+    );
+    let mut sinks: Vec<_> = ns
+        .iter()
+        .zip(to)
+        .map(|(n, addr)| {
+            let mut c = Command::new("ip")
+                .args(["netns", "exec", n, "python3", "-c", &listen, addr])
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap();
+            let mut out = std::io::BufReader::new(c.stdout.take().unwrap());
+            let mut line = String::new();
+            out.read_line(&mut line).unwrap();
+            assert_eq!(line.trim(), "ready");
+            (c, out)
+        })
+        .collect();
+    let send = format!(
+        "import socket\n\
+         s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\n\
+         for i in range({BURST}):\n\
+         \x20for a in ('{}','{}'): s.sendto(b'%d ' % i + b'x'*200, (a,9100))\n",
+        to[0], to[1]
+    );
+    sh(&["ip", "netns", "exec", from, "python3", "-c", &send]);
+    sinks
+        .iter_mut()
+        .map(|(c, out)| {
+            let mut line = String::new();
+            out.read_line(&mut line).unwrap();
+            c.wait().unwrap();
+            let mut it = line.split_whitespace().map(|w| w.parse::<usize>().unwrap());
+            (it.next().unwrap(), it.next() == Some(1))
+        })
+        .collect()
+}
+
 fn peer<'a>(s: &'a Value, name: &str) -> &'a Value {
     s["peers"]
         .as_array()
@@ -257,6 +311,16 @@ fn a_server_serves_two_clients_routes_by_key_and_drops_what_is_not_theirs() {
     ping_until(&ns_b, "10.90.0.1", Duration::from_secs(3));
     assert_eq!(pings(&ns_a, "10.90.0.1", None, 50, 1200), 50);
     assert_eq!(pings(&ns_b, "10.90.0.1", None, 50, 1200), 50);
+    // A burst from the server to both clients at once, their datagrams alternating:
+    // the server's reader gathers what its TUN device holds into batches per peer, and
+    // each client gets all of its own, in order.
+    for (got, in_order) in burst_to_both(&ns_s, [&ns_a, &ns_b], ["10.90.1.2", "10.90.2.2"]) {
+        assert_eq!(
+            (got, in_order),
+            (BURST, true),
+            "a client's share of the burst"
+        );
+    }
     let s = status(&ctl_s).unwrap();
     assert_eq!(n(&s["server"]["peers_connected"]), 2, "{s}");
     for name in ["site-a", "site-b"] {
