@@ -929,10 +929,15 @@ async fn route_from_tun(shared: Arc<Shared>) -> std::io::Result<()> {
         while let Some(n) = next {
             reads += 1;
             'read: {
-                let Some(peer) = running_peer_of(&shared, &buf[..n]) else {
+                let Some(peer) = buf
+                    .get(crate::offload::VNET_HDR_LEN..n)
+                    .filter(|p| !p.is_empty())
+                    .and_then(|p| peer_of(&shared, p))
+                else {
                     break 'read;
                 };
                 let Some(r) = peer.running.get() else {
+                    peer.counters.not_connected.fetch_add(1, Ordering::Relaxed);
                     break 'read;
                 };
                 if to.as_ref().is_some_and(|t| !Arc::ptr_eq(t, &peer)) {
@@ -967,27 +972,13 @@ async fn route_from_tun(shared: Arc<Shared>) -> std::io::Result<()> {
                     Ok(()) => to = Some(peer),
                 }
             }
-            if reads >= crate::tunnel::BATCH_READS || pkts.len() >= crate::tunnel::BATCH_PACKETS {
+            if reads >= crate::tunnel::BATCH || pkts.len() >= crate::tunnel::BATCH {
                 break;
             }
             next = shared.tun.try_recv_frame(&mut buf)?;
         }
         hand_batch(&mut to, &mut pkts).await;
     }
-}
-
-/// The peer that owns the destination of the packet in `frame` (a read: a virtio-net
-/// header and a packet), if its session runs; counted when there is none.
-fn running_peer_of(shared: &Shared, frame: &[u8]) -> Option<Arc<Peer>> {
-    let pkt = frame
-        .get(crate::offload::VNET_HDR_LEN..)
-        .filter(|p| !p.is_empty())?;
-    let peer = peer_of(shared, pkt)?;
-    if peer.running.get().is_none() {
-        peer.counters.not_connected.fetch_add(1, Ordering::Relaxed);
-        return None;
-    }
-    Some(peer)
 }
 
 /// Queue the batch `pkts` for the peer `to` (taken), counting what does not fit as

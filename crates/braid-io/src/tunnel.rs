@@ -395,7 +395,7 @@ impl ReadCounts {
 /// The TUN device's reader: each read (with transmit offload, up to 64 KiB of one TCP
 /// flow) cut into packets that fit the bond (`crate::segment`), MSS-clamped, and handed
 /// to the session as one batch with the reads the device held at the same moment (up
-/// to [`BATCH_READS`] or [`BATCH_PACKETS`]), so that the driver takes them all before
+/// to [`BATCH`] reads or packets), so that the driver takes them all before
 /// it sends and each channel's share leaves as GSO trains. Returns on a read error or
 /// when the session closes.
 async fn read_tun(
@@ -436,7 +436,7 @@ async fn read_tun(
                     );
                 }
             }
-            if reads >= BATCH_READS || pkts.len() >= BATCH_PACKETS {
+            if reads >= BATCH || pkts.len() >= BATCH {
                 break;
             }
             next = tun.try_recv_frame(&mut buf)?;
@@ -458,14 +458,13 @@ async fn read_tun(
     }
 }
 
-/// Reads gathered into one batch for the session, at most.
-pub(crate) const BATCH_READS: usize = 32;
-/// Packets in one batch from the TUN device, after which it is handed over at once.
-/// Below a TCP super-segment's 45: a read that is one already goes alone, as before
-/// gathering (a bigger batch made the server's downstream slower: its reader's next read
-/// no longer overlapped the driver's sending); single packets, UDP datagrams or a TCP
-/// flow's acknowledgements, gather.
-pub(crate) const BATCH_PACKETS: usize = 32;
+/// Reads, and packets, gathered into one batch for the session, at most (a batch is
+/// handed over once either count reaches it; the read that crosses it goes whole).
+/// Below a TCP super-segment's 45 packets: a read that is one already goes alone, as
+/// before gathering (a bigger batch made the server's downstream slower: its reader's
+/// next read no longer overlapped the driver's sending); single packets, UDP datagrams
+/// or a TCP flow's acknowledgements, gather.
+pub(crate) const BATCH: usize = 32;
 
 /// Turn on the TUN device's transmit offload (whole super-segments per read) and log
 /// whether it took.
